@@ -1,1 +1,20 @@
-pub fn placeholder() {}
+//! The shared contract of cli-mcp.
+//!
+//! Everything two of our binaries must agree on lives here, so it is written once:
+//! object names and label keys ([`names`]), the session identifier ([`SessionId`]), the token
+//! scheme ([`token`]), the agent's JSON wire types ([`wire`]) and — with the default `k8s`
+//! feature — the sandbox pod builder used by both pod writers ([`sandbox`]).
+//!
+//! The agent depends on this crate without the `k8s` feature, so it stays free of kube.
+
+#![forbid(unsafe_code)]
+
+pub mod names;
+pub mod session;
+pub mod token;
+pub mod wire;
+
+#[cfg(feature = "k8s")]
+pub mod sandbox;
+
+pub use session::{SessionId, SessionIdError};

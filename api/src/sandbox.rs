@@ -1,0 +1,560 @@
+//! The sandbox pod builder: the one function both pod writers use (the operator for warm
+//! pool pods, the server for on-demand session pods), so a warm pod and a cold pod of the
+//! same instance can never differ except in their role.
+//!
+//! It is pure: everything it needs (config, role, clock) comes in as arguments.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod,
+    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::names::{annotation, label, InstanceName, PoolSuffix};
+use crate::token::Commitment;
+use crate::wire::AGENT_PORT;
+use crate::SessionId;
+
+/// Env var that carries the session-token commitment of an assigned pod.
+pub const ENV_TOKEN_SHA256: &str = "TOKEN_SHA256";
+/// Env var that carries the assign-token commitment of a warm pod.
+pub const ENV_ASSIGN_SHA256: &str = "ASSIGN_SHA256";
+/// Where the downward API puts the pod's annotations, so a restarted agent finds its
+/// assignment (`token-sha256`) again.
+pub const PODINFO_DIR: &str = "/etc/cli-mcp/pod";
+pub const PODINFO_ANNOTATIONS: &str = "/etc/cli-mcp/pod/annotations";
+pub const WORKSPACE_DIR: &str = "/workspace";
+pub const KUBECONFIG_DIR: &str = "/etc/cli-mcp/kubeconfig";
+/// Key of the kubeconfig inside its Secret.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// User and group every sandbox runs as (non-root; matches the sandbox image).
+pub const SANDBOX_UID: i64 = 1001;
+pub const CONTAINER_NAME: &str = "agent";
+
+/// Env names the builder sets itself; the same names in `SandboxConfig::env` are dropped so
+/// an instance's env can never impersonate the agent's auth or point KUBECONFIG elsewhere.
+pub const RESERVED_ENV: &[&str] = &[
+    ENV_TOKEN_SHA256,
+    ENV_ASSIGN_SHA256,
+    "KUBECONFIG",
+    "HOME",
+    "POD_NAME",
+    "POD_NAMESPACE",
+];
+
+/// Everything about a sandbox pod that does not depend on its role (CRD-agnostic: the
+/// operator fills it from the CR, the server from the flags the operator rendered).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxConfig {
+    pub instance: InstanceName,
+    pub namespace: String,
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    pub resources: ResourceRequirements,
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+    /// Secret holding key `kubeconfig`; mounted read-only and named by `KUBECONFIG`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_secret: Option<String>,
+    pub workspace_size_limit: Quantity,
+    pub tmp_size_limit: Quantity,
+    pub termination_grace_period_seconds: i64,
+    /// The owning `CliMcpInstance`, so Kubernetes GC removes sandboxes with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<OwnerReference>,
+}
+
+impl SandboxConfig {
+    /// Defaults from SPEC §5 for everything but the instance, namespace and image.
+    pub fn new(
+        instance: InstanceName,
+        namespace: impl Into<String>,
+        image: impl Into<String>,
+    ) -> Self {
+        let q = |s: &str| Quantity(s.to_owned());
+        Self {
+            instance,
+            namespace: namespace.into(),
+            image: image.into(),
+            image_pull_policy: None,
+            resources: ResourceRequirements {
+                requests: Some(BTreeMap::from([
+                    ("cpu".to_owned(), q("100m")),
+                    ("memory".to_owned(), q("128Mi")),
+                ])),
+                limits: Some(BTreeMap::from([
+                    ("cpu".to_owned(), q("500m")),
+                    ("memory".to_owned(), q("512Mi")),
+                ])),
+                ..Default::default()
+            },
+            env: Vec::new(),
+            kubeconfig_secret: None,
+            workspace_size_limit: q("1Gi"),
+            tmp_size_limit: q("256Mi"),
+            termination_grace_period_seconds: 30,
+            owner: None,
+        }
+    }
+
+    /// Hash of everything that shapes a pod; a warm pod whose `sandbox-hash` differs from
+    /// the current config's is stale and gets replaced. 16 hex characters.
+    pub fn hash(&self) -> String {
+        // serde_json writes struct fields in declaration order and maps sorted (BTreeMap),
+        // so the same config always gives the same bytes.
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(Sha256::digest(&bytes))[..16].to_owned()
+    }
+}
+
+/// What a sandbox pod is for.
+#[derive(Debug, Clone)]
+pub enum SandboxRole {
+    /// An unassigned warm pod waiting for `/assign`.
+    Pool {
+        suffix: PoolSuffix,
+        /// Commitment of `assign_token(pod name)`.
+        assign: Commitment,
+    },
+    /// A pod created on demand for one session (`launch=cold`).
+    Session {
+        sid: SessionId,
+        /// Commitment of `session_token(sid)`.
+        token: Commitment,
+        /// Hash of the caller identity, when auth is on.
+        owner: Option<String>,
+    },
+}
+
+/// Builds the sandbox pod for `role`. `now` is the RFC 3339 creation time stamped into the
+/// `created-at` (and, for sessions, `last-activity`) annotations.
+pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> Pod {
+    let n = &cfg.instance;
+    let mut labels = BTreeMap::from([
+        (label::INSTANCE.to_owned(), n.to_string()),
+        (
+            label::COMPONENT.to_owned(),
+            label::COMPONENT_SANDBOX.to_owned(),
+        ),
+        (label::APP_NAME.to_owned(), "cli-mcp-sandbox".to_owned()),
+        (label::APP_INSTANCE.to_owned(), n.to_string()),
+        (
+            label::APP_COMPONENT.to_owned(),
+            label::COMPONENT_SANDBOX.to_owned(),
+        ),
+        (label::APP_PART_OF.to_owned(), label::PART_OF.to_owned()),
+        (
+            label::APP_MANAGED_BY.to_owned(),
+            label::MANAGED_BY.to_owned(),
+        ),
+    ]);
+    let mut annotations = BTreeMap::from([
+        (annotation::CREATED_AT.to_owned(), now.to_owned()),
+        (annotation::SANDBOX_HASH.to_owned(), cfg.hash()),
+    ]);
+    let (name, auth_env) = match role {
+        SandboxRole::Pool { suffix, assign } => (
+            n.pool_pod(suffix),
+            plain_env(ENV_ASSIGN_SHA256, &assign.to_hex()),
+        ),
+        SandboxRole::Session { sid, token, owner } => {
+            labels.insert(label::SESSION_ID.to_owned(), sid.to_string());
+            labels.insert(label::LAUNCH.to_owned(), label::LAUNCH_COLD.to_owned());
+            annotations.insert(annotation::LAST_ACTIVITY.to_owned(), now.to_owned());
+            annotations.insert(annotation::TOKEN_SHA256.to_owned(), token.to_hex());
+            if let Some(owner) = owner {
+                annotations.insert(annotation::OWNER.to_owned(), owner.clone());
+            }
+            (
+                n.session_pod(sid),
+                plain_env(ENV_TOKEN_SHA256, &token.to_hex()),
+            )
+        }
+    };
+
+    let mut env = vec![
+        auth_env,
+        plain_env("HOME", WORKSPACE_DIR),
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+    ];
+    let mut volumes = vec![
+        empty_dir("workspace", &cfg.workspace_size_limit),
+        empty_dir("tmp", &cfg.tmp_size_limit),
+        Volume {
+            name: "podinfo".into(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: "annotations".into(),
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.annotations".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    let mut mounts = vec![
+        mount("workspace", WORKSPACE_DIR),
+        mount("tmp", "/tmp"),
+        VolumeMount {
+            read_only: Some(true),
+            ..mount("podinfo", PODINFO_DIR)
+        },
+    ];
+    if let Some(secret) = &cfg.kubeconfig_secret {
+        env.push(plain_env(
+            "KUBECONFIG",
+            &format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}"),
+        ));
+        volumes.push(Volume {
+            name: "kubeconfig".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            read_only: Some(true),
+            ..mount("kubeconfig", KUBECONFIG_DIR)
+        });
+    }
+    env.extend(
+        cfg.env
+            .iter()
+            .filter(|e| !RESERVED_ENV.contains(&e.name.as_str()))
+            .cloned(),
+    );
+
+    let agent = Container {
+        name: CONTAINER_NAME.into(),
+        image: Some(cfg.image.clone()),
+        image_pull_policy: cfg.image_pull_policy.clone(),
+        args: Some(vec!["--listen".into(), format!("0.0.0.0:{AGENT_PORT}")]),
+        ports: Some(vec![ContainerPort {
+            name: Some("agent".into()),
+            container_port: i32::from(AGENT_PORT),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        env: Some(env),
+        resources: Some(cfg.resources.clone()),
+        volume_mounts: Some(mounts),
+        working_dir: Some(WORKSPACE_DIR.into()),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::Int(i32::from(AGENT_PORT)),
+                ..Default::default()
+            }),
+            period_seconds: Some(1),
+            timeout_seconds: Some(1),
+            failure_threshold: Some(3),
+            ..Default::default()
+        }),
+        liveness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::Int(i32::from(AGENT_PORT)),
+                ..Default::default()
+            }),
+            period_seconds: Some(10),
+            timeout_seconds: Some(2),
+            failure_threshold: Some(3),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: cfg.owner.clone().map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![agent],
+            volumes: Some(volumes),
+            service_account_name: Some(n.sandbox()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            restart_policy: Some("Always".into()),
+            termination_grace_period_seconds: Some(cfg.termination_grace_period_seconds),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(SANDBOX_UID),
+                run_as_group: Some(SANDBOX_UID),
+                fs_group: Some(SANDBOX_UID),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn plain_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn empty_dir(name: &str, limit: &Quantity) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(limit.clone()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::HmacKey;
+
+    fn cfg() -> SandboxConfig {
+        SandboxConfig::new(
+            InstanceName::parse("demo").expect("valid"),
+            "ns1",
+            "quay.io/x/cli-mcp-sandbox:1",
+        )
+    }
+
+    fn key() -> HmacKey {
+        HmacKey::from_bytes([7; 32])
+    }
+
+    fn session_pod(cfg: &SandboxConfig) -> Pod {
+        let sid = SessionId::parse("s1").expect("valid");
+        let token = key().session_token(&sid).commitment();
+        build_sandbox_pod(
+            cfg,
+            &SandboxRole::Session {
+                sid,
+                token,
+                owner: Some("ownerhash".into()),
+            },
+            "2026-11-30T00:00:00Z",
+        )
+    }
+
+    fn env_of(pod: &Pod) -> Vec<EnvVar> {
+        pod.spec.as_ref().expect("spec").containers[0]
+            .env
+            .clone()
+            .expect("env")
+    }
+
+    fn env_value(pod: &Pod, name: &str) -> Option<String> {
+        env_of(pod)
+            .into_iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value)
+    }
+
+    #[test]
+    fn session_pod_has_spec_labels_and_annotations() {
+        let pod = session_pod(&cfg());
+        let m = &pod.metadata;
+        let labels = m.labels.as_ref().expect("labels");
+        assert_eq!(labels[label::INSTANCE], "demo");
+        assert_eq!(labels[label::COMPONENT], "sandbox");
+        assert_eq!(labels[label::SESSION_ID], "s1");
+        assert_eq!(labels[label::LAUNCH], "cold");
+        let ann = m.annotations.as_ref().expect("annotations");
+        let commitment = key()
+            .session_token(&SessionId::parse("s1").expect("valid"))
+            .commitment()
+            .to_hex();
+        assert_eq!(ann[annotation::TOKEN_SHA256], commitment);
+        assert_eq!(ann[annotation::LAST_ACTIVITY], "2026-11-30T00:00:00Z");
+        assert_eq!(ann[annotation::OWNER], "ownerhash");
+        assert_eq!(ann[annotation::SANDBOX_HASH], cfg().hash());
+        assert_eq!(env_value(&pod, ENV_TOKEN_SHA256), Some(commitment));
+        assert_eq!(env_value(&pod, ENV_ASSIGN_SHA256), None);
+        assert!(m
+            .name
+            .as_deref()
+            .expect("name")
+            .starts_with("cli-mcp-demo-s-s1-"));
+    }
+
+    #[test]
+    fn pool_pod_waits_for_assign_and_has_no_session() {
+        let suffix = PoolSuffix::from_random_bytes([1; 10]);
+        let name = cfg().instance.pool_pod(&suffix);
+        let assign = key().assign_token(&name).commitment();
+        let pod = build_sandbox_pod(
+            &cfg(),
+            &SandboxRole::Pool {
+                suffix,
+                assign: assign.clone(),
+            },
+            "t",
+        );
+        assert_eq!(pod.metadata.name.as_deref(), Some(name.as_str()));
+        let labels = pod.metadata.labels.as_ref().expect("labels");
+        assert!(!labels.contains_key(label::SESSION_ID));
+        assert!(!labels.contains_key(label::LAUNCH));
+        let ann = pod.metadata.annotations.as_ref().expect("annotations");
+        assert!(!ann.contains_key(annotation::TOKEN_SHA256));
+        assert!(!ann.contains_key(annotation::LAST_ACTIVITY));
+        assert_eq!(env_value(&pod, ENV_ASSIGN_SHA256), Some(assign.to_hex()));
+        assert_eq!(env_value(&pod, ENV_TOKEN_SHA256), None);
+    }
+
+    #[test]
+    fn pod_is_locked_down() {
+        let pod = session_pod(&cfg());
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some("cli-mcp-demo-sandbox")
+        );
+        let psc = spec
+            .security_context
+            .as_ref()
+            .expect("pod security context");
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert_eq!(
+            psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        let sc = spec.containers[0]
+            .security_context
+            .as_ref()
+            .expect("container security context");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        let ws = spec
+            .volumes
+            .as_ref()
+            .expect("volumes")
+            .iter()
+            .find(|v| v.name == "workspace")
+            .expect("workspace volume");
+        assert_eq!(
+            ws.empty_dir.as_ref().and_then(|e| e.size_limit.clone()),
+            Some(Quantity("1Gi".into()))
+        );
+        let probe = spec.containers[0]
+            .readiness_probe
+            .as_ref()
+            .expect("readiness");
+        assert_eq!(
+            probe.http_get.as_ref().and_then(|h| h.path.as_deref()),
+            Some("/healthz")
+        );
+    }
+
+    #[test]
+    fn kubeconfig_is_mounted_and_user_env_cannot_override_reserved_names() {
+        let mut c = cfg();
+        c.kubeconfig_secret = Some("kc".into());
+        c.env = vec![
+            plain_env("KUBECONFIG", "/evil"),
+            plain_env("TOKEN_SHA256", "0"),
+            plain_env("FOO", "bar"),
+        ];
+        let pod = session_pod(&c);
+        let env = env_of(&pod);
+        let kube: Vec<_> = env.iter().filter(|e| e.name == "KUBECONFIG").collect();
+        assert_eq!(kube.len(), 1);
+        assert_eq!(
+            kube[0].value.as_deref(),
+            Some("/etc/cli-mcp/kubeconfig/kubeconfig")
+        );
+        assert_eq!(env.iter().filter(|e| e.name == "TOKEN_SHA256").count(), 1);
+        assert_eq!(env_value(&pod, "FOO").as_deref(), Some("bar"));
+        let vol = pod
+            .spec
+            .as_ref()
+            .expect("spec")
+            .volumes
+            .as_ref()
+            .expect("volumes")
+            .iter()
+            .find(|v| v.name == "kubeconfig")
+            .expect("kubeconfig volume")
+            .clone();
+        assert_eq!(
+            vol.secret.and_then(|s| s.secret_name).as_deref(),
+            Some("kc")
+        );
+    }
+
+    #[test]
+    fn hash_changes_with_config_and_is_stable() {
+        let a = cfg();
+        assert_eq!(a.hash(), cfg().hash());
+        assert_eq!(a.hash().len(), 16);
+        let mut b = cfg();
+        b.image = "other:2".into();
+        assert_ne!(a.hash(), b.hash());
+    }
+}
