@@ -1,0 +1,53 @@
+//! Command-line flags (the harness contract plus optional tunables).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use ipnet::Ipv4Net;
+
+/// Process kubelet: registers a Node and runs the pods bound to it as local processes, each in
+/// its own network namespace (CNI ptp) and mount namespace.
+#[derive(Debug, Parser)]
+#[command(name = "cli-mcp-kubelet", version)]
+pub struct Args {
+    /// kubeconfig used to reach the apiserver.
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// Name of the Node to register.
+    #[arg(long)]
+    pub node_name: String,
+    /// Directory for pod state, logs, volumes and IPAM data.
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    /// IPv4 pod CIDR of this node, e.g. 10.244.1.0/24; its first address is the gateway and
+    /// the node's InternalIP.
+    #[arg(long)]
+    pub pod_cidr: Ipv4Net,
+    /// JSON file mapping image patterns to local binaries, e.g. {"cli-mcp-agent:*": "/path"}.
+    #[arg(long)]
+    pub image_map: PathBuf,
+    /// Value of KUBERNETES_SERVICE_HOST inside pods (an address pods can route to).
+    #[arg(long)]
+    pub apiserver_host: IpAddr,
+    /// Value of KUBERNETES_SERVICE_PORT inside pods.
+    #[arg(long)]
+    pub apiserver_port: u16,
+    /// Directory with the CNI plugins (ptp, host-local).
+    #[arg(long, default_value = "/usr/lib/cni")]
+    pub cni_bin_dir: PathBuf,
+    /// First CrashLoopBackOff delay in seconds (doubles up to --crash-backoff-max-secs).
+    #[arg(long, default_value_t = 10)]
+    pub crash_backoff_initial_secs: u64,
+    #[arg(long, default_value_t = 300)]
+    pub crash_backoff_max_secs: u64,
+    /// Node Lease renewal interval in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub lease_interval_secs: u64,
+    /// Node status heartbeat interval in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub node_status_interval_secs: u64,
+    /// How often Secret/ConfigMap/token volumes are refreshed, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub volume_resync_secs: u64,
+}
