@@ -1,1 +1,20 @@
+//! Local Kubernetes for the project's tests and `make run`: a real control plane (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler built from the Go module proxy by
+//! `hack/build-control-plane.sh`) plus the process kubelet, started as child processes with
+//! generated PKI. See `docs/local-kubernetes.md`.
+//!
+//! - [`cluster`]: bring a cluster up and down ([`cluster::Cluster`]).
+//! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
+//! - [`testing`]: one shared cluster per test run, namespaces per test, watch-based waits.
 
+pub mod cluster;
+pub mod error;
+pub mod net;
+pub mod pki;
+pub mod portforward;
+pub mod process;
+pub mod testing;
+
+pub use cluster::{Cluster, ClusterConfig, ClusterInfo};
+pub use error::{Error, Result};
+pub use portforward::ServiceForward;

@@ -1,0 +1,633 @@
+//! Bring a local cluster up and down: etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler (built by `hack/build-control-plane.sh`) and the process kubelet
+//! (`cli-mcp-kubelet`), all as child processes of the harness.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ServiceAccount};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::await_condition;
+use kube::{Api, Client, Config};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::net::{self, PodNetwork};
+use crate::pki::{self, Pki};
+use crate::process::Component;
+
+/// Name of the cluster description written into the run directory once the cluster is ready.
+pub const INFO_FILE: &str = "cluster.json";
+/// Shell-sourceable environment file written next to it.
+pub const ENV_FILE: &str = "cluster.env";
+/// Name of the kubeconfig in the run directory.
+pub const KUBECONFIG_FILE: &str = "kubeconfig";
+/// Environment variable naming the kubeconfig of an already running cluster to share.
+pub const KUBECONFIG_ENV: &str = "CLI_MCP_KUBECONFIG";
+/// Environment variable naming a directory with prebuilt control-plane binaries.
+pub const CONTROL_PLANE_BIN_ENV: &str = "CLI_MCP_CONTROL_PLANE_BIN";
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Directory holding `etcd`, `kube-apiserver`, `kube-controller-manager`, `kube-scheduler`.
+    pub control_plane_bin: PathBuf,
+    /// The `cli-mcp-kubelet` binary.
+    pub kubelet_bin: PathBuf,
+    /// Certificates, kubeconfig, logs, kubelet state. Cleared at start (logs of the previous
+    /// run are kept until then).
+    pub run_dir: PathBuf,
+    /// Image pattern -> absolute path of a local binary (see the kubelet's contract).
+    pub images: BTreeMap<String, PathBuf>,
+    /// Node name the kubelet registers.
+    pub node_name: String,
+    /// Pod subnet `10.244.N.0/24`: `Some(N)` to insist on one, `None` for the first free.
+    pub pod_subnet: Option<u8>,
+    /// Deadline for each startup phase (apiserver ready; node and namespace ready).
+    pub timeout: Duration,
+}
+
+impl ClusterConfig {
+    /// Defaults: node `cli-mcp-node`, first free pod subnet, 120 s per phase, no images.
+    pub fn new(control_plane_bin: PathBuf, kubelet_bin: PathBuf, run_dir: PathBuf) -> Self {
+        ClusterConfig {
+            control_plane_bin,
+            kubelet_bin,
+            run_dir,
+            images: BTreeMap::new(),
+            node_name: "cli-mcp-node".into(),
+            pod_subnet: None,
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Where everything of a running cluster is; written to `cluster.json` in the run dir.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub run_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    /// `https://<host>:<port>`
+    pub apiserver: String,
+    /// Pod-reachable host address the apiserver listens on (also used by host clients).
+    pub apiserver_host: Ipv4Addr,
+    pub apiserver_port: u16,
+    pub node_name: String,
+    pub pod_cidr: String,
+    pub kubelet_state_dir: PathBuf,
+    pub image_map: PathBuf,
+    pub log_dir: PathBuf,
+    /// Pid of the process that owns the cluster.
+    pub pid: u32,
+}
+
+impl ClusterInfo {
+    /// Read `cluster.json` from a run dir.
+    pub fn load(run_dir: &Path) -> Result<ClusterInfo> {
+        let path = run_dir.join(INFO_FILE);
+        let text = fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
+        serde_json::from_str(&text).map_err(|e| Error::Parse {
+            path,
+            detail: e.to_string(),
+        })
+    }
+
+    /// A client for the admin identity.
+    pub async fn client(&self) -> Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Path of a container's log file as the kubelet writes it.
+    pub fn container_log_path(
+        &self,
+        namespace: &str,
+        pod: &str,
+        uid: &str,
+        container: &str,
+    ) -> PathBuf {
+        self.kubelet_state_dir
+            .join("pods")
+            .join(format!("{namespace}_{pod}_{uid}"))
+            .join(format!("{container}.log"))
+    }
+
+    /// `KEY=value` lines describing the cluster (for `source`-ing and for child processes).
+    pub fn env_vars(&self) -> Vec<(String, String)> {
+        let p = |p: &Path| p.display().to_string();
+        vec![
+            (KUBECONFIG_ENV.into(), p(&self.kubeconfig)),
+            ("KUBECONFIG".into(), p(&self.kubeconfig)),
+            ("CLI_MCP_APISERVER".into(), self.apiserver.clone()),
+            ("CLI_MCP_NODE_NAME".into(), self.node_name.clone()),
+            ("CLI_MCP_POD_CIDR".into(), self.pod_cidr.clone()),
+            (
+                "CLI_MCP_KUBELET_STATE_DIR".into(),
+                p(&self.kubelet_state_dir),
+            ),
+            ("CLI_MCP_RUN_DIR".into(), p(&self.run_dir)),
+        ]
+    }
+}
+
+/// A kube client for the identity in a kubeconfig file.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(path)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    Ok(Client::try_from(config)?)
+}
+
+/// A running local cluster. Dropping it tears everything down.
+#[derive(Debug)]
+pub struct Cluster {
+    info: ClusterInfo,
+    kubelet: Option<Component>,
+    /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler (start order).
+    control_plane: Vec<Component>,
+    net: Option<PodNetwork>,
+    shm_dir: PathBuf,
+    _run_lock: Flock<File>,
+    started: Instant,
+    ready_after: Duration,
+}
+
+fn sweep_stale_shm() {
+    let Ok(entries) = fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("cli-mcp-e2e-") else {
+            continue;
+        };
+        let pid: i32 = rest
+            .split('-')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        if pid > 0 && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+fn lock_run_dir(run_dir: &Path) -> Result<Flock<File>> {
+    fs::create_dir_all(run_dir).map_err(|e| Error::io("creating", run_dir, e))?;
+    let path = run_dir.join(".lock");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io("opening", &path, e))?;
+    Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|_| {
+        Error::Prerequisite(format!(
+            "another cluster is running with run dir {}; stop it (Ctrl-C its `cli-mcp-cluster up`) \
+             or choose another --run-dir",
+            run_dir.display()
+        ))
+    })
+}
+
+fn clear_run_dir(run_dir: &Path) -> Result<()> {
+    let entries = fs::read_dir(run_dir).map_err(|e| Error::io("reading", run_dir, e))?;
+    for e in entries.flatten() {
+        if e.file_name() == ".lock" {
+            continue;
+        }
+        let p = e.path();
+        let r = if p.is_dir() && !p.is_symlink() {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_file(&p)
+        };
+        r.map_err(|err| Error::io("removing stale", &p, err))?;
+    }
+    Ok(())
+}
+
+fn write_atomic(path: &Path, contents: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, contents).map_err(|e| Error::io("writing", &tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+impl Cluster {
+    /// Start everything and wait until the apiserver is ready, the node is Ready and the
+    /// `default` namespace has its ServiceAccount and `kube-root-ca.crt`.
+    pub async fn up(config: ClusterConfig) -> Result<Cluster> {
+        let started = Instant::now();
+        net::preflight()?;
+        for bin in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ] {
+            if !config.control_plane_bin.join(bin).is_file() {
+                return Err(Error::Prerequisite(format!(
+                    "{} is missing; build the control plane with hack/build-control-plane.sh \
+                     (or point ${CONTROL_PLANE_BIN_ENV} at its bin dir)",
+                    config.control_plane_bin.join(bin).display()
+                )));
+            }
+        }
+        if !config.kubelet_bin.is_file() {
+            return Err(Error::Prerequisite(format!(
+                "the process kubelet {} is missing; build it with `cargo build -p cli-mcp-kubelet`",
+                config.kubelet_bin.display()
+            )));
+        }
+
+        let run_dir = std::path::absolute(&config.run_dir)
+            .map_err(|e| Error::io("resolving", &config.run_dir, e))?;
+        let run_lock = lock_run_dir(&run_dir)?;
+        clear_run_dir(&run_dir)?;
+        let log_dir = run_dir.join("logs");
+        let kubelet_state_dir = run_dir.join("kubelet");
+        for d in [&log_dir, &kubelet_state_dir] {
+            fs::create_dir_all(d).map_err(|e| Error::io("creating", d, e))?;
+        }
+        sweep_stale_shm();
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let shm_dir = PathBuf::from(format!("/dev/shm/cli-mcp-e2e-{}-{seq}", std::process::id()));
+        let _ = fs::remove_dir_all(&shm_dir);
+        fs::create_dir_all(&shm_dir).map_err(|e| Error::io("creating", &shm_dir, e))?;
+
+        let pod_net = PodNetwork::claim(config.pod_subnet)?;
+        let host = pod_net.gateway();
+        let lo = Ipv4Addr::LOCALHOST;
+        let etcd_port = net::free_port(lo)?;
+        let etcd_peer_port = net::free_port(lo)?;
+        let api_port = net::free_port(host)?;
+        let cm_port = net::free_port(lo)?;
+        let sched_port = net::free_port(lo)?;
+
+        let pki = Pki::generate(&run_dir.join("pki"), &[IpAddr::V4(host)])?;
+        let apiserver = format!("https://{host}:{api_port}");
+        let kubeconfig = run_dir.join(KUBECONFIG_FILE);
+        pki::write_kubeconfig(&kubeconfig, &apiserver, &pki)?;
+
+        let image_map = run_dir.join("images.json");
+        for (pattern, path) in &config.images {
+            if !path.is_file() {
+                tracing::warn!(image = %pattern, path = %path.display(),
+                    "mapped binary does not exist (yet); pods using this image will fail to start");
+            }
+        }
+        let images_json = serde_json::to_string_pretty(&config.images)
+            .map_err(|e| Error::Other(format!("serialising the image map: {e}")))?;
+        fs::write(&image_map, images_json).map_err(|e| Error::io("writing", &image_map, e))?;
+
+        let info = ClusterInfo {
+            run_dir: run_dir.clone(),
+            kubeconfig: kubeconfig.clone(),
+            apiserver: apiserver.clone(),
+            apiserver_host: host,
+            apiserver_port: api_port,
+            node_name: config.node_name.clone(),
+            pod_cidr: pod_net.cidr(),
+            kubelet_state_dir: kubelet_state_dir.clone(),
+            image_map: image_map.clone(),
+            log_dir: log_dir.clone(),
+            pid: std::process::id(),
+        };
+        let mut cluster = Cluster {
+            info,
+            kubelet: None,
+            control_plane: Vec::new(),
+            net: Some(pod_net),
+            shm_dir: shm_dir.clone(),
+            _run_lock: run_lock,
+            started,
+            ready_after: Duration::ZERO,
+        };
+
+        let bin = |name: &str| config.control_plane_bin.join(name);
+        let p = |p: &Path| p.display().to_string();
+        let grace = Duration::from_secs(10);
+
+        // etcd
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        let etcd_args = vec![
+            "--name=cli-mcp".to_string(),
+            format!("--data-dir={}", p(&shm_dir.join("etcd"))),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=cli-mcp={peer_url}"),
+            "--unsafe-no-fsync".into(),
+            "--auto-compaction-mode=periodic".into(),
+            "--auto-compaction-retention=5m".into(),
+            "--log-level=warn".into(),
+        ];
+        cluster.control_plane.push(Component::start(
+            "etcd",
+            &bin("etcd"),
+            &etcd_args,
+            &[],
+            &log_dir.join("etcd.log"),
+            grace,
+            true,
+        )?);
+
+        // kube-apiserver
+        let api_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            format!("--bind-address={host}"),
+            format!("--advertise-address={host}"),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", p(&run_dir.join("apiserver"))),
+            format!("--tls-cert-file={}", p(&pki.apiserver_cert)),
+            format!("--tls-private-key-file={}", p(&pki.apiserver_key)),
+            format!("--client-ca-file={}", p(&pki.ca_cert)),
+            "--authorization-mode=Node,RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", p(&pki.sa_pub)),
+            format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--allow-privileged=true".into(),
+            "--enable-aggregator-routing=true".into(),
+            "--profiling=false".into(),
+            "--event-ttl=1h".into(),
+        ];
+        cluster.control_plane.push(Component::start(
+            "kube-apiserver",
+            &bin("kube-apiserver"),
+            &api_args,
+            &[],
+            &log_dir.join("kube-apiserver.log"),
+            grace,
+            true,
+        )?);
+
+        let client = client_from_kubeconfig(&kubeconfig).await?;
+        let deadline = Instant::now() + config.timeout;
+        cluster.wait_readyz(&client, deadline).await?;
+        tracing::info!(elapsed = ?started.elapsed(), "kube-apiserver ready at {apiserver}");
+
+        // controller-manager, scheduler, kubelet
+        let kc = p(&kubeconfig);
+        let cm_args = vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={cm_port}"),
+            format!("--cert-dir={}", p(&run_dir.join("controller-manager"))),
+            "--leader-elect=false".into(),
+            format!("--service-account-private-key-file={}", p(&pki.sa_key)),
+            format!("--root-ca-file={}", p(&pki.ca_cert)),
+            "--use-service-account-credentials=false".into(),
+            format!("--cluster-signing-cert-file={}", p(&pki.ca_cert)),
+            format!("--cluster-signing-key-file={}", p(&pki.ca_key)),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--kube-api-qps=100".into(),
+            "--kube-api-burst=200".into(),
+            "--profiling=false".into(),
+        ];
+        cluster.control_plane.push(Component::start(
+            "kube-controller-manager",
+            &bin("kube-controller-manager"),
+            &cm_args,
+            &[],
+            &log_dir.join("kube-controller-manager.log"),
+            grace,
+            true,
+        )?);
+        let sched_args = vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={sched_port}"),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ];
+        cluster.control_plane.push(Component::start(
+            "kube-scheduler",
+            &bin("kube-scheduler"),
+            &sched_args,
+            &[],
+            &log_dir.join("kube-scheduler.log"),
+            grace,
+            true,
+        )?);
+        let kubelet_args = vec![
+            "--kubeconfig".to_string(),
+            kc.clone(),
+            "--node-name".into(),
+            config.node_name.clone(),
+            "--state-dir".into(),
+            p(&kubelet_state_dir),
+            "--pod-cidr".into(),
+            cluster.info.pod_cidr.clone(),
+            "--image-map".into(),
+            p(&image_map),
+            "--apiserver-host".into(),
+            host.to_string(),
+            "--apiserver-port".into(),
+            api_port.to_string(),
+        ];
+        let rust_log = std::env::var("CLI_MCP_KUBELET_LOG").unwrap_or_else(|_| "info".into());
+        cluster.kubelet = Some(Component::start(
+            "cli-mcp-kubelet",
+            &config.kubelet_bin,
+            &kubelet_args,
+            &[("RUST_LOG", rust_log)],
+            &log_dir.join("cli-mcp-kubelet.log"),
+            // Enough for the kubelet to stop pods with short grace periods and clean up.
+            Duration::from_secs(45),
+            false,
+        )?);
+
+        let deadline = Instant::now() + config.timeout;
+        cluster
+            .wait_watched(
+                &format!("node {} to be Ready", config.node_name),
+                deadline,
+                await_condition(
+                    Api::<Node>::all(client.clone()),
+                    &config.node_name,
+                    node_ready,
+                ),
+            )
+            .await?;
+        cluster
+            .wait_watched(
+                "ServiceAccount default/default",
+                deadline,
+                await_condition(
+                    Api::<ServiceAccount>::namespaced(client.clone(), "default"),
+                    "default",
+                    |o: Option<&ServiceAccount>| o.is_some(),
+                ),
+            )
+            .await?;
+        cluster
+            .wait_watched(
+                "ConfigMap default/kube-root-ca.crt",
+                deadline,
+                await_condition(
+                    Api::<ConfigMap>::namespaced(client.clone(), "default"),
+                    "kube-root-ca.crt",
+                    |o: Option<&ConfigMap>| o.is_some(),
+                ),
+            )
+            .await?;
+
+        cluster.ready_after = started.elapsed();
+        cluster.write_info()?;
+        tracing::info!(elapsed = ?cluster.ready_after, "cluster ready");
+        Ok(cluster)
+    }
+
+    async fn wait_readyz(&mut self, client: &Client, deadline: Instant) -> Result<()> {
+        let mut last: String;
+        loop {
+            if let Some(e) = self.first_exit() {
+                return Err(e);
+            }
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::Other(format!("building /readyz request: {e}")))?;
+            match tokio::time::timeout(Duration::from_secs(3), client.request_text(req)).await {
+                Ok(Ok(body)) if body.trim() == "ok" => return Ok(()),
+                Ok(Ok(body)) => last = body,
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "request timed out".into(),
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "kube-apiserver /readyz (last answer: {last}); see {}",
+                        self.info.log_dir.join("kube-apiserver.log").display()
+                    ),
+                    elapsed: self.started.elapsed(),
+                });
+            }
+            // No watch exists for /readyz: poll it.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Wait for a watch-based condition while making sure no component died meanwhile.
+    async fn wait_watched<K, F>(&mut self, what: &str, deadline: Instant, fut: F) -> Result<()>
+    where
+        F: std::future::Future<Output = std::result::Result<Option<K>, kube::runtime::wait::Error>>,
+    {
+        let mut fut = std::pin::pin!(tokio::time::timeout_at(deadline.into(), fut));
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                r = &mut fut => {
+                    return match r {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(source)) => Err(Error::Watch { what: what.to_string(), source }),
+                        Err(_) => Err(Error::Timeout {
+                            what: format!("{what}; logs are in {}", self.info.log_dir.display()),
+                            elapsed: self.started.elapsed(),
+                        }),
+                    };
+                }
+                _ = tick.tick() => {
+                    if let Some(e) = self.first_exit() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first component that has exited, as an error.
+    pub fn first_exit(&mut self) -> Option<Error> {
+        self.control_plane
+            .iter_mut()
+            .chain(self.kubelet.iter_mut())
+            .find_map(Component::exited_error)
+    }
+
+    fn write_info(&self) -> Result<()> {
+        let json = serde_json::to_string_pretty(&self.info)
+            .map_err(|e| Error::Other(format!("serialising cluster info: {e}")))?;
+        write_atomic(&self.info.run_dir.join(INFO_FILE), &json)?;
+        let mut env =
+            String::from("# Written by cli-mcp-cluster; `source` it to use the cluster.\n");
+        for (k, v) in self.info.env_vars() {
+            env.push_str(&format!("export {k}={}\n", shell_quote(&v)));
+        }
+        write_atomic(&self.info.run_dir.join(ENV_FILE), &env)
+    }
+
+    /// Where everything is.
+    pub fn info(&self) -> &ClusterInfo {
+        &self.info
+    }
+
+    /// Time from the start of [`Cluster::up`] until the cluster was ready.
+    pub fn ready_after(&self) -> Duration {
+        self.ready_after
+    }
+
+    /// Pids of all components (for memory accounting).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.control_plane
+            .iter()
+            .chain(self.kubelet.iter())
+            .filter_map(|c| c.pid().map(|p| (c.name().to_string(), p)))
+            .collect()
+    }
+
+    /// Stop everything: the kubelet first (it stops its pods and removes their network
+    /// namespaces while the apiserver still answers), then the controllers, the apiserver and
+    /// etcd. Removes the etcd data, the pod-network address and the ready markers; keeps logs.
+    pub fn down(mut self) {
+        self.teardown();
+    }
+
+    fn teardown(&mut self) {
+        let _ = fs::remove_file(self.info.run_dir.join(ENV_FILE));
+        let _ = fs::remove_file(self.info.run_dir.join(INFO_FILE));
+        if let Some(mut k) = self.kubelet.take() {
+            k.stop();
+        }
+        // Controllers first (in parallel), then the apiserver, then etcd.
+        let mut rest: Vec<Component> = self.control_plane.drain(..).collect();
+        let etcd_and_api: Vec<Component> = rest.drain(..rest.len().min(2)).collect();
+        for c in rest.iter_mut() {
+            c.signal_term();
+        }
+        for c in rest.iter_mut() {
+            c.wait_or_kill();
+        }
+        for mut c in etcd_and_api.into_iter().rev() {
+            c.stop();
+        }
+        self.net = None;
+        let _ = fs::remove_dir_all(&self.shm_dir);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+fn node_ready(node: Option<&Node>) -> bool {
+    node.and_then(|n| n.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}

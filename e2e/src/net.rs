@@ -1,0 +1,215 @@
+//! Host networking for one local cluster.
+//!
+//! **Bind-address decision.** Pods live in their own network namespaces and get addresses
+//! from the CNI `ptp` plugin with host-local IPAM in the node's pod subnet `10.244.N.0/24`.
+//! `ptp` gives the host side of every pod veth the subnet's gateway address `10.244.N.1/32`
+//! and points each pod's routes at it, so the gateway is the one host address every pod can
+//! always reach. The harness therefore adds `10.244.N.1/32` to the host's `lo` interface
+//! (the kernel has no `dummy` interfaces here, and the address must exist before the first
+//! pod does, so the veths cannot carry it alone) and binds kube-apiserver to that address
+//! only. It is not a public interface: nothing outside this host routes to it, and traffic
+//! to it never leaves the machine. Host-side clients (tests, the kubeconfig) use the same
+//! address, so the serving certificate, the kubeconfig and the pods all agree.
+//! etcd, the controller-manager and the scheduler listen on 127.0.0.1 only.
+//!
+//! Several clusters can run side by side: each claims the first free `N`
+//! (under a lock), recorded with its owner's pid in `/run/cli-mcp-e2e/`, and a claim
+//! whose owner died is reclaimed.
+
+use std::fs::{self, File, OpenOptions};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::error::{Error, Result};
+
+/// Directory with the harness' host-wide lock and network claims.
+pub const STATE_DIR: &str = "/run/cli-mcp-e2e";
+/// Directory the CNI plugins must be installed in (Debian `containernetworking-plugins`).
+pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
+/// The CNI plugins the process kubelet uses.
+pub const CNI_PLUGINS: &[&str] = &["ptp", "host-local", "loopback"];
+
+/// Check what the process kubelet and the harness need from the host; the error says how
+/// to fix what is missing.
+pub fn preflight() -> Result<()> {
+    let mut problems = Vec::new();
+    if !nix::unistd::geteuid().is_root() {
+        problems.push(
+            "the local cluster needs root (network namespaces, veths, addresses on lo); run as root"
+                .to_string(),
+        );
+    }
+    let missing: Vec<&str> = CNI_PLUGINS
+        .iter()
+        .copied()
+        .filter(|p| !Path::new(CNI_BIN_DIR).join(p).is_file())
+        .collect();
+    if !missing.is_empty() {
+        problems.push(format!(
+            "CNI plugins {missing:?} are missing from {CNI_BIN_DIR}; install them with \
+             `apt-get install -y containernetworking-plugins`"
+        ));
+    }
+    match fs::read_to_string("/proc/sys/net/ipv4/ip_forward") {
+        Ok(v) if v.trim() == "1" => {}
+        Ok(_) => problems.push(
+            "IPv4 forwarding is off; enable it with `sysctl -w net.ipv4.ip_forward=1`".to_string(),
+        ),
+        Err(e) => problems.push(format!("cannot read net.ipv4.ip_forward: {e}")),
+    }
+    if which("ip").is_none() {
+        problems.push("`ip` is missing; install it with `apt-get install -y iproute2`".into());
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Prerequisite(format!(
+            "the host is not ready for the local cluster:\n  - {}",
+            problems.join("\n  - ")
+        )))
+    }
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn run_ip(args: &[&str]) -> Result<String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| Error::Command {
+            command: format!("ip {}", args.join(" ")),
+            detail: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: format!("ip {}", args.join(" ")),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A pick of a free TCP port on `ip` (bind to port 0 and release it).
+pub fn free_port(ip: Ipv4Addr) -> Result<u16> {
+    let l = TcpListener::bind(SocketAddr::from((ip, 0))).map_err(|e| Error::Command {
+        command: format!("bind {ip}:0"),
+        detail: e.to_string(),
+    })?;
+    let port = l
+        .local_addr()
+        .map_err(|e| Error::Other(format!("local_addr of {ip}:0: {e}")))?
+        .port();
+    Ok(port)
+}
+
+/// The pod subnet of the one node plus its gateway address on `lo`, held for the cluster's
+/// lifetime. Dropping it removes the address and the claim.
+#[derive(Debug)]
+pub struct PodNetwork {
+    index: u8,
+    claim: PathBuf,
+}
+
+fn lock_state_dir() -> Result<Flock<File>> {
+    fs::create_dir_all(STATE_DIR).map_err(|e| Error::io("creating", STATE_DIR, e))?;
+    let path = Path::new(STATE_DIR).join("lock");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io("opening", &path, e))?;
+    Flock::lock(f, FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::io("locking", &path, std::io::Error::from(e)))
+}
+
+fn pid_alive(pid: i32) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl PodNetwork {
+    /// Claim `10.244.N.0/24` for the lowest free `N` (or exactly `want` if given) and add its
+    /// gateway `10.244.N.1/32` to `lo`.
+    pub fn claim(want: Option<u8>) -> Result<PodNetwork> {
+        let _lock = lock_state_dir()?;
+        let addrs = run_ip(&["-4", "-o", "addr", "show"])?;
+        let routes = run_ip(&["-4", "route", "show", "table", "all"])?;
+        let in_use = |n: u8| {
+            let prefix = format!("10.244.{n}.");
+            addrs.contains(&format!(" {prefix}")) || routes.contains(&prefix)
+        };
+        let candidates: Vec<u8> = match want {
+            Some(n) => vec![n],
+            None => (0..=254).collect(),
+        };
+        for n in candidates {
+            let claim = Path::new(STATE_DIR).join(format!("pod-net-{n}.pid"));
+            if let Ok(text) = fs::read_to_string(&claim) {
+                let owner = text.trim().parse::<i32>().unwrap_or(0);
+                if pid_alive(owner) && owner != std::process::id() as i32 {
+                    continue;
+                }
+                // The owner died without cleaning up: take the subnet over.
+                tracing::warn!(
+                    subnet = n,
+                    owner,
+                    "reclaiming the pod network of a dead cluster"
+                );
+                let _ = run_ip(&["addr", "del", &format!("10.244.{n}.1/32"), "dev", "lo"]);
+                let _ = fs::remove_file(&claim);
+                if in_use(n) && want.is_none() {
+                    // Something (stale pod routes) still uses it; leave it alone.
+                    continue;
+                }
+            } else if in_use(n) {
+                if want.is_some() {
+                    return Err(Error::Prerequisite(format!(
+                        "10.244.{n}.0/24 is already in use on this host (see `ip addr` / `ip route`); \
+                         choose another pod subnet"
+                    )));
+                }
+                continue;
+            }
+            fs::write(&claim, format!("{}\n", std::process::id()))
+                .map_err(|e| Error::io("writing", &claim, e))?;
+            let net = PodNetwork { index: n, claim };
+            run_ip(&["addr", "add", &format!("{}/32", net.gateway()), "dev", "lo"])?;
+            return Ok(net);
+        }
+        Err(Error::Prerequisite(
+            "no free pod subnet in 10.244.0.0/16; stop other local clusters".into(),
+        ))
+    }
+
+    /// The pod subnet, e.g. `10.244.0.0/24`.
+    pub fn cidr(&self) -> String {
+        format!("10.244.{}.0/24", self.index)
+    }
+
+    /// The gateway address, on `lo` and on the host side of every pod veth.
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 244, self.index, 1)
+    }
+}
+
+impl Drop for PodNetwork {
+    fn drop(&mut self) {
+        let _lock = lock_state_dir();
+        let _ = run_ip(&[
+            "addr",
+            "del",
+            &format!("{}/32", self.gateway()),
+            "dev",
+            "lo",
+        ]);
+        let _ = fs::remove_file(&self.claim);
+    }
+}

@@ -1,0 +1,231 @@
+//! Child processes of the harness: each in its own process group, output to a log file,
+//! terminated (SIGTERM, then SIGKILL of the whole group) on [`Component::stop`] or drop.
+//!
+//! Children also get a parent-death signal, so they do not outlive a harness that is killed
+//! outright. Linux sends that signal when the *thread* that forked the child exits, so all
+//! children are spawned from one dedicated thread that lives as long as the process.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::error::{Error, Result};
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        // The sender lives in a static, so this thread only ends with the process.
+        let _ = std::thread::Builder::new()
+            .name("cli-mcp-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            });
+        Mutex::new(tx)
+    })
+}
+
+/// Spawn `cmd` from the long-lived spawner thread (see the module docs).
+pub fn spawn_detached(cmd: Command) -> std::io::Result<Child> {
+    let (reply_tx, reply_rx) = mpsc::channel();
+    {
+        let tx = spawner()
+            .lock()
+            .map_err(|_| std::io::Error::other("spawner lock poisoned"))?;
+        tx.send((cmd, reply_tx))
+            .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    }
+    reply_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("spawner thread did not answer"))?
+}
+
+/// Configure `cmd` to start in its own process group and to receive `death_signal` when
+/// the harness dies.
+pub fn isolate(cmd: &mut Command, death_signal: Signal) {
+    cmd.process_group(0);
+    // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid, kill).
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(death_signal).map_err(std::io::Error::from)?;
+            // The parent may have died between fork and prctl.
+            if nix::unistd::getppid() == Pid::from_raw(1) {
+                let _ = kill(nix::unistd::getpid(), death_signal);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// One running component (etcd, kube-apiserver, ..., the kubelet).
+#[derive(Debug)]
+pub struct Component {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    /// How long to wait after SIGTERM before killing the process group.
+    grace: Duration,
+    /// Send SIGTERM to the whole process group (true) or only to the main process.
+    term_group: bool,
+}
+
+impl Component {
+    /// Start `program args...` with stdout and stderr appended to `log`.
+    pub fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: &Path,
+        grace: Duration,
+        term_group: bool,
+    ) -> Result<Component> {
+        if !program.is_file() {
+            return Err(Error::Prerequisite(format!(
+                "{name}: binary {} does not exist",
+                program.display()
+            )));
+        }
+        let out = File::create(log).map_err(|e| Error::io("creating", log, e))?;
+        let err = out.try_clone().map_err(|e| Error::io("opening", log, e))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        // The kubelet gets SIGTERM so that it can still clean up its pods' network
+        // namespaces; the control plane has nothing worth saving.
+        isolate(
+            &mut cmd,
+            if term_group {
+                Signal::SIGKILL
+            } else {
+                Signal::SIGTERM
+            },
+        );
+        let child = spawn_detached(cmd).map_err(|e| Error::Command {
+            command: format!("{} {}", program.display(), args.join(" ")),
+            detail: e.to_string(),
+        })?;
+        tracing::debug!(component = name, pid = child.id(), log = %log.display(), "started");
+        Ok(Component {
+            name: name.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+            grace,
+            term_group,
+        })
+    }
+
+    /// Name of the component.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Path of its log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Process id of the main process, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `Some(status)` if the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// An error describing that this component exited, with the tail of its log.
+    pub fn exited_error(&mut self) -> Option<Error> {
+        let status = self.exited()?;
+        Some(Error::ComponentExited {
+            component: self.name.clone(),
+            status: status.to_string(),
+            log: self.log.clone(),
+            tail: log_tail(&self.log, 30),
+        })
+    }
+
+    /// Send SIGTERM without waiting.
+    pub fn signal_term(&mut self) {
+        if let Some(child) = &mut self.child {
+            if child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            let pid = Pid::from_raw(child.id() as i32);
+            let _ = if self.term_group {
+                killpg(pid, Signal::SIGTERM)
+            } else {
+                kill(pid, Signal::SIGTERM)
+            };
+        }
+    }
+
+    /// Wait for the process to exit after [`Component::signal_term`]; when the grace
+    /// period is over, SIGKILL its whole process group. Always reaps the child.
+    pub fn wait_or_kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pgid = Pid::from_raw(child.id() as i32);
+        let deadline = Instant::now() + self.grace;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    tracing::warn!(component = %self.name, "did not stop in {:?}; killing its process group", self.grace);
+                    let _ = killpg(pgid, Signal::SIGKILL);
+                    let _ = child.wait();
+                    break;
+                }
+            }
+        }
+        // Leftovers in the group (e.g. grandchildren) go too.
+        let _ = killpg(pgid, Signal::SIGKILL);
+    }
+
+    /// SIGTERM, wait up to the grace period, then SIGKILL the group.
+    pub fn stop(&mut self) {
+        self.signal_term();
+        self.wait_or_kill();
+    }
+}
+
+impl Drop for Component {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `lines` lines of a log file (empty if it cannot be read).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return String::new();
+    };
+    // Only look at the last 64 KiB.
+    if let Ok(len) = f.seek(SeekFrom::End(0)) {
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    }
+    let all: Vec<String> = BufReader::new(f).lines().map_while(|l| l.ok()).collect();
+    let start = all.len().saturating_sub(lines);
+    all[start..].join("\n")
+}

@@ -1,0 +1,381 @@
+//! Helpers for end-to-end tests: one shared cluster per test run, a namespace per test,
+//! and watch-based waits with deadlines.
+//!
+//! **Sharing a cluster.** [`cluster`] returns the cluster of this test run:
+//! - If `$CLI_MCP_KUBECONFIG` is set (what `make test` does through
+//!   `cli-mcp-cluster exec -- cargo test ...`), the cluster it names is used, and
+//!   `cluster.json` next to the kubeconfig tells where the kubelet's state (pod logs) is.
+//! - Otherwise the first call in a test process starts `cli-mcp-cluster up` as a child
+//!   process (run dir `.run/e2e-<test binary>` in the workspace) and every test in that
+//!   process shares it. The child gets SIGTERM when the test process exits and then tears
+//!   the cluster down cleanly.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, OnceLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::wait::{await_condition, Condition};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource, ResourceExt};
+use nix::sys::signal::Signal;
+use serde::de::DeserializeOwned;
+
+use crate::cluster::{client_from_kubeconfig, ClusterInfo, INFO_FILE, KUBECONFIG_ENV};
+use crate::error::{Error, Result};
+use crate::process::{isolate, log_tail};
+
+/// Environment variable overriding where the `cli-mcp-cluster` binary is.
+pub const CLUSTER_BIN_ENV: &str = "CLI_MCP_CLUSTER_BIN";
+/// Prefix of the line `cli-mcp-cluster up` prints on stdout once the cluster is ready,
+/// followed by the path of `cluster.json`.
+pub const READY_PREFIX: &str = "CLI_MCP_READY ";
+
+/// Default deadline for e2e waits.
+pub const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The cluster of this test run and an admin client for it.
+#[derive(Clone)]
+pub struct TestCluster {
+    pub info: ClusterInfo,
+    pub client: Client,
+}
+
+impl Debug for TestCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCluster")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+/// The workspace root (parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The shared cluster of this test run (see the module docs).
+pub async fn cluster() -> Result<TestCluster> {
+    let info = if let Some(kc) = std::env::var_os(KUBECONFIG_ENV) {
+        let kc = PathBuf::from(kc);
+        let dir = kc.parent().unwrap_or(Path::new("."));
+        ClusterInfo::load(dir).map_err(|e| {
+            Error::Prerequisite(format!(
+                "${KUBECONFIG_ENV}={} but {e}; point it at the kubeconfig in the run dir of \
+                 `cli-mcp-cluster up`, or unset it to let the tests start their own cluster",
+                kc.display()
+            ))
+        })?
+    } else {
+        tokio::task::spawn_blocking(own_cluster)
+            .await
+            .map_err(|e| Error::Other(format!("starting the test cluster panicked: {e}")))??
+    };
+    let client = client_from_kubeconfig(&info.kubeconfig).await?;
+    Ok(TestCluster { info, client })
+}
+
+fn own_cluster() -> Result<ClusterInfo> {
+    static OWN: OnceLock<std::result::Result<ClusterInfo, String>> = OnceLock::new();
+    OWN.get_or_init(|| start_cluster_process().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Other)
+}
+
+fn cluster_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(CLUSTER_BIN_ENV) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Other(format!("locating the test executable: {e}")))?;
+    // target/<profile>/deps/<test> -> target/<profile>/cli-mcp-cluster
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join("cli-mcp-cluster");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(Error::Prerequisite(format!(
+        "cli-mcp-cluster not found next to {}; build it with \
+         `cargo build -p cli-mcp-e2e --bin cli-mcp-cluster`, set ${CLUSTER_BIN_ENV}, or run the \
+         tests through `make test` (which shares one cluster via ${KUBECONFIG_ENV})",
+        exe.display()
+    )))
+}
+
+fn start_cluster_process() -> Result<ClusterInfo> {
+    let bin = cluster_binary()?;
+    let exe = std::env::current_exe().unwrap_or_default();
+    let stem = exe
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "tests".into());
+    // Drop cargo's `-<hash>` suffix so that reruns reuse (and clear) one run dir.
+    let name = match stem.rsplit_once('-') {
+        Some((base, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => {
+            base.to_string()
+        }
+        _ => stem,
+    };
+    let run_base = workspace_root().join(".run");
+    std::fs::create_dir_all(&run_base).map_err(|e| Error::io("creating", &run_base, e))?;
+    let run_dir = run_base.join(format!("e2e-{name}"));
+    let log = run_base.join(format!("e2e-{name}.cluster.log"));
+    let log_file = File::create(&log).map_err(|e| Error::io("creating", &log, e))?;
+    eprintln!(
+        "e2e: starting a local cluster for this test process ({} up --run-dir {}); log: {}",
+        bin.display(),
+        run_dir.display(),
+        log.display()
+    );
+
+    let (tx, rx) = mpsc::channel::<Result<PathBuf>>();
+    let log_for_thread = log.clone();
+    // The owner thread lives as long as the cluster process: the child's parent-death
+    // signal fires when the thread that spawned it ends.
+    std::thread::Builder::new()
+        .name("cli-mcp-cluster-owner".into())
+        .spawn(move || {
+            let mut cmd = Command::new(&bin);
+            cmd.arg("up")
+                .arg("--run-dir")
+                .arg(&run_dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(log_file);
+            isolate(&mut cmd, Signal::SIGTERM);
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(Error::Command {
+                        command: format!("{} up", bin.display()),
+                        detail: e.to_string(),
+                    }));
+                    return;
+                }
+            };
+            let mut tx = Some(tx);
+            if let Some(out) = child.stdout.take() {
+                for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
+                    if let Some(path) = line.strip_prefix(READY_PREFIX) {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(Ok(PathBuf::from(path.trim())));
+                        }
+                    }
+                }
+            }
+            let status = child.wait();
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(Err(Error::Other(format!(
+                    "cli-mcp-cluster up exited ({}) before the cluster was ready; last lines of {}:\n{}",
+                    status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+                    log_for_thread.display(),
+                    log_tail(&log_for_thread, 40)
+                ))));
+            }
+        })
+        .map_err(|e| Error::Other(format!("spawning the cluster owner thread: {e}")))?;
+
+    let info_path = rx
+        .recv()
+        .map_err(|_| Error::Other("the cluster owner thread died".into()))??;
+    let dir = info_path.parent().unwrap_or(Path::new("."));
+    debug_assert!(info_path.ends_with(INFO_FILE));
+    ClusterInfo::load(dir)
+}
+
+/// A namespace owned by one test.
+#[derive(Clone)]
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestCluster {
+    /// Create a fresh namespace `e2e-<prefix>-xxxxx` and wait until pods can be created in
+    /// it (its `default` ServiceAccount and `kube-root-ca.crt` exist).
+    pub async fn namespace(&self, prefix: &str) -> Result<TestNamespace> {
+        let api = Api::<Namespace>::all(self.client.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("e2e-{prefix}-")),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/part-of".to_string(),
+                    "cli-mcp-e2e".to_string(),
+                )])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let created = api.create(&PostParams::default(), &ns).await?;
+        let name = created.name_any();
+        wait_for(
+            Api::<ServiceAccount>::namespaced(self.client.clone(), &name),
+            "default",
+            &format!("ServiceAccount {name}/default"),
+            TIMEOUT,
+            |o: Option<&ServiceAccount>| o.is_some(),
+        )
+        .await?;
+        wait_for(
+            Api::<ConfigMap>::namespaced(self.client.clone(), &name),
+            "kube-root-ca.crt",
+            &format!("ConfigMap {name}/kube-root-ca.crt"),
+            TIMEOUT,
+            |o: Option<&ConfigMap>| o.is_some(),
+        )
+        .await?;
+        Ok(TestNamespace {
+            name,
+            client: self.client.clone(),
+        })
+    }
+
+    /// Contents of a container's log file, as written by the process kubelet.
+    pub async fn container_log(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Result<String> {
+        let p = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get(pod)
+            .await?;
+        let uid = p.uid().unwrap_or_default();
+        let path = self
+            .info
+            .container_log_path(namespace, pod, &uid, container);
+        tokio::fs::read_to_string(&path)
+            .await
+            .map_err(|e| Error::io("reading container log", path, e))
+    }
+}
+
+impl TestNamespace {
+    /// A namespaced API in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Delete the namespace (and everything in it) without waiting. Tests call this on
+    /// success; a failed test leaves its namespace for inspection.
+    pub async fn delete(self) -> Result<()> {
+        Api::<Namespace>::all(self.client)
+            .delete(&self.name, &DeleteParams::background())
+            .await?;
+        Ok(())
+    }
+}
+
+/// Watch one object until `cond` holds, at most `timeout`. Returns the object (`None` if
+/// the condition was met by its absence).
+pub async fn wait_for<K>(
+    api: Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    cond: impl Condition<K>,
+) -> Result<Option<K>>
+where
+    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
+{
+    match tokio::time::timeout(timeout, await_condition(api, name, cond)).await {
+        Ok(Ok(obj)) => Ok(obj),
+        Ok(Err(source)) => Err(Error::Watch {
+            what: what.to_string(),
+            source,
+        }),
+        Err(_) => Err(Error::Timeout {
+            what: what.to_string(),
+            elapsed: timeout,
+        }),
+    }
+}
+
+/// Watch the objects matching `label_selector` until `pred` holds for the whole set, at
+/// most `timeout`. Returns the set at that moment.
+pub async fn wait_for_set<K>(
+    api: Api<K>,
+    label_selector: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&[K]) -> bool,
+) -> Result<Vec<K>>
+where
+    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
+{
+    let wait = async {
+        let mut objects: BTreeMap<String, K> = BTreeMap::new();
+        let mut init: BTreeMap<String, K> = BTreeMap::new();
+        let mut initialised = false;
+        let stream =
+            watcher(api, watcher::Config::default().labels(label_selector)).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let key = |o: &K| o.uid().unwrap_or_else(|| o.name_any());
+            match event {
+                Ok(watcher::Event::Init) => init.clear(),
+                Ok(watcher::Event::InitApply(o)) => {
+                    init.insert(key(&o), o);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    objects = std::mem::take(&mut init);
+                    initialised = true;
+                }
+                Ok(watcher::Event::Apply(o)) => {
+                    objects.insert(key(&o), o);
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    objects.remove(&key(&o));
+                }
+                Err(e) => {
+                    tracing::debug!("watch error while waiting for {what}: {e}");
+                    continue;
+                }
+            }
+            if initialised {
+                let set: Vec<K> = objects.values().cloned().collect();
+                if pred(&set) {
+                    return Some(set);
+                }
+            }
+        }
+        None
+    };
+    match tokio::time::timeout(timeout, wait).await {
+        Ok(Some(set)) => Ok(set),
+        Ok(None) => Err(Error::Other(format!(
+            "watch ended while waiting for {what}"
+        ))),
+        Err(_) => Err(Error::Timeout {
+            what: what.to_string(),
+            elapsed: timeout,
+        }),
+    }
+}
+
+/// True when the pod has condition Ready=True.
+pub fn pod_is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The pod's IP, once it has one.
+pub fn pod_ip(pod: &Pod) -> Option<String> {
+    pod.status.as_ref().and_then(|s| s.pod_ip.clone())
+}
