@@ -1,1 +1,112 @@
-fn main() {}
+//! `cli-mcp-agent`: flags and wiring; the logic lives in the library modules.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use tokio::signal::unix::{signal, SignalKind};
+
+use cli_mcp_agent::assignment::Assignment;
+use cli_mcp_agent::config::Flags;
+use cli_mcp_agent::http::{router, AgentState, Limits};
+use cli_mcp_agent::reaper::Reaper;
+use cli_mcp_agent::shell::{Shell, ShellOptions};
+use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let flags = Flags::parse();
+    init_tracing(flags.log_json);
+
+    let annotations = std::fs::read_to_string(&flags.podinfo_annotations).ok();
+    let assignment = Assignment::from_sources(
+        std::env::var(ENV_TOKEN_SHA256).ok().as_deref(),
+        std::env::var(ENV_ASSIGN_SHA256).ok().as_deref(),
+        annotations.as_deref(),
+        &flags.podinfo_annotations.display().to_string(),
+    )?;
+
+    let reaper = Reaper::start().context("cannot install the SIGCHLD handler")?;
+    let shell = Shell::new(
+        ShellOptions {
+            shell: flags.shell.clone(),
+            workdir: workdir(&flags)?,
+            state_dir: flags.state_dir.clone(),
+            env: ShellOptions::inherit_env(),
+            output_budget: flags.output_budget,
+            kill_grace: flags.kill_grace(),
+        },
+        reaper,
+    )?;
+    let state = AgentState::new(
+        assignment,
+        shell,
+        Limits {
+            default_timeout: Duration::from_millis(flags.default_timeout_ms),
+            max_timeout: Duration::from_millis(flags.max_timeout_ms),
+            max_body_bytes: flags.max_body_bytes,
+        },
+    );
+
+    let listener = tokio::net::TcpListener::bind(flags.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", flags.listen))?;
+    tracing::info!(listen = %flags.listen, "cli-mcp-agent ready");
+    let drain = Duration::from_millis(flags.drain_timeout_ms);
+    axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(shutdown_signal(state.clone(), drain))
+        .await
+        .context("HTTP server failed")?;
+    state.idle_runner().await.shell.kill().await;
+    tracing::info!("cli-mcp-agent stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM/SIGINT: refuses new commands at once, and interrupts a running one
+/// if it has not finished within `drain`.
+async fn shutdown_signal(state: Arc<AgentState>, drain: Duration) {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the agent with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!(drain_ms = drain.as_millis() as u64, "shutting down");
+    state.begin_shutdown();
+    tokio::spawn(async move {
+        tokio::time::sleep(drain).await;
+        state.abort_running();
+    });
+}
+
+fn workdir(flags: &Flags) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = &flags.workdir {
+        return Ok(dir.clone());
+    }
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
+        if home.is_dir() {
+            return Ok(home);
+        }
+    }
+    std::env::current_dir().context("cannot determine a working directory; pass --workdir")
+}
+
+fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.compact().init();
+    }
+}

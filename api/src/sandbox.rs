@@ -23,14 +23,7 @@ use crate::token::Commitment;
 use crate::wire::AGENT_PORT;
 use crate::SessionId;
 
-/// Env var that carries the session-token commitment of an assigned pod.
-pub const ENV_TOKEN_SHA256: &str = "TOKEN_SHA256";
-/// Env var that carries the assign-token commitment of a warm pod.
-pub const ENV_ASSIGN_SHA256: &str = "ASSIGN_SHA256";
-/// Where the downward API puts the pod's annotations, so a restarted agent finds its
-/// assignment (`token-sha256`) again.
-pub const PODINFO_DIR: &str = "/etc/cli-mcp/pod";
-pub const PODINFO_ANNOTATIONS: &str = "/etc/cli-mcp/pod/annotations";
+pub use crate::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256, PODINFO_ANNOTATIONS, PODINFO_DIR};
 pub const WORKSPACE_DIR: &str = "/workspace";
 pub const KUBECONFIG_DIR: &str = "/etc/cli-mcp/kubeconfig";
 /// Key of the kubeconfig inside its Secret.

@@ -14,6 +14,14 @@ pub const MAX_TIMEOUT_MS: u64 = 300_000;
 pub const DEFAULT_OUTPUT_BUDGET: usize = 64 * 1024;
 /// Port the agent listens on in a sandbox pod.
 pub const AGENT_PORT: u16 = 8090;
+/// Env var that carries the session-token commitment of an assigned pod.
+pub const ENV_TOKEN_SHA256: &str = "TOKEN_SHA256";
+/// Env var that carries the assign-token commitment of a warm pod.
+pub const ENV_ASSIGN_SHA256: &str = "ASSIGN_SHA256";
+/// Where the downward API puts the pod's annotations, so a restarted agent finds its
+/// assignment (`token-sha256`) again.
+pub const PODINFO_DIR: &str = "/etc/cli-mcp/pod";
+pub const PODINFO_ANNOTATIONS: &str = "/etc/cli-mcp/pod/annotations";
 
 /// `POST /exec` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,66 @@
+//! Command-line flags (each also settable through an environment variable).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use cli_mcp_api::wire::{DEFAULT_OUTPUT_BUDGET, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS};
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "cli-mcp-agent",
+    version,
+    about = "Persistent bash over HTTP for one cli-mcp session"
+)]
+pub struct Flags {
+    /// Address to listen on.
+    #[arg(long, env = "CLI_MCP_AGENT_LISTEN", default_value = "0.0.0.0:8090")]
+    pub listen: SocketAddr,
+    /// Shell binary (bash).
+    #[arg(long, env = "CLI_MCP_AGENT_SHELL", default_value = "bash")]
+    pub shell: PathBuf,
+    /// Initial working directory of the shell (default: $HOME, else the current directory).
+    #[arg(long, env = "CLI_MCP_AGENT_WORKDIR")]
+    pub workdir: Option<PathBuf>,
+    /// Directory for per-command files and spilled output; keep it on a volume that survives
+    /// container restarts (the pod's /tmp emptyDir) so a restart can be detected.
+    #[arg(
+        long,
+        env = "CLI_MCP_AGENT_STATE_DIR",
+        default_value = "/tmp/cli-mcp-agent"
+    )]
+    pub state_dir: PathBuf,
+    /// Bytes of each stream (stdout, stderr) kept in a response, as head + tail.
+    #[arg(long, env = "CLI_MCP_AGENT_OUTPUT_BUDGET", default_value_t = DEFAULT_OUTPUT_BUDGET)]
+    pub output_budget: usize,
+    /// Timeout of a command whose request does not set one.
+    #[arg(long, env = "CLI_MCP_AGENT_DEFAULT_TIMEOUT_MS", default_value_t = DEFAULT_TIMEOUT_MS)]
+    pub default_timeout_ms: u64,
+    /// Largest timeout a request may ask for.
+    #[arg(long, env = "CLI_MCP_AGENT_MAX_TIMEOUT_MS", default_value_t = MAX_TIMEOUT_MS)]
+    pub max_timeout_ms: u64,
+    /// Largest request body accepted.
+    #[arg(long, env = "CLI_MCP_AGENT_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// After a timeout, how long the command gets between SIGTERM and SIGKILL, and how long
+    /// the shell then gets to report back before it is considered wedged and restarted.
+    #[arg(long, env = "CLI_MCP_AGENT_KILL_GRACE_MS", default_value_t = 1000)]
+    pub kill_grace_ms: u64,
+    /// On SIGTERM, how long a running command may go on before it is killed.
+    #[arg(long, env = "CLI_MCP_AGENT_DRAIN_TIMEOUT_MS", default_value_t = 20_000)]
+    pub drain_timeout_ms: u64,
+    /// Downward-API file with the pod's annotations, read to recover the assignment.
+    #[arg(long, env = "CLI_MCP_AGENT_PODINFO_ANNOTATIONS", default_value = cli_mcp_api::wire::PODINFO_ANNOTATIONS)]
+    pub podinfo_annotations: PathBuf,
+    /// Log as JSON lines (the default in a cluster).
+    #[arg(long, env = "CLI_MCP_AGENT_LOG_JSON", default_value_t = false)]
+    pub log_json: bool,
+}
+
+impl Flags {
+    pub fn kill_grace(&self) -> Duration {
+        Duration::from_millis(self.kill_grace_ms)
+    }
+}

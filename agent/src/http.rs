@@ -1,0 +1,319 @@
+//! The agent's HTTP API: `POST /exec`, `POST /assign`, `GET /healthz`.
+//!
+//! Every error is JSON `{error, code}`. One command runs at a time: a second caller waits
+//! within its own timeout for the shell, then gets 409 `busy`. A command runs in its own
+//! task so that a caller going away interrupts it cleanly instead of abandoning it midway.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use tokio::sync::{oneshot, watch, OwnedMutexGuard};
+
+use cli_mcp_api::wire::{
+    AssignRequest, AssignResponse, ErrorBody, ErrorCode, ExecRequest, ExecResponse,
+};
+
+use crate::assignment::{AssignError, Assignment, AuthError};
+use crate::shell::Shell;
+
+/// Limits applied to every `/exec`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub max_body_bytes: usize,
+}
+
+/// The shell plus the last response, for `request_id` replay.
+pub struct Runner {
+    pub shell: Shell,
+    last: Option<(String, ExecResponse)>,
+}
+
+pub struct AgentState {
+    assignment: Mutex<Assignment>,
+    runner: Arc<tokio::sync::Mutex<Runner>>,
+    limits: Limits,
+    shutting_down: AtomicBool,
+    abort_tx: watch::Sender<bool>,
+}
+
+impl AgentState {
+    pub fn new(assignment: Assignment, shell: Shell, limits: Limits) -> Arc<Self> {
+        let (abort_tx, _) = watch::channel(false);
+        Arc::new(Self {
+            assignment: Mutex::new(assignment),
+            runner: Arc::new(tokio::sync::Mutex::new(Runner { shell, last: None })),
+            limits,
+            shutting_down: AtomicBool::new(false),
+            abort_tx,
+        })
+    }
+
+    /// Stops accepting commands (new `/exec` calls get 503).
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Interrupts the running command, if any.
+    pub fn abort_running(&self) {
+        self.abort_tx.send_replace(true);
+    }
+
+    /// Waits until no command runs, then returns the runner (for a final shell kill).
+    pub async fn idle_runner(&self) -> OwnedMutexGuard<Runner> {
+        self.runner.clone().lock_owned().await
+    }
+
+    fn assignment(&self) -> std::sync::MutexGuard<'_, Assignment> {
+        self.assignment.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub fn router(state: Arc<AgentState>) -> Router {
+    let max_body = state.limits.max_body_bytes;
+    Router::new()
+        .route("/exec", post(exec))
+        .route("/assign", post(assign))
+        .route("/healthz", get(healthz))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                ErrorCode::NotFound,
+                "no such endpoint; the agent serves POST /exec, POST /assign and GET /healthz",
+            )
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// An error response: status + `{error, code}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: ErrorCode, msg: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: ErrorBody {
+                error: msg.into(),
+                code,
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut res = (self.status, Json(self.body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        res
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::NotAssigned => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::NotAssigned,
+                e.to_string(),
+            ),
+            AuthError::MissingBearer | AuthError::WrongToken => Self::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::Unauthorized,
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(status, ErrorCode::PayloadTooLarge, "request body is over the agent's limit; send a shorter command or raise --max-body-bytes")
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, r.body_text())
+        }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            format!("invalid JSON body: {e}"),
+        )
+    })
+}
+
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
+
+async fn healthz(State(state): State<Arc<AgentState>>) -> Json<serde_json::Value> {
+    let assigned = state.assignment().is_assigned();
+    Json(serde_json::json!({"status": "ok", "assigned": assigned}))
+}
+
+async fn assign(
+    State(state): State<Arc<AgentState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AssignResponse>, ApiError> {
+    let req: AssignRequest = parse_body(body)?;
+    let result = state.assignment().assign(authorization(&headers), &req);
+    match result {
+        Ok(session_id) => {
+            tracing::info!(session = %session_id, "assigned");
+            Ok(Json(AssignResponse { session_id }))
+        }
+        Err(AssignError::Auth(e)) => Err(e.into()),
+        Err(e @ AssignError::AlreadyAssigned) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::AlreadyAssigned,
+            e.to_string(),
+        )),
+        Err(e @ AssignError::BadCommitment) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            e.to_string(),
+        )),
+    }
+}
+
+async fn exec(
+    State(state): State<Arc<AgentState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ExecResponse>, ApiError> {
+    state.assignment().authorize_exec(authorization(&headers))?;
+    if state.shutting_down.load(Ordering::SeqCst) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::ShuttingDown,
+            "the sandbox agent is shutting down; retry on a new sandbox",
+        ));
+    }
+    let req: ExecRequest = parse_body(body)?;
+    let timeout = resolve_timeout(req.timeout_ms, &state.limits)?;
+    if req.command.is_empty() {
+        return Err(bad_request("command is empty"));
+    }
+    if req.command.contains('\0') {
+        return Err(bad_request(
+            "command contains a NUL byte, which bash cannot run",
+        ));
+    }
+
+    // Wait for the shell within this call's own timeout.
+    let Ok(runner) = tokio::time::timeout(timeout, state.runner.clone().lock_owned()).await else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::Busy,
+            "another command is still running in this session; retry when it has finished",
+        ));
+    };
+    if let (Some(id), Some((last_id, last))) = (&req.request_id, &runner.last) {
+        if id == last_id {
+            return Ok(Json(last.clone()));
+        }
+    }
+
+    // The command runs in its own task: if this handler is dropped (the client went away),
+    // `cancel_tx` drops with it and the task interrupts the command and cleans up.
+    let (cancel_tx, cancel_rx) = oneshot::channel::<()>();
+    let mut abort_rx = state.abort_tx.subscribe();
+    let abort = async move {
+        tokio::select! {
+            _ = cancel_rx => {}
+            gone = async { abort_rx.wait_for(|v| *v).await.is_err() } => {
+                // The state (and its sender) went away: nothing will ever abort.
+                if gone { std::future::pending::<()>().await }
+            }
+        }
+    };
+    let command_hash = hex_prefix(&req.command);
+    let task = tokio::spawn(async move {
+        let mut runner = runner;
+        let result = runner.shell.run(&req.command, timeout, abort).await;
+        if let Ok(resp) = &result {
+            tracing::info!(
+                command_sha256 = %command_hash,
+                exit_code = resp.exit_code,
+                duration_ms = resp.duration_ms,
+                bytes = resp.total_bytes,
+                timed_out = resp.timed_out,
+                shell_restarted = resp.shell_restarted,
+                "exec"
+            );
+            if let Some(id) = req.request_id {
+                runner.last = Some((id, resp.clone()));
+            }
+        }
+        result
+    });
+    let joined = task.await;
+    drop(cancel_tx);
+    match joined {
+        Ok(Ok(resp)) => Ok(Json(resp)),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "exec failed");
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                e.to_string(),
+            ))
+        }
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            format!("the command task failed: {e}"),
+        )),
+    }
+}
+
+fn bad_request(msg: &str) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, msg)
+}
+
+fn resolve_timeout(ms: Option<u64>, limits: &Limits) -> Result<Duration, ApiError> {
+    match ms {
+        None => Ok(limits.default_timeout),
+        Some(0) => Err(bad_request("timeout_ms must be at least 1")),
+        Some(ms) if Duration::from_millis(ms) > limits.max_timeout => Err(bad_request(&format!(
+            "timeout_ms {ms} is over the maximum of {}",
+            limits.max_timeout.as_millis()
+        ))),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+    }
+}
+
+/// First 16 hex characters of the command's SHA-256: enough to correlate audit lines
+/// without logging what may be a secret.
+fn hex_prefix(command: &str) -> String {
+    Sha256::digest(command.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

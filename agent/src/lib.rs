@@ -1,0 +1,19 @@
+//! `cli-mcp-agent`: the HTTP front of one persistent bash per sandbox pod.
+//!
+//! - [`shell`] keeps the bash alive and runs one command at a time in it, with framing that
+//!   command output cannot forge (status travels on a private pipe, output through files).
+//! - [`output`] turns a command's output files into bounded head+tail text.
+//! - [`procs`] and [`reaper`] find, kill and reap the processes a command leaves behind.
+//! - [`assignment`] holds who may run commands (token commitments) and recovers it after a
+//!   container restart.
+//! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`.
+
+#![forbid(unsafe_code)]
+
+pub mod assignment;
+pub mod config;
+pub mod http;
+pub mod output;
+pub mod procs;
+pub mod reaper;
+pub mod shell;

@@ -1,0 +1,141 @@
+//! Finding and signalling the processes a command started, from `/proc`.
+//!
+//! With `set -m` bash puts every job (foreground or background) in its own process group,
+//! so "the command's processes" are the process groups of shell descendants that did not
+//! exist before the command started. Killing those groups leaves the shell — and with it
+//! `cd`, `export` and functions — alive.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+}
+
+/// Parses `/proc/<pid>/stat`. The command name may contain spaces and parentheses, so
+/// fields are read after the last `)`.
+pub fn parse_stat(stat: &str) -> Option<ProcInfo> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let pid = head.split_once('(')?.0.trim().parse().ok()?;
+    let mut fields = rest.split_whitespace();
+    let _state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    Some(ProcInfo { pid, ppid, pgid })
+}
+
+/// Every process visible in `/proc` (processes that vanish while scanning are skipped).
+pub fn snapshot() -> Vec<ProcInfo> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|s| parse_stat(&s))
+        .collect()
+}
+
+/// Pids of all descendants of `root` in `table` (not `root` itself).
+pub fn descendants(table: &[ProcInfo], root: i32) -> BTreeSet<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for p in table {
+        children.entry(p.ppid).or_default().push(p.pid);
+    }
+    let mut out = BTreeSet::new();
+    let mut stack = vec![root];
+    while let Some(pid) = stack.pop() {
+        for &c in children.get(&pid).into_iter().flatten() {
+            if out.insert(c) {
+                stack.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Process groups of `root`'s descendants that are not in `existing`, excluding `root`'s own
+/// group: the jobs a command started.
+pub fn new_job_groups(table: &[ProcInfo], root: i32, existing: &BTreeSet<i32>) -> BTreeSet<i32> {
+    let root_pgid = table.iter().find(|p| p.pid == root).map(|p| p.pgid);
+    let desc = descendants(table, root);
+    table
+        .iter()
+        .filter(|p| desc.contains(&p.pid) && !existing.contains(&p.pid))
+        .map(|p| p.pgid)
+        .filter(|g| Some(*g) != root_pgid && *g > 1)
+        .collect()
+}
+
+/// Process groups of `root` and of all its descendants.
+pub fn all_groups(table: &[ProcInfo], root: i32) -> BTreeSet<i32> {
+    let desc = descendants(table, root);
+    table
+        .iter()
+        .filter(|p| p.pid == root || desc.contains(&p.pid))
+        .map(|p| p.pgid)
+        .filter(|g| *g > 1)
+        .collect()
+}
+
+/// Sends `sig` to each group; groups that are already gone are ignored.
+pub fn signal_groups(groups: &BTreeSet<i32>, sig: Signal) {
+    for &g in groups {
+        let _ = killpg(Pid::from_raw(g), sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_command_names() {
+        let s = "4242 (we ird) (x) S 10 4242 10 0 -1 4194560 0 0";
+        assert_eq!(
+            parse_stat(s),
+            Some(ProcInfo {
+                pid: 4242,
+                ppid: 10,
+                pgid: 4242
+            })
+        );
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x)"), None);
+    }
+
+    #[test]
+    fn groups_of_new_jobs_only() {
+        let p = |pid, ppid, pgid| ProcInfo { pid, ppid, pgid };
+        // shell 10 (group 10); old background job 11; new job 12 with child 13 in group 12;
+        // an unrelated process 20.
+        let table = [
+            p(10, 1, 10),
+            p(11, 10, 11),
+            p(12, 10, 12),
+            p(13, 12, 12),
+            p(20, 1, 20),
+        ];
+        let existing = BTreeSet::from([11]);
+        assert_eq!(new_job_groups(&table, 10, &existing), BTreeSet::from([12]));
+        assert_eq!(descendants(&table, 10), BTreeSet::from([11, 12, 13]));
+        assert_eq!(all_groups(&table, 10), BTreeSet::from([10, 11, 12]));
+    }
+
+    #[test]
+    fn snapshot_sees_this_process() {
+        let me = std::process::id() as i32;
+        assert!(snapshot().iter().any(|p| p.pid == me));
+    }
+}

@@ -1,0 +1,530 @@
+//! One persistent bash, robust by construction.
+//!
+//! Protocol (never parses command output):
+//! - bash reads *our* lines on its stdin; the command itself is written to a file and run
+//!   with `. file </dev/null >out 2>err 3>&-`, so `cd`, `export` and functions persist, the
+//!   command cannot read the control channel, and its output goes to files.
+//! - after the command, bash writes `<nonce> <status> <cwd>\0` to fd 3, a pipe only the
+//!   agent reads. Output can contain any marker text, NULs or invalid UTF-8 without
+//!   effect; completion is only ever signalled on that pipe, tagged with a fresh nonce.
+//! - `set -m` gives every job its own process group, so a timeout kills the command's
+//!   groups and leaves the shell (and its state) alive. Only a shell that still does not
+//!   answer (a builtin loop) is replaced, and the response says so.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::fs;
+use std::future::Future;
+use std::io::{self, Write as _};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::watch;
+
+use cli_mcp_api::wire::{encode_stream, ExecResponse};
+
+use crate::output::{self, SPILLS_KEPT};
+use crate::procs;
+use crate::reaper::{ExitCode, Reaper};
+
+/// Exit code reported for a command that timed out (as coreutils `timeout` does).
+pub const EXIT_TIMEOUT: i32 = 124;
+/// Exit code reported for a command interrupted because its caller went away.
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+/// Environment every command sees on top of the agent's own: nothing may wait for a human.
+const NON_INTERACTIVE_ENV: &[(&str, &str)] = &[
+    ("PAGER", "cat"),
+    ("GIT_PAGER", "cat"),
+    ("MANPAGER", "cat"),
+    ("SYSTEMD_PAGER", ""),
+    ("TERM", "dumb"),
+    ("GIT_TERMINAL_PROMPT", "0"),
+    ("DEBIAN_FRONTEND", "noninteractive"),
+];
+
+/// Variables of the agent that must never reach bash.
+const HIDDEN_ENV: &[&str] = &[
+    cli_mcp_api::wire::ENV_TOKEN_SHA256,
+    cli_mcp_api::wire::ENV_ASSIGN_SHA256,
+];
+
+#[derive(Debug, Clone)]
+pub struct ShellOptions {
+    pub shell: PathBuf,
+    pub workdir: PathBuf,
+    pub state_dir: PathBuf,
+    pub env: Vec<(OsString, OsString)>,
+    pub output_budget: usize,
+    pub kill_grace: Duration,
+}
+
+impl ShellOptions {
+    /// The environment bash gets: the agent's, minus auth material, plus the
+    /// non-interactive defaults.
+    pub fn inherit_env() -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| {
+                !HIDDEN_ENV.iter().any(|h| k == h)
+                    && !k.to_string_lossy().starts_with("CLI_MCP_AGENT_")
+            })
+            .filter(|(k, _)| !NON_INTERACTIVE_ENV.iter().any(|(n, _)| k == n))
+            .collect();
+        env.extend(
+            NON_INTERACTIVE_ENV
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        env
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error(
+        "cannot start the shell {shell:?}: {source}; check --shell and that bash is installed"
+    )]
+    Spawn { shell: PathBuf, source: io::Error },
+    #[error("cannot prepare files for the command in {dir:?}: {source}; check that --state-dir is writable and not full")]
+    Files { dir: PathBuf, source: io::Error },
+    #[error("the shell stopped reading commands twice in a row; giving up on this command")]
+    Unresponsive,
+}
+
+/// Why a command stopped before finishing on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Timeout,
+    Interrupted,
+}
+
+/// What the wait for a command ended with.
+enum Ended {
+    /// bash reported `status` and `cwd` on the status pipe.
+    Reported { status: i32, cwd: String },
+    /// The shell process exited (or was replaced through `exec` and then exited).
+    ShellExited(ExitCode),
+    /// Timeout or interruption before either of the above.
+    Stopped(Stop),
+}
+
+struct Bash {
+    pid: i32,
+    stdin: pipe::Sender,
+    status: pipe::Receiver,
+    status_buf: Vec<u8>,
+    /// The status pipe hit EOF: the process on the other side is no longer our shell.
+    status_closed: bool,
+    exited: watch::Receiver<Option<ExitCode>>,
+}
+
+pub struct Shell {
+    opts: ShellOptions,
+    reaper: Reaper,
+    bash: Option<Bash>,
+    seq: u64,
+    /// Set when the shell state was lost outside a command (agent restart, shell death
+    /// between commands); reported on the next response.
+    pending_reset: Option<String>,
+    started_marker: PathBuf,
+    marker_written: bool,
+}
+
+impl Shell {
+    pub fn new(opts: ShellOptions, reaper: Reaper) -> Result<Self, ShellError> {
+        let files_err = |source| ShellError::Files {
+            dir: opts.state_dir.clone(),
+            source,
+        };
+        fs::create_dir_all(opts.state_dir.join("cmd")).map_err(files_err)?;
+        fs::create_dir_all(opts.state_dir.join("spill")).map_err(files_err)?;
+        // Leftovers of a previous agent process are never resumed.
+        let _ = fs::remove_dir_all(opts.state_dir.join("cmd"));
+        fs::create_dir_all(opts.state_dir.join("cmd")).map_err(files_err)?;
+        let started_marker = opts.state_dir.join("shell-used");
+        let pending_reset = started_marker.exists().then(|| {
+            "the sandbox agent restarted since the last command; the shell state (working \
+             directory, variables, functions) was reset"
+                .to_owned()
+        });
+        Ok(Self {
+            opts,
+            reaper,
+            bash: None,
+            seq: 0,
+            pending_reset,
+            started_marker,
+            marker_written: false,
+        })
+    }
+
+    /// Pid of the current shell, if one runs (for tests and diagnostics).
+    pub fn pid(&self) -> Option<i32> {
+        self.bash.as_ref().map(|b| b.pid)
+    }
+
+    /// Runs `command` to completion, timeout, or `abort` (the caller went away or the agent
+    /// is shutting down).
+    pub async fn run(
+        &mut self,
+        command: &str,
+        timeout: Duration,
+        abort: impl Future<Output = ()>,
+    ) -> Result<ExecResponse, ShellError> {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        tokio::pin!(abort);
+        if !self.marker_written {
+            let _ = fs::write(&self.started_marker, b"");
+            self.marker_written = true;
+        }
+        let mut notes: Vec<String> = self.pending_reset.take().into_iter().collect();
+        let mut restarted = !notes.is_empty();
+
+        self.seq += 1;
+        let dir = self.opts.state_dir.join("cmd").join(self.seq.to_string());
+        let files_err = |source| ShellError::Files {
+            dir: dir.clone(),
+            source,
+        };
+        fs::create_dir_all(&dir).map_err(files_err)?;
+        fs::write(dir.join("cmd"), command).map_err(files_err)?;
+        let nonce = random_hex();
+        let line = command_line(&dir, &nonce);
+
+        // Send the command; a shell that died since the last call is replaced first.
+        let mut attempts = 0;
+        let before = loop {
+            if self.shell_gone() {
+                if self.bash.is_some() {
+                    notes.push(
+                        "the shell had exited since the last command; a new shell was started \
+                         (working directory, variables and functions were reset)"
+                            .into(),
+                    );
+                    restarted = true;
+                }
+                self.restart().await?;
+            }
+            let Some(bash) = self.bash.as_mut() else {
+                return Err(ShellError::Unresponsive);
+            };
+            let table = procs::snapshot();
+            let before = procs::descendants(&table, bash.pid);
+            if bash.stdin.write_all(line.as_bytes()).await.is_ok() {
+                break before;
+            }
+            attempts += 1;
+            if attempts >= 2 {
+                return Err(ShellError::Unresponsive);
+            }
+            self.bash = None;
+        };
+
+        let mut ended = self.wait(&nonce, deadline, abort.as_mut()).await;
+        let stop = match ended {
+            Ended::Stopped(stop) => {
+                ended = self.interrupt(&nonce, &before).await;
+                Some(stop)
+            }
+            _ => None,
+        };
+
+        let (exit_code, cwd) = match ended {
+            Ended::Reported { status, cwd } => (status, cwd),
+            Ended::ShellExited(code) => {
+                restarted = true;
+                if stop.is_none() {
+                    notes.push(format!(
+                        "the shell exited with status {code}; a new shell was started \
+                         (working directory, variables and functions were reset)"
+                    ));
+                }
+                self.restart().await?;
+                (code, self.opts.workdir.display().to_string())
+            }
+            Ended::Stopped(_) => {
+                // Still no answer after killing the command's processes: the shell itself
+                // is busy (a builtin loop) or no longer ours. Replace it.
+                restarted = true;
+                notes.push(
+                    "the shell itself did not stop (a loop of shell builtins?), so it was \
+                     restarted: working directory, variables and functions were reset"
+                        .into(),
+                );
+                self.restart().await?;
+                (EXIT_TIMEOUT, self.opts.workdir.display().to_string())
+            }
+        };
+        let exit_code = match stop {
+            Some(Stop::Timeout) => {
+                notes.insert(
+                    0,
+                    format!(
+                        "command timed out after {} and was killed",
+                        human_duration(timeout)
+                    ),
+                );
+                EXIT_TIMEOUT
+            }
+            Some(Stop::Interrupted) => {
+                notes.insert(0, "command interrupted: the caller went away".into());
+                EXIT_INTERRUPTED
+            }
+            None => exit_code,
+        };
+
+        let spill_dir = self.opts.state_dir.join("spill");
+        let budget = self.opts.output_budget;
+        let out = output::capture(
+            &dir.join("out"),
+            budget,
+            &spill_dir.join(format!("{}.stdout", self.seq)),
+        )
+        .map_err(files_err)?;
+        let mut err = output::capture(
+            &dir.join("err"),
+            budget,
+            &spill_dir.join(format!("{}.stderr", self.seq)),
+        )
+        .map_err(files_err)?;
+        let _ = fs::remove_dir_all(&dir);
+        if out.spill.is_some() || err.spill.is_some() {
+            output::prune_spills(&spill_dir, SPILLS_KEPT);
+        }
+        for note in &notes {
+            if !err.bytes.is_empty() && !err.bytes.ends_with(b"\n") {
+                err.bytes.push(b'\n');
+            }
+            let _ = writeln!(err.bytes, "[cli-mcp-agent: {note}]");
+        }
+
+        let (stdout, stdout_encoding) = encode_stream(out.bytes);
+        let (stderr, stderr_encoding) = encode_stream(err.bytes);
+        Ok(ExecResponse {
+            stdout,
+            stderr,
+            stdout_encoding,
+            stderr_encoding,
+            exit_code,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            timed_out: stop == Some(Stop::Timeout),
+            truncated: out.truncated || err.truncated,
+            total_bytes: out.total + err.total,
+            cwd,
+            shell_restarted: restarted,
+        })
+    }
+
+    /// Kills the shell and everything it started (agent shutdown).
+    pub async fn kill(&mut self) {
+        if let Some(bash) = self.bash.take() {
+            kill_everything(bash, self.opts.kill_grace).await;
+        }
+    }
+
+    fn shell_gone(&self) -> bool {
+        match &self.bash {
+            None => true,
+            Some(b) => b.status_closed || b.exited.borrow().is_some(),
+        }
+    }
+
+    /// Waits for the command's status record, the shell's death, the deadline or `abort`.
+    async fn wait(
+        &mut self,
+        nonce: &str,
+        deadline: tokio::time::Instant,
+        mut abort: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Ended {
+        let Some(bash) = self.bash.as_mut() else {
+            return Ended::ShellExited(-1);
+        };
+        loop {
+            if let Some(code) = *bash.exited.borrow() {
+                return Ended::ShellExited(code);
+            }
+            tokio::select! {
+                rec = read_record(&mut bash.status, &mut bash.status_buf), if !bash.status_closed => match rec {
+                    Some((n, status, cwd)) if n == nonce => return Ended::Reported { status, cwd },
+                    Some(_) => continue, // a stale record of an interrupted command
+                    None => bash.status_closed = true,
+                },
+                _ = bash.exited.changed() => {
+                    let code = (*bash.exited.borrow()).unwrap_or(-1);
+                    return Ended::ShellExited(code);
+                }
+                _ = tokio::time::sleep_until(deadline) => return Ended::Stopped(Stop::Timeout),
+                _ = &mut abort => return Ended::Stopped(Stop::Interrupted),
+            }
+        }
+    }
+
+    /// Stops a running command: SIGTERM to its process groups, then SIGKILL, each followed
+    /// by a grace period for bash to report. Returns what bash then said, or `Stopped` if
+    /// it said nothing (the caller restarts the shell).
+    async fn interrupt(&mut self, nonce: &str, before: &BTreeSet<i32>) -> Ended {
+        let grace = self.opts.kill_grace;
+        let mut never = std::pin::pin!(std::future::pending::<()>());
+        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
+            let Some(bash) = self.bash.as_ref() else {
+                return Ended::ShellExited(-1);
+            };
+            if bash.status_closed {
+                break;
+            }
+            let groups = procs::new_job_groups(&procs::snapshot(), bash.pid, before);
+            procs::signal_groups(&groups, sig);
+            let deadline = tokio::time::Instant::now() + grace;
+            match self.wait(nonce, deadline, never.as_mut()).await {
+                Ended::Stopped(_) => continue,
+                other => return other,
+            }
+        }
+        Ended::Stopped(Stop::Timeout)
+    }
+
+    async fn restart(&mut self) -> Result<(), ShellError> {
+        if let Some(old) = self.bash.take() {
+            kill_everything(old, self.opts.kill_grace).await;
+        }
+        self.bash = Some(self.spawn().await?);
+        Ok(())
+    }
+
+    async fn spawn(&self) -> Result<Bash, ShellError> {
+        let spawn_err = |source| ShellError::Spawn {
+            shell: self.opts.shell.clone(),
+            source,
+        };
+        let (status_tx, status_rx) = pipe::pipe().map_err(spawn_err)?;
+        let status_w: OwnedFd = status_tx.into_blocking_fd().map_err(spawn_err)?;
+        let mut cmd = Command::new(&self.opts.shell);
+        cmd.args(["--noprofile", "--norc"])
+            .env_clear()
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.opts.workdir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            // The status pipe enters as stderr; the init script moves it to fd 3.
+            .stderr(Stdio::from(status_w))
+            .process_group(0);
+        let (mut child, exited) = self.reaper.spawn(&mut cmd).map_err(spawn_err)?;
+        drop(cmd); // closes our copy of the pipe's write end, so EOF means "shell gone"
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| spawn_err(io::Error::other("no stdin pipe")))?;
+        let mut stdin = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(spawn_err)?;
+        stdin
+            .write_all(INIT_SCRIPT.as_bytes())
+            .await
+            .map_err(spawn_err)?;
+        Ok(Bash {
+            pid: child.id() as i32,
+            stdin,
+            status: status_rx,
+            status_buf: Vec::new(),
+            status_closed: false,
+            exited,
+        })
+    }
+}
+
+/// Sent once to every new shell: fd 3 becomes the status pipe and the shell's own messages
+/// (job notices) are discarded; `set -m` puts each job in its own process group.
+const INIT_SCRIPT: &str = "exec 3>&2 2>/dev/null\nset -m\nset +o history\n";
+
+/// The line that runs one command file. Only our paths and nonce appear in it.
+fn command_line(dir: &Path, nonce: &str) -> String {
+    let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
+    format!(
+        ". {} </dev/null >{} 2>{} 3>&-; builtin printf '%s %s %s\\0' {nonce} \"$?\" \"$PWD\" >&3\n",
+        q("cmd"),
+        q("out"),
+        q("err"),
+    )
+}
+
+/// Reads the next NUL-terminated `<nonce> <status> <cwd>` record; `None` on EOF.
+async fn read_record(
+    status: &mut pipe::Receiver,
+    status_buf: &mut Vec<u8>,
+) -> Option<(String, i32, String)> {
+    loop {
+        if let Some(end) = status_buf.iter().position(|b| *b == 0) {
+            let rec: Vec<u8> = status_buf.drain(..=end).collect();
+            let text = String::from_utf8_lossy(&rec[..rec.len() - 1]).into_owned();
+            let mut parts = text.splitn(3, ' ');
+            let nonce = parts.next()?.to_owned();
+            let status = parts.next()?.parse().unwrap_or(-1);
+            let cwd = parts.next().unwrap_or_default().to_owned();
+            return Some((nonce, status, cwd));
+        }
+        let mut buf = [0u8; 4096];
+        match status.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => status_buf.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// SIGKILLs the shell and every process it started, then waits (bounded) until it is reaped.
+async fn kill_everything(mut bash: Bash, grace: Duration) {
+    let groups = procs::all_groups(&procs::snapshot(), bash.pid);
+    procs::signal_groups(&groups, Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(bash.pid), Signal::SIGKILL);
+    let _ = tokio::time::timeout(grace, bash.exited.wait_for(Option::is_some)).await;
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn random_hex() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn human_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(sh_quote("/a b/c'd"), r"'/a b/c'\''d'");
+    }
+
+    #[test]
+    fn command_line_names_only_our_files() {
+        let l = command_line(Path::new("/s/cmd/1"), "abc");
+        assert_eq!(
+            l,
+            ". '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; builtin printf '%s %s %s\\0' abc \"$?\" \"$PWD\" >&3\n"
+        );
+    }
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(human_duration(Duration::from_secs(60)), "60s");
+        assert_eq!(human_duration(Duration::from_millis(1500)), "1500ms");
+    }
+}
