@@ -77,4 +77,11 @@ if mv -T "$tmp" "$final" 2>/dev/null; then
 else
     echo "another build already published $final; using it" >&2
 fi
+
+# Keep the three newest builds (other checkouts may use older ones) and drop build
+# directories abandoned by killed builds.
+find "$cache" -mindepth 1 -maxdepth 1 -name '.build-*' -mmin +720 -exec rm -rf {} + 2>/dev/null || true
+ls -1dt "$cache"/*/ 2>/dev/null | tail -n +4 | while IFS= read -r old; do
+    rm -rf "$old"
+done
 echo "$final/bin"

@@ -175,7 +175,7 @@ fn sweep_stale_shm() {
     }
 }
 
-fn lock_run_dir(run_dir: &Path) -> Result<Flock<File>> {
+async fn lock_run_dir(run_dir: &Path) -> Result<Flock<File>> {
     fs::create_dir_all(run_dir).map_err(|e| Error::io("creating", run_dir, e))?;
     let path = run_dir.join(".lock");
     let f = OpenOptions::new()
@@ -184,13 +184,31 @@ fn lock_run_dir(run_dir: &Path) -> Result<Flock<File>> {
         .write(true)
         .open(&path)
         .map_err(|e| Error::io("opening", &path, e))?;
-    Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|_| {
-        Error::Prerequisite(format!(
-            "another cluster is running with run dir {}; stop it (Ctrl-C its `cli-mcp-cluster up`) \
-             or choose another --run-dir",
-            run_dir.display()
-        ))
-    })
+    // A previous cluster with this run dir may still be tearing down (a test process that
+    // just exited): give it a little time before giving up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut f = f;
+    let mut warned = false;
+    loop {
+        match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((back, _)) if Instant::now() < deadline => {
+                f = back;
+                if !warned {
+                    tracing::info!(run_dir = %run_dir.display(), "waiting for the cluster that holds this run dir to stop");
+                    warned = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_) => {
+                return Err(Error::Prerequisite(format!(
+                    "another cluster is running with run dir {}; stop it (`cli-mcp-cluster down \
+                     --run-dir {0}` or Ctrl-C its `cli-mcp-cluster up`) or choose another --run-dir",
+                    run_dir.display()
+                )))
+            }
+        }
+    }
 }
 
 fn clear_run_dir(run_dir: &Path) -> Result<()> {
@@ -249,7 +267,7 @@ impl Cluster {
 
         let run_dir = std::path::absolute(&config.run_dir)
             .map_err(|e| Error::io("resolving", &config.run_dir, e))?;
-        let run_lock = lock_run_dir(&run_dir)?;
+        let run_lock = lock_run_dir(&run_dir).await?;
         clear_run_dir(&run_dir)?;
         let log_dir = run_dir.join("logs");
         let kubelet_state_dir = run_dir.join("kubelet");
