@@ -15,6 +15,9 @@ pub struct Cni {
     pub bin_dir: PathBuf,
     pub cidr: Ipv4Net,
     pub ipam_dir: PathBuf,
+    /// Extra host routes for pods (the apiserver address when it is outside the pod CIDR).
+    /// Pods get no default route: they can reach the pod CIDR and these, nothing else.
+    pub extra_routes: Vec<Ipv4Net>,
 }
 
 /// The first usable address of the pod CIDR: the gateway (host side of every veth) and the
@@ -37,17 +40,27 @@ impl Cni {
     /// The network configuration sent on stdin.
     pub fn config(&self) -> Value {
         let gw = gateway(&self.cidr).map(|g| g.to_string());
+        // ptp itself routes the pod CIDR via the gateway; no default route on purpose.
+        let routes: Vec<Value> = self
+            .extra_routes
+            .iter()
+            .filter(|r| !self.cidr.contains(*r))
+            .map(|r| json!({ "dst": r.to_string() }))
+            .collect();
+        let mut ipam = json!({
+            "type": "host-local",
+            "ranges": [[{ "subnet": self.cidr.to_string(), "gateway": gw }]],
+            "dataDir": self.ipam_dir.display().to_string(),
+        });
+        if !routes.is_empty() {
+            ipam["routes"] = Value::Array(routes);
+        }
         json!({
             "cniVersion": "1.0.0",
             "name": "cli-mcp",
             "type": "ptp",
             "ipMasq": false,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{ "subnet": self.cidr.to_string(), "gateway": gw }]],
-                "routes": [{ "dst": "0.0.0.0/0" }],
-                "dataDir": self.ipam_dir.display().to_string(),
-            }
+            "ipam": ipam,
         })
     }
 
@@ -150,6 +163,10 @@ mod tests {
             bin_dir: "/usr/lib/cni".into(),
             cidr: "10.244.7.0/24".parse().expect("cidr"),
             ipam_dir: "/state/cni/ipam".into(),
+            extra_routes: vec![
+                "10.244.7.1/32".parse().expect("net"),
+                "172.30.0.5/32".parse().expect("net"),
+            ],
         }
     }
 
@@ -162,6 +179,8 @@ mod tests {
         assert_eq!(c["ipam"]["ranges"][0][0]["subnet"], "10.244.7.0/24");
         assert_eq!(c["ipam"]["ranges"][0][0]["gateway"], "10.244.7.1");
         assert_eq!(c["ipam"]["dataDir"], "/state/cni/ipam");
+        // No default route; only the out-of-CIDR extra route.
+        assert_eq!(c["ipam"]["routes"], json!([{ "dst": "172.30.0.5/32" }]));
     }
 
     #[test]

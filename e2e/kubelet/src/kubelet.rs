@@ -82,6 +82,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         bin_dir: args.cni_bin_dir.clone(),
         cidr: args.pod_cidr,
         ipam_dir: state_dir.join("cni").join("ipam"),
+        extra_routes: match args.apiserver_host {
+            std::net::IpAddr::V4(ip) if !ip.is_loopback() => {
+                vec![ipnet::Ipv4Net::from(ip)]
+            }
+            _ => Vec::new(),
+        },
     };
     let node = NodeInfo::detect(
         &args.node_name,

@@ -135,9 +135,10 @@ pub fn status_patch(info: &NodeInfo, ready: bool, now: Timestamp, since: Timesta
                 cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available", since),
                 cond("Ready", ready_status, ready_reason, ready_msg, since),
             ],
+            // No `Hostname` address: the apiserver prefers it for kubelet connections and would
+            // resolve the node name through the host's DNS server (traffic off the host).
             "addresses": [
                 { "type": "InternalIP", "address": info.internal_ip.to_string() },
-                { "type": "Hostname", "address": info.name },
             ],
             "capacity": info.resources(),
             "allocatable": info.resources(),
@@ -343,6 +344,7 @@ mod tests {
         );
         assert_eq!(s["addresses"][0]["type"], "InternalIP");
         assert_eq!(s["addresses"][0]["address"], "10.244.1.1");
+        assert_eq!(s["addresses"].as_array().map(Vec::len), Some(1));
         let ready = s["conditions"]
             .as_array()
             .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))

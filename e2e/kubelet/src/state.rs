@@ -7,6 +7,7 @@
 //!     record.json                     netns, container pids, tmpfs mounts (PodRecord)
 //!     <container>.log, .log.1         current and previous run's stdout+stderr
 //!     exec/<container>.json           helper spec (0600; holds env)
+//!     etc/{hosts,resolv.conf,hostname} bind-mounted over /etc/... in every container
 //!     volumes/<volume>/               materialised volumes (bind-mount sources)
 //! ```
 
@@ -140,6 +141,7 @@ pub async fn remove_pod_runtime(dir: &PodDir, record: &PodRecord, cni: &Cni) {
     // Any mount left below the volumes dir (tmpfs) must be gone before removing it.
     let _ = std::fs::remove_dir_all(dir.volumes());
     let _ = std::fs::remove_dir_all(dir.root.join("exec"));
+    let _ = std::fs::remove_dir_all(dir.root.join("etc"));
     let _ = std::fs::remove_file(dir.record());
 }
 

@@ -921,10 +921,14 @@ impl Worker {
                 return;
             }
         };
-        let mounts = match self
-            .volumes
-            .mounts_for(spec.volume_mounts.as_deref().unwrap_or_default(), &env)
-        {
+        let etc = launch::write_etc_files(&self.dir.root.join("etc"), &self.pod, &ip_s);
+        let mounts = match etc.and_then(|mut etc| {
+            let volumes = self
+                .volumes
+                .mounts_for(spec.volume_mounts.as_deref().unwrap_or_default(), &env)?;
+            etc.extend(volumes);
+            Ok(etc)
+        }) {
             Ok(m) => m,
             Err(e) => {
                 self.set_waiting_retry(id, "CreateContainerConfigError", e, false);
@@ -1219,6 +1223,7 @@ impl Worker {
         }
         let _ = std::fs::remove_dir_all(self.dir.volumes());
         let _ = std::fs::remove_dir_all(self.dir.root.join("exec"));
+        let _ = std::fs::remove_dir_all(self.dir.root.join("etc"));
         self.record.processes.clear();
         self.record.tmpfs.clear();
         let _ = self.record.save(&self.dir);
