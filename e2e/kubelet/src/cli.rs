@@ -36,6 +36,9 @@ pub struct Args {
     /// Directory with the CNI plugins (ptp, host-local).
     #[arg(long, default_value = "/usr/lib/cni")]
     pub cni_bin_dir: PathBuf,
+    /// HTTPS port on the node's InternalIP for `kubectl logs` (0 disables it).
+    #[arg(long, default_value_t = 10250)]
+    pub kubelet_port: u16,
     /// First CrashLoopBackOff delay in seconds (doubles up to --crash-backoff-max-secs).
     #[arg(long, default_value_t = 10)]
     pub crash_backoff_initial_secs: u64,

@@ -16,7 +16,7 @@ use crate::env::ServiceEnv;
 use crate::imagemap::ImageMap;
 use crate::node::{self, NodeInfo};
 use crate::worker::{Ctx, Timing};
-use crate::{podsync, probes, state};
+use crate::{logserver, podsync, probes, state};
 
 fn preflight(args: &Args) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -89,13 +89,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             _ => Vec::new(),
         },
     };
-    let node = NodeInfo::detect(
+    let mut node = NodeInfo::detect(
         &args.node_name,
         gateway,
         args.pod_cidr,
         cni::pod_capacity(&args.pod_cidr),
     );
     let client = client(&args.kubeconfig).await?;
+    let endpoint_cancel = CancellationToken::new();
+    let endpoint = if args.kubelet_port == 0 {
+        None
+    } else {
+        let addr = std::net::SocketAddr::new(gateway.into(), args.kubelet_port);
+        match logserver::serve(addr, &node.name, state_dir.clone(), endpoint_cancel.clone()).await {
+            Ok(task) => {
+                node.kubelet_port = args.kubelet_port;
+                tracing::info!("serving container logs on https://{addr}");
+                Some(task)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{e}; `kubectl logs` will not work (is {gateway} on a host interface?)"
+                );
+                None
+            }
+        }
+    };
 
     let cleaned = state::cleanup_previous_run(&state_dir, &cni).await;
     if cleaned > 0 {
@@ -169,6 +188,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     heartbeat_cancel.cancel();
     let _ = heartbeat.await;
+    endpoint_cancel.cancel();
+    if let Some(task) = endpoint {
+        let _ = task.await;
+    }
     if let Err(e) = node::post_status(&client, &node, false, Timestamp::now()).await {
         tracing::warn!("{e}");
     }

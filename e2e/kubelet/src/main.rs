@@ -10,6 +10,7 @@ mod identity;
 mod imagemap;
 mod kubelet;
 mod launch;
+mod logserver;
 mod netns;
 mod node;
 mod podsync;

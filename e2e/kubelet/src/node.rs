@@ -27,6 +27,8 @@ pub struct NodeInfo {
     pub cpu_cores: u32,
     pub memory_bytes: u64,
     pub max_pods: u32,
+    /// Port of the `kubectl logs` endpoint on `internal_ip`; 0 when not served.
+    pub kubelet_port: u16,
 }
 
 impl NodeInfo {
@@ -46,6 +48,7 @@ impl NodeInfo {
             cpu_cores,
             memory_bytes,
             max_pods,
+            kubelet_port: 0,
         }
     }
 
@@ -140,6 +143,7 @@ pub fn status_patch(info: &NodeInfo, ready: bool, now: Timestamp, since: Timesta
             "addresses": [
                 { "type": "InternalIP", "address": info.internal_ip.to_string() },
             ],
+            "daemonEndpoints": { "kubeletEndpoint": { "Port": info.kubelet_port } },
             "capacity": info.resources(),
             "allocatable": info.resources(),
             "nodeInfo": {
@@ -314,6 +318,7 @@ mod tests {
             cpu_cores: 2,
             memory_bytes: 24 * 1024 * 1024 * 1024,
             max_pods: 110,
+            kubelet_port: 10250,
         }
     }
 
@@ -337,6 +342,7 @@ mod tests {
         let p = status_patch(&info(), true, now, since);
         let s = &p["status"];
         assert_eq!(s["capacity"]["cpu"], "2");
+        assert_eq!(s["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
         assert_eq!(s["capacity"]["pods"], "110");
         assert_eq!(
             s["allocatable"]["memory"],
