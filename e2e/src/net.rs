@@ -140,12 +140,13 @@ impl PodNetwork {
     /// gateway `10.244.N.1/32` to `lo`.
     pub fn claim(want: Option<u8>) -> Result<PodNetwork> {
         let _lock = lock_state_dir()?;
-        let addrs = run_ip(&["-4", "-o", "addr", "show"])?;
-        let routes = run_ip(&["-4", "route", "show", "table", "all"])?;
-        let in_use = |n: u8| {
-            let prefix = format!("10.244.{n}.");
-            addrs.contains(&format!(" {prefix}")) || routes.contains(&prefix)
+        // Addresses and routes of the host, as one text to search.
+        let scan = || -> Result<String> {
+            Ok(run_ip(&["-4", "-o", "addr", "show"])?
+                + &run_ip(&["-4", "route", "show", "table", "all"])?)
         };
+        let mut host = scan()?;
+        let in_use = |host: &str, n: u8| host.contains(&format!("10.244.{n}."));
         let candidates: Vec<u8> = match want {
             Some(n) => vec![n],
             None => (0..=254).collect(),
@@ -165,11 +166,12 @@ impl PodNetwork {
                 );
                 let _ = run_ip(&["addr", "del", &format!("10.244.{n}.1/32"), "dev", "lo"]);
                 let _ = fs::remove_file(&claim);
-                if in_use(n) && want.is_none() {
+                host = scan()?;
+                if in_use(&host, n) && want.is_none() {
                     // Something (stale pod routes) still uses it; leave it alone.
                     continue;
                 }
-            } else if in_use(n) {
+            } else if in_use(&host, n) {
                 if want.is_some() {
                     return Err(Error::Prerequisite(format!(
                         "10.244.{n}.0/24 is already in use on this host (see `ip addr` / `ip route`); \

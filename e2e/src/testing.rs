@@ -68,13 +68,22 @@ pub async fn cluster() -> Result<TestCluster> {
     let info = if let Some(kc) = std::env::var_os(KUBECONFIG_ENV) {
         let kc = PathBuf::from(kc);
         let dir = kc.parent().unwrap_or(Path::new("."));
-        ClusterInfo::load(dir).map_err(|e| {
+        let info = ClusterInfo::load(dir).map_err(|e| {
             Error::Prerequisite(format!(
                 "${KUBECONFIG_ENV}={} but {e}; point it at the kubeconfig in the run dir of \
                  `cli-mcp-cluster up`, or unset it to let the tests start their own cluster",
                 kc.display()
             ))
-        })?
+        })?;
+        if !Path::new(&format!("/proc/{}", info.pid)).exists() {
+            return Err(Error::Prerequisite(format!(
+                "${KUBECONFIG_ENV}={} names a cluster whose owner (pid {}) is no longer running; \
+                 start it again (`cli-mcp-cluster up`) or unset ${KUBECONFIG_ENV}",
+                kc.display(),
+                info.pid
+            )));
+        }
+        info
     } else {
         tokio::task::spawn_blocking(own_cluster)
             .await
