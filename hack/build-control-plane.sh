@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build etcd, kube-apiserver, kube-controller-manager and kube-scheduler from the Go module
 # proxy (e2e/tools/{etcd,kube}) into a cache directory OUTSIDE the repo, keyed by a hash of
-# the tool modules' go.mod/go.sum and of this script. When that directory exists the script
-# returns at once. Builds go to a temporary directory that is renamed into place only when
+# the tool modules' go.mod/go.sum, this script and the Go version. When that directory
+# exists the script returns at once. Builds go to a temporary directory that is renamed into place only when
 # all four binaries are there, so an interrupted build never looks complete.
 #
 # The last line on stdout is the bin directory (everything else goes to stderr):
@@ -21,8 +21,9 @@ if ! command -v go >/dev/null 2>&1; then
     exit 1
 fi
 
-hash="$(cat "$kube_dir/go.mod" "$kube_dir/go.sum" "$etcd_dir/go.mod" "$etcd_dir/go.sum" \
-    "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)"
+# The Go toolchain version is part of the key too: a new compiler means new binaries.
+hash="$( (cat "$kube_dir/go.mod" "$kube_dir/go.sum" "$etcd_dir/go.mod" "$etcd_dir/go.sum" \
+    "${BASH_SOURCE[0]}"; go env GOVERSION) | sha256sum | cut -c1-16)"
 final="$cache/$hash"
 if [[ -x "$final/bin/kube-apiserver" && -x "$final/bin/kube-controller-manager" \
     && -x "$final/bin/kube-scheduler" && -x "$final/bin/etcd" ]]; then
