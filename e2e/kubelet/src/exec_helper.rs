@@ -117,6 +117,13 @@ fn run(args: &[String]) -> Result<Never, String> {
     if let Some(argv) = args.argv {
         spec.argv = argv;
     }
+    // The program as seen from the host, in case a volume later hides its path (e.g. an
+    // emptyDir at /tmp over a binary below /tmp).
+    let host_program = spec
+        .argv
+        .first()
+        .and_then(|p| lookup_program(p, path_var(&spec)))
+        .and_then(|p| open_source(&p).ok());
     match args.join_pid {
         Some(pid) => join_namespaces(pid)?,
         None => enter_new_namespaces(&spec)?,
@@ -133,7 +140,7 @@ fn run(args: &[String]) -> Result<Never, String> {
             spec.uid
         )
     })?;
-    exec(&spec)
+    exec(&spec, host_program.as_ref())
 }
 
 fn open_ns(path: &Path) -> Result<File, String> {
@@ -170,8 +177,14 @@ fn enter_new_namespaces(spec: &ExecSpec) -> Result<(), String> {
     let mut mounts = spec.mounts.clone();
     // Parents before children, whatever order the pod listed them in.
     mounts.sort_by_key(|m| m.target.components().count());
-    for m in &mounts {
-        bind(m)?;
+    // Open every source before the first mount: a volume mounted at e.g. /tmp would
+    // otherwise hide the sources of later mounts that live below /tmp on the host.
+    let sources = mounts
+        .iter()
+        .map(|m| open_source(&m.source))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (m, src) in mounts.iter().zip(&sources) {
+        bind(m, src)?;
     }
     if let Some(h) = &spec.hostname {
         nix::unistd::sethostname(h).map_err(|e| format!("sethostname {h:?}: {e}"))?;
@@ -179,8 +192,20 @@ fn enter_new_namespaces(spec: &ExecSpec) -> Result<(), String> {
     Ok(())
 }
 
-fn bind(m: &BindMount) -> Result<(), String> {
-    let src_meta = std::fs::metadata(&m.source)
+/// An `O_PATH` handle on a mount source; mounted through `/proc/self/fd/N`.
+fn open_source(path: &Path) -> Result<File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("volume source {}: {e}", path.display()))
+}
+
+fn bind(m: &BindMount, src: &File) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let src_meta = src
+        .metadata()
         .map_err(|e| format!("volume source {}: {e}", m.source.display()))?;
     if !m.target.exists() {
         // Mount points are created on the shared filesystem (visible on the host, empty).
@@ -195,8 +220,9 @@ fn bind(m: &BindMount) -> Result<(), String> {
         };
         made.map_err(|e| format!("creating mount point {}: {e}", m.target.display()))?;
     }
+    let fd_path = format!("/proc/self/fd/{}", src.as_raw_fd());
     mount(
-        Some(&m.source),
+        Some(fd_path.as_str()),
         &m.target,
         None::<&str>,
         MsFlags::MS_BIND | MsFlags::MS_REC,
@@ -255,16 +281,17 @@ fn cstring(s: &[u8]) -> Result<CString, String> {
     CString::new(s).map_err(|_| format!("{:?} contains a NUL byte", String::from_utf8_lossy(s)))
 }
 
-fn exec(spec: &ExecSpec) -> Result<Never, String> {
-    let program = spec.argv.first().ok_or("empty command line")?;
-    let path_var = spec
-        .env
+fn path_var(spec: &ExecSpec) -> Option<&str> {
+    spec.env
         .iter()
         .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str());
-    let resolved = lookup_program(program, path_var)
-        .ok_or_else(|| format!("executable {program:?} not found in PATH"))?;
-    let file = cstring(resolved.as_os_str().as_bytes())?;
+        .map(|(_, v)| v.as_str())
+}
+
+/// Executes argv[0] as found in the container's view; if it is not there (hidden by a
+/// volume), executes the file found on the host before the mounts (`execveat` on its fd).
+fn exec(spec: &ExecSpec, host_program: Option<&File>) -> Result<Never, String> {
+    let program = spec.argv.first().ok_or("empty command line")?;
     let argv = spec
         .argv
         .iter()
@@ -275,8 +302,21 @@ fn exec(spec: &ExecSpec) -> Result<Never, String> {
         .iter()
         .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
         .collect::<Result<Vec<_>, _>>()?;
-    match nix::unistd::execve(&file, &argv, &envp) {
-        Err(e) => Err(format!("execve {}: {e}", resolved.display())),
+    let in_view = lookup_program(program, path_var(spec)).filter(|p| p.exists());
+    let result = match (in_view, host_program) {
+        (Some(resolved), _) => {
+            let file = cstring(resolved.as_os_str().as_bytes())?;
+            nix::unistd::execve(&file, &argv, &envp)
+                .map_err(|e| format!("execve {}: {e}", resolved.display()))
+        }
+        (None, Some(fd)) => {
+            nix::unistd::execveat(fd, c"", &argv, &envp, nix::fcntl::AtFlags::AT_EMPTY_PATH)
+                .map_err(|e| format!("execveat {program:?} (hidden by a volume mount): {e}"))
+        }
+        (None, None) => Err(format!("executable {program:?} not found in PATH")),
+    };
+    match result {
+        Err(e) => Err(e),
         Ok(never) => match never {},
     }
 }

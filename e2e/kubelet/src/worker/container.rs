@@ -115,6 +115,14 @@ pub(super) fn restart_wanted(policy: &str, init: bool, sidecar: bool, exit_code:
     }
 }
 
+/// `terminationMessagePolicy: FallbackToLogsOnError`: the last 80 lines of the log, at most
+/// 2048 bytes, like the kubelet.
+pub(super) fn termination_message_from_log(log: &[u8]) -> String {
+    let tail = crate::logserver::tail(log, 80);
+    let tail = &tail[tail.len().saturating_sub(2048)..];
+    String::from_utf8_lossy(tail).into_owned()
+}
+
 impl Worker {
     pub(super) fn on_exit(&mut self, id: SlotId, run: u64, exit: ExitStatus) {
         let s = self.slot_mut(id);
@@ -129,7 +137,7 @@ impl Worker {
             State::Running { started_at } => Some(*started_at),
             _ => None,
         };
-        let t = Terminated {
+        let mut t = Terminated {
             exit_code,
             signal,
             reason: reason.to_string(),
@@ -139,6 +147,12 @@ impl Worker {
             container_id: s.view.container_id.clone(),
         };
         let name = s.spec.name.clone();
+        let fallback =
+            s.spec.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
+        if t.message.is_none() && fallback && exit_code != 0 {
+            let log = std::fs::read(self.dir.log(&name)).unwrap_or_default();
+            t.message = Some(termination_message_from_log(&log)).filter(|m| !m.is_empty());
+        }
         tracing::info!(pod = %self.pod_key(), container = %name, exit_code, "container exited");
         self.record.processes.remove(&name);
         let _ = self.record.save(&self.dir);
@@ -469,7 +483,18 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::restart_wanted;
+    use super::{restart_wanted, termination_message_from_log};
+
+    #[test]
+    fn termination_message_is_the_log_tail() {
+        let log: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let msg = termination_message_from_log(log.as_bytes());
+        assert!(msg.starts_with("line 20\n"));
+        assert!(msg.ends_with("line 99\n"));
+        let long = "x".repeat(5000);
+        assert_eq!(termination_message_from_log(long.as_bytes()).len(), 2048);
+        assert_eq!(termination_message_from_log(b""), "");
+    }
 
     #[test]
     fn restart_policies() {
