@@ -1,7 +1,21 @@
 //! One container slot of a pod: starting it (image, env, mounts, helper), its exit and
 //! restart back-off, probes and kills.
 
-use super::*;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, ContainerStateTerminated};
+use k8s_openapi::jiff::Timestamp;
+use nix::sys::signal::Signal;
+use tokio::task::JoinHandle;
+
+use super::{Event, SlotId, Timing, Worker};
+use crate::backoff::Backoff;
+use crate::downward::PodFacts;
+use crate::probes::{self, Kind};
+use crate::state::ProcRecord;
+use crate::status::{ContainerView, State, Terminated};
+use crate::{env, identity, imagemap, launch, netns, process};
 
 pub(super) struct Running {
     pub(super) pid: i32,

@@ -11,28 +11,23 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerStateTerminated, Pod, PodCondition, Secret,
-};
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::{Api, Client};
-use nix::sys::signal::Signal;
-use serde_json::{json, Value};
+use kube::Client;
+use serde_json::Value;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::cni::Cni;
 use crate::downward::PodFacts;
-use crate::env::{self, Objects, ServiceEnv};
+use crate::env::ServiceEnv;
+use crate::netns;
 use crate::node::NodeInfo;
-use crate::probes::{self, Kind};
-use crate::state::{PodDir, PodRecord, ProcRecord};
-use crate::status::{self, ContainerView, PodView, State, Terminated};
-use crate::volumes::{self, SyncCtx, Volumes};
-use crate::{identity, imagemap, launch, netns, process};
+use crate::probes::Kind;
+use crate::state::{PodDir, PodRecord};
+use crate::status::{self, State};
+use crate::volumes::Volumes;
 
 mod container;
 mod publish;

@@ -1,6 +1,16 @@
 //! Pod status: building it from the slots and patching it when it changed.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use serde_json::{json, Value};
+
+use super::Worker;
+use crate::status::{self, ContainerView, PodView};
 
 impl Worker {
     pub(super) fn previous_conditions(&self) -> Vec<PodCondition> {

@@ -1,6 +1,18 @@
 //! Pod-level setup: the network namespace with its CNI address, and the volumes.
 
-use super::*;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Secret};
+use kube::Api;
+
+use super::Worker;
+use crate::downward::PodFacts;
+use crate::env::{self, Objects};
+use crate::status::State;
+use crate::volumes::{self, SyncCtx};
+use crate::{identity, netns};
 
 impl Worker {
     /// Returns whether the pod network is up.

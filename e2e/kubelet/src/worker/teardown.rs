@@ -1,7 +1,21 @@
 //! Stopping containers (grace periods, preStop hooks), releasing the pod's network and
 //! files, and finishing a deletion in the API.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::Api;
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{Event, PodUpdate, SlotId, Worker};
+use crate::backoff::Backoff;
+use crate::probes;
+use crate::status::{State, Terminated};
+use crate::{netns, process};
 
 impl Worker {
     /// Terminal pods (nothing will run again) release their network right away.
