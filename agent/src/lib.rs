@@ -8,7 +8,8 @@
 //!   container restart.
 //! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`.
 
-#![forbid(unsafe_code)]
+// One audited `unsafe` block: `setsid` in the child before exec (shell::new_session).
+#![deny(unsafe_code)]
 
 pub mod assignment;
 pub mod config;

@@ -53,7 +53,11 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(flags.listen)
         .await
         .with_context(|| format!("cannot listen on {}", flags.listen))?;
-    tracing::info!(listen = %flags.listen, "cli-mcp-agent ready");
+    // The bound address (not the flag) so `--listen 127.0.0.1:0` callers learn the port.
+    let bound = listener
+        .local_addr()
+        .context("listener has no local address")?;
+    tracing::info!(listen = %bound, "cli-mcp-agent ready");
     let drain = Duration::from_millis(flags.drain_timeout_ms);
     axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(shutdown_signal(state.clone(), drain))

@@ -7,9 +7,13 @@
 //! - after the command, bash writes `<nonce> <status> <cwd>\0` to fd 3, a pipe only the
 //!   agent reads. Output can contain any marker text, NULs or invalid UTF-8 without
 //!   effect; completion is only ever signalled on that pipe, tagged with a fresh nonce.
-//! - `set -m` gives every job its own process group, so a timeout kills the command's
-//!   groups and leaves the shell (and its state) alive. Only a shell that still does not
-//!   answer (a builtin loop) is replaced, and the response says so.
+//! - bash runs interactive (`-i`, in its own session, prompts off) with `set -m`, so every
+//!   job has its own process group and a timeout works like Ctrl-C in a terminal: SIGINT
+//!   to the command's groups and to bash makes bash abandon the rest of the command line
+//!   and return to its top level with `cd`, `export` and functions intact. A non-interactive
+//!   bash would instead kill itself when its foreground job dies of SIGINT. Jobs that
+//!   ignore SIGINT get SIGKILL; only a shell that still does not answer is replaced, and
+//!   the response says so.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -228,7 +232,7 @@ impl Shell {
             self.bash = None;
         };
 
-        let mut ended = self.wait(&nonce, deadline, abort.as_mut()).await;
+        let mut ended = self.wait(&[&nonce], deadline, abort.as_mut()).await;
         let stop = match ended {
             Ended::Stopped(stop) => {
                 ended = self.interrupt(&nonce, &before).await;
@@ -340,7 +344,7 @@ impl Shell {
     /// Waits for the command's status record, the shell's death, the deadline or `abort`.
     async fn wait(
         &mut self,
-        nonce: &str,
+        nonces: &[&str],
         deadline: tokio::time::Instant,
         mut abort: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Ended {
@@ -353,7 +357,9 @@ impl Shell {
             }
             tokio::select! {
                 rec = read_record(&mut bash.status, &mut bash.status_buf), if !bash.status_closed => match rec {
-                    Some((n, status, cwd)) if n == nonce => return Ended::Reported { status, cwd },
+                    Some((n, status, cwd)) if nonces.contains(&n.as_str()) => {
+                        return Ended::Reported { status, cwd }
+                    }
                     Some(_) => continue, // a stale record of an interrupted command
                     None => bash.status_closed = true,
                 },
@@ -367,14 +373,17 @@ impl Shell {
         }
     }
 
-    /// Stops a running command: SIGTERM to its process groups, then SIGKILL, each followed
-    /// by a grace period for bash to report. Returns what bash then said, or `Stopped` if
-    /// it said nothing (the caller restarts the shell).
+    /// Stops a running command the way Ctrl-C does: SIGINT to its process groups and to bash,
+    /// then SIGKILL to groups that ignored it, each followed by a grace period. bash then
+    /// abandons the command line; a sync line queued behind it tells us when bash is back
+    /// at its top level. Returns `Stopped` if bash never answered (the caller restarts it).
     async fn interrupt(&mut self, nonce: &str, before: &BTreeSet<i32>) -> Ended {
         let grace = self.opts.kill_grace;
+        let sync = random_hex();
+        let sync_line = format!("builtin printf '\\0%s %s %s\\0' {sync} 130 \"$PWD\" >&3\n");
         let mut never = std::pin::pin!(std::future::pending::<()>());
-        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
-            let Some(bash) = self.bash.as_ref() else {
+        for (round, sig) in [Signal::SIGINT, Signal::SIGKILL].into_iter().enumerate() {
+            let Some(bash) = self.bash.as_mut() else {
                 return Ended::ShellExited(-1);
             };
             if bash.status_closed {
@@ -382,8 +391,14 @@ impl Shell {
             }
             let groups = procs::new_job_groups(&procs::snapshot(), bash.pid, before);
             procs::signal_groups(&groups, sig);
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(bash.pid), Signal::SIGINT);
+            if round == 0 {
+                // bash reads this only once back at its top level; a write error means it is
+                // gone, which the wait below reports.
+                let _ = bash.stdin.write_all(sync_line.as_bytes()).await;
+            }
             let deadline = tokio::time::Instant::now() + grace;
-            match self.wait(nonce, deadline, never.as_mut()).await {
+            match self.wait(&[nonce, &sync], deadline, never.as_mut()).await {
                 Ended::Stopped(_) => continue,
                 other => return other,
             }
@@ -407,15 +422,15 @@ impl Shell {
         let (status_tx, status_rx) = pipe::pipe().map_err(spawn_err)?;
         let status_w: OwnedFd = status_tx.into_blocking_fd().map_err(spawn_err)?;
         let mut cmd = Command::new(&self.opts.shell);
-        cmd.args(["--noprofile", "--norc"])
+        cmd.args(["--noprofile", "--norc", "--noediting", "-i"])
             .env_clear()
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&self.opts.workdir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             // The status pipe enters as stderr; the init script moves it to fd 3.
-            .stderr(Stdio::from(status_w))
-            .process_group(0);
+            .stderr(Stdio::from(status_w));
+        new_session(&mut cmd);
         let (mut child, exited) = self.reaper.spawn(&mut cmd).map_err(spawn_err)?;
         drop(cmd); // closes our copy of the pipe's write end, so EOF means "shell gone"
         let stdin = child
@@ -438,35 +453,47 @@ impl Shell {
     }
 }
 
-/// Sent once to every new shell: fd 3 becomes the status pipe and the shell's own messages
-/// (job notices) are discarded; `set -m` puts each job in its own process group.
-const INIT_SCRIPT: &str = "exec 3>&2 2>/dev/null\nset -m\nset +o history\n";
+/// Sent once to every new shell: fd 3 becomes the status pipe and the shell's own output
+/// (prompts, job notices) is discarded; `set -m` puts each job in its own process group;
+/// history and `!` expansion are off so `echo "hi!"` means what it says.
+const INIT_SCRIPT: &str =
+    "exec 3>&2 2>/dev/null\nset -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\n";
+
+/// Starts the shell in a new session: an interactive bash must never see the agent's
+/// controlling terminal (when a developer runs the agent by hand), or it would take it over.
+#[allow(unsafe_code)]
+fn new_session(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and calls only setsid(2),
+    // which is async-signal-safe; it touches no memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
+    }
+}
 
 /// The line that runs one command file. Only our paths and nonce appear in it.
 fn command_line(dir: &Path, nonce: &str) -> String {
     let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
     format!(
-        ". {} </dev/null >{} 2>{} 3>&-; builtin printf '%s %s %s\\0' {nonce} \"$?\" \"$PWD\" >&3\n",
+        ". {} </dev/null >{} 2>{} 3>&-; builtin printf '\\0%s %s %s\\0' {nonce} \"$?\" \"$PWD\" >&3\n",
         q("cmd"),
         q("out"),
         q("err"),
     )
 }
 
-/// Reads the next NUL-terminated `<nonce> <status> <cwd>` record; `None` on EOF.
+/// Reads the next `\0<nonce> <status> <cwd>\0` record; `None` on EOF. Records are
+/// NUL-delimited on both sides so anything bash printed on the pipe before its init script
+/// ran (startup warnings, a first prompt) is a segment of its own that matches no nonce.
 async fn read_record(
     status: &mut pipe::Receiver,
     status_buf: &mut Vec<u8>,
 ) -> Option<(String, i32, String)> {
     loop {
-        if let Some(end) = status_buf.iter().position(|b| *b == 0) {
-            let rec: Vec<u8> = status_buf.drain(..=end).collect();
-            let text = String::from_utf8_lossy(&rec[..rec.len() - 1]).into_owned();
-            let mut parts = text.splitn(3, ' ');
-            let nonce = parts.next()?.to_owned();
-            let status = parts.next()?.parse().unwrap_or(-1);
-            let cwd = parts.next().unwrap_or_default().to_owned();
-            return Some((nonce, status, cwd));
+        while let Some(end) = status_buf.iter().position(|b| *b == 0) {
+            let segment: Vec<u8> = status_buf.drain(..=end).collect();
+            if let Some(rec) = parse_record(&segment[..segment.len() - 1]) {
+                return Some(rec);
+            }
         }
         let mut buf = [0u8; 4096];
         match status.read(&mut buf).await {
@@ -474,6 +501,19 @@ async fn read_record(
             Ok(n) => status_buf.extend_from_slice(&buf[..n]),
         }
     }
+}
+
+/// Parses `<nonce> <status> <cwd>`; anything else (empty segments, junk) is `None`.
+fn parse_record(segment: &[u8]) -> Option<(String, i32, String)> {
+    let text = String::from_utf8_lossy(segment);
+    let mut parts = text.splitn(3, ' ');
+    let nonce = parts.next()?;
+    if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let status = parts.next()?.parse().ok()?;
+    let cwd = parts.next()?.to_owned();
+    Some((nonce.to_owned(), status, cwd))
 }
 
 /// SIGKILLs the shell and every process it started, then waits (bounded) until it is reaped.
@@ -518,8 +558,20 @@ mod tests {
         let l = command_line(Path::new("/s/cmd/1"), "abc");
         assert_eq!(
             l,
-            ". '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; builtin printf '%s %s %s\\0' abc \"$?\" \"$PWD\" >&3\n"
+            ". '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; builtin printf '\\0%s %s %s\\0' abc \"$?\" \"$PWD\" >&3\n"
         );
+    }
+
+    #[test]
+    fn records_parse_and_junk_is_ignored() {
+        let n = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            parse_record(format!("{n} 3 /a b").as_bytes()),
+            Some((n.to_owned(), 3, "/a b".to_owned()))
+        );
+        assert_eq!(parse_record(b"bash-5.2# exec 3>&2"), None);
+        assert_eq!(parse_record(b""), None);
+        assert_eq!(parse_record(format!("{n} x /").as_bytes()), None);
     }
 
     #[test]

@@ -1,0 +1,262 @@
+//! Persistent-bash behaviour, through the real binary over real HTTP with real bash.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::{mem_kib, Agent};
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str()
+        .unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
+#[tokio::test]
+async fn printf_without_trailing_newline_returns() {
+    let a = Agent::start();
+    let v = a
+        .exec_with(json!({"command": "printf x", "timeout_ms": 20000}))
+        .await;
+    assert_eq!(s(&v, "stdout"), "x");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["timed_out"], false);
+}
+
+#[tokio::test]
+async fn output_containing_protocol_markers_comes_back_exactly() {
+    let a = Agent::start();
+    // Everything our framing uses: the record shape `<nonce> <status> <cwd>\0`, the command
+    // line we send bash, fd 3, our note prefix, and a fake completion with a plausible nonce.
+    let cmd = r#"printf '0123456789abcdef0123456789abcdef 0 /\0'
+printf '%s\n' ". '/x/cmd' </dev/null >'/x/out' 2>'/x/err' 3>&-; builtin printf '%s %s %s\0' n \"\$?\" \"\$PWD\" >&3"
+echo '[cli-mcp-agent: the shell exited]'
+echo 'to fd3' >&3
+printf 'no newline at end'
+exit_code_marker=7; (exit $exit_code_marker)"#;
+    let v = a.exec(cmd).await;
+    let out = base64_or_text(&v, "stdout");
+    let mut expected = b"0123456789abcdef0123456789abcdef 0 /\0".to_vec();
+    expected.extend_from_slice(
+        b". '/x/cmd' </dev/null >'/x/out' 2>'/x/err' 3>&-; builtin printf '%s %s %s\\0' n \"$?\" \"$PWD\" >&3\n",
+    );
+    expected.extend_from_slice(b"[cli-mcp-agent: the shell exited]\nno newline at end");
+    assert_eq!(out, expected);
+    assert_eq!(v["exit_code"], 7, "{v}");
+    assert!(
+        s(&v, "stderr").contains("Bad file descriptor"),
+        "fd 3 is closed for commands: {v}"
+    );
+    assert_eq!(v["shell_restarted"], false);
+    // And the shell still works normally afterwards.
+    assert_eq!(s(&a.exec("echo ok").await, "stdout"), "ok\n");
+}
+
+fn base64_or_text(v: &Value, field: &str) -> Vec<u8> {
+    let resp: cli_mcp_api::wire::ExecResponse =
+        serde_json::from_value(v.clone()).expect("ExecResponse");
+    match field {
+        "stdout" => resp.stdout_bytes().expect("decodes"),
+        _ => resp.stderr_bytes().expect("decodes"),
+    }
+}
+
+#[tokio::test]
+async fn binary_and_nul_output_is_exact() {
+    let a = Agent::start();
+    let v = a.exec(r"printf 'a\0b\xff\xfe'; printf '\0x' >&2").await;
+    assert_eq!(v["stdout_encoding"], "base64");
+    assert_eq!(base64_or_text(&v, "stdout"), b"a\0b\xff\xfe");
+    assert_eq!(base64_or_text(&v, "stderr"), b"\0x");
+}
+
+#[tokio::test]
+async fn ten_megabytes_are_truncated_head_and_tail_with_bounded_memory() {
+    let a = Agent::start();
+    a.exec("true").await; // shell up, steady state
+    let before = mem_kib(a.pid(), "VmRSS:");
+    let v = a
+        .exec(
+            "head -c 5000000 /dev/zero | tr '\\0' a; echo; head -c 5000000 /dev/zero | tr '\\0' z",
+        )
+        .await;
+    let peak = mem_kib(a.pid(), "VmHWM:");
+    assert_eq!(v["truncated"], true);
+    assert_eq!(v["total_bytes"], 10_000_001);
+    let out = s(&v, "stdout");
+    assert!(out.len() < 64 * 1024 + 200, "kept {} bytes", out.len());
+    assert!(out.starts_with(&"a".repeat(1000)));
+    assert!(out.ends_with(&"z".repeat(1000)));
+    let marker_start = out.find("[… ").expect("marker");
+    let marker = &out[marker_start..out[marker_start..].find(" …]").expect("end") + marker_start];
+    assert!(
+        marker.contains("bytes truncated; full output in "),
+        "{marker}"
+    );
+    let path = marker.rsplit("full output in ").next().expect("path");
+    let spilled = std::fs::metadata(path).expect("spill file exists");
+    assert_eq!(spilled.len(), 10_000_001);
+    assert!(
+        peak.saturating_sub(before) < 8 * 1024,
+        "agent memory grew by {} KiB while printing 10 MB",
+        peak.saturating_sub(before)
+    );
+}
+
+#[tokio::test]
+async fn stdin_is_dev_null() {
+    let a = Agent::start();
+    let v = a
+        .exec_with(
+            json!({"command": "cat; echo cat=$?; read x; echo read=$?", "timeout_ms": 20000}),
+        )
+        .await;
+    assert_eq!(s(&v, "stdout"), "cat=0\nread=1\n");
+    assert_eq!(v["timed_out"], false);
+}
+
+#[tokio::test]
+async fn timeout_kills_the_command_and_keeps_shell_state() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export A=1; greet() { echo hi; }").await;
+    let v = a
+        .exec_with(json!({"command": "echo partial; sleep 100.5", "timeout_ms": 500}))
+        .await;
+    assert_eq!(v["timed_out"], true);
+    assert_eq!(v["exit_code"], 124);
+    assert_eq!(v["shell_restarted"], false);
+    assert_eq!(s(&v, "stdout"), "partial\n");
+    assert!(s(&v, "stderr").contains("timed out after 500ms"), "{v}");
+    let v = a.exec("pwd; echo $A; greet").await;
+    assert_eq!(s(&v, "stdout"), "/tmp\n1\nhi\n");
+    let leftover = a.exec("pgrep -f 'sleep 100[.]5' || echo none").await;
+    assert_eq!(
+        s(&leftover, "stdout"),
+        "none\n",
+        "the timed-out sleep must be gone"
+    );
+}
+
+#[tokio::test]
+async fn timeout_abandons_the_rest_of_the_command_line_like_ctrl_c() {
+    let a = Agent::start();
+    let v = a
+        .exec_with(json!({"command": "cd /; sleep 100.6; echo after; cd /tmp", "timeout_ms": 300}))
+        .await;
+    assert_eq!(v["timed_out"], true);
+    assert_eq!(
+        v["stdout"], "",
+        "nothing after the killed command may run: {v}"
+    );
+    assert_eq!(v["cwd"], "/");
+    assert_eq!(v["shell_restarted"], false);
+}
+
+#[tokio::test]
+async fn builtin_loop_is_interrupted_and_keeps_the_shell() {
+    let a = Agent::start();
+    a.exec("export B=2").await;
+    let v = a
+        .exec_with(json!({"command": "while :; do :; done", "timeout_ms": 300}))
+        .await;
+    assert_eq!(v["timed_out"], true);
+    assert_eq!(v["exit_code"], 124);
+    assert_eq!(v["shell_restarted"], false, "{v}");
+    assert_eq!(s(&a.exec("echo B=$B").await, "stdout"), "B=2\n");
+}
+
+#[tokio::test]
+async fn a_shell_that_ignores_interrupts_is_restarted_with_a_note() {
+    let a = Agent::start();
+    a.exec("export B=2").await;
+    let v = a
+        .exec_with(json!({"command": "trap '' INT; while :; do :; done", "timeout_ms": 300}))
+        .await;
+    assert_eq!(v["timed_out"], true);
+    assert_eq!(v["exit_code"], 124);
+    assert_eq!(v["shell_restarted"], true);
+    assert!(s(&v, "stderr").contains("was restarted"), "{v}");
+    let v = a.exec("echo \"B=${B:-unset}\"").await;
+    assert_eq!(s(&v, "stdout"), "B=unset\n");
+    assert_eq!(v["shell_restarted"], false);
+}
+
+#[tokio::test]
+async fn history_expansion_is_off() {
+    let a = Agent::start();
+    assert_eq!(
+        s(&a.exec("echo \"hi!\" 'a!b'").await, "stdout"),
+        "hi! a!b\n"
+    );
+}
+
+#[tokio::test]
+async fn exit_exec_and_kill_self_respawn_the_shell() {
+    let a = Agent::start();
+    let v = a.exec("exit 3").await;
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["shell_restarted"], true);
+    assert!(s(&v, "stderr").contains("exited with status 3"), "{v}");
+    assert_eq!(s(&a.exec("echo ok").await, "stdout"), "ok\n");
+
+    let v = a.exec("exec true").await;
+    assert_eq!(v["shell_restarted"], true);
+    assert_eq!(s(&a.exec("echo ok").await, "stdout"), "ok\n");
+
+    let v = a.exec("kill -9 $$").await;
+    assert_eq!(v["exit_code"], 137);
+    assert_eq!(v["shell_restarted"], true);
+    let v = a.exec("echo ok").await;
+    assert_eq!(s(&v, "stdout"), "ok\n");
+    assert_eq!(v["shell_restarted"], false);
+}
+
+#[tokio::test]
+async fn background_jobs_do_not_block_and_survive() {
+    let a = Agent::start();
+    let v = a
+        .exec_with(json!({"command": "sleep 100 & echo started", "timeout_ms": 20000}))
+        .await;
+    assert_eq!(v["timed_out"], false);
+    assert_eq!(s(&v, "stdout"), "started\n");
+    // The job is still there (and a later timeout must not kill it).
+    a.exec_with(json!({"command": "sleep 100", "timeout_ms": 300}))
+        .await;
+    let v = a.exec("jobs -r | grep -c 'sleep 100'").await;
+    assert_eq!(s(&v, "stdout"), "1\n");
+}
+
+#[tokio::test]
+async fn environment_is_non_interactive_and_holds_no_token() {
+    let a = Agent::start();
+    let v = a
+        .exec("echo $PAGER $GIT_PAGER $TERM $GIT_TERMINAL_PROMPT; env | grep -c -e SHA256 -e CLI_MCP_AGENT || true")
+        .await;
+    assert_eq!(s(&v, "stdout"), "cat cat dumb 0\n0\n");
+}
+
+#[tokio::test]
+async fn syntax_errors_are_reported_by_bash_and_keep_the_shell() {
+    let a = Agent::start();
+    a.exec("export C=3").await;
+    let v = a.exec("if then fi (").await;
+    assert_eq!(v["exit_code"], 2);
+    assert!(s(&v, "stderr").contains("syntax error"), "{v}");
+    assert_eq!(s(&a.exec("echo $C").await, "stdout"), "3\n");
+}
+
+#[tokio::test]
+async fn agent_restart_is_reported_on_the_next_response() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let opts = || support::Opts {
+        state_dir: Some(state.path()),
+        ..Default::default()
+    };
+    let mut a = Agent::start_with(opts());
+    let first = a.exec("export D=4").await;
+    assert_eq!(first["shell_restarted"], false);
+    a.crash();
+    let b = Agent::start_with(opts());
+    let v = b.exec("echo ${D:-gone}").await;
+    assert_eq!(s(&v, "stdout"), "gone\n");
+    assert_eq!(v["shell_restarted"], true);
+    assert!(s(&v, "stderr").contains("agent restarted"), "{v}");
+}

@@ -1,0 +1,214 @@
+//! Starts the real `cli-mcp-agent` binary on loopback and talks to it over real HTTP.
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cli_mcp_api::token::{HmacKey, Token};
+use cli_mcp_api::SessionId;
+use serde_json::Value;
+
+pub const POD: &str = "cli-mcp-t-pool-abcdefghij";
+
+pub fn key() -> HmacKey {
+    HmacKey::from_bytes([9; 32])
+}
+
+pub fn session_token() -> Token {
+    key().session_token(&SessionId::parse("s1").expect("valid"))
+}
+
+pub fn assign_token() -> Token {
+    key().assign_token(POD)
+}
+
+pub enum Mode {
+    Assigned,
+    Pool,
+    /// Neither env var: recovery from the annotations file only.
+    AnnotationsOnly,
+}
+
+pub struct Agent {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub state_dir: PathBuf,
+    pub logs: Arc<Mutex<Vec<String>>>,
+    _tmp: Option<tempfile::TempDir>,
+    pub http: reqwest::Client,
+}
+
+pub struct Opts<'a> {
+    pub mode: Mode,
+    pub extra_args: &'a [&'a str],
+    pub state_dir: Option<&'a Path>,
+    pub annotations: Option<&'a Path>,
+}
+
+impl Default for Opts<'_> {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Assigned,
+            extra_args: &[],
+            state_dir: None,
+            annotations: None,
+        }
+    }
+}
+
+impl Agent {
+    pub fn start() -> Self {
+        Self::start_with(Opts::default())
+    }
+
+    pub fn start_with(opts: Opts<'_>) -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let state_dir = opts
+            .state_dir
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| tmp.path().join("state"));
+        let workdir = tmp.path().join("work");
+        std::fs::create_dir_all(&workdir).expect("workdir");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cli-mcp-agent"));
+        cmd.args([
+            "--listen",
+            "127.0.0.1:0",
+            "--log-json",
+            "--kill-grace-ms",
+            "300",
+        ])
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .arg("--workdir")
+        .arg(&workdir)
+        .arg("--podinfo-annotations")
+        .arg(
+            opts.annotations
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| tmp.path().join("no-annotations")),
+        )
+        .args(opts.extra_args)
+        .env_remove("TOKEN_SHA256")
+        .env_remove("ASSIGN_SHA256")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        match opts.mode {
+            Mode::Assigned => {
+                cmd.env("TOKEN_SHA256", session_token().commitment().to_hex());
+            }
+            Mode::Pool => {
+                cmd.env("ASSIGN_SHA256", assign_token().commitment().to_hex());
+            }
+            Mode::AnnotationsOnly => {}
+        }
+        let mut child = cmd.spawn().expect("spawn cli-mcp-agent");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if let Some(addr) = v.get("listen").and_then(Value::as_str) {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(addr.to_owned());
+                        }
+                    }
+                }
+                sink.lock().expect("log lock").push(line);
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "agent did not report its address; logs: {:?}",
+                    logs.lock().map(|l| l.clone())
+                )
+            })
+            .parse()
+            .expect("socket address");
+        Self {
+            child: Some(child),
+            addr,
+            state_dir,
+            logs,
+            _tmp: Some(tmp),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// POSTs `body` with `bearer` (None: no Authorization header).
+    pub async fn post(&self, path: &str, bearer: Option<&str>, body: Value) -> (u16, Value) {
+        let mut req = self.http.post(self.url(path)).json(&body);
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        let res = req.send().await.expect("request reaches the agent");
+        let status = res.status().as_u16();
+        let json = res.json::<Value>().await.expect("JSON body");
+        (status, json)
+    }
+
+    /// Runs a command with the session token and returns the JSON response (status 200).
+    pub async fn exec(&self, command: &str) -> Value {
+        self.exec_with(serde_json::json!({"command": command}))
+            .await
+    }
+
+    pub async fn exec_with(&self, body: Value) -> Value {
+        let (status, v) = self
+            .post("/exec", Some(session_token().expose()), body)
+            .await;
+        assert_eq!(status, 200, "exec failed: {v}");
+        v
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        child.wait().expect("wait agent")
+    }
+
+    /// Kills the agent at once (a container crash).
+    pub fn crash(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+/// `VmRSS`/`VmHWM` of a process in KiB.
+pub fn mem_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("field present")
+}
