@@ -89,6 +89,40 @@ pub fn all_groups(table: &[ProcInfo], root: i32) -> BTreeSet<i32> {
         .collect()
 }
 
+/// Direct children of `pid`, from `/proc/<pid>/task/<pid>/children` (one read instead of a
+/// scan of every process). `None` when the kernel does not offer that file.
+pub fn children(pid: i32) -> Option<BTreeSet<i32>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    Some(
+        text.split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect(),
+    )
+}
+
+fn stat_of(pid: i32) -> Option<ProcInfo> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// What exists under the shell before a command starts, to be spared when it is stopped.
+/// With `set -m` every job leader is a direct child of bash, so the children are enough.
+pub fn jobs_before(shell: i32) -> BTreeSet<i32> {
+    children(shell).unwrap_or_else(|| descendants(&snapshot(), shell))
+}
+
+/// Process groups of the jobs the shell started since `before` was taken.
+pub fn jobs_since(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
+    match children(shell) {
+        Some(kids) => kids
+            .difference(before)
+            .filter_map(|&p| stat_of(p))
+            .map(|p| p.pgid)
+            .filter(|&g| g != shell && g > 1)
+            .collect(),
+        None => new_job_groups(&snapshot(), shell, before),
+    }
+}
+
 /// Sends `sig` to each group; groups that are already gone are ignored.
 pub fn signal_groups(groups: &BTreeSet<i32>, sig: Signal) {
     for &g in groups {
@@ -131,6 +165,32 @@ mod tests {
         assert_eq!(new_job_groups(&table, 10, &existing), BTreeSet::from([12]));
         assert_eq!(descendants(&table, 10), BTreeSet::from([11, 12, 13]));
         assert_eq!(all_groups(&table, 10), BTreeSet::from([10, 11, 12]));
+    }
+
+    #[test]
+    fn children_of_a_single_threaded_shell_are_listed() {
+        use std::io::BufRead;
+        // `children` is per thread; bash (like the agent's shell) has only its main thread.
+        use std::os::unix::process::CommandExt;
+        let mut bash = std::process::Command::new("bash")
+            .args(["-c", "sleep 5 & echo $!; wait"])
+            .process_group(0) // like the agent's shell: leader of its own group
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn bash");
+        let mut line = String::new();
+        std::io::BufReader::new(bash.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read pid");
+        let sleep: i32 = line.trim().parse().expect("pid");
+        let pid = bash.id() as i32;
+        let kids = children(pid).unwrap_or_else(|| descendants(&snapshot(), pid));
+        let since = jobs_since(pid, &BTreeSet::new());
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(sleep), Signal::SIGKILL);
+        let _ = bash.wait();
+        assert!(kids.contains(&sleep), "{kids:?}");
+        // `bash -c` has no job control, so the sleep is in bash's own group: not a job.
+        assert!(since.is_empty(), "{since:?}");
     }
 
     #[test]

@@ -220,8 +220,7 @@ impl Shell {
             let Some(bash) = self.bash.as_mut() else {
                 return Err(ShellError::Unresponsive);
             };
-            let table = procs::snapshot();
-            let before = procs::descendants(&table, bash.pid);
+            let before = procs::jobs_before(bash.pid);
             if bash.stdin.write_all(line.as_bytes()).await.is_ok() {
                 break before;
             }
@@ -389,7 +388,7 @@ impl Shell {
             if bash.status_closed {
                 break;
             }
-            let groups = procs::new_job_groups(&procs::snapshot(), bash.pid, before);
+            let groups = procs::jobs_since(bash.pid, before);
             procs::signal_groups(&groups, sig);
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(bash.pid), Signal::SIGINT);
             if round == 0 {

@@ -1,0 +1,44 @@
+# cli-mcp — the two commands a newcomer needs are `make run` and `make test`.
+# Everything here needs root (network namespaces for the local Kubernetes); CI runs as root.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
+
+.PHONY: help run test test-unit lint fmt build control-plane bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+run: ## local Kubernetes up (built on first use) until Ctrl-C; prints how to reach it
+	hack/cluster-up.sh
+
+test: lint control-plane build ## everything: lint, unit, integration and end-to-end tests on one local cluster
+	$(CARGO) test --workspace --no-run
+	$(CLUSTER) exec -- $(CARGO) test --workspace
+
+test-unit: ## tests that need no cluster (api, agent)
+	$(CARGO) test -p cli-mcp-api -p cli-mcp-agent
+
+lint: ## rustfmt check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt: ## format the code
+	$(CARGO) fmt --all
+
+build: ## debug binaries of every crate (the local cluster runs these)
+	$(CARGO) build --workspace --bins
+
+control-plane: ## kube-apiserver, controller-manager, scheduler, etcd from the Go module proxy (cached)
+	hack/build-control-plane.sh
+
+bench: ## speed and memory figures, printed as tables (see docs/benchmarks.md)
+	$(CARGO) build --release -p cli-mcp-agent -p cli-mcp-bench
+	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
+
+clean: ## remove build outputs (the control-plane cache outside the repo is kept)
+	$(CARGO) clean
+	rm -rf .run

@@ -1,0 +1,211 @@
+//! `cli-mcp-bench`: measures, never asserts. Each section prints a table; docs/benchmarks.md
+//! says how to read it. Numbers come from real processes on loopback.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use cli_mcp_api::token::HmacKey;
+use cli_mcp_api::SessionId;
+
+#[derive(Parser)]
+#[command(about = "cli-mcp benchmarks (printed as tables)")]
+struct Cli {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand)]
+enum What {
+    /// Agent: exec overhead vs a fresh `bash -c true` and a bare HTTP round trip; RSS.
+    Agent {
+        /// The agent binary to measure (use a release build).
+        #[arg(long)]
+        agent: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        iterations: usize,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().what {
+        What::Agent { agent, iterations } => agent_bench(&agent, iterations),
+    }
+}
+
+struct Stats {
+    median: Duration,
+    p99: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        median: at(0.5),
+        p99: at(0.99),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS missing")
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+struct AgentProc {
+    child: Child,
+    addr: String,
+    _state: tempfile::TempDir,
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(bin: &PathBuf, commitment: &str) -> anyhow::Result<AgentProc> {
+    let state = tempfile::tempdir()?;
+    let mut child = Command::new(bin)
+        .args(["--listen", "127.0.0.1:0", "--log-json", "--state-dir"])
+        .arg(state.path())
+        .arg("--workdir")
+        .arg(state.path())
+        .env("TOKEN_SHA256", commitment)
+        .env("RUST_LOG", "warn,cli_mcp_agent=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let Some(line) = lines.next() else {
+            bail!("agent exited before listening")
+        };
+        let v: serde_json::Value = serde_json::from_str(&line?).unwrap_or_default();
+        if let Some(a) = v.get("listen").and_then(|a| a.as_str()) {
+            break a.to_owned();
+        }
+    };
+    // Keep draining stderr so the agent never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok(AgentProc {
+        child,
+        addr,
+        _state: state,
+    })
+}
+
+fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
+    let sid = SessionId::parse("bench").context("session id")?;
+    let token = HmacKey::from_bytes([1; 32]).session_token(&sid);
+    let agent = start_agent(bin, &token.commitment().to_hex())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let exec_url = format!("http://{}/exec", agent.addr);
+    let health_url = format!("http://{}/healthz", agent.addr);
+    let idle_rss = rss_kib(agent.child.id())?;
+
+    let exec = |cmd: &'static str| {
+        let http = http.clone();
+        let url = exec_url.clone();
+        let tok = token.expose().to_owned();
+        async move {
+            let r = http
+                .post(url)
+                .bearer_auth(tok)
+                .json(&json!({ "command": cmd }))
+                .send()
+                .await?;
+            if !r.status().is_success() {
+                bail!("exec failed: {}", r.status());
+            }
+            r.bytes().await?;
+            anyhow::Ok(())
+        }
+    };
+
+    let (exec_samples, health_samples) = rt.block_on(async {
+        exec("true").await?; // warm up: shell started, connection open
+        let mut e = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            exec("true").await?;
+            e.push(t.elapsed());
+        }
+        let mut h = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            http.get(&health_url).send().await?.bytes().await?;
+            h.push(t.elapsed());
+        }
+        anyhow::Ok((e, h))
+    })?;
+    let rss_after_cmds = rss_kib(agent.child.id())?;
+    rt.block_on(exec("head -c 10000000 /dev/zero | tr '\\0' x"))?;
+    let rss_after_big = rss_kib(agent.child.id())?;
+
+    let mut spawn = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let ok = Command::new("bash")
+            .args(["-c", "true"])
+            .status()?
+            .success();
+        spawn.push(t.elapsed());
+        if !ok {
+            bail!("bash -c true failed");
+        }
+    }
+
+    let (e, h, s) = (stats(exec_samples), stats(health_samples), stats(spawn));
+    println!("\n## agent ({n} iterations, loopback, release build)\n");
+    println!("| what | median | p99 |");
+    println!("|---|---|---|");
+    println!(
+        "| POST /exec `true` (persistent bash) | {} | {} |",
+        ms(e.median),
+        ms(e.p99)
+    );
+    println!(
+        "| `bash -c true`, spawned fresh | {} | {} |",
+        ms(s.median),
+        ms(s.p99)
+    );
+    println!(
+        "| GET /healthz (bare HTTP round trip) | {} | {} |",
+        ms(h.median),
+        ms(h.p99)
+    );
+    println!();
+    println!("| agent RSS | value |");
+    println!("|---|---|");
+    println!("| idle (before any command) | {} |", mib(idle_rss));
+    println!("| after {n} commands | {} |", mib(rss_after_cmds));
+    println!(
+        "| after {n} commands + one 10 MB output | {} |",
+        mib(rss_after_big)
+    );
+    Ok(())
+}
