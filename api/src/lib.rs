@@ -15,6 +15,8 @@ pub mod token;
 pub mod wire;
 
 #[cfg(feature = "k8s")]
+pub mod crd;
+#[cfg(feature = "k8s")]
 pub mod sandbox;
 
 pub use session::{SessionId, SessionIdError};

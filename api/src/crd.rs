@@ -1,0 +1,742 @@
+//! The `CliMcpInstance` custom resource (SPEC §5) and the pure mapping from a CR to the
+//! [`SandboxConfig`] both pod writers use.
+//!
+//! Every bound, enum and CEL rule here ends up in the generated CRD (`config/crd/`), so a bad
+//! CR is rejected by `kubectl apply` with a message that says what to fix — it never reaches
+//! the operator or crash-loops a pod. The operator and the server agree on the sandbox pod
+//! because both get it from [`CliMcpInstance::sandbox_config`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::api::networking::v1::NetworkPolicyEgressRule;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema, Resource, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::names::{InstanceName, InstanceNameError};
+use crate::sandbox::{SandboxConfig, RESERVED_ENV};
+
+/// Longest idle timeout (7 days), in the Go duration syntax CEL understands.
+pub const MAX_IDLE_TIMEOUT: &str = "168h";
+/// Shortest idle timeout.
+pub const MIN_IDLE_TIMEOUT: &str = "1m";
+/// Most server replicas an instance may ask for.
+pub const MAX_REPLICAS: i32 = 50;
+/// Largest warm pool.
+pub const MAX_WARM_POOL: i32 = 200;
+
+/// A `CliMcpInstance` runs one MCP server (Deployment + Service) whose `bash` tool executes
+/// commands in a sandbox pod dedicated to the caller's session, plus an optional warm pool of
+/// ready sandboxes. The operator owns every object it creates; edit only this spec.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "cli-mcp.redhat.com",
+    version = "v1alpha1",
+    kind = "CliMcpInstance",
+    plural = "climcpinstances",
+    singular = "climcpinstance",
+    shortname = "cmi",
+    category = "cli-mcp",
+    namespaced,
+    status = "CliMcpInstanceStatus",
+    derive = "PartialEq",
+    doc = "A CliMcpInstance gives AI agents a persistent bash shell per session, over MCP, in sandbox pods of this namespace.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        description = "The Ready condition",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        description = "Ready MCP server replicas",
+        json_path = ".status.readyReplicas"
+    ),
+    printcolumn(
+        name = "Pool",
+        type_ = "integer",
+        description = "Ready warm sandboxes",
+        json_path = ".status.warmPool.ready"
+    ),
+    printcolumn(
+        name = "Sessions",
+        type_ = "integer",
+        description = "Sandboxes assigned to a session",
+        json_path = ".status.activeSessions"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        priority = "1",
+        description = "Reason of the Ready condition",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        priority = "1",
+        description = "MCP endpoint inside the cluster",
+        json_path = ".status.endpoint"
+    ),
+    validation = Rule::new("size(self.metadata.name) <= 44").message(
+        "metadata.name must be at most 44 characters so every derived object name (cli-mcp-<name>-kubeconfig) stays a valid 63-character DNS label; choose a shorter name"
+    ),
+    validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message(
+        "metadata.name must be a DNS-1123 label (lowercase letters, digits and '-', no dots) because it becomes part of pod, Service and Secret names"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CliMcpInstanceSpec {
+    /// Number of MCP server replicas (1..50). Any replica serves any session, so scale freely
+    /// (`kubectl scale cmi/<name> --replicas=N` works through the scale subresource).
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 50))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 50").message(
+        "spec.replicas must be between 1 and 50; to stop serving, delete the CliMcpInstance instead of scaling to 0"
+    ))]
+    pub replicas: i32,
+
+    /// Sandbox pods: image, idle collection, warm pool, resources, environment and the
+    /// kubeconfig the shell uses.
+    #[serde(default)]
+    pub sandbox: SandboxSpec,
+
+    /// The MCP server Deployment.
+    #[serde(default)]
+    pub server: ServerSpec,
+
+    /// The NetworkPolicy that confines sandbox pods.
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// Image pull policy of a container.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// How MCP clients authenticate to the server.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum AuthMode {
+    /// TLS on :8443; bearer tokens checked with TokenReview and SubjectAccessReview on
+    /// `climcpinstances/mcp` (verbs create, delete, get) for this instance.
+    #[default]
+    Kubernetes,
+    /// Plain HTTP on :8080 and no authentication: only for trusted, isolated namespaces.
+    None,
+}
+
+impl AuthMode {
+    /// The value of the server's `--auth` flag.
+    pub fn flag(self) -> &'static str {
+        match self {
+            AuthMode::Kubernetes => "kubernetes",
+            AuthMode::None => "none",
+        }
+    }
+}
+
+/// Sandbox pods of this instance.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSpec {
+    /// Sandbox image (the agent plus bash, kubectl, jq, curl). Defaults to the operator's
+    /// RELATED_IMAGE_SANDBOX. Changing it replaces unassigned warm pods; live sessions keep
+    /// their pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// An assigned sandbox whose last activity is older than this is deleted. A Go-style
+    /// duration (`90s`, `30m`, `1h30m`) between 1m and 168h (7 days).
+    #[serde(default = "default_idle_timeout")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1m') && duration(self) <= duration('168h')"
+    ).message(
+        "spec.sandbox.idleTimeout must be a duration such as 90s, 30m or 2h (units h, m, s) between 1m and 168h (7 days)"
+    ))]
+    pub idle_timeout: String,
+
+    /// Unassigned, Ready sandboxes kept waiting so a new session starts without a pod start
+    /// (0..200).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 200))]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 200").message(
+        "spec.sandbox.warmPoolSize must be between 0 and 200; each warm sandbox is a running pod"
+    ))]
+    pub warm_pool_size: i32,
+
+    /// Compute resources of each sandbox container. Default: requests cpu 100m / memory
+    /// 128Mi, limits cpu 500m / memory 512Mi.
+    #[serde(default = "default_sandbox_resources")]
+    #[x_kube(
+        validation = Rule::new("!has(self.claims)").message(
+            "spec.sandbox.resources.claims is not supported; use requests and limits"
+        ),
+        validation = Rule::new(
+            "!has(self.requests) || !has(self.limits) || !('cpu' in self.requests) || !('cpu' in self.limits) || quantity(self.requests['cpu']).compareTo(quantity(self.limits['cpu'])) <= 0"
+        ).message("spec.sandbox.resources: requests.cpu must not exceed limits.cpu"),
+        validation = Rule::new(
+            "!has(self.requests) || !has(self.limits) || !('memory' in self.requests) || !('memory' in self.limits) || quantity(self.requests['memory']).compareTo(quantity(self.limits['memory'])) <= 0"
+        ).message("spec.sandbox.resources: requests.memory must not exceed limits.memory")
+    )]
+    pub resources: ResourceRequirements,
+
+    /// Extra environment of the sandbox shell. `valueFrom.secretKeyRef` is rejected (Secrets
+    /// must not reach bash through the CR); KUBECONFIG, HOME, POD_NAME, POD_NAMESPACE,
+    /// TOKEN_SHA256 and ASSIGN_SHA256 are set by the operator and cannot be overridden.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(
+        validation = Rule::new(
+            "self.all(e, !has(e.valueFrom) || !has(e.valueFrom.secretKeyRef))"
+        ).message(
+            "spec.sandbox.env: valueFrom.secretKeyRef is not allowed, because Secrets must not reach the sandbox shell through the CR; put credentials in the kubeconfig Secret or remove the variable"
+        ),
+        validation = Rule::new(
+            "self.all(e, !(e.name in ['KUBECONFIG', 'HOME', 'POD_NAME', 'POD_NAMESPACE', 'TOKEN_SHA256', 'ASSIGN_SHA256']))"
+        ).message(
+            "spec.sandbox.env: KUBECONFIG, HOME, POD_NAME, POD_NAMESPACE, TOKEN_SHA256 and ASSIGN_SHA256 are set by the operator; remove them from env"
+        )
+    )]
+    pub env: Vec<EnvVar>,
+
+    /// Image pull policy of sandbox pods (Always, IfNotPresent or Never). Default: the
+    /// Kubernetes default for the image's tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+
+    /// Secret with key `kubeconfig`, mounted read-only into every sandbox with KUBECONFIG
+    /// pointing at it. Default `cli-mcp-<name>-kubeconfig`. Its RBAC decides what the shell
+    /// may do; see config/samples for a read-only recipe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.sandbox.kubeconfigSecret must be the name of a Secret (a DNS-1123 subdomain)"))]
+    pub kubeconfig_secret: Option<String>,
+
+    /// Most sessions (assigned sandboxes) the server serves at once; past it new sessions get
+    /// a clear error (1..10000).
+    #[serde(default = "default_max_sessions")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_sessions: i32,
+
+    /// Per-command timeouts of the bash tool.
+    #[serde(default)]
+    pub command_timeout: CommandTimeout,
+
+    /// Bytes of stdout and of stderr returned per command (head and tail are kept, the rest is
+    /// spilled to a file in the sandbox). 1024..16777216, default 65536.
+    #[serde(default = "default_output_budget")]
+    #[schemars(range(min = 1024, max = 16777216))]
+    pub output_budget_bytes: i64,
+}
+
+fn default_idle_timeout() -> String {
+    "30m".into()
+}
+fn default_max_sessions() -> i32 {
+    100
+}
+fn default_output_budget() -> i64 {
+    65536
+}
+
+fn resources(req_cpu: &str, req_mem: &str, lim_cpu: &str, lim_mem: &str) -> ResourceRequirements {
+    let q = |s: &str| Quantity(s.to_owned());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), q(req_cpu)),
+            ("memory".to_owned(), q(req_mem)),
+        ])),
+        limits: Some(BTreeMap::from([
+            ("cpu".to_owned(), q(lim_cpu)),
+            ("memory".to_owned(), q(lim_mem)),
+        ])),
+        ..Default::default()
+    }
+}
+
+fn default_sandbox_resources() -> ResourceRequirements {
+    resources("100m", "128Mi", "500m", "512Mi")
+}
+
+fn default_server_resources() -> ResourceRequirements {
+    resources("50m", "64Mi", "1", "256Mi")
+}
+
+impl Default for SandboxSpec {
+    fn default() -> Self {
+        Self {
+            image: None,
+            idle_timeout: default_idle_timeout(),
+            warm_pool_size: 0,
+            resources: default_sandbox_resources(),
+            env: Vec::new(),
+            image_pull_policy: None,
+            kubeconfig_secret: None,
+            max_sessions: default_max_sessions(),
+            command_timeout: CommandTimeout::default(),
+            output_budget_bytes: default_output_budget(),
+        }
+    }
+}
+
+/// Timeouts of one bash command, as Go-style durations between 1s and 300s.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "!self.default.matches('^([0-9]+(ms|s|m))+$') || !self.max.matches('^([0-9]+(ms|s|m))+$') || duration(self.default) <= duration(self.max)"
+).message("spec.sandbox.commandTimeout.default must not exceed commandTimeout.max"))]
+pub struct CommandTimeout {
+    /// Timeout of a command whose caller gives none (default 60s).
+    #[serde(default = "default_command_timeout")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^([0-9]+(ms|s|m))+$') && duration(self) >= duration('1s') && duration(self) <= duration('300s')"
+    ).message("spec.sandbox.commandTimeout.default must be a duration such as 60s or 2m between 1s and 300s"))]
+    pub default: String,
+    /// Longest timeout a caller may ask for (default 300s).
+    #[serde(default = "default_command_max")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^([0-9]+(ms|s|m))+$') && duration(self) >= duration('1s') && duration(self) <= duration('300s')"
+    ).message("spec.sandbox.commandTimeout.max must be a duration such as 300s or 5m between 1s and 300s"))]
+    pub max: String,
+}
+
+fn default_command_timeout() -> String {
+    "60s".into()
+}
+fn default_command_max() -> String {
+    "300s".into()
+}
+
+impl Default for CommandTimeout {
+    fn default() -> Self {
+        Self {
+            default: default_command_timeout(),
+            max: default_command_max(),
+        }
+    }
+}
+
+/// The MCP server Deployment.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerSpec {
+    /// Compute resources of the server container. Default: requests cpu 50m / memory 64Mi,
+    /// limits cpu 1 / memory 256Mi.
+    #[serde(default = "default_server_resources")]
+    #[x_kube(validation = Rule::new("!has(self.claims)").message(
+        "spec.server.resources.claims is not supported; use requests and limits"
+    ))]
+    pub resources: ResourceRequirements,
+
+    /// Image pull policy of the server container (Always, IfNotPresent or Never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+
+    /// Client authentication: `Kubernetes` (TLS, TokenReview + SubjectAccessReview on
+    /// `climcpinstances/mcp`) or `None` (plain HTTP, no auth; trusted namespaces only).
+    #[serde(default)]
+    pub auth: AuthMode,
+
+    /// Secret of type kubernetes.io/tls (keys tls.crt, tls.key) with the serving certificate.
+    /// When absent the operator generates a CA and a serving certificate once into
+    /// `cli-mcp-<name>-tls` and publishes the CA in ConfigMap `cli-mcp-<name>-ca`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.server.tlsSecretName must be the name of a Secret (a DNS-1123 subdomain)"))]
+    pub tls_secret_name: Option<String>,
+}
+
+impl Default for ServerSpec {
+    fn default() -> Self {
+        Self {
+            resources: default_server_resources(),
+            image_pull_policy: None,
+            auth: AuthMode::Kubernetes,
+            tls_secret_name: None,
+        }
+    }
+}
+
+/// NetworkPolicy of the sandbox pods. Ingress is allowed only from this instance's server
+/// pods on the agent port; egress only to cluster DNS and the Kubernetes API server, plus
+/// `extraEgress`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Egress rules added to the defaults (standard NetworkPolicy egress rules: `to` peers
+    /// and `ports`), e.g. an internal registry or a proxy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub extra_egress: Vec<NetworkPolicyEgressRule>,
+}
+
+/// Observed state, computed by the operator from the objects it owns.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CliMcpInstanceStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready` (the aggregate: Secrets present, server available, pool healthy; it does not
+    /// flap when a session claims a warm pod), `WarmPoolReady` (the pool is full) and
+    /// `Degraded` (something needs attention; see its reason).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+
+    /// Server replicas that exist.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Server replicas that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// Warm pool: Ready unassigned sandboxes and the desired size.
+    #[serde(default)]
+    pub warm_pool: WarmPoolStatus,
+
+    /// Sandboxes assigned to a session.
+    #[serde(default)]
+    pub active_sessions: i32,
+
+    /// Image sandboxes run (spec.sandbox.image or the operator default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_sandbox_image: Option<String>,
+
+    /// URL of the MCP endpoint inside the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+
+    /// ConfigMap (key ca.crt) holding the CA that signed the server certificate, when the
+    /// operator generated it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_config_map: Option<String>,
+}
+
+/// Warm pool counts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmPoolStatus {
+    /// Unassigned sandboxes that are Ready and current.
+    #[serde(default)]
+    pub ready: i32,
+    /// spec.sandbox.warmPoolSize.
+    #[serde(default)]
+    pub desired: i32,
+}
+
+/// Why a CR cannot be turned into a sandbox configuration (the CRD's admission rules make
+/// these unreachable for objects that came through the apiserver).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CrdError {
+    #[error("the CliMcpInstance has no {0}; only objects read from the apiserver can be used")]
+    Missing(&'static str),
+    #[error(transparent)]
+    Name(#[from] InstanceNameError),
+    #[error("{field}: {value:?} is not a duration like 30m, 90s or 1h30m")]
+    Duration { field: &'static str, value: String },
+    #[error("no sandbox image: set spec.sandbox.image or the operator's RELATED_IMAGE_SANDBOX")]
+    NoImage,
+}
+
+/// Parses a Go-style duration (`1h30m`, `90s`, `500ms`, `1.5h`); only non-negative values.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return None;
+        }
+        let value: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += value * scale;
+    }
+    if !total.is_finite() || total < 0.0 || total > 1e12 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(total))
+}
+
+impl SandboxSpec {
+    /// The idle timeout as a `Duration`.
+    pub fn idle_timeout(&self) -> Result<Duration, CrdError> {
+        parse_duration(&self.idle_timeout).ok_or_else(|| CrdError::Duration {
+            field: "spec.sandbox.idleTimeout",
+            value: self.idle_timeout.clone(),
+        })
+    }
+
+    /// `(default, max)` command timeouts in whole seconds (at least 1).
+    pub fn command_timeouts(&self) -> Result<(u64, u64), CrdError> {
+        let secs = |field, v: &String| {
+            parse_duration(v)
+                .map(|d| d.as_secs().max(1))
+                .ok_or_else(|| CrdError::Duration {
+                    field,
+                    value: v.clone(),
+                })
+        };
+        Ok((
+            secs(
+                "spec.sandbox.commandTimeout.default",
+                &self.command_timeout.default,
+            )?,
+            secs("spec.sandbox.commandTimeout.max", &self.command_timeout.max)?,
+        ))
+    }
+}
+
+impl CliMcpInstance {
+    /// The validated instance name.
+    pub fn instance_name(&self) -> Result<InstanceName, CrdError> {
+        let name = self
+            .metadata
+            .name
+            .as_deref()
+            .ok_or(CrdError::Missing("metadata.name"))?;
+        Ok(InstanceName::parse(name)?)
+    }
+
+    /// The sandbox image: `spec.sandbox.image`, else the operator default.
+    pub fn sandbox_image(&self, default_image: Option<&str>) -> Result<String, CrdError> {
+        self.spec
+            .sandbox
+            .image
+            .as_deref()
+            .or(default_image)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .ok_or(CrdError::NoImage)
+    }
+
+    /// The Secret holding the sandbox kubeconfig (key `kubeconfig`).
+    pub fn kubeconfig_secret(&self) -> Result<String, CrdError> {
+        Ok(match &self.spec.sandbox.kubeconfig_secret {
+            Some(s) => s.clone(),
+            None => self.instance_name()?.kubeconfig_secret(),
+        })
+    }
+
+    /// The Secret with the server's certificate (`tls.crt`, `tls.key`).
+    pub fn tls_secret(&self) -> Result<String, CrdError> {
+        Ok(match &self.spec.server.tls_secret_name {
+            Some(s) => s.clone(),
+            None => self.instance_name()?.tls_secret(),
+        })
+    }
+
+    /// The sandbox configuration both pod writers build pods from. Pure: the operator passes
+    /// it to the server as JSON, so warm and cold pods of one instance are identical.
+    /// `owner` is this CR's controller reference, so sandboxes are garbage-collected with it.
+    pub fn sandbox_config(&self, default_image: Option<&str>) -> Result<SandboxConfig, CrdError> {
+        let instance = self.instance_name()?;
+        let namespace = self
+            .namespace()
+            .ok_or(CrdError::Missing("metadata.namespace"))?;
+        let owner = self
+            .controller_owner_ref(&())
+            .ok_or(CrdError::Missing("metadata.uid"))?;
+        let sb = &self.spec.sandbox;
+        let mut cfg = SandboxConfig::new(instance, namespace, self.sandbox_image(default_image)?);
+        cfg.image_pull_policy = sb.image_pull_policy.map(|p| p.as_str().to_owned());
+        cfg.resources = sb.resources.clone();
+        // Admission rejects reserved names; dropping them here keeps the function total.
+        cfg.env = sb
+            .env
+            .iter()
+            .filter(|e| !RESERVED_ENV.contains(&e.name.as_str()))
+            .cloned()
+            .collect();
+        cfg.kubeconfig_secret = Some(self.kubeconfig_secret()?);
+        cfg.owner = Some(owner);
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    fn cr(yaml_spec: serde_json::Value) -> CliMcpInstance {
+        let mut o: CliMcpInstance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cli-mcp.redhat.com/v1alpha1",
+            "kind": "CliMcpInstance",
+            "metadata": {"name": "demo", "namespace": "ns1", "uid": "u-1"},
+            "spec": yaml_spec,
+        }))
+        .expect("valid CR");
+        o.metadata.generation = Some(1);
+        o
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let o = cr(serde_json::json!({}));
+        assert_eq!(o.spec.replicas, 1);
+        assert_eq!(o.spec.sandbox.idle_timeout, "30m");
+        assert_eq!(o.spec.sandbox.warm_pool_size, 0);
+        assert_eq!(o.spec.sandbox.max_sessions, 100);
+        assert_eq!(o.spec.server.auth, AuthMode::Kubernetes);
+        assert_eq!(o.spec.sandbox, SandboxSpec::default());
+        assert_eq!(o.spec.server, ServerSpec::default());
+        assert_eq!(
+            o.spec.sandbox.idle_timeout().expect("valid"),
+            Duration::from_secs(1800)
+        );
+        assert_eq!(o.spec.sandbox.command_timeouts().expect("valid"), (60, 300));
+    }
+
+    #[test]
+    fn sandbox_config_is_built_from_the_cr() {
+        let o = cr(serde_json::json!({"sandbox": {
+            "image": "img:1", "imagePullPolicy": "Never",
+            "env": [{"name": "FOO", "value": "bar"}, {"name": "HOME", "value": "/evil"}]
+        }}));
+        let cfg = o.sandbox_config(Some("default:1")).expect("config");
+        assert_eq!(cfg.image, "img:1");
+        assert_eq!(cfg.image_pull_policy.as_deref(), Some("Never"));
+        assert_eq!(cfg.namespace, "ns1");
+        assert_eq!(
+            cfg.kubeconfig_secret.as_deref(),
+            Some("cli-mcp-demo-kubeconfig")
+        );
+        assert_eq!(cfg.env.len(), 1);
+        let owner = cfg.owner.expect("owner");
+        assert_eq!(owner.uid, "u-1");
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(owner.kind, "CliMcpInstance");
+
+        let d = cr(serde_json::json!({}));
+        assert_eq!(
+            d.sandbox_config(Some("default:1")).expect("config").image,
+            "default:1"
+        );
+        assert_eq!(d.sandbox_config(None), Err(CrdError::NoImage));
+        let mut no_uid = d.clone();
+        no_uid.metadata.uid = None;
+        assert_eq!(
+            no_uid.sandbox_config(Some("x")),
+            Err(CrdError::Missing("metadata.uid"))
+        );
+    }
+
+    #[test]
+    fn durations_parse_like_go() {
+        assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        for bad in ["", "banana", "10", "5d", "m", "1x", "-1s"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn crd_has_names_subresources_columns_and_rules() {
+        let crd = serde_json::to_value(CliMcpInstance::crd()).expect("json");
+        let spec = &crd["spec"];
+        assert_eq!(spec["names"]["shortNames"][0], "cmi");
+        assert_eq!(spec["names"]["categories"][0], "cli-mcp");
+        let v = &spec["versions"][0];
+        assert_eq!(
+            v["subresources"]["scale"]["specReplicasPath"],
+            ".spec.replicas"
+        );
+        assert!(v["subresources"]["status"].is_object());
+        let cols: Vec<_> = v["additionalPrinterColumns"]
+            .as_array()
+            .expect("columns")
+            .iter()
+            .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        for c in ["Ready", "Replicas", "Pool", "Sessions", "Age"] {
+            assert!(cols.contains(&c.to_owned()), "{c} in {cols:?}");
+        }
+        let text = crd.to_string();
+        for needle in [
+            "spec.sandbox.idleTimeout must be a duration",
+            "secretKeyRef is not allowed",
+            "at most 44 characters",
+            "IfNotPresent",
+        ] {
+            assert!(text.contains(needle), "CRD lacks {needle}");
+        }
+        let props = &v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        assert_eq!(props["replicas"]["maximum"], 50.0);
+        assert_eq!(
+            props["sandbox"]["properties"]["warmPoolSize"]["maximum"],
+            200.0
+        );
+    }
+
+    #[test]
+    fn reserved_env_list_matches_the_builder() {
+        // The CEL rule spells the reserved names out; keep it in step with the builder.
+        let crd = serde_json::to_string(&CliMcpInstance::crd()).expect("json");
+        for name in RESERVED_ENV {
+            assert!(crd.contains(&format!("'{name}'")), "CEL rule lacks {name}");
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The MCP server Deployment. The server never reads the CR: every setting is rendered here
+//! as a flag (or env var), so the Deployment spec is the whole server configuration.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use cli_mcp_api::crd::AuthMode;
+use cli_mcp_api::names::label;
+
+use super::{
+    Inputs, HEALTH_PORT, HMAC_DIR, HMAC_VERSION_ANNOTATION, TLS_DIR, TLS_VERSION_ANNOTATION,
+};
+
+pub const CONTAINER: &str = "server";
+/// Env var carrying the serde JSON of the `SandboxConfig` (the `--sandbox-config` flag).
+pub const SANDBOX_CONFIG_ENV: &str = "CLI_MCP_SANDBOX_CONFIG";
+
+/// The server's command line, rendered from the spec.
+pub fn server_args(inp: &Inputs) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let mut flag = |k: &str, v: String| {
+        a.push(k.to_owned());
+        a.push(v);
+    };
+    flag("--listen", format!("0.0.0.0:{}", inp.mcp_port()));
+    flag("--health-listen", format!("0.0.0.0:{HEALTH_PORT}"));
+    flag("--transport", "http".into());
+    flag("--backend", "kubernetes".into());
+    flag("--auth", inp.auth.flag().into());
+    if inp.auth == AuthMode::Kubernetes {
+        flag("--tls-cert", format!("{TLS_DIR}/tls.crt"));
+        flag("--tls-key", format!("{TLS_DIR}/tls.key"));
+    }
+    flag("--instance", inp.name.to_string());
+    flag("--namespace", inp.namespace.clone());
+    flag("--hmac-key-file", format!("{HMAC_DIR}/key"));
+    flag("--max-sessions", inp.max_sessions.to_string());
+    flag("--default-timeout", inp.default_timeout_secs.to_string());
+    flag("--max-timeout", inp.max_timeout_secs.to_string());
+    flag("--output-budget", inp.output_budget.to_string());
+    a.push("--log-json".into());
+    a
+}
+
+fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            default_mode: Some(0o440),
+            items: Some(
+                keys.iter()
+                    .map(|k| KeyToPath {
+                        key: (*k).into(),
+                        path: (*k).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+fn http_probe(path: &str, period: i32, failure: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("health".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failure),
+        ..Default::default()
+    }
+}
+
+/// The server Deployment.
+pub fn deployment(inp: &Inputs) -> Deployment {
+    let mut volumes = vec![
+        secret_volume("hmac", &inp.name.hmac_secret(), &["key"]),
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+    ];
+    let mut mounts = vec![mount("hmac", HMAC_DIR, true), mount("tmp", "/tmp", false)];
+    let mut annotations =
+        BTreeMap::from([(HMAC_VERSION_ANNOTATION.to_owned(), inp.hmac_version.clone())]);
+    if inp.auth == AuthMode::Kubernetes {
+        volumes.push(secret_volume(
+            "tls",
+            &inp.tls_secret,
+            &["tls.crt", "tls.key"],
+        ));
+        mounts.push(mount("tls", TLS_DIR, true));
+        if let Some(v) = &inp.tls_version {
+            annotations.insert(TLS_VERSION_ANNOTATION.to_owned(), v.clone());
+        }
+    }
+    // Serialising a SandboxConfig cannot fail (plain data, string map keys).
+    let sandbox_json = serde_json::to_string(&inp.sandbox).unwrap_or_default();
+    let mcp_port_name = match inp.auth {
+        AuthMode::Kubernetes => "https",
+        AuthMode::None => "http",
+    };
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(inp.server_image.clone()),
+        image_pull_policy: inp.server_pull_policy.clone(),
+        args: Some(server_args(inp)),
+        env: Some(vec![
+            EnvVar {
+                name: SANDBOX_CONFIG_ENV.into(),
+                value: Some(sandbox_json),
+                ..Default::default()
+            },
+            EnvVar {
+                name: "RUST_LOG".into(),
+                value: Some("info".into()),
+                ..Default::default()
+            },
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some(mcp_port_name.into()),
+                container_port: inp.mcp_port(),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("health".into()),
+                container_port: HEALTH_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
+        liveness_probe: Some(http_probe("/livez", 10, 3)),
+        readiness_probe: Some(http_probe("/readyz", 2, 3)),
+        resources: Some(inp.server_resources.clone()),
+        volume_mounts: Some(mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    let selector = inp.selector(label::COMPONENT_SERVER);
+    Deployment {
+        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        spec: DeploymentSpec {
+            replicas: Some(inp.replicas),
+            revision_history_limit: Some(3),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(inp.labels(label::COMPONENT_SERVER)),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(inp.name.server()),
+                    automount_service_account_token: Some(true),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(30),
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::children::test_support::inputs;
+
+    fn arg(args: &[String], flag: &str) -> Option<String> {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    }
+
+    #[test]
+    fn flags_are_rendered_from_the_spec() {
+        let inp = inputs(serde_json::json!({"sandbox": {"maxSessions": 7,
+            "commandTimeout": {"default": "30s", "max": "2m"}}}));
+        let a = server_args(&inp);
+        assert_eq!(arg(&a, "--listen").as_deref(), Some("0.0.0.0:8443"));
+        assert_eq!(arg(&a, "--health-listen").as_deref(), Some("0.0.0.0:8081"));
+        assert_eq!(arg(&a, "--auth").as_deref(), Some("kubernetes"));
+        assert_eq!(
+            arg(&a, "--tls-cert").as_deref(),
+            Some("/var/run/cli-mcp/tls/tls.crt")
+        );
+        assert_eq!(arg(&a, "--instance").as_deref(), Some("demo"));
+        assert_eq!(arg(&a, "--namespace").as_deref(), Some("ns1"));
+        assert_eq!(
+            arg(&a, "--hmac-key-file").as_deref(),
+            Some("/var/run/cli-mcp/hmac/key")
+        );
+        assert_eq!(arg(&a, "--max-sessions").as_deref(), Some("7"));
+        assert_eq!(arg(&a, "--default-timeout").as_deref(), Some("30"));
+        assert_eq!(arg(&a, "--max-timeout").as_deref(), Some("120"));
+        assert!(a.contains(&"--log-json".to_string()));
+
+        let none = inputs(serde_json::json!({"server": {"auth": "None"}}));
+        let a = server_args(&none);
+        assert_eq!(arg(&a, "--listen").as_deref(), Some("0.0.0.0:8080"));
+        assert_eq!(arg(&a, "--auth").as_deref(), Some("none"));
+        assert_eq!(arg(&a, "--tls-cert"), None);
+    }
+
+    #[test]
+    fn deployment_is_locked_down_and_rolls_on_key_change() {
+        let inp = inputs(serde_json::json!({"replicas": 3}));
+        let d = deployment(&inp);
+        let spec = &d.spec;
+        assert_eq!(spec.replicas, Some(3));
+        let tpl = &spec.template;
+        let ann = tpl
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.clone())
+            .expect("ann");
+        assert_eq!(ann[HMAC_VERSION_ANNOTATION], "hv1");
+        assert_eq!(ann[TLS_VERSION_ANNOTATION], "tv1");
+        let pod = tpl.spec.as_ref().expect("pod");
+        assert_eq!(pod.service_account_name.as_deref(), Some("cli-mcp-demo"));
+        let c = &pod.containers[0];
+        let sc = c.security_context.as_ref().expect("sc");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(
+            c.readiness_probe
+                .as_ref()
+                .and_then(|p| p.http_get.as_ref())
+                .and_then(|h| h.path.clone()),
+            Some("/readyz".into())
+        );
+        let env = c.env.as_ref().expect("env");
+        let cfg: cli_mcp_api::sandbox::SandboxConfig = serde_json::from_str(
+            env.iter()
+                .find(|e| e.name == SANDBOX_CONFIG_ENV)
+                .and_then(|e| e.value.as_deref())
+                .expect("sandbox config"),
+        )
+        .expect("valid SandboxConfig JSON");
+        assert_eq!(cfg, inp.sandbox);
+        assert_eq!(cfg.owner.as_ref().map(|o| o.uid.as_str()), Some("uid-1"));
+
+        let mut other = inp.clone();
+        other.hmac_version = "hv2".into();
+        assert_ne!(
+            serde_json::to_value(deployment(&other)).ok(),
+            serde_json::to_value(d).ok()
+        );
+    }
+}

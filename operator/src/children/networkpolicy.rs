@@ -1,0 +1,187 @@
+//! The sandbox NetworkPolicy: ingress only from this instance's server pods on the agent
+//! port; egress only to cluster DNS, the Kubernetes API server and `extraEgress`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use cli_mcp_api::names::label;
+use cli_mcp_api::wire::AGENT_PORT;
+
+use super::Inputs;
+
+fn port(protocol: &str, p: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        protocol: Some(protocol.into()),
+        port: Some(IntOrString::Int(p)),
+        ..Default::default()
+    }
+}
+
+fn selector(labels: &[(&str, &str)]) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// DNS peers: kube-dns/CoreDNS in kube-system, and OpenShift's DNS daemonset.
+fn dns_rule() -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule {
+        to: Some(vec![
+            NetworkPolicyPeer {
+                namespace_selector: Some(selector(&[(
+                    "kubernetes.io/metadata.name",
+                    "kube-system",
+                )])),
+                pod_selector: Some(selector(&[("k8s-app", "kube-dns")])),
+                ..Default::default()
+            },
+            NetworkPolicyPeer {
+                namespace_selector: Some(selector(&[(
+                    "kubernetes.io/metadata.name",
+                    "openshift-dns",
+                )])),
+                pod_selector: Some(selector(&[(
+                    "dns.operator.openshift.io/daemonset-dns",
+                    "default",
+                )])),
+                ..Default::default()
+            },
+        ]),
+        ports: Some(vec![
+            port("UDP", 53),
+            port("TCP", 53),
+            port("UDP", 5353),
+            port("TCP", 5353),
+        ]),
+    }
+}
+
+fn api_server_rule(inp: &Inputs) -> Option<NetworkPolicyEgressRule> {
+    if inp.api_server.ips.is_empty() {
+        return None;
+    }
+    Some(NetworkPolicyEgressRule {
+        to: Some(
+            inp.api_server
+                .ips
+                .iter()
+                .map(|ip| NetworkPolicyPeer {
+                    ip_block: Some(IPBlock {
+                        cidr: if ip.contains(':') {
+                            format!("{ip}/128")
+                        } else {
+                            format!("{ip}/32")
+                        },
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ports: Some(
+            inp.api_server
+                .ports
+                .iter()
+                .map(|p| port("TCP", *p))
+                .collect(),
+        ),
+    })
+}
+
+pub fn network_policy(inp: &Inputs) -> NetworkPolicy {
+    let n = inp.name.to_string();
+    let mut egress = vec![dns_rule()];
+    egress.extend(api_server_rule(inp));
+    egress.extend(inp.extra_egress.iter().cloned());
+    NetworkPolicy {
+        metadata: inp.meta(inp.name.sandbox(), label::COMPONENT_SANDBOX),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(selector(&[
+                (label::INSTANCE, &n),
+                (label::COMPONENT, label::COMPONENT_SANDBOX),
+            ])),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    pod_selector: Some(selector(&[
+                        (label::INSTANCE, &n),
+                        (label::COMPONENT, label::COMPONENT_SERVER),
+                    ])),
+                    ..Default::default()
+                }]),
+                ports: Some(vec![port("TCP", i32::from(AGENT_PORT))]),
+            }]),
+            egress: Some(egress),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::children::test_support::inputs;
+
+    #[test]
+    fn sandbox_ingress_only_from_own_server_on_agent_port() {
+        let np = network_policy(&inputs(serde_json::json!({})));
+        let spec = np.spec.expect("spec");
+        let ing = &spec.ingress.expect("ingress")[0];
+        let from = &ing.from.as_ref().expect("from")[0];
+        let sel = from
+            .pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .expect("labels");
+        assert_eq!(sel[label::INSTANCE], "demo");
+        assert_eq!(sel[label::COMPONENT], "server");
+        assert!(from.namespace_selector.is_none(), "same namespace only");
+        assert_eq!(
+            ing.ports.as_ref().expect("ports")[0].port,
+            Some(IntOrString::Int(8090))
+        );
+        assert_eq!(
+            spec.policy_types,
+            Some(vec!["Ingress".to_string(), "Egress".to_string()])
+        );
+    }
+
+    #[test]
+    fn egress_is_dns_api_server_and_extra() {
+        let np = network_policy(&inputs(
+            serde_json::json!({"networkPolicy": {"extraEgress": [
+                {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"port": 443}]}
+            ]}}),
+        ));
+        let egress = np.spec.expect("spec").egress.expect("egress");
+        assert_eq!(egress.len(), 3);
+        let api = &egress[1];
+        assert_eq!(
+            api.to.as_ref().expect("to")[0]
+                .ip_block
+                .as_ref()
+                .map(|b| b.cidr.as_str()),
+            Some("10.0.0.1/32")
+        );
+        assert_eq!(
+            egress[2].to.as_ref().expect("to")[0]
+                .ip_block
+                .as_ref()
+                .map(|b| b.cidr.as_str()),
+            Some("192.0.2.0/24")
+        );
+        // No rule allows everything.
+        assert!(egress.iter().all(|r| r.to.is_some()));
+    }
+}

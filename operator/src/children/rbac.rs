@@ -1,0 +1,132 @@
+//! ServiceAccounts, the server's Role and RoleBinding, and the per-instance
+//! ClusterRoleBinding to `system:auth-delegator` (TokenReview + SubjectAccessReview).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use cli_mcp_api::names::label;
+
+use super::{Inputs, INSTANCE_NAMESPACE_LABEL};
+
+/// The server's ServiceAccount (its token is used for the API and for TokenReviews).
+pub fn server_service_account(inp: &Inputs) -> ServiceAccount {
+    ServiceAccount {
+        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        ..Default::default()
+    }
+}
+
+/// The sandbox ServiceAccount: no token, no bindings. Sandboxes reach the API only with the
+/// kubeconfig the admin gives them.
+pub fn sandbox_service_account(inp: &Inputs) -> ServiceAccount {
+    ServiceAccount {
+        metadata: inp.meta(inp.name.sandbox(), label::COMPONENT_SANDBOX),
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    }
+}
+
+/// What the server may do in its namespace: manage sandbox pods. No Secrets: tokens derive
+/// from the mounted HMAC key and pods carry only commitments.
+pub fn server_role(inp: &Inputs) -> Role {
+    Role {
+        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["pods".into()]),
+            verbs: ["get", "list", "watch", "create", "patch", "delete"]
+                .iter()
+                .map(|v| (*v).to_owned())
+                .collect(),
+            ..Default::default()
+        }]),
+    }
+}
+
+fn server_subject(inp: &Inputs) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: inp.name.server(),
+        namespace: Some(inp.namespace.clone()),
+        ..Default::default()
+    }
+}
+
+pub fn server_role_binding(inp: &Inputs) -> RoleBinding {
+    RoleBinding {
+        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: inp.name.server(),
+        },
+        subjects: Some(vec![server_subject(inp)]),
+    }
+}
+
+/// Labels of the per-instance ClusterRoleBinding (it cannot have an owner reference to a
+/// namespaced CR, so the finalizer removes it; the labels map it back to the instance).
+pub fn cluster_binding_labels(inp: &Inputs) -> BTreeMap<String, String> {
+    let mut l = inp.labels(label::COMPONENT_SERVER);
+    l.insert(INSTANCE_NAMESPACE_LABEL.to_owned(), inp.namespace.clone());
+    l
+}
+
+pub fn auth_delegator_binding(inp: &Inputs) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(inp.name.auth_delegator_binding(&inp.namespace)),
+            labels: Some(cluster_binding_labels(inp)),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: "system:auth-delegator".into(),
+        },
+        subjects: Some(vec![server_subject(inp)]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::children::test_support::inputs;
+
+    #[test]
+    fn server_role_grants_pods_only() {
+        let inp = inputs(serde_json::json!({}));
+        let r = server_role(&inp);
+        let rules = r.rules.expect("rules");
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].resources, Some(vec!["pods".to_string()]));
+        assert!(!rules[0].verbs.contains(&"update".to_string()));
+        let sa = sandbox_service_account(&inp);
+        assert_eq!(sa.automount_service_account_token, Some(false));
+        assert_eq!(sa.metadata.name.as_deref(), Some("cli-mcp-demo-sandbox"));
+    }
+
+    #[test]
+    fn auth_delegator_binding_is_per_instance() {
+        let inp = inputs(serde_json::json!({}));
+        let b = auth_delegator_binding(&inp);
+        assert_eq!(
+            b.metadata.name.as_deref(),
+            Some("cli-mcp-ns1-demo-auth-delegator")
+        );
+        assert_eq!(b.role_ref.name, "system:auth-delegator");
+        let s = &b.subjects.expect("subjects")[0];
+        assert_eq!(s.name, "cli-mcp-demo");
+        assert_eq!(s.namespace.as_deref(), Some("ns1"));
+        assert!(b.metadata.owner_references.is_none());
+        assert_eq!(
+            b.metadata.labels.expect("labels")[INSTANCE_NAMESPACE_LABEL],
+            "ns1"
+        );
+    }
+}

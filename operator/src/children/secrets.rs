@@ -1,0 +1,194 @@
+//! The generate-once Secrets: the HMAC key (`cli-mcp-<n>-hmac`, key `key`) and, when the
+//! admin gives none, a CA plus serving certificate (`cli-mcp-<n>-tls`) whose CA is
+//! published in ConfigMap `cli-mcp-<n>-ca`. These are created, never applied: an existing
+//! Secret is never overwritten.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use sha2::{Digest, Sha256};
+
+use cli_mcp_api::names::InstanceName;
+
+/// Key of the HMAC Secret.
+pub const HMAC_KEY: &str = "key";
+pub const TLS_CRT: &str = "tls.crt";
+pub const TLS_KEY: &str = "tls.key";
+pub const CA_CRT: &str = "ca.crt";
+
+/// Name of the ConfigMap publishing the generated CA.
+pub fn ca_config_map_name(n: &InstanceName) -> String {
+    format!("{}-ca", n.server())
+}
+
+/// 32 random bytes as 64 lowercase hex characters (SPEC §2).
+pub fn generate_hmac_key() -> String {
+    let bytes: [u8; 32] = rand::random();
+    hex::encode(bytes)
+}
+
+/// A short, stable fingerprint of secret material, safe to publish in an annotation.
+pub fn version_of(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p);
+    }
+    hex::encode(h.finalize())[..16].to_owned()
+}
+
+pub fn hmac_secret(meta: ObjectMeta, key_hex: &str) -> Secret {
+    Secret {
+        metadata: meta,
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            HMAC_KEY.to_owned(),
+            ByteString(key_hex.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// PEM material of a generated CA and serving certificate.
+#[derive(Clone)]
+pub struct TlsMaterial {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsMaterial(<redacted>)")
+    }
+}
+
+/// DNS names the serving certificate covers: the Service in all its spellings.
+pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
+    vec![
+        service.to_owned(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// Generates a CA (ECDSA P-256, 10 years) and a serving certificate (2 years... rotated by
+/// deleting the Secret) for the Service's DNS names.
+pub fn generate_tls(service: &str, namespace: &str) -> Result<TlsMaterial, rcgen::Error> {
+    let now = std::time::SystemTime::now();
+    let year = std::time::Duration::from_secs(365 * 24 * 3600);
+    let before = now - std::time::Duration::from_secs(3600);
+
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(
+        DnType::CommonName,
+        format!("cli-mcp {namespace}/{service} CA"),
+    );
+    ca.distinguished_name = dn;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.not_before = before.into();
+    ca.not_after = (now + 10 * year).into();
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, &ca_key);
+
+    let key = KeyPair::generate()?;
+    let mut srv = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("{service}.{namespace}.svc"));
+    srv.distinguished_name = dn;
+    srv.subject_alt_names = service_dns_names(service, namespace)
+        .into_iter()
+        .map(|n| n.try_into().map(SanType::DnsName))
+        .collect::<Result<_, _>>()?;
+    srv.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    srv.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    srv.use_authority_key_identifier_extension = true;
+    srv.not_before = before.into();
+    srv.not_after = (now + 2 * year).into();
+    let cert = srv.signed_by(&key, &issuer)?;
+    Ok(TlsMaterial {
+        ca_pem: ca_cert.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+pub fn tls_secret(meta: ObjectMeta, m: &TlsMaterial) -> Secret {
+    let b = |s: &str| ByteString(s.as_bytes().to_vec());
+    Secret {
+        metadata: meta,
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([
+            (TLS_CRT.to_owned(), b(&m.cert_pem)),
+            (TLS_KEY.to_owned(), b(&m.key_pem)),
+            (CA_CRT.to_owned(), b(&m.ca_pem)),
+        ])),
+        ..Default::default()
+    }
+}
+
+pub fn ca_config_map(meta: ObjectMeta, ca_pem: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: meta,
+        data: Some(BTreeMap::from([(CA_CRT.to_owned(), ca_pem.to_owned())])),
+        ..Default::default()
+    }
+}
+
+/// The value of `key` in a Secret, if present and not blank.
+pub fn secret_value<'a>(s: &'a Secret, key: &str) -> Option<&'a [u8]> {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.as_slice())
+        .filter(|b| !b.iter().all(u8::is_ascii_whitespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_key_is_64_lower_hex_and_random() {
+        let a = generate_hmac_key();
+        assert_eq!(a.len(), 64);
+        assert!(cli_mcp_api::token::HmacKey::from_hex(&a).is_ok());
+        assert_ne!(a, generate_hmac_key());
+    }
+
+    #[test]
+    fn tls_material_covers_the_service_names() {
+        let m = generate_tls("cli-mcp-demo", "ns1").expect("generate");
+        assert!(m.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(m.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(m.key_pem.contains("PRIVATE KEY"));
+        assert_ne!(m.ca_pem, m.cert_pem);
+        let s = tls_secret(ObjectMeta::default(), &m);
+        assert_eq!(s.type_.as_deref(), Some("kubernetes.io/tls"));
+        assert!(secret_value(&s, TLS_CRT).is_some());
+        assert_eq!(
+            service_dns_names("svc", "ns")[3],
+            "svc.ns.svc.cluster.local"
+        );
+    }
+
+    #[test]
+    fn blank_values_do_not_count() {
+        let s = hmac_secret(ObjectMeta::default(), "  \n");
+        assert!(secret_value(&s, HMAC_KEY).is_none());
+        assert_ne!(version_of(&[b"a", b"bc"]), version_of(&[b"ab", b"c"]));
+    }
+}

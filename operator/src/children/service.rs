@@ -1,0 +1,59 @@
+//! The MCP Service.
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use cli_mcp_api::crd::AuthMode;
+use cli_mcp_api::names::label;
+
+use super::{Inputs, HEALTH_PORT};
+
+pub fn service(inp: &Inputs) -> Service {
+    let mcp_name = match inp.auth {
+        AuthMode::Kubernetes => "https",
+        AuthMode::None => "http",
+    };
+    Service {
+        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(inp.selector(label::COMPONENT_SERVER)),
+            ports: Some(vec![
+                ServicePort {
+                    name: Some(mcp_name.into()),
+                    port: inp.mcp_port(),
+                    target_port: Some(IntOrString::String(mcp_name.into())),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                },
+                ServicePort {
+                    name: Some("metrics".into()),
+                    port: HEALTH_PORT,
+                    target_port: Some(IntOrString::String("health".into())),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::children::test_support::inputs;
+
+    #[test]
+    fn service_selects_server_pods_on_the_mcp_port() {
+        let s = service(&inputs(serde_json::json!({})));
+        let spec = s.spec.expect("spec");
+        let sel = spec.selector.expect("selector");
+        assert_eq!(sel[label::COMPONENT], "server");
+        assert_eq!(sel[label::INSTANCE], "demo");
+        let ports = spec.ports.expect("ports");
+        assert_eq!(ports[0].port, 8443);
+        assert_eq!(ports[0].name.as_deref(), Some("https"));
+    }
+}

@@ -1,0 +1,277 @@
+//! Shared state of one controller: client, configuration, caches, expectations.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::Client;
+
+use cli_mcp_api::crd::CliMcpInstance;
+
+use crate::metrics::Metrics;
+
+/// Which namespaces the operator watches (`WATCH_NAMESPACE`, a comma list; empty = all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Namespaces(Vec<String>),
+}
+
+impl Scope {
+    /// Parses `WATCH_NAMESPACE`: empty or unset means the whole cluster.
+    pub fn parse(value: Option<&str>) -> Scope {
+        let mut list: Vec<String> = value
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        list.sort();
+        list.dedup();
+        if list.is_empty() {
+            Scope::All
+        } else {
+            Scope::Namespaces(list)
+        }
+    }
+
+    pub fn contains(&self, ns: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Namespaces(list) => list.iter().any(|n| n == ns),
+        }
+    }
+}
+
+/// Process-wide configuration (from flags and env).
+#[derive(Debug, Clone)]
+pub struct OperatorConfig {
+    /// `RELATED_IMAGE_SERVER`.
+    pub server_image: String,
+    /// `RELATED_IMAGE_SANDBOX`, used when `spec.sandbox.image` is empty.
+    pub sandbox_image: Option<String>,
+    pub scope: Scope,
+    /// How long a teardown may wait for pods before it releases the CR anyway (the pods keep
+    /// their owner references, so garbage collection still removes them).
+    pub teardown_timeout: Duration,
+    /// Periodic re-check of every instance (resync), when nothing else requeues sooner.
+    pub resync: Duration,
+    /// Reporter identity for Events (the pod name).
+    pub identity: String,
+}
+
+impl OperatorConfig {
+    pub fn new(server_image: impl Into<String>, sandbox_image: Option<String>) -> Self {
+        Self {
+            server_image: server_image.into(),
+            sandbox_image,
+            scope: Scope::All,
+            teardown_timeout: Duration::from_secs(600),
+            resync: Duration::from_secs(600),
+            identity: "cli-mcp-operator".into(),
+        }
+    }
+}
+
+/// Reflector stores of everything the controller owns, filled by the watches in
+/// [`crate::watch`]. Reads during a reconcile come from here, not from the API.
+#[derive(Clone)]
+pub struct Stores {
+    pub instances: Store<CliMcpInstance>,
+    pub pods: Store<Pod>,
+    pub secrets: Store<Secret>,
+    pub config_maps: Store<ConfigMap>,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub roles: Store<Role>,
+    pub role_bindings: Store<RoleBinding>,
+    pub network_policies: Store<NetworkPolicy>,
+    pub cluster_role_bindings: Store<ClusterRoleBinding>,
+}
+
+/// Hash of the last applied desired object and the resourceVersion the apiserver returned.
+/// When the store still shows that resourceVersion and the desired object hashes the same,
+/// applying again could not change anything, so no request is sent: a steady state makes no
+/// API writes at all.
+#[derive(Default)]
+pub struct ApplyCache {
+    inner: Mutex<HashMap<String, (String, String)>>,
+}
+
+impl ApplyCache {
+    pub fn is_current(&self, key: &str, hash: &str, observed_rv: Option<&str>) -> bool {
+        let Some(rv) = observed_rv else { return false };
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .get(key)
+            .is_some_and(|(h, r)| h == hash && r.as_str() == rv)
+    }
+
+    pub fn record(&self, key: String, hash: String, rv: String) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.insert(key, (hash, rv));
+    }
+
+    pub fn forget_prefix(&self, prefix: &str) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.retain(|k, _| !k.starts_with(prefix));
+    }
+}
+
+/// Pool writes that the pod store has not shown yet (controller "expectations"). Counting
+/// them keeps a burst of reconciles, or a stale cache, from creating a pod twice.
+#[derive(Default, Debug)]
+pub struct PoolExpectations {
+    /// Pool pod name -> when we created it.
+    pub creates: HashMap<String, Instant>,
+    /// Pod uid -> when we deleted it.
+    pub deletes: HashMap<String, Instant>,
+}
+
+/// Backoff of one instance's pool after pods failed (image pull, crash loop, eviction).
+#[derive(Default, Debug, Clone)]
+pub struct PoolBackoff {
+    pub failures: u32,
+    pub not_before: Option<Instant>,
+}
+
+impl PoolBackoff {
+    pub const MAX: Duration = Duration::from_secs(300);
+
+    /// Registers one more failure and returns the delay before the next create.
+    pub fn fail(&mut self, now: Instant) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let secs = 2u64
+            .saturating_pow(self.failures.min(16))
+            .min(Self::MAX.as_secs());
+        let d = Duration::from_secs(secs);
+        self.not_before = Some(now + d);
+        d
+    }
+
+    pub fn reset(&mut self) {
+        self.failures = 0;
+        self.not_before = None;
+    }
+
+    /// Remaining wait, if creates are held back.
+    pub fn remaining(&self, now: Instant) -> Option<Duration> {
+        self.not_before
+            .and_then(|t| t.checked_duration_since(now))
+            .filter(|d| !d.is_zero())
+    }
+}
+
+/// Per-instance pool bookkeeping, keyed by the CR's uid.
+#[derive(Default)]
+pub struct PoolState {
+    inner: Mutex<HashMap<String, (PoolExpectations, PoolBackoff)>>,
+}
+
+impl PoolState {
+    pub fn with<R>(
+        &self,
+        uid: &str,
+        f: impl FnOnce(&mut PoolExpectations, &mut PoolBackoff) -> R,
+    ) -> R {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = guard.entry(uid.to_owned()).or_default();
+        f(&mut entry.0, &mut entry.1)
+    }
+
+    pub fn forget(&self, uid: &str) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.remove(uid);
+    }
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    pub client: Client,
+    pub config: Arc<OperatorConfig>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub stores: Stores,
+    pub applied: ApplyCache,
+    pub pool: PoolState,
+    /// Where the API server is (for the sandbox NetworkPolicy), refreshed now and then.
+    pub api_peers: Mutex<Option<(Instant, crate::children::ApiServerPeers)>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        config: Arc<OperatorConfig>,
+        metrics: Arc<Metrics>,
+        stores: Stores,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: cli_mcp_api::names::FIELD_MANAGER.into(),
+                instance: Some(config.identity.clone()),
+            },
+        );
+        Self {
+            client,
+            config,
+            recorder,
+            metrics,
+            stores,
+            applied: ApplyCache::default(),
+            pool: PoolState::default(),
+            api_peers: Mutex::new(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_namespace_parsing() {
+        assert_eq!(Scope::parse(None), Scope::All);
+        assert_eq!(Scope::parse(Some(" , ")), Scope::All);
+        assert_eq!(
+            Scope::parse(Some("b, a,b")),
+            Scope::Namespaces(vec!["a".into(), "b".into()])
+        );
+        assert!(Scope::parse(Some("a")).contains("a"));
+        assert!(!Scope::parse(Some("a")).contains("b"));
+    }
+
+    #[test]
+    fn apply_cache_needs_same_hash_and_rv() {
+        let c = ApplyCache::default();
+        assert!(!c.is_current("k", "h", Some("1")));
+        c.record("k".into(), "h".into(), "1".into());
+        assert!(c.is_current("k", "h", Some("1")));
+        assert!(!c.is_current("k", "h2", Some("1")));
+        assert!(!c.is_current("k", "h", Some("2")));
+        assert!(!c.is_current("k", "h", None));
+    }
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let mut b = PoolBackoff::default();
+        let now = Instant::now();
+        assert_eq!(b.fail(now), Duration::from_secs(2));
+        assert_eq!(b.fail(now), Duration::from_secs(4));
+        for _ in 0..20 {
+            b.fail(now);
+        }
+        assert_eq!(b.fail(now), PoolBackoff::MAX);
+        assert!(b.remaining(now).is_some());
+        b.reset();
+        assert!(b.remaining(now).is_none());
+    }
+}

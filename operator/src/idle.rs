@@ -1,0 +1,193 @@
+//! Idle collection of assigned sandboxes.
+//!
+//! An assigned sandbox whose `last-activity` (else `created-at`, else its creation time) is
+//! older than `idleTimeout` is deleted. The reconcile is requeued for the soonest remaining
+//! expiry, so collection needs no pod events: the pod watch ignores `last-activity` patches.
+//! A sandbox whose token commitment does not match the current HMAC key (the key Secret was
+//! deleted and regenerated) is deleted too, so its session gets a clean reset on next use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::{Api, ResourceExt};
+
+use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::token::HmacKey;
+use cli_mcp_api::SessionId;
+
+use crate::context::Context;
+use crate::error::Result;
+use crate::pool::{is_assigned, is_status, is_terminating};
+
+/// Why an assigned sandbox is collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollectReason {
+    Idle,
+    StaleKey,
+}
+
+impl CollectReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectReason::Idle => "idle",
+            CollectReason::StaleKey => "stale-key",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct IdlePlan {
+    pub collect: Vec<(Arc<Pod>, CollectReason)>,
+    /// Time until the next assigned sandbox expires.
+    pub next_expiry: Option<Duration>,
+    /// Live sessions (assigned, not terminating, not collected now).
+    pub active: i32,
+}
+
+/// When the sandbox was last used.
+pub fn last_activity(p: &Pod) -> Option<Timestamp> {
+    let ann = p.annotations();
+    ann.get(annotation::LAST_ACTIVITY)
+        .or_else(|| ann.get(annotation::CREATED_AT))
+        .and_then(|s| s.parse::<Timestamp>().ok())
+        .or_else(|| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+fn has_stale_token(p: &Pod, key: &HmacKey) -> bool {
+    let Some(sid) = p
+        .labels()
+        .get(label::SESSION_ID)
+        .and_then(|s| SessionId::parse(s).ok())
+    else {
+        return false;
+    };
+    match p.annotations().get(annotation::TOKEN_SHA256) {
+        Some(c) => *c != key.session_token(&sid).commitment().to_hex(),
+        None => false,
+    }
+}
+
+/// Decides which assigned sandboxes to collect. Pure.
+pub fn plan(pods: &[Arc<Pod>], idle: Duration, now: Timestamp, key: Option<&HmacKey>) -> IdlePlan {
+    let mut out = IdlePlan::default();
+    for p in pods.iter().filter(|p| is_assigned(p) && !is_terminating(p)) {
+        if key.is_some_and(|k| has_stale_token(p, k)) {
+            out.collect.push((p.clone(), CollectReason::StaleKey));
+            continue;
+        }
+        // Unparseable times are never collected: fail safe, keep the session.
+        let Some(last) = last_activity(p) else {
+            out.active += 1;
+            continue;
+        };
+        let age = now.duration_since(last);
+        let age = Duration::try_from(age).unwrap_or(Duration::ZERO);
+        if age >= idle {
+            out.collect.push((p.clone(), CollectReason::Idle));
+        } else {
+            out.active += 1;
+            let left = idle - age;
+            out.next_expiry = Some(out.next_expiry.map_or(left, |d: Duration| d.min(left)));
+        }
+    }
+    out
+}
+
+/// Collects idle sandboxes of one instance; returns the plan that was carried out.
+pub async fn collect(
+    ctx: &Context,
+    pods: &[Arc<Pod>],
+    namespace: &str,
+    idle: Duration,
+    key: Option<&HmacKey>,
+) -> Result<IdlePlan> {
+    let mut p = plan(pods, idle, Timestamp::now(), key);
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut kept = 0;
+    for (pod, reason) in &p.collect {
+        // The cached resourceVersion is the precondition: a last-activity patch that landed
+        // after our read makes the delete fail (409) and the session lives on.
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pod.uid(),
+                resource_version: pod.resource_version(),
+            }),
+            ..Default::default()
+        };
+        match api.delete(&pod.name_any(), &dp).await {
+            Ok(_) => {
+                ctx.metrics.api_write("Pod", "delete");
+                ctx.metrics.session_collected(reason.as_str());
+                tracing::info!(
+                    pod = %pod.name_any(),
+                    session = %pod.labels().get(label::SESSION_ID).cloned().unwrap_or_default(),
+                    reason = reason.as_str(),
+                    "collected sandbox"
+                );
+            }
+            Err(e) if is_status(&e, 409) => {
+                kept += 1;
+                // Re-check soon with the newer object.
+                p.next_expiry = Some(Duration::from_secs(1));
+            }
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    p.active += kept;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cli_mcp_api::names::InstanceName;
+    use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
+
+    fn session(sid: &str, last: &str, key: &HmacKey) -> Arc<Pod> {
+        let cfg = SandboxConfig::new(InstanceName::parse("demo").expect("n"), "ns", "img");
+        let sid = SessionId::parse(sid).expect("sid");
+        let token = key.session_token(&sid).commitment();
+        Arc::new(build_sandbox_pod(
+            &cfg,
+            &SandboxRole::Session {
+                sid,
+                token,
+                owner: None,
+            },
+            last,
+        ))
+    }
+
+    #[test]
+    fn idle_sessions_are_collected_and_the_soonest_expiry_is_returned() {
+        let k = HmacKey::from_bytes([1; 32]);
+        let now: Timestamp = "2026-01-01T01:00:00Z".parse().expect("ts");
+        let pods = vec![
+            session("old", "2026-01-01T00:00:00Z", &k),
+            session("recent", "2026-01-01T00:59:00Z", &k),
+            session("newer", "2026-01-01T00:59:30Z", &k),
+            session("garbage", "not-a-time", &k),
+        ];
+        let p = plan(&pods, Duration::from_secs(600), now, Some(&k));
+        assert_eq!(p.collect.len(), 1);
+        assert_eq!(p.collect[0].1, CollectReason::Idle);
+        assert_eq!(p.active, 3);
+        assert_eq!(p.next_expiry, Some(Duration::from_secs(540)));
+    }
+
+    #[test]
+    fn sessions_under_an_old_key_are_collected() {
+        let old = HmacKey::from_bytes([1; 32]);
+        let new = HmacKey::from_bytes([2; 32]);
+        let now: Timestamp = "2026-01-01T00:00:10Z".parse().expect("ts");
+        let pods = vec![session("s", "2026-01-01T00:00:00Z", &old)];
+        let p = plan(&pods, Duration::from_secs(600), now, Some(&new));
+        assert_eq!(p.collect[0].1, CollectReason::StaleKey);
+        let p = plan(&pods, Duration::from_secs(600), now, Some(&old));
+        assert!(p.collect.is_empty());
+    }
+}

@@ -1,0 +1,31 @@
+//! The cli-mcp operator: reconciles `CliMcpInstance` objects into an MCP server (Deployment,
+//! Service, RBAC, Secrets, NetworkPolicy), keeps the warm pool of sandboxes, collects idle
+//! sessions and tears everything down when the instance is deleted.
+//!
+//! Layout: [`controller`] is the one reconcile entry; [`children`] holds pure builders of
+//! every owned object; [`apply`] writes them with server-side apply (and skips writes that
+//! cannot change anything); [`pool`], [`idle`] and [`teardown`] are the sandbox lifecycle;
+//! [`status`] computes the status from what was observed; [`watch`] wires the watches;
+//! [`leader`], [`metrics`] and [`telemetry`] are process plumbing for `main.rs`.
+
+#![forbid(unsafe_code)]
+
+pub mod apply;
+pub mod children;
+pub mod context;
+pub mod controller;
+pub mod crdgen;
+pub mod error;
+pub mod http;
+pub mod idle;
+pub mod leader;
+pub mod metrics;
+pub mod pool;
+pub mod run;
+pub mod status;
+pub mod teardown;
+pub mod telemetry;
+pub mod watch;
+
+pub use context::{Context, OperatorConfig, Scope};
+pub use error::{Error, Result};

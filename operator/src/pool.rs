@@ -1,0 +1,560 @@
+//! The warm pool: keep `warmPoolSize` unassigned, Ready, current sandboxes.
+//!
+//! [`plan`] is pure: from the pods in the cache, the pending writes ("expectations") and the
+//! current config it decides what to create and what to delete. [`reconcile`] carries the
+//! plan out:
+//! - creates are recorded as expectations before they are sent, so a burst of reconciles
+//!   or a cache that has not seen the new pods yet never creates twice;
+//! - every delete re-reads the pod from the API, skips it if a session claimed it (the
+//!   `session-id` label appeared) and deletes with UID + resourceVersion preconditions, so a
+//!   claim that lands in between wins (409) and the pod is kept;
+//! - pods stuck in image-pull or crash loops are kept (the kubelet retries them with its own
+//!   backoff) and fill their slots, so a bad image never turns into a create/delete storm;
+//!   dead pods (Failed) are deleted and the next create waits an exponential backoff.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::{Api, ResourceExt};
+
+use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole, ENV_ASSIGN_SHA256};
+use cli_mcp_api::token::HmacKey;
+
+use crate::context::{Context, PoolExpectations};
+use crate::error::Result;
+
+/// How long an expectation is trusted before the cache is assumed to have missed it.
+pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
+/// Most creates sent in one reconcile (the rest follow on the next one).
+pub const MAX_CREATES_PER_RECONCILE: usize = 50;
+
+/// Container waiting reasons that mean "this pod will not become Ready by itself soon".
+const FAILING_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Why a pool pod is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// Built from an older config or an older HMAC key.
+    Stale,
+    /// Phase Failed/Succeeded.
+    Dead,
+    /// More pods than desired.
+    Surplus,
+}
+
+impl DeleteReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeleteReason::Stale => "stale",
+            DeleteReason::Dead => "dead",
+            DeleteReason::Surplus => "surplus",
+        }
+    }
+}
+
+/// A pool pod that is not making progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailingPod {
+    pub name: String,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What to do, decided from the cache.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub create: usize,
+    pub delete: Vec<(Arc<Pod>, DeleteReason)>,
+    pub ready: i32,
+    pub failing: Vec<FailingPod>,
+    /// Pods whose config or key is outdated (being replaced).
+    pub stale: usize,
+}
+
+/// Current inputs of the pool.
+pub struct PlanInputs<'a> {
+    pub desired: i32,
+    /// `SandboxConfig::hash` of the current config.
+    pub hash: &'a str,
+    /// The current key; pods whose assign commitment does not match it are stale.
+    pub key: Option<&'a HmacKey>,
+    /// False when creates are not allowed (missing Secrets, backoff).
+    pub may_create: bool,
+}
+
+pub fn is_assigned(p: &Pod) -> bool {
+    p.labels().contains_key(label::SESSION_ID)
+}
+
+pub fn is_terminating(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_some()
+}
+
+pub fn pod_is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn phase(p: &Pod) -> Option<&str> {
+    p.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+/// The first failing container state of a pod, if any.
+pub fn failing_state(p: &Pod) -> Option<(String, String)> {
+    let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find_map(|cs| {
+        let w = cs.state.as_ref()?.waiting.as_ref()?;
+        let reason = w.reason.as_deref()?;
+        FAILING_REASONS
+            .contains(&reason)
+            .then(|| (reason.to_owned(), w.message.clone().unwrap_or_default()))
+    })
+}
+
+fn env_value(p: &Pod, name: &str) -> Option<String> {
+    p.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+/// True when the pod was built from another config or key than the current one.
+pub fn is_stale(p: &Pod, hash: &str, key: Option<&HmacKey>) -> bool {
+    if p.annotations()
+        .get(annotation::SANDBOX_HASH)
+        .map(String::as_str)
+        != Some(hash)
+    {
+        return true;
+    }
+    match key {
+        Some(key) => {
+            let expected = key.assign_token(&p.name_any()).commitment().to_hex();
+            env_value(p, ENV_ASSIGN_SHA256).as_deref() != Some(expected.as_str())
+        }
+        None => false,
+    }
+}
+
+/// Sandbox pods of one instance from the scope-wide cache.
+pub fn instance_pods(all: &[Arc<Pod>], namespace: &str, name: &InstanceName) -> Vec<Arc<Pod>> {
+    all.iter()
+        .filter(|p| {
+            p.namespace().as_deref() == Some(namespace)
+                && p.labels().get(label::INSTANCE).map(String::as_str) == Some(name.as_str())
+                && p.labels().get(label::COMPONENT).map(String::as_str)
+                    == Some(label::COMPONENT_SANDBOX)
+        })
+        .cloned()
+        .collect()
+}
+
+/// Drops expectations the cache has caught up with (or that are too old to trust).
+pub fn observe(exp: &mut PoolExpectations, pods: &[Arc<Pod>], now: Instant) {
+    let names: HashSet<String> = pods.iter().map(|p| p.name_any()).collect();
+    exp.creates
+        .retain(|name, at| !names.contains(name) && now.duration_since(*at) < EXPECTATION_TTL);
+    exp.deletes.retain(|uid, at| {
+        let still_live = pods
+            .iter()
+            .any(|p| p.uid().as_deref() == Some(uid.as_str()) && !is_terminating(p));
+        still_live && now.duration_since(*at) < EXPECTATION_TTL
+    });
+}
+
+/// Decides creates and deletes. Pure.
+pub fn plan(pods: &[Arc<Pod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> Plan {
+    let mut out = Plan::default();
+    let mut occupying: Vec<Arc<Pod>> = Vec::new();
+    for p in pods {
+        if is_assigned(p) || is_terminating(p) {
+            continue;
+        }
+        if p.uid().is_some_and(|u| exp.deletes.contains_key(&u)) {
+            continue;
+        }
+        if matches!(phase(p), Some("Failed") | Some("Succeeded")) {
+            out.delete.push((p.clone(), DeleteReason::Dead));
+            continue;
+        }
+        if is_stale(p, inp.hash, inp.key) {
+            out.stale += 1;
+            out.delete.push((p.clone(), DeleteReason::Stale));
+            continue;
+        }
+        if let Some((reason, message)) = failing_state(p) {
+            out.failing.push(FailingPod {
+                name: p.name_any(),
+                reason,
+                message,
+            });
+        } else if pod_is_ready(p) {
+            out.ready += 1;
+        }
+        occupying.push(p.clone());
+    }
+    let desired = inp.desired.max(0) as usize;
+    let pending = exp.creates.len();
+    let occupied = occupying.len() + pending;
+    if occupied < desired && inp.may_create {
+        out.create = (desired - occupied).min(MAX_CREATES_PER_RECONCILE);
+    }
+    if occupied > desired {
+        let surplus = (occupied - desired).min(occupying.len());
+        // Failing pods go first, then pods that are not Ready, then the oldest.
+        occupying.sort_by_key(|p| {
+            (
+                failing_state(p).is_none(),
+                pod_is_ready(p),
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.name_any(),
+            )
+        });
+        for p in occupying.into_iter().take(surplus) {
+            out.delete.push((p, DeleteReason::Surplus));
+        }
+    }
+    out
+}
+
+/// What the pool looks like after a reconcile, for the status.
+#[derive(Debug, Default, Clone)]
+pub struct PoolOutcome {
+    pub desired: i32,
+    pub ready: i32,
+    pub failing: Vec<FailingPod>,
+    pub stale: usize,
+    /// Why creates are held back (missing Secret, invalid key), if they are.
+    pub blocked: Option<String>,
+    pub backoff: Option<Duration>,
+    pub requeue: Option<Duration>,
+}
+
+/// Brings the pool of one instance towards the desired state.
+pub async fn reconcile(
+    ctx: &Context,
+    uid: &str,
+    cfg: &SandboxConfig,
+    desired: i32,
+    key: Option<&HmacKey>,
+    blocked: Option<String>,
+) -> Result<PoolOutcome> {
+    let now = Instant::now();
+    let all = ctx.stores.pods.state();
+    let pods = instance_pods(&all, &cfg.namespace, &cfg.instance);
+    let hash = cfg.hash();
+    let (the_plan, backoff_left, pending) = ctx.pool.with(uid, |exp, backoff| {
+        observe(exp, &pods, now);
+        let backoff_left = backoff.remaining(now);
+        let inp = PlanInputs {
+            desired,
+            hash: &hash,
+            key,
+            may_create: blocked.is_none() && key.is_some() && backoff_left.is_none(),
+        };
+        let p = plan(&pods, exp, &inp);
+        if p.ready > 0 && p.failing.is_empty() {
+            backoff.reset();
+        }
+        (p, backoff_left, exp.creates.len() + exp.deletes.len())
+    });
+
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &cfg.namespace);
+    let mut first_err = None;
+    let mut backoff = backoff_left;
+
+    // Deletes first: they free slots and never race a claim (see `delete_unclaimed`).
+    for (pod, reason) in &the_plan.delete {
+        match delete_unclaimed(&api, pod).await {
+            Ok(Some(uid_deleted)) => {
+                ctx.metrics.api_write("Pod", "delete");
+                ctx.metrics.pool_deleted(reason.as_str());
+                ctx.pool.with(uid, |exp, b| {
+                    exp.deletes.insert(uid_deleted, Instant::now());
+                    if *reason == DeleteReason::Dead {
+                        backoff = Some(b.fail(Instant::now()));
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+
+    if let Some(key) = key.filter(|_| the_plan.create > 0) {
+        let pods: Vec<Pod> = (0..the_plan.create)
+            .map(|_| {
+                let suffix = PoolSuffix::from_random_bytes(rand::random());
+                let name = cfg.instance.pool_pod(&suffix);
+                let assign = key.assign_token(&name).commitment();
+                build_sandbox_pod(cfg, &SandboxRole::Pool { suffix, assign }, &rfc3339_now())
+            })
+            .collect();
+        ctx.pool.with(uid, |exp, _| {
+            for p in &pods {
+                exp.creates.insert(p.name_any(), Instant::now());
+            }
+        });
+        let results: Vec<(String, kube::Result<Pod>)> = stream::iter(pods)
+            .map(|p| {
+                let api = api.clone();
+                async move {
+                    let name = p.name_any();
+                    (name, api.create(&PostParams::default(), &p).await)
+                }
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        for (name, r) in results {
+            match r {
+                Ok(_) => {
+                    ctx.metrics.api_write("Pod", "create");
+                    ctx.metrics.pool_created.inc();
+                }
+                Err(e) => {
+                    ctx.pool.with(uid, |exp, _| exp.creates.remove(&name));
+                    if !is_status(&e, 409) {
+                        first_err.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+    }
+
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let requeue = match (
+        pending > 0 || !the_plan.delete.is_empty() || the_plan.create > 0,
+        backoff,
+    ) {
+        (_, Some(b)) => Some(b),
+        // Expectations resolve through pod events; this only guards against a lost event.
+        (true, None) => Some(EXPECTATION_TTL),
+        (false, None) => None,
+    };
+    Ok(PoolOutcome {
+        desired,
+        ready: the_plan.ready,
+        failing: the_plan.failing,
+        stale: the_plan.stale,
+        blocked,
+        backoff,
+        requeue,
+    })
+}
+
+/// Re-reads `pod` and deletes it only if it is still unassigned, with UID and
+/// resourceVersion preconditions. Returns the deleted pod's uid, or None if it was skipped.
+pub async fn delete_unclaimed(api: &Api<Pod>, pod: &Pod) -> Result<Option<String>> {
+    let Some(fresh) = api.get_opt(&pod.name_any()).await? else {
+        return Ok(None);
+    };
+    if fresh.uid() != pod.uid() || is_assigned(&fresh) || is_terminating(&fresh) {
+        return Ok(None);
+    }
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: fresh.uid(),
+            resource_version: fresh.resource_version(),
+        }),
+        ..Default::default()
+    };
+    match api.delete(&fresh.name_any(), &dp).await {
+        Ok(_) => Ok(fresh.uid()),
+        // 409: it changed (claimed) since the read; 404: gone. Either way: keep hands off.
+        Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+pub fn rfc3339_now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cli_mcp_api::names::InstanceName;
+
+    fn cfg() -> SandboxConfig {
+        SandboxConfig::new(InstanceName::parse("demo").expect("name"), "ns1", "img:1")
+    }
+
+    fn key() -> HmacKey {
+        HmacKey::from_bytes([3; 32])
+    }
+
+    fn pool_pod(cfg: &SandboxConfig, key: &HmacKey, n: u8, ready: bool) -> Arc<Pod> {
+        let suffix = PoolSuffix::from_random_bytes([n; 10]);
+        let name = cfg.instance.pool_pod(&suffix);
+        let assign = key.assign_token(&name).commitment();
+        let mut p = build_sandbox_pod(cfg, &SandboxRole::Pool { suffix, assign }, "t");
+        p.metadata.uid = Some(format!("uid-{n}"));
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_000 + i64::from(n)).expect("ts"),
+        ));
+        p.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]
+            }))
+            .expect("status"),
+        );
+        Arc::new(p)
+    }
+
+    fn inputs<'a>(desired: i32, hash: &'a str, key: &'a HmacKey) -> PlanInputs<'a> {
+        PlanInputs {
+            desired,
+            hash,
+            key: Some(key),
+            may_create: true,
+        }
+    }
+
+    #[test]
+    fn fills_the_deficit_counting_pending_creates() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        let pods = vec![pool_pod(&c, &k, 1, true)];
+        let mut exp = PoolExpectations::default();
+        assert_eq!(plan(&pods, &exp, &inputs(3, &h, &k)).create, 2);
+        // Two creates in flight that the cache has not shown yet: nothing more to create.
+        exp.creates.insert("a".into(), Instant::now());
+        exp.creates.insert("b".into(), Instant::now());
+        let p = plan(&pods, &exp, &inputs(3, &h, &k));
+        assert_eq!(p.create, 0);
+        assert!(p.delete.is_empty());
+    }
+
+    #[test]
+    fn claimed_pods_leave_the_pool_and_are_never_deleted() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        let mut claimed = (*pool_pod(&c, &k, 1, true)).clone();
+        claimed
+            .labels_mut()
+            .insert(label::SESSION_ID.into(), "s1".into());
+        let pods = vec![Arc::new(claimed), pool_pod(&c, &k, 2, true)];
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(0, &h, &k));
+        assert_eq!(p.delete.len(), 1);
+        assert_eq!(p.delete[0].0.name_any(), pods[1].name_any());
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(2, &h, &k));
+        assert_eq!(p.create, 1, "the claimed pod is replaced");
+    }
+
+    #[test]
+    fn surplus_goes_not_ready_first_then_oldest() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        let pods = vec![
+            pool_pod(&c, &k, 1, true),
+            pool_pod(&c, &k, 2, false),
+            pool_pod(&c, &k, 3, true),
+        ];
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k));
+        let deleted: Vec<_> = p
+            .delete
+            .iter()
+            .map(|(p, _)| p.uid().unwrap_or_default())
+            .collect();
+        assert_eq!(deleted, vec!["uid-2".to_string(), "uid-1".to_string()]);
+        assert!(p.delete.iter().all(|(_, r)| *r == DeleteReason::Surplus));
+    }
+
+    #[test]
+    fn stale_config_or_key_is_replaced() {
+        let (c, k) = (cfg(), key());
+        let pods = vec![pool_pod(&c, &k, 1, true)];
+        let mut c2 = c.clone();
+        c2.image = "img:2".into();
+        let h2 = c2.hash();
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h2, &k));
+        assert_eq!(p.delete.len(), 1);
+        assert_eq!(p.delete[0].1, DeleteReason::Stale);
+        assert_eq!(p.create, 1);
+        let k2 = HmacKey::from_bytes([4; 32]);
+        let h = c.hash();
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k2));
+        assert_eq!(p.delete[0].1, DeleteReason::Stale, "new key => stale");
+    }
+
+    #[test]
+    fn failing_pods_are_kept_not_churned() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        let mut bad = (*pool_pod(&c, &k, 1, false)).clone();
+        bad.status = Some(serde_json::from_value(serde_json::json!({
+            "phase": "Pending",
+            "containerStatuses": [{"name": "agent", "image": "x", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]
+        })).expect("status"));
+        let pods = vec![Arc::new(bad)];
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k));
+        assert!(p.delete.is_empty(), "not deleted");
+        assert_eq!(p.create, 0, "it fills its slot");
+        assert_eq!(p.failing.len(), 1);
+        assert_eq!(p.failing[0].reason, "ImagePullBackOff");
+    }
+
+    #[test]
+    fn dead_pods_are_deleted_and_creation_can_be_held() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        let mut dead = (*pool_pod(&c, &k, 1, false)).clone();
+        dead.status =
+            Some(serde_json::from_value(serde_json::json!({"phase": "Failed"})).expect("status"));
+        let pods = vec![Arc::new(dead)];
+        let mut inp = inputs(1, &h, &k);
+        inp.may_create = false;
+        let p = plan(&pods, &PoolExpectations::default(), &inp);
+        assert_eq!(p.delete[0].1, DeleteReason::Dead);
+        assert_eq!(p.create, 0);
+    }
+
+    #[test]
+    fn expectations_clear_when_the_cache_catches_up() {
+        let (c, k) = (cfg(), key());
+        let pods = vec![pool_pod(&c, &k, 1, true)];
+        let mut exp = PoolExpectations::default();
+        let now = Instant::now();
+        exp.creates.insert(pods[0].name_any(), now);
+        exp.creates.insert("not-yet".into(), now);
+        exp.deletes.insert("uid-1".into(), now);
+        exp.deletes.insert("uid-gone".into(), now);
+        observe(&mut exp, &pods, now);
+        assert_eq!(exp.creates.keys().collect::<Vec<_>>(), vec!["not-yet"]);
+        assert_eq!(exp.deletes.keys().collect::<Vec<_>>(), vec!["uid-1"]);
+        observe(&mut exp, &pods, now + EXPECTATION_TTL);
+        assert!(exp.creates.is_empty() && exp.deletes.is_empty());
+    }
+}

@@ -1,0 +1,375 @@
+//! Status computed from observed state. Pure: [`compute`] takes what the reconcile saw and
+//! the previous status, and returns the new one; [`transitions`] lists the condition changes
+//! that deserve an Event.
+//!
+//! Reasons are stable API (documented in docs/operations.md):
+//! - `Ready`: `Ready` | `InvalidSpec` | `SecretsNotFound` | `SecretKeysInvalid` |
+//!   `ApplyFailed` | `DeploymentUnavailable` | `WarmPoolFilling` | `WarmPoolUnhealthy`
+//! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
+//! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing`
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use cli_mcp_api::crd::{CliMcpInstanceStatus, WarmPoolStatus};
+
+use crate::pool::PoolOutcome;
+
+pub const READY: &str = "Ready";
+pub const WARM_POOL_READY: &str = "WarmPoolReady";
+pub const DEGRADED: &str = "Degraded";
+
+/// The server Deployment as observed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeploymentState {
+    pub replicas: i32,
+    pub ready: i32,
+    /// Available=True for the current generation.
+    pub available: bool,
+    pub message: String,
+}
+
+/// Everything the status is computed from.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    pub generation: Option<i64>,
+    /// The spec cannot be used (only for objects that bypassed admission).
+    pub spec_error: Option<String>,
+    /// Required Secrets that do not exist (`name (what it is for)`).
+    pub missing_secrets: Vec<String>,
+    /// Required Secrets whose keys are missing or unusable.
+    pub invalid_secrets: Vec<String>,
+    pub apply_error: Option<String>,
+    pub deployment: Option<DeploymentState>,
+    pub pool: PoolOutcome,
+    pub active_sessions: i32,
+    pub image: Option<String>,
+    pub endpoint: Option<String>,
+    pub ca_config_map: Option<String>,
+}
+
+struct Cond {
+    type_: &'static str,
+    ok: bool,
+    reason: &'static str,
+    message: String,
+}
+
+fn ready_condition(prev_ready: bool, o: &Observed) -> Cond {
+    let bad = |reason, message| Cond {
+        type_: READY,
+        ok: false,
+        reason,
+        message,
+    };
+    if let Some(e) = &o.spec_error {
+        return bad("InvalidSpec", e.clone());
+    }
+    if !o.missing_secrets.is_empty() {
+        return bad(
+            "SecretsNotFound",
+            format!(
+                "required Secrets do not exist: {}",
+                o.missing_secrets.join(", ")
+            ),
+        );
+    }
+    if !o.invalid_secrets.is_empty() {
+        return bad("SecretKeysInvalid", o.invalid_secrets.join("; "));
+    }
+    if let Some(e) = &o.apply_error {
+        return bad("ApplyFailed", e.clone());
+    }
+    match &o.deployment {
+        Some(d) if d.available => {}
+        Some(d) => {
+            return bad(
+                "DeploymentUnavailable",
+                format!(
+                    "server Deployment has {}/{} ready replicas{}",
+                    d.ready,
+                    d.replicas,
+                    if d.message.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", d.message)
+                    }
+                ),
+            )
+        }
+        None => {
+            return bad(
+                "DeploymentUnavailable",
+                "server Deployment not observed yet".into(),
+            )
+        }
+    }
+    let p = &o.pool;
+    if !p.failing.is_empty() {
+        return bad("WarmPoolUnhealthy", failing_message(p));
+    }
+    // The first time, Ready waits for a full pool. Afterwards a short pool (sessions just
+    // claimed pods, replacements are starting) does not flip Ready: no flapping on claims.
+    if !prev_ready && p.ready < p.desired {
+        return bad(
+            "WarmPoolFilling",
+            format!("warm pool has {}/{} ready sandboxes", p.ready, p.desired),
+        );
+    }
+    Cond {
+        type_: READY,
+        ok: true,
+        reason: "Ready",
+        message: "the MCP server is available".into(),
+    }
+}
+
+fn failing_message(p: &PoolOutcome) -> String {
+    let first = &p.failing[0];
+    let mut m = format!(
+        "{} warm sandbox(es) are not starting; {} is {}: {}",
+        p.failing.len(),
+        first.name,
+        first.reason,
+        first.message
+    );
+    m.push_str(". They are kept (the kubelet retries them) instead of being recreated; fix spec.sandbox.image or the kubeconfig Secret");
+    m
+}
+
+fn pool_condition(o: &Observed) -> Cond {
+    let p = &o.pool;
+    let c = |ok, reason, message| Cond {
+        type_: WARM_POOL_READY,
+        ok,
+        reason,
+        message,
+    };
+    if p.desired == 0 {
+        return c(true, "Disabled", "spec.sandbox.warmPoolSize is 0".into());
+    }
+    if !p.failing.is_empty() {
+        return c(false, "PodsFailing", failing_message(p));
+    }
+    if let Some(why) = &p.blocked {
+        return c(
+            false,
+            "Blocked",
+            format!("no warm sandboxes are created: {why}"),
+        );
+    }
+    if p.ready >= p.desired {
+        return c(
+            true,
+            "Full",
+            format!("{}/{} warm sandboxes are ready", p.ready, p.desired),
+        );
+    }
+    let mut m = format!("{}/{} warm sandboxes are ready", p.ready, p.desired);
+    if p.stale > 0 {
+        m.push_str(&format!("; replacing {} outdated", p.stale));
+    }
+    if let Some(b) = p.backoff {
+        m.push_str(&format!("; next create in {}s after failures", b.as_secs()));
+    }
+    c(false, "Filling", m)
+}
+
+fn degraded_condition(o: &Observed) -> Cond {
+    let c = |ok, reason, message| Cond {
+        type_: DEGRADED,
+        ok,
+        reason,
+        message,
+    };
+    if let Some(e) = &o.spec_error {
+        return c(true, "InvalidSpec", e.clone());
+    }
+    if let Some(e) = &o.apply_error {
+        return c(true, "ApplyFailed", e.clone());
+    }
+    if !o.pool.failing.is_empty() {
+        return c(true, "PoolPodsFailing", failing_message(&o.pool));
+    }
+    c(false, "AsExpected", "nothing needs attention".into())
+}
+
+fn to_condition(c: Cond, prev: &[Condition], generation: Option<i64>, now: &Time) -> Condition {
+    // `ok` is the condition's truth value (for Degraded, True is the bad state).
+    let status = if c.ok { "True" } else { "False" };
+    let last = prev
+        .iter()
+        .find(|p| p.type_ == c.type_ && p.status == status)
+        .map(|p| p.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: c.type_.to_owned(),
+        status: status.to_owned(),
+        reason: c.reason.to_owned(),
+        message: c.message,
+        observed_generation: generation,
+        last_transition_time: last,
+    }
+}
+
+/// The new status.
+pub fn compute(
+    prev: Option<&CliMcpInstanceStatus>,
+    o: &Observed,
+    now: Time,
+) -> CliMcpInstanceStatus {
+    let empty = Vec::new();
+    let prev_conditions = prev.map(|s| &s.conditions).unwrap_or(&empty);
+    let prev_ready = prev_conditions
+        .iter()
+        .any(|c| c.type_ == READY && c.status == "True");
+    let conds = [
+        ready_condition(prev_ready, o),
+        pool_condition(o),
+        degraded_condition(o),
+    ];
+    let conditions = conds
+        .into_iter()
+        .map(|c| to_condition(c, prev_conditions, o.generation, &now))
+        .collect();
+    let d = o.deployment.clone().unwrap_or_default();
+    CliMcpInstanceStatus {
+        observed_generation: o.generation,
+        conditions,
+        replicas: d.replicas,
+        ready_replicas: d.ready,
+        warm_pool: WarmPoolStatus {
+            ready: o.pool.ready,
+            desired: o.pool.desired,
+        },
+        active_sessions: o.active_sessions,
+        resolved_sandbox_image: o.image.clone(),
+        endpoint: o.endpoint.clone(),
+        ca_config_map: o.ca_config_map.clone(),
+    }
+}
+
+/// A condition change worth an Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// True when the new state is the healthy one (Normal event), else Warning.
+    pub healthy: bool,
+}
+
+pub fn transitions(
+    prev: Option<&CliMcpInstanceStatus>,
+    next: &CliMcpInstanceStatus,
+) -> Vec<Transition> {
+    let empty = Vec::new();
+    let before = prev.map(|s| &s.conditions).unwrap_or(&empty);
+    next.conditions
+        .iter()
+        .filter(|c| {
+            !before
+                .iter()
+                .any(|b| b.type_ == c.type_ && b.status == c.status && b.reason == c.reason)
+        })
+        .map(|c| Transition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            healthy: (c.type_ == DEGRADED) == (c.status == "False"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::FailingPod;
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("ts"))
+    }
+
+    fn healthy(desired: i32, ready: i32) -> Observed {
+        Observed {
+            generation: Some(2),
+            deployment: Some(DeploymentState {
+                replicas: 1,
+                ready: 1,
+                available: true,
+                message: String::new(),
+            }),
+            pool: PoolOutcome {
+                desired,
+                ready,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn cond<'a>(s: &'a CliMcpInstanceStatus, ty: &str) -> &'a Condition {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == ty)
+            .expect("condition")
+    }
+
+    #[test]
+    fn ready_waits_for_the_first_full_pool_then_does_not_flap_on_claims() {
+        let s1 = compute(None, &healthy(3, 1), t(10));
+        assert_eq!(cond(&s1, READY).status, "False");
+        assert_eq!(cond(&s1, READY).reason, "WarmPoolFilling");
+        let s2 = compute(Some(&s1), &healthy(3, 3), t(20));
+        assert_eq!(cond(&s2, READY).status, "True");
+        assert_eq!(cond(&s2, WARM_POOL_READY).reason, "Full");
+        // A session claims a pod: pool short, Ready stays True; WarmPoolReady reflects it.
+        let s3 = compute(Some(&s2), &healthy(3, 2), t(30));
+        assert_eq!(cond(&s3, READY).status, "True");
+        assert_eq!(cond(&s3, READY).last_transition_time, t(20));
+        assert_eq!(cond(&s3, WARM_POOL_READY).status, "False");
+        assert_eq!(cond(&s3, DEGRADED).status, "False");
+        assert_eq!(s3.observed_generation, Some(2));
+    }
+
+    #[test]
+    fn reasons_follow_the_first_failing_gate() {
+        let mut o = healthy(0, 0);
+        o.missing_secrets = vec!["cli-mcp-demo-kubeconfig (sandbox kubeconfig)".into()];
+        let s = compute(None, &o, t(1));
+        assert_eq!(cond(&s, READY).reason, "SecretsNotFound");
+        assert!(cond(&s, READY).message.contains("cli-mcp-demo-kubeconfig"));
+        let mut o = healthy(1, 0);
+        o.pool.failing = vec![FailingPod {
+            name: "p".into(),
+            reason: "ImagePullBackOff".into(),
+            message: "m".into(),
+        }];
+        let s = compute(None, &o, t(1));
+        assert_eq!(cond(&s, READY).reason, "WarmPoolUnhealthy");
+        assert_eq!(cond(&s, WARM_POOL_READY).reason, "PodsFailing");
+        assert_eq!(cond(&s, DEGRADED).status, "True");
+        assert_eq!(cond(&s, DEGRADED).reason, "PoolPodsFailing");
+        let mut o = healthy(0, 0);
+        o.deployment = Some(DeploymentState {
+            replicas: 1,
+            ready: 0,
+            available: false,
+            message: String::new(),
+        });
+        let s = compute(None, &o, t(1));
+        assert_eq!(cond(&s, READY).reason, "DeploymentUnavailable");
+    }
+
+    #[test]
+    fn same_observation_gives_equal_status_and_no_transitions() {
+        let s1 = compute(None, &healthy(0, 0), t(1));
+        let s2 = compute(Some(&s1), &healthy(0, 0), t(99));
+        assert_eq!(s1, s2, "unchanged observations must not produce a write");
+        assert!(transitions(Some(&s1), &s2).is_empty());
+        let tr = transitions(None, &s1);
+        assert_eq!(tr.len(), 3);
+        assert!(tr.iter().all(|t| t.healthy));
+    }
+}

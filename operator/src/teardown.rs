@@ -1,0 +1,156 @@
+//! The finalizer's cleanup: quiesce the server, then remove every sandbox, then the
+//! cluster-scoped binding, then release the CR. Each step is idempotent, so an operator
+//! restarted mid-teardown simply continues. Steps that wait return [`Error::Waiting`]; the
+//! reconcile is retried shortly and also woken by the pod and Deployment watches.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::{label, FIELD_MANAGER};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pool::is_status;
+
+fn server_selector(n: &cli_mcp_api::names::InstanceName) -> String {
+    format!(
+        "{}={},{}={}",
+        label::INSTANCE,
+        n,
+        label::COMPONENT,
+        label::COMPONENT_SERVER
+    )
+}
+
+/// True once the teardown has run longer than allowed: remaining pods are left to the
+/// garbage collector (they carry owner references) rather than blocking deletion forever.
+fn timed_out(cr: &CliMcpInstance, ctx: &Context) -> bool {
+    let Some(ts) = cr.meta().deletion_timestamp.as_ref() else {
+        return false;
+    };
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(ts.0);
+    std::time::Duration::try_from(age).is_ok_and(|d| d > ctx.config.teardown_timeout)
+}
+
+pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
+    let ns = cr
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(cr.name_any()))?;
+    let name = match cr.instance_name() {
+        Ok(n) => n,
+        // A name that never passed admission never got children.
+        Err(_) => return Ok(Action::await_change()),
+    };
+    let give_up = timed_out(&cr, ctx);
+    let oref = cr.object_ref(&());
+
+    // 1. Scale the server to zero so nobody claims or creates sandboxes any more.
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Some(d) = deployments.get_opt(&name.server()).await? {
+        if d.spec.replicas != Some(0) {
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            };
+            deployments
+                .patch(
+                    &name.server(),
+                    &pp,
+                    &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+                )
+                .await?;
+            ctx.metrics.api_write("Deployment", "patch");
+            let _ = ctx
+                .recorder
+                .publish(
+                    &Event {
+                        type_: EventType::Normal,
+                        reason: "TeardownStarted".into(),
+                        note: Some(
+                            "scaled the server to 0; sandboxes are deleted once its pods are gone"
+                                .into(),
+                        ),
+                        action: "Teardown".into(),
+                        secondary: None,
+                    },
+                    &oref,
+                )
+                .await;
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let server_pods = pods
+        .list_metadata(&ListParams::default().labels(&server_selector(&name)))
+        .await?;
+    if !server_pods.items.is_empty() && !give_up {
+        return Err(Error::Waiting(format!(
+            "{} server pod(s) of {ns}/{name} to stop",
+            server_pods.items.len()
+        )));
+    }
+
+    // 2. Delete every sandbox of the instance (pool and sessions) and wait for them.
+    let sandbox = ListParams::default().labels(&name.sandbox_selector());
+    let left = pods.list_metadata(&sandbox).await?;
+    if !left.items.is_empty() {
+        if left
+            .items
+            .iter()
+            .any(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            pods.delete_collection(&DeleteParams::default(), &sandbox)
+                .await?;
+            ctx.metrics.api_write("Pod", "deletecollection");
+        }
+        if !give_up {
+            return Err(Error::Waiting(format!(
+                "{} sandbox pod(s) of {ns}/{name} to terminate",
+                left.items.len()
+            )));
+        }
+    }
+
+    // 3. The cluster-scoped binding has no owner reference: remove it explicitly.
+    let crbs: Api<ClusterRoleBinding> = Api::all(ctx.client.clone());
+    match crbs
+        .delete(&name.auth_delegator_binding(&ns), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => ctx.metrics.api_write("ClusterRoleBinding", "delete"),
+        Err(e) if is_status(&e, 404) => {}
+        Err(e) => return Err(e.into()),
+    }
+
+    if give_up {
+        let _ = ctx
+            .recorder
+            .publish(
+                &Event {
+                    type_: EventType::Warning,
+                    reason: "TeardownTimedOut".into(),
+                    note: Some("pods did not terminate in time; released the instance and left them to garbage collection".into()),
+                    action: "Teardown".into(),
+                    secondary: None,
+                },
+                &oref,
+            )
+            .await;
+    }
+    if let Some(uid) = cr.uid() {
+        ctx.pool.forget(&uid);
+    }
+    ctx.applied.forget_prefix(&format!(
+        "ClusterRoleBinding//{}",
+        name.auth_delegator_binding(&ns)
+    ));
+    tracing::info!(namespace = %ns, instance = %name, "teardown complete; releasing the finalizer");
+    Ok(Action::await_change())
+}

@@ -1,0 +1,282 @@
+//! The watches behind one controller: the root `CliMcpInstance` stream (filtered to spec,
+//! finalizer and deletion changes), a reflector per owned kind (label-selected to objects
+//! this operator manages), the sandbox pods (filtered so `last-activity` patches and other
+//! noise do not wake the reconciler), and a metadata-only watch of Secrets that maps an
+//! admin's kubeconfig or TLS Secret to the instances that reference it.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{future, Stream, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::{annotation, label};
+
+use crate::children::INSTANCE_NAMESPACE_LABEL;
+use crate::context::{Scope, Stores};
+
+fn managed() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{}={}", label::APP_MANAGED_BY, label::MANAGED_BY))
+}
+
+fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A reflector plus its trigger stream (every touched object, deletes included).
+fn reflect<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, cfg)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
+/// What of a sandbox pod matters to the reconciler: labels (claims), deletion, phase,
+/// readiness, container states and the hash/commitment annotations — not `last-activity`
+/// and not the resourceVersion.
+pub fn pod_fingerprint(p: &Pod) -> u64 {
+    let mut h = DefaultHasher::new();
+    p.labels().hash(&mut h);
+    p.metadata.deletion_timestamp.is_some().hash(&mut h);
+    for key in [annotation::SANDBOX_HASH, annotation::TOKEN_SHA256] {
+        p.annotations().get(key).hash(&mut h);
+    }
+    if let Some(st) = &p.status {
+        st.phase.hash(&mut h);
+        for c in st.conditions.iter().flatten() {
+            (&c.type_, &c.status).hash(&mut h);
+        }
+        for cs in st.container_statuses.iter().flatten() {
+            cs.ready.hash(&mut h);
+            cs.restart_count.hash(&mut h);
+            let waiting = cs
+                .state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.clone());
+            waiting.hash(&mut h);
+            cs.state
+                .as_ref()
+                .map(|s| s.terminated.is_some())
+                .hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// Sandbox pods: reflected into a store, and passed on as triggers only when their
+/// fingerprint changed (or they were deleted).
+fn sandbox_pods(
+    client: &Client,
+    ns: Option<&str>,
+) -> (
+    Store<Pod>,
+    impl Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+) {
+    let (reader, writer) = reflector::store();
+    let cfg = watcher::Config::default().labels(&format!(
+        "{}={}",
+        label::COMPONENT,
+        label::COMPONENT_SANDBOX
+    ));
+    let seen: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let stream = watcher(api::<Pod>(client, ns), cfg)
+        .default_backoff()
+        .reflect(writer)
+        .filter_map(move |ev| {
+            let out = match ev {
+                Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => {
+                    let key = p.uid().unwrap_or_else(|| p.name_any());
+                    let fp = pod_fingerprint(&p);
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    (seen.insert(key, fp) != Some(fp)).then_some(Ok(p))
+                }
+                Ok(watcher::Event::Delete(p)) => {
+                    let key = p.uid().unwrap_or_else(|| p.name_any());
+                    seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                    Some(Ok(p))
+                }
+                Ok(watcher::Event::Init) | Ok(watcher::Event::InitDone) => None,
+                Err(e) => Some(Err(e)),
+            };
+            future::ready(out)
+        });
+    (reader, stream)
+}
+
+fn instance_ref(name: &str, ns: &str) -> ObjectRef<CliMcpInstance> {
+    ObjectRef::new(name).within(ns)
+}
+
+/// Root predicate: spec (generation), finalizers and deletion — not status or annotations,
+/// so our own status writes do not wake us.
+fn root_fingerprint(o: &CliMcpInstance) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    o.metadata.generation.hash(&mut h);
+    o.finalizers().hash(&mut h);
+    o.metadata.deletion_timestamp.is_some().hash(&mut h);
+    Some(h.finish())
+}
+
+/// Builds the controller for one watch scope (`ns = None`: the whole cluster).
+pub fn build(
+    client: &Client,
+    ns: Option<&str>,
+    scope: &Scope,
+) -> (Controller<CliMcpInstance>, Stores) {
+    let (cr_reader, cr_writer) = reflector::store();
+    let root = watcher(
+        api::<CliMcpInstance>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(cr_writer)
+    .applied_objects()
+    .predicate_filter(root_fingerprint, Default::default());
+
+    let (deployments, deployment_s) = reflect(api::<Deployment>(client, ns), managed());
+    let (services, service_s) = reflect(api::<Service>(client, ns), managed());
+    let (service_accounts, sa_s) = reflect(api::<ServiceAccount>(client, ns), managed());
+    let (roles, role_s) = reflect(api::<Role>(client, ns), managed());
+    let (role_bindings, rb_s) = reflect(api::<RoleBinding>(client, ns), managed());
+    let (network_policies, np_s) = reflect(api::<NetworkPolicy>(client, ns), managed());
+    let (config_maps, cm_s) = reflect(api::<ConfigMap>(client, ns), managed());
+    let (secrets, secret_s) = reflect(api::<Secret>(client, ns), managed());
+    let (cluster_role_bindings, crb_s) =
+        reflect(Api::<ClusterRoleBinding>::all(client.clone()), managed());
+    let (pods, pod_s) = sandbox_pods(client, ns);
+
+    // Admin Secrets (kubeconfig, custom TLS) are not labelled by us: watch only their
+    // metadata and map them to the instances that name them.
+    let admin_secrets = watcher(
+        api::<PartialObjectMeta<Secret>>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let secret_refs = cr_reader.clone();
+
+    let scope_for_crb = scope.clone();
+    let controller = Controller::for_stream(root, cr_reader.clone())
+        .owns_stream(deployment_s)
+        .owns_stream(service_s)
+        .owns_stream(sa_s)
+        .owns_stream(role_s)
+        .owns_stream(rb_s)
+        .owns_stream(np_s)
+        .owns_stream(cm_s)
+        .owns_stream(secret_s)
+        .watches_stream(crb_s, move |crb: ClusterRoleBinding| {
+            let l = crb.labels();
+            match (l.get(label::INSTANCE), l.get(INSTANCE_NAMESPACE_LABEL)) {
+                (Some(n), Some(ns)) if scope_for_crb.contains(ns) => Some(instance_ref(n, ns)),
+                _ => None,
+            }
+        })
+        .watches_stream(pod_s, |p: Pod| {
+            let ns = p.namespace()?;
+            p.labels()
+                .get(label::INSTANCE)
+                .map(|n| instance_ref(n, &ns))
+        })
+        .watches_stream(admin_secrets, move |s: PartialObjectMeta<Secret>| {
+            let ns = s.namespace().unwrap_or_default();
+            let name = s.name_any();
+            secret_refs
+                .state()
+                .into_iter()
+                .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
+                .filter(|cr| {
+                    cr.kubeconfig_secret().ok().as_deref() == Some(name.as_str())
+                        || cr.spec.server.tls_secret_name.as_deref() == Some(name.as_str())
+                })
+                .map(|cr| ObjectRef::from_obj(cr.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .with_config(controller::Config::default().debounce(Duration::from_millis(100)));
+
+    let stores = Stores {
+        instances: cr_reader,
+        pods,
+        secrets,
+        config_maps,
+        deployments,
+        services,
+        service_accounts,
+        roles,
+        role_bindings,
+        network_policies,
+        cluster_role_bindings,
+    };
+    (controller, stores)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "resourceVersion": "1",
+                "labels": {"cli-mcp.redhat.com/instance": "demo"},
+                "annotations": {"cli-mcp.redhat.com/last-activity": "2026-01-01T00:00:00Z"}},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn last_activity_patches_do_not_change_the_fingerprint() {
+        let a = pod();
+        let mut b = pod();
+        b.metadata.resource_version = Some("2".into());
+        b.annotations_mut().insert(
+            annotation::LAST_ACTIVITY.into(),
+            "2026-01-01T00:05:00Z".into(),
+        );
+        assert_eq!(pod_fingerprint(&a), pod_fingerprint(&b));
+        let mut claimed = pod();
+        claimed
+            .labels_mut()
+            .insert(label::SESSION_ID.into(), "s1".into());
+        assert_ne!(pod_fingerprint(&a), pod_fingerprint(&claimed));
+        let mut deleting = pod();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        assert_ne!(pod_fingerprint(&a), pod_fingerprint(&deleting));
+    }
+}
