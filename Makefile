@@ -32,8 +32,12 @@ fmt: ## format the code
 build: ## debug binaries of every crate (the local cluster runs these)
 	$(CARGO) build --workspace --bins
 
-control-plane: ## kube-apiserver, controller-manager, scheduler, etcd from the Go module proxy (cached)
-	hack/build-control-plane.sh
+control-plane: ## kube-apiserver, controller-manager, scheduler, etcd, kubectl from the Go module proxy (cached)
+	@bin="$$(hack/build-control-plane.sh | tail -n1)"; \
+	link=/usr/local/bin/kubectl; \
+	if [[ ! -e $$link || "$$(readlink $$link)" == */control-plane/*/bin/kubectl ]]; then \
+	  ln -sfn "$$bin/kubectl" $$link; echo "kubectl -> $$bin/kubectl (sandbox pods of the local cluster use it)"; \
+	else echo "keeping the existing $$link"; fi
 
 bench: ## speed and memory figures, printed as tables (see docs/benchmarks.md)
 	$(CARGO) build --release -p cli-mcp-agent -p cli-mcp-bench

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build etcd, kube-apiserver, kube-controller-manager and kube-scheduler from the Go module
+# Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the Go module
 # proxy (e2e/tools/{etcd,kube}) into a cache directory OUTSIDE the repo, keyed by a hash of
 # the tool modules' go.mod/go.sum, this script and the Go version. When that directory
 # exists the script returns at once. Builds go to a temporary directory that is renamed into place only when
@@ -26,7 +26,7 @@ hash="$( (cat "$kube_dir/go.mod" "$kube_dir/go.sum" "$etcd_dir/go.mod" "$etcd_di
     "${BASH_SOURCE[0]}"; go env GOVERSION) | sha256sum | cut -c1-16)"
 final="$cache/$hash"
 if [[ -x "$final/bin/kube-apiserver" && -x "$final/bin/kube-controller-manager" \
-    && -x "$final/bin/kube-scheduler" && -x "$final/bin/etcd" ]]; then
+    && -x "$final/bin/kube-scheduler" && -x "$final/bin/kubectl" && -x "$final/bin/etcd" ]]; then
     echo "$final/bin"
     exit 0
 fi
@@ -67,7 +67,8 @@ echo "etcd built after $(($(date +%s) - start)) s" >&2
         -o "$tmp/bin/" \
         k8s.io/kubernetes/cmd/kube-apiserver \
         k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler
+        k8s.io/kubernetes/cmd/kube-scheduler \
+        k8s.io/kubernetes/cmd/kubectl
 )
 echo "control plane built in $(($(date +%s) - start)) s:" >&2
 ls -l "$tmp/bin" >&2

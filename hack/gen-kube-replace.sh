@@ -64,6 +64,7 @@ tmp="$(mktemp "${gomod}.XXXXXX")"
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
     echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
     echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+    echo "	k8s.io/kubernetes/cmd/kubectl"
     echo ")"
     echo
     echo "// Every staging module of k8s.io/kubernetes@${version}, pinned to its matching tag."
