@@ -1,4 +1,43 @@
-//! Placeholder until its issue lands: prints the version so packaging and `make` targets work.
-fn main() {
-    println!("cli-mcp-server {} (not implemented yet)", env!("CARGO_PKG_VERSION"));
+//! `cli-mcp-server`: flags, logging, then [`cli_mcp_server::app::run`].
+
+use clap::Parser as _;
+
+use cli_mcp_server::cli::Flags;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let flags = Flags::parse();
+    init_tracing(flags.log_json);
+    let settings = match flags.resolve(|k| std::env::var(k).ok()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("cli-mcp-server: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match cli_mcp_server::app::run(settings).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("cli-mcp-server: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr (stdout carries MCP with `--transport stdio`). `RUST_LOG` filters;
+/// rmcp's per-request INFO lines are muted by default.
+fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.compact().init();
+    }
 }

@@ -1,0 +1,262 @@
+//! HTTP client of the sandbox agent (`POST /exec`, `POST /assign`), with every response body
+//! read under a byte cap so a misbehaving sandbox cannot exhaust the server's memory.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use cli_mcp_api::token::Token;
+use cli_mcp_api::wire::{
+    AssignRequest, AssignResponse, ErrorBody, ErrorCode, ExecRequest, ExecResponse,
+};
+
+/// Extra time over a command's own timeout before the server gives up on the agent: the
+/// agent needs a moment after a timeout to kill the command and collect its output.
+const EXEC_GRACE: Duration = Duration::from_secs(15);
+const ASSIGN_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Cap of error bodies and `/assign` answers.
+const SMALL_BODY_LIMIT: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No connection could be made (nothing listening, pod gone, network unreachable).
+    #[error("cannot connect to the sandbox agent at {endpoint}: {detail}")]
+    Connect { endpoint: String, detail: String },
+    /// The connection failed after the request may have been sent.
+    #[error("the connection to the sandbox agent at {endpoint} failed: {detail}")]
+    Transport { endpoint: String, detail: String },
+    /// The agent did not answer within the command timeout plus a grace period.
+    #[error("the sandbox agent at {endpoint} did not answer within {after:?}")]
+    Timeout { endpoint: String, after: Duration },
+    /// The agent answered with an error status.
+    #[error("the sandbox agent answered {status}: {message}")]
+    Status {
+        status: StatusCode,
+        code: Option<ErrorCode>,
+        message: String,
+    },
+    #[error("the sandbox agent's answer is over {limit} bytes; lower the agent's output budget")]
+    TooLarge { limit: usize },
+    #[error("the sandbox agent's answer is not valid: {0}")]
+    BadBody(String),
+}
+
+impl AgentError {
+    /// A failure that a different (rediscovered) sandbox may not have: transport errors, and
+    /// 401/503 (the pod was replaced and no longer knows this session's token, or is not
+    /// assigned, or is shutting down).
+    pub fn is_rediscoverable(&self) -> bool {
+        match self {
+            AgentError::Connect { .. } | AgentError::Transport { .. } => true,
+            AgentError::Status { status, .. } => {
+                *status == StatusCode::UNAUTHORIZED || *status == StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => false,
+        }
+    }
+
+    /// True when the request certainly did not reach the agent (safe to send again).
+    pub fn not_sent(&self) -> bool {
+        matches!(self, AgentError::Connect { .. })
+    }
+
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            AgentError::Status {
+                code: Some(ErrorCode::Busy),
+                ..
+            }
+        )
+    }
+}
+
+/// Shared client: one connection pool for every sandbox.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    http: reqwest::Client,
+    /// Cap of an `/exec` answer.
+    exec_body_limit: usize,
+}
+
+impl AgentClient {
+    /// `output_budget` is the per-stream budget: the cap on an `/exec` answer allows for two
+    /// streams at that size even when every byte needs JSON escaping, plus the truncation
+    /// markers.
+    pub fn new(output_budget: usize) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(4)
+            .build()?;
+        let per_stream = output_budget.max(cli_mcp_api::wire::DEFAULT_OUTPUT_BUDGET);
+        Ok(Self {
+            http,
+            exec_body_limit: 2 * 6 * per_stream + 64 * 1024,
+        })
+    }
+
+    /// Runs one command. `timeout` is the command's own timeout (sent to the agent).
+    pub async fn exec(
+        &self,
+        endpoint: &str,
+        token: &Token,
+        req: &ExecRequest,
+        timeout: Duration,
+    ) -> Result<ExecResponse, AgentError> {
+        let url = format!("{endpoint}/exec");
+        self.post(
+            &url,
+            endpoint,
+            token.expose(),
+            req,
+            timeout + EXEC_GRACE,
+            self.exec_body_limit,
+        )
+        .await
+    }
+
+    /// Binds a warm pod to a session (bearer = the pod's assign token).
+    pub async fn assign(
+        &self,
+        endpoint: &str,
+        assign_token: &Token,
+        req: &AssignRequest,
+    ) -> Result<AssignResponse, AgentError> {
+        let url = format!("{endpoint}/assign");
+        self.post(
+            &url,
+            endpoint,
+            assign_token.expose(),
+            req,
+            ASSIGN_TIMEOUT,
+            SMALL_BODY_LIMIT,
+        )
+        .await
+    }
+
+    async fn post<B: Serialize, R: DeserializeOwned>(
+        &self,
+        url: &str,
+        endpoint: &str,
+        bearer: &str,
+        body: &B,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<R, AgentError> {
+        let send = self
+            .http
+            .post(url)
+            .bearer_auth(bearer)
+            .json(body)
+            .timeout(timeout)
+            .send();
+        let mut resp = send.await.map_err(|e| classify(e, endpoint, timeout))?;
+        let status = resp.status();
+        let body_limit = if status.is_success() {
+            limit
+        } else {
+            SMALL_BODY_LIMIT
+        };
+        if resp.content_length().is_some_and(|n| n > body_limit as u64) {
+            return Err(AgentError::TooLarge { limit: body_limit });
+        }
+        let mut bytes = Vec::with_capacity(
+            resp.content_length().unwrap_or(1024).min(body_limit as u64) as usize,
+        );
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if bytes.len() + chunk.len() > body_limit {
+                        return Err(AgentError::TooLarge { limit: body_limit });
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => return Err(classify(e, endpoint, timeout)),
+            }
+        }
+        if !status.is_success() {
+            let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(b) => (Some(b.code), b.error),
+                Err(_) => (None, String::from_utf8_lossy(&bytes).trim().to_owned()),
+            };
+            return Err(AgentError::Status {
+                status,
+                code,
+                message,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| AgentError::BadBody(e.to_string()))
+    }
+}
+
+fn classify(e: reqwest::Error, endpoint: &str, timeout: Duration) -> AgentError {
+    let endpoint = endpoint.to_owned();
+    if e.is_connect() {
+        AgentError::Connect {
+            endpoint,
+            detail: error_chain(&e),
+        }
+    } else if e.is_timeout() {
+        AgentError::Timeout {
+            endpoint,
+            after: timeout,
+        }
+    } else {
+        AgentError::Transport {
+            endpoint,
+            detail: error_chain(&e),
+        }
+    }
+}
+
+/// The error and its sources on one line (reqwest's top-level message alone is vague).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rediscoverable_failures() {
+        let status = |s: StatusCode, code| AgentError::Status {
+            status: s,
+            code,
+            message: String::new(),
+        };
+        assert!(AgentError::Connect {
+            endpoint: "e".into(),
+            detail: "refused".into()
+        }
+        .is_rediscoverable());
+        assert!(
+            status(StatusCode::UNAUTHORIZED, Some(ErrorCode::Unauthorized)).is_rediscoverable()
+        );
+        assert!(status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(ErrorCode::NotAssigned)
+        )
+        .is_rediscoverable());
+        assert!(!status(StatusCode::CONFLICT, Some(ErrorCode::Busy)).is_rediscoverable());
+        assert!(status(StatusCode::CONFLICT, Some(ErrorCode::Busy)).is_busy());
+        assert!(!status(StatusCode::BAD_REQUEST, Some(ErrorCode::BadRequest)).is_rediscoverable());
+    }
+}

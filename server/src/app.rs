@@ -1,0 +1,213 @@
+//! Wiring: settings → backend, auth, routers, listeners; then serve until SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rmcp::ServiceExt as _;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+use cli_mcp_api::token::HmacKey;
+
+use crate::agent_client::AgentClient;
+use crate::auth::{tls, Authenticator};
+use crate::cli::{AuthMode, BackendKind, Settings, Transport};
+use crate::http::{health_router, mcp_router, AppState, McpHttpOptions};
+use crate::mcp::{BashServer, McpState};
+use crate::metrics::Metrics;
+use crate::serve::serve;
+use crate::sessions::kubernetes::KubeBackend;
+use crate::sessions::local::{find_agent_binary, LocalBackend};
+use crate::sessions::{Backend, SessionManager};
+
+/// Time given to open requests after SIGTERM (the pod's grace period is 30 s by default).
+pub const DRAIN: Duration = Duration::from_secs(25);
+/// Log message printed once the listeners are bound (tests and tools wait for it).
+pub const READY_MESSAGE: &str = "cli-mcp-server ready";
+
+/// Reads the instance HMAC key (the operator mounts Secret `cli-mcp-<n>-hmac` there).
+pub fn read_hmac_key(path: &std::path::Path) -> anyhow::Result<HmacKey> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read the HMAC key file {} (--hmac-key-file); in a cluster the operator \
+             mounts Secret cli-mcp-<instance>-hmac, key `key`, there",
+            path.display()
+        )
+    })?;
+    HmacKey::from_hex(&text).with_context(|| {
+        format!(
+            "the HMAC key file {} does not hold 64 hex characters",
+            path.display()
+        )
+    })
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "cannot listen on {addr} ({what}); is another process using it? pick another address"
+        )
+    })
+}
+
+/// Runs the server until a signal (HTTP) or the end of stdin (stdio).
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let limits = settings.limits;
+    let agent = AgentClient::new(limits.output_budget).context("cannot build the HTTP client")?;
+    let stop = CancellationToken::new();
+
+    let needs_kube =
+        settings.backend == BackendKind::Kubernetes || settings.auth == AuthMode::Kubernetes;
+    let client = if needs_kube {
+        Some(kube::Client::try_default().await.context(
+            "cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG)",
+        )?)
+    } else {
+        None
+    };
+
+    let mut background = Vec::new();
+    let backend: Arc<dyn Backend> = match (settings.backend, &client, &settings.sandbox) {
+        (BackendKind::Local, _, _) => {
+            let bin =
+                find_agent_binary(settings.agent_binary.as_deref()).map_err(anyhow::Error::msg)?;
+            tracing::warn!(agent = %bin.display(),
+                "local backend: sessions are local processes with this user's rights; nothing is isolated");
+            LocalBackend::new(bin, limits, metrics.clone())
+                .context("cannot create a directory for local sessions")?
+        }
+        (BackendKind::Kubernetes, Some(client), Some(cfg)) => {
+            let key = read_hmac_key(&settings.hmac_key_file)?;
+            let kb = KubeBackend::new(
+                client.clone(),
+                cfg.clone(),
+                key,
+                agent.clone(),
+                limits,
+                metrics.clone(),
+            );
+            background = kb.spawn_background(stop.clone());
+            kb
+        }
+        (BackendKind::Kubernetes, _, _) => {
+            anyhow::bail!("--backend kubernetes needs --sandbox-config and a Kubernetes client")
+        }
+    };
+
+    let auth = match (
+        settings.auth,
+        &client,
+        &settings.instance,
+        &settings.namespace,
+    ) {
+        (AuthMode::None, _, _, _) => None,
+        (AuthMode::Kubernetes, Some(c), Some(i), Some(ns)) => Some(Arc::new(Authenticator::new(
+            c.clone(),
+            i.clone(),
+            ns.clone(),
+            metrics.clone(),
+        ))),
+        (AuthMode::Kubernetes, _, _, _) => {
+            anyhow::bail!("--auth kubernetes needs --instance, --namespace and a Kubernetes client")
+        }
+    };
+
+    let mcp = Arc::new(McpState {
+        sessions: SessionManager::new(backend.clone(), agent, metrics.clone()),
+        limits,
+        stdio_session: settings.stdio_session.clone(),
+    });
+
+    let result = match settings.transport {
+        Transport::Stdio => run_stdio(mcp).await,
+        Transport::Http => run_http(&settings, mcp, auth, metrics, stop.clone()).await,
+    };
+    stop.cancel();
+    backend.shutdown().await;
+    for task in background {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    tracing::info!("cli-mcp-server stopped");
+    result
+}
+
+async fn run_stdio(mcp: Arc<McpState>) -> anyhow::Result<()> {
+    let service = BashServer::new(mcp)
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("cannot start MCP on stdio")?;
+    tracing::info!("{READY_MESSAGE}");
+    service
+        .waiting()
+        .await
+        .context("MCP stdio session failed")?;
+    Ok(())
+}
+
+async fn run_http(
+    settings: &Settings,
+    mcp: Arc<McpState>,
+    auth: Option<Arc<Authenticator>>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let tls = match &settings.tls {
+        Some(files) => Some(tls::server_config(&files.cert, &files.key)?),
+        None => None,
+    };
+    let state = Arc::new(AppState { mcp, auth, metrics });
+    let listener = bind(settings.listen, "--listen").await?;
+    let health = bind(settings.health_listen, "--health-listen").await?;
+    let listen = listener.local_addr().context("listener has no address")?;
+    let health_addr = health.local_addr().context("listener has no address")?;
+    if settings.auth == AuthMode::None && !listen.ip().is_loopback() {
+        tracing::warn!(%listen, "--auth none on a non-loopback address: anyone who reaches it gets a shell");
+    }
+    let app = mcp_router(
+        state.clone(),
+        McpHttpOptions {
+            loopback_hosts_only: listen.ip().is_loopback(),
+            cancel: stop.child_token(),
+        },
+    );
+    let main = tokio::spawn(serve(listener, app, tls.clone(), stop.clone(), DRAIN));
+    let health_task = tokio::spawn(serve(
+        health,
+        health_router(state),
+        None,
+        stop.clone(),
+        Duration::from_secs(1),
+    ));
+    tracing::info!(
+        listen = %listen,
+        health_listen = %health_addr,
+        tls = tls.is_some(),
+        backend = ?settings.backend,
+        auth = ?settings.auth,
+        "{READY_MESSAGE}"
+    );
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new requests; open ones get {DRAIN:?}");
+    stop.cancel();
+    let _ = main.await;
+    let _ = health_task.await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the server with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,477 @@
+//! Command-line flags (each also settable through an environment variable) and their
+//! resolution into [`Settings`]: defaults that depend on other flags or on the environment,
+//! and every cross-flag rule, checked once at startup with an error that says what to do.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use cli_mcp_api::names::InstanceName;
+use cli_mcp_api::sandbox::SandboxConfig;
+use cli_mcp_api::wire::{DEFAULT_OUTPUT_BUDGET, MAX_TIMEOUT_MS};
+use cli_mcp_api::SessionId;
+
+/// Set in every pod by Kubernetes; its presence makes `kubernetes` the default auth and backend.
+pub const IN_CLUSTER_ENV: &str = "KUBERNETES_SERVICE_HOST";
+/// Fallback for `--namespace` (the downward API usually provides it).
+pub const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
+pub const DEFAULT_HMAC_KEY_FILE: &str = "/var/run/cli-mcp/hmac/key";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// MCP Streamable HTTP on `POST /mcp` (stateless).
+    Http,
+    /// MCP over stdin/stdout for one session (`--session-id`).
+    Stdio,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Sandbox pods in the instance namespace.
+    Kubernetes,
+    /// One local `cli-mcp-agent` process per session (development; not isolated).
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// Bearer tokens checked with TokenReview + SubjectAccessReview; TLS required.
+    Kubernetes,
+    /// No authentication (local use only).
+    None,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "cli-mcp-server",
+    version,
+    about = "MCP server of cli-mcp: one tool, `bash`, running commands in a sandbox per session",
+    after_help = "Without a cluster: cli-mcp-server --backend local --auth none --listen 127.0.0.1:8080"
+)]
+pub struct Flags {
+    /// MCP listen address (POST /mcp, DELETE /sessions/{id}, GET /sessions). Default
+    /// 0.0.0.0:8443 with --auth kubernetes, else 127.0.0.1:8080.
+    #[arg(long, env = "CLI_MCP_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Plain-HTTP address of /livez, /readyz and /metrics (never needs auth or TLS).
+    #[arg(long, env = "CLI_MCP_HEALTH_LISTEN", default_value = "0.0.0.0:8081")]
+    pub health_listen: SocketAddr,
+    #[arg(long, env = "CLI_MCP_TRANSPORT", value_enum, default_value_t = Transport::Http)]
+    pub transport: Transport,
+    /// Session of the stdio transport.
+    #[arg(long, env = "CLI_MCP_SESSION_ID")]
+    pub session_id: Option<String>,
+    /// Default: kubernetes when running in a cluster (KUBERNETES_SERVICE_HOST set), else local.
+    #[arg(long, env = "CLI_MCP_BACKEND", value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Default: kubernetes when running in a cluster (KUBERNETES_SERVICE_HOST set), else none.
+    #[arg(long, env = "CLI_MCP_AUTH", value_enum)]
+    pub auth: Option<AuthMode>,
+    /// PEM certificate chain for TLS on --listen (required with --auth kubernetes).
+    #[arg(long, env = "CLI_MCP_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS on --listen (required with --auth kubernetes).
+    #[arg(long, env = "CLI_MCP_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CliMcpInstance name (default: from --sandbox-config).
+    #[arg(long, env = "CLI_MCP_INSTANCE")]
+    pub instance: Option<String>,
+    /// Namespace of the instance (falls back to $POD_NAMESPACE, then --sandbox-config).
+    #[arg(long, env = "CLI_MCP_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// File holding the instance HMAC key (64 hex characters).
+    #[arg(long, env = "CLI_MCP_HMAC_KEY_FILE", default_value = DEFAULT_HMAC_KEY_FILE)]
+    pub hmac_key_file: PathBuf,
+    /// JSON of cli_mcp_api::sandbox::SandboxConfig (camelCase), as rendered by the operator.
+    #[arg(long, env = "CLI_MCP_SANDBOX_CONFIG")]
+    pub sandbox_config: Option<String>,
+    /// Most sessions the instance may hold at once.
+    #[arg(long, env = "CLI_MCP_MAX_SESSIONS", default_value_t = 100)]
+    pub max_sessions: usize,
+    /// Command timeout (seconds) when a call does not set one.
+    #[arg(long, env = "CLI_MCP_DEFAULT_TIMEOUT", default_value_t = 60)]
+    pub default_timeout: u64,
+    /// Largest command timeout (seconds) a call may ask for (at most 300).
+    #[arg(long, env = "CLI_MCP_MAX_TIMEOUT", default_value_t = 300)]
+    pub max_timeout: u64,
+    /// Bytes of stdout and of stderr kept per call (head + tail).
+    #[arg(long, env = "CLI_MCP_OUTPUT_BUDGET", default_value_t = DEFAULT_OUTPUT_BUDGET)]
+    pub output_budget: usize,
+    /// The cli-mcp-agent binary of the local backend (default: beside this binary, then PATH).
+    #[arg(long, env = "CLI_MCP_AGENT_BINARY")]
+    pub agent_binary: Option<PathBuf>,
+    /// Log JSON lines (the default the operator renders in a cluster).
+    #[arg(long, env = "CLI_MCP_LOG_JSON", default_value_t = false)]
+    pub log_json: bool,
+    /// Largest MCP request body (bytes).
+    #[arg(long, env = "CLI_MCP_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// How long a new session may wait for its sandbox to become ready (seconds).
+    #[arg(long, env = "CLI_MCP_START_TIMEOUT", default_value_t = 120)]
+    pub start_timeout: u64,
+}
+
+/// Everything the server needs, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub transport: Transport,
+    pub stdio_session: Option<SessionId>,
+    pub listen: SocketAddr,
+    pub health_listen: SocketAddr,
+    pub backend: BackendKind,
+    pub auth: AuthMode,
+    pub tls: Option<TlsFiles>,
+    pub instance: Option<InstanceName>,
+    pub namespace: Option<String>,
+    pub hmac_key_file: PathBuf,
+    pub sandbox: Option<SandboxConfig>,
+    pub limits: Limits,
+    pub agent_binary: Option<PathBuf>,
+    pub log_json: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Limits applied to every call.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_sessions: usize,
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub output_budget: usize,
+    pub max_body_bytes: usize,
+    /// Longest command accepted (bytes); leaves room for JSON escaping under the agent's
+    /// 1 MiB body limit.
+    pub max_command_bytes: usize,
+    pub start_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_sessions: 100,
+            default_timeout: Duration::from_secs(60),
+            max_timeout: Duration::from_secs(300),
+            output_budget: DEFAULT_OUTPUT_BUDGET,
+            max_body_bytes: 1024 * 1024,
+            max_command_bytes: MAX_COMMAND_BYTES,
+            start_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Longest command: half of the agent's default 1 MiB body limit, so JSON escaping of any
+/// text fits.
+pub const MAX_COMMAND_BYTES: usize = 512 * 1024;
+
+/// A startup error: what is wrong and how to fix it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FlagError(pub String);
+
+fn err(msg: impl Into<String>) -> FlagError {
+    FlagError(msg.into())
+}
+
+impl Flags {
+    /// Applies the defaults and rules. `env` reads an environment variable (injected so tests
+    /// do not depend on the process environment).
+    pub fn resolve(self, env: impl Fn(&str) -> Option<String>) -> Result<Settings, FlagError> {
+        let in_cluster = env(IN_CLUSTER_ENV).is_some_and(|v| !v.is_empty());
+        let auth = self.auth.unwrap_or(if in_cluster {
+            AuthMode::Kubernetes
+        } else {
+            AuthMode::None
+        });
+        let backend = self.backend.unwrap_or(if in_cluster {
+            BackendKind::Kubernetes
+        } else {
+            BackendKind::Local
+        });
+        let listen = self.listen.unwrap_or_else(|| {
+            let default = match auth {
+                AuthMode::Kubernetes => "0.0.0.0:8443",
+                AuthMode::None => "127.0.0.1:8080",
+            };
+            default
+                .parse()
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080)))
+        });
+
+        let tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(err(
+                    "--tls-cert is set but --tls-key is not; pass both (or neither)",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(err(
+                    "--tls-key is set but --tls-cert is not; pass both (or neither)",
+                ))
+            }
+        };
+        if auth == AuthMode::Kubernetes && tls.is_none() && self.transport == Transport::Http {
+            return Err(err(
+                "--auth kubernetes needs TLS, because bearer tokens must not travel in clear: \
+                 pass --tls-cert and --tls-key (or --auth none for local use)",
+            ));
+        }
+
+        let sandbox = match &self.sandbox_config {
+            None => None,
+            Some(json) => Some(serde_json::from_str::<SandboxConfig>(json).map_err(|e| {
+                err(format!(
+                    "--sandbox-config is not a valid SandboxConfig JSON document: {e}"
+                ))
+            })?),
+        };
+        let instance = match &self.instance {
+            Some(s) => Some(InstanceName::parse(s).map_err(|e| err(format!("--instance: {e}")))?),
+            None => sandbox.as_ref().map(|s| s.instance.clone()),
+        };
+        let namespace = self
+            .namespace
+            .clone()
+            .filter(|s| !s.is_empty())
+            .or_else(|| env(POD_NAMESPACE_ENV).filter(|s| !s.is_empty()))
+            .or_else(|| sandbox.as_ref().map(|s| s.namespace.clone()));
+        if let Some(s) = &sandbox {
+            if instance.as_ref() != Some(&s.instance) {
+                return Err(err(format!(
+                    "--instance {} differs from the instance {} in --sandbox-config; they must name the same CliMcpInstance",
+                    instance.as_ref().map(|i| i.as_str()).unwrap_or(""),
+                    s.instance
+                )));
+            }
+            if namespace.as_deref() != Some(s.namespace.as_str()) {
+                return Err(err(format!(
+                    "--namespace {} differs from the namespace {} in --sandbox-config; sandboxes live in the instance namespace",
+                    namespace.as_deref().unwrap_or(""),
+                    s.namespace
+                )));
+            }
+        }
+        if backend == BackendKind::Kubernetes && sandbox.is_none() {
+            return Err(err(
+                "--backend kubernetes needs --sandbox-config (the operator renders it from the \
+                 CliMcpInstance); for a local try-out use --backend local",
+            ));
+        }
+        if auth == AuthMode::Kubernetes && (instance.is_none() || namespace.is_none()) {
+            return Err(err(
+                "--auth kubernetes authorises callers on climcpinstances/mcp of one instance: \
+                 pass --instance and --namespace (or --sandbox-config)",
+            ));
+        }
+
+        let stdio_session = match (self.transport, &self.session_id) {
+            (Transport::Stdio, None) => {
+                return Err(err(
+                    "--transport stdio needs --session-id (a DNS-1123 label such as `dev-1`)",
+                ))
+            }
+            (Transport::Stdio, Some(_)) if auth == AuthMode::Kubernetes => {
+                return Err(err(
+                    "--transport stdio has no caller token to check: use --auth none with it",
+                ))
+            }
+            (_, Some(s)) => {
+                Some(SessionId::parse(s).map_err(|e| err(format!("--session-id {s:?}: {e}")))?)
+            }
+            (Transport::Http, None) => None,
+        };
+
+        if self.max_sessions == 0 {
+            return Err(err("--max-sessions must be at least 1"));
+        }
+        let agent_max_s = MAX_TIMEOUT_MS / 1000;
+        if self.max_timeout == 0 || self.max_timeout > agent_max_s {
+            return Err(err(format!(
+                "--max-timeout {} is out of range: it must be 1..={agent_max_s} seconds (the sandbox agent's limit)",
+                self.max_timeout
+            )));
+        }
+        if self.default_timeout == 0 || self.default_timeout > self.max_timeout {
+            return Err(err(format!(
+                "--default-timeout {} must be between 1 and --max-timeout ({})",
+                self.default_timeout, self.max_timeout
+            )));
+        }
+        if self.output_budget < 1024 {
+            return Err(err(format!(
+                "--output-budget {} is too small; use at least 1024 bytes",
+                self.output_budget
+            )));
+        }
+        if self.max_body_bytes < 4096 {
+            return Err(err(format!(
+                "--max-body-bytes {} is too small; use at least 4096 bytes",
+                self.max_body_bytes
+            )));
+        }
+        if self.start_timeout == 0 {
+            return Err(err("--start-timeout must be at least 1 second"));
+        }
+
+        Ok(Settings {
+            transport: self.transport,
+            stdio_session,
+            listen,
+            health_listen: self.health_listen,
+            backend,
+            auth,
+            tls,
+            instance,
+            namespace,
+            hmac_key_file: self.hmac_key_file,
+            sandbox,
+            limits: Limits {
+                max_sessions: self.max_sessions,
+                default_timeout: Duration::from_secs(self.default_timeout),
+                max_timeout: Duration::from_secs(self.max_timeout),
+                output_budget: self.output_budget,
+                max_body_bytes: self.max_body_bytes,
+                max_command_bytes: MAX_COMMAND_BYTES.min(self.max_body_bytes),
+                start_timeout: Duration::from_secs(self.start_timeout),
+            },
+            agent_binary: self.agent_binary,
+            log_json: self.log_json,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(args: &[&str]) -> Flags {
+        let mut full = vec!["cli-mcp-server"];
+        full.extend_from_slice(args);
+        Flags::try_parse_from(full).expect("flags parse")
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn sandbox_json() -> String {
+        let cfg = SandboxConfig::new(
+            InstanceName::parse("demo").expect("valid"),
+            "ns1",
+            "cli-mcp-agent:dev",
+        );
+        serde_json::to_string(&cfg).expect("serializes")
+    }
+
+    #[test]
+    fn local_defaults_without_a_cluster() {
+        let s = parse(&[]).resolve(no_env).expect("resolves");
+        assert_eq!(s.backend, BackendKind::Local);
+        assert_eq!(s.auth, AuthMode::None);
+        assert_eq!(s.listen, "127.0.0.1:8080".parse().expect("addr"));
+        assert_eq!(s.health_listen, "0.0.0.0:8081".parse().expect("addr"));
+        assert_eq!(s.limits.max_sessions, 100);
+        assert_eq!(s.limits.default_timeout, Duration::from_secs(60));
+        assert_eq!(s.limits.max_timeout, Duration::from_secs(300));
+        assert_eq!(s.limits.output_budget, 65536);
+    }
+
+    #[test]
+    fn in_cluster_defaults_to_kubernetes_and_requires_tls() {
+        let env = HashMap::from([
+            (IN_CLUSTER_ENV.to_string(), "10.96.0.1".to_string()),
+            (POD_NAMESPACE_ENV.to_string(), "ns1".to_string()),
+        ]);
+        let get = |k: &str| env.get(k).cloned();
+        let json = sandbox_json();
+        let e = parse(&["--sandbox-config", &json])
+            .resolve(get)
+            .expect_err("TLS missing");
+        assert!(e.to_string().contains("--tls-cert"), "{e}");
+        let s = parse(&[
+            "--sandbox-config",
+            &json,
+            "--tls-cert",
+            "/c",
+            "--tls-key",
+            "/k",
+        ])
+        .resolve(get)
+        .expect("resolves");
+        assert_eq!(s.auth, AuthMode::Kubernetes);
+        assert_eq!(s.backend, BackendKind::Kubernetes);
+        assert_eq!(s.listen, "0.0.0.0:8443".parse().expect("addr"));
+        assert_eq!(s.namespace.as_deref(), Some("ns1"));
+        assert_eq!(s.instance.map(|i| i.to_string()).as_deref(), Some("demo"));
+    }
+
+    #[test]
+    fn kubernetes_backend_needs_sandbox_config() {
+        let e = parse(&["--backend", "kubernetes"])
+            .resolve(no_env)
+            .expect_err("no config");
+        assert!(e.to_string().contains("--sandbox-config"), "{e}");
+        let e = parse(&["--sandbox-config", "{not json"])
+            .resolve(no_env)
+            .expect_err("bad json");
+        assert!(e.to_string().contains("not a valid SandboxConfig"), "{e}");
+    }
+
+    #[test]
+    fn instance_and_namespace_must_match_the_sandbox_config() {
+        let json = sandbox_json();
+        let e = parse(&["--sandbox-config", &json, "--instance", "other"])
+            .resolve(no_env)
+            .expect_err("mismatch");
+        assert!(e.to_string().contains("differs"), "{e}");
+        let e = parse(&["--sandbox-config", &json, "--namespace", "ns2"])
+            .resolve(no_env)
+            .expect_err("mismatch");
+        assert!(e.to_string().contains("namespace"), "{e}");
+    }
+
+    #[test]
+    fn stdio_rules() {
+        let e = parse(&["--transport", "stdio"])
+            .resolve(no_env)
+            .expect_err("no sid");
+        assert!(e.to_string().contains("--session-id"), "{e}");
+        let e = parse(&["--transport", "stdio", "--session-id", "Bad_Id"])
+            .resolve(no_env)
+            .expect_err("bad sid");
+        assert!(e.to_string().contains("only lowercase"), "{e}");
+        let s = parse(&["--transport", "stdio", "--session-id", "dev-1"])
+            .resolve(no_env)
+            .expect("ok");
+        assert_eq!(
+            s.stdio_session.map(|s| s.to_string()).as_deref(),
+            Some("dev-1")
+        );
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        for (args, needle) in [
+            (vec!["--max-timeout", "301"], "--max-timeout"),
+            (
+                vec!["--default-timeout", "100", "--max-timeout", "50"],
+                "--default-timeout",
+            ),
+            (vec!["--max-sessions", "0"], "--max-sessions"),
+            (vec!["--output-budget", "10"], "--output-budget"),
+            (vec!["--tls-cert", "/c"], "--tls-key"),
+        ] {
+            let e = parse(&args).resolve(no_env).expect_err("invalid");
+            assert!(e.to_string().contains(needle), "{args:?}: {e}");
+        }
+    }
+}

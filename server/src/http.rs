@@ -1,0 +1,314 @@
+//! HTTP routes.
+//!
+//! The MCP listener: `POST /mcp` (rmcp Streamable HTTP, stateless, JSON responses),
+//! `DELETE /sessions/{id}`, `GET /sessions`, all behind the auth middleware. The health
+//! listener (plain HTTP, never authenticated): `/livez`, `/readyz`, `/metrics`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use axum::{Json, Router};
+use http_body_util::BodyExt;
+use rmcp::model::{ClientJsonRpcMessage, ErrorCode as RpcCode};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use cli_mcp_api::SessionId;
+
+use crate::audit;
+use crate::auth::{AuthError, Authenticator, Caller, Verb};
+use crate::mcp::{BashServer, McpState};
+use crate::metrics::{ErrorKind, Metrics};
+use crate::sessions::SessionError;
+
+/// Shared state of the routes.
+pub struct AppState {
+    pub mcp: Arc<McpState>,
+    /// `None` with `--auth none`.
+    pub auth: Option<Arc<Authenticator>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// How the rmcp service is configured.
+#[derive(Debug, Clone)]
+pub struct McpHttpOptions {
+    /// Keep rmcp's loopback-only `Host` check (DNS-rebinding protection for a local server).
+    pub loopback_hosts_only: bool,
+    pub cancel: CancellationToken,
+}
+
+/// The MCP listener's router.
+pub fn mcp_router(state: Arc<AppState>, opts: McpHttpOptions) -> Router {
+    let limit = state.mcp.limits.max_body_bytes;
+    let mut cfg = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .with_max_request_body_bytes(limit)
+        .with_cancellation_token(opts.cancel);
+    if !opts.loopback_hosts_only {
+        cfg = cfg.disable_allowed_hosts();
+    }
+    let mcp_state = state.mcp.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(BashServer::new(mcp_state.clone())),
+        Arc::new(NeverSessionManager::default()),
+        cfg,
+    );
+    Router::new()
+        .route_service("/mcp", service)
+        .route("/sessions", get(list_sessions))
+        .route("/sessions/{id}", delete(delete_session))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), jsonrpc_guard))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+/// The health listener's router.
+pub fn health_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// `{"error": ..., "code": ...}` with a status.
+pub fn error_response(status: StatusCode, code: &str, msg: impl Into<String>) -> Response {
+    let mut res = (status, Json(json!({"error": msg.into(), "code": code}))).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        res.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"cli-mcp\""),
+        );
+    }
+    res
+}
+
+/// A JSON-RPC error response (for malformed MCP requests, before rmcp sees them).
+fn jsonrpc_error(status: StatusCode, id: Value, code: RpcCode, msg: String) -> Response {
+    (
+        status,
+        Json(json!({"jsonrpc": "2.0", "id": id, "error": {"code": code.0, "message": msg}})),
+    )
+        .into_response()
+}
+
+async fn authenticate(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let caller = match &s.auth {
+        None => Caller::anonymous(),
+        Some(auth) => {
+            let verb = Verb::of_method(req.method());
+            let header = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            match auth.authorize(header, verb).await {
+                Ok(c) => c,
+                Err(e) => {
+                    let (kind, code) = match e {
+                        AuthError::Unauthenticated(_) => {
+                            (ErrorKind::Unauthenticated, "unauthorized")
+                        }
+                        AuthError::Forbidden(_) => (ErrorKind::Forbidden, "forbidden"),
+                        AuthError::Unavailable(_) => (ErrorKind::KubernetesApi, "unavailable"),
+                    };
+                    s.metrics.error(kind);
+                    return error_response(e.status(), code, e.to_string());
+                }
+            }
+        }
+    };
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+/// Checks a `POST /mcp` body before rmcp: size (413), JSON (-32700) and JSON-RPC shape
+/// (-32600), each with a message that says what is wrong. rmcp would answer a bad body
+/// with a plain-text 415.
+async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if req.method() != http::Method::POST || req.uri().path() != "/mcp" {
+        return next.run(req).await;
+    }
+    let limit = s.mcp.limits.max_body_bytes;
+    let too_large = |n: Option<u64>| {
+        s.metrics.error(ErrorKind::BadRequest);
+        let size = n.map(|n| format!(" ({n} bytes)")).unwrap_or_default();
+        jsonrpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Value::Null,
+            RpcCode::INVALID_REQUEST,
+            format!(
+                "request body{size} is over the limit of {limit} bytes (--max-body-bytes); \
+                 send a shorter command"
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(declared);
+    }
+    let (parts, body) = req.into_parts();
+    let bytes: Bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(None),
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("cannot read the request body: {e}"),
+            )
+        }
+    };
+    let bad = |id: Value, code: RpcCode, msg: String| {
+        s.metrics.error(ErrorKind::BadRequest);
+        jsonrpc_error(StatusCode::BAD_REQUEST, id, code, msg)
+    };
+    let value: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return bad(
+                Value::Null,
+                RpcCode::PARSE_ERROR,
+                format!("parse error: the body is not valid JSON ({e})"),
+            )
+        }
+    };
+    let id = value.get("id").cloned().unwrap_or(Value::Null);
+    if !value.is_object() {
+        return bad(
+            id,
+            RpcCode::INVALID_REQUEST,
+            "invalid request: send one JSON-RPC 2.0 object per POST (batches are not supported)"
+                .into(),
+        );
+    }
+    if value.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return bad(
+            id,
+            RpcCode::INVALID_REQUEST,
+            "invalid request: the object must have \"jsonrpc\": \"2.0\"".into(),
+        );
+    }
+    if let Err(e) = serde_json::from_value::<ClientJsonRpcMessage>(value) {
+        return bad(
+            id,
+            RpcCode::INVALID_REQUEST,
+            format!("invalid request: not an MCP client message ({e})"),
+        );
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+fn caller_of(req_caller: Option<&Caller>) -> Caller {
+    req_caller.cloned().unwrap_or_else(Caller::anonymous)
+}
+
+fn session_error_response(e: &SessionError) -> Response {
+    let (status, code) = match e {
+        SessionError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+        SessionError::SessionLimit { .. } => (StatusCode::TOO_MANY_REQUESTS, "session_limit"),
+        SessionError::Busy => (StatusCode::CONFLICT, "busy"),
+        SessionError::Kubernetes(_) => (StatusCode::SERVICE_UNAVAILABLE, "kubernetes_api"),
+        SessionError::Sandbox(_) | SessionError::Agent(_) => (StatusCode::BAD_GATEWAY, "sandbox"),
+    };
+    error_response(status, code, e.to_string())
+}
+
+async fn delete_session(
+    State(s): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
+    Path(id): Path<String>,
+) -> Response {
+    let t0 = Instant::now();
+    let caller = caller_of(caller.as_deref());
+    let sid = match SessionId::parse(&id) {
+        Ok(sid) => sid,
+        Err(e) => {
+            s.metrics.error(ErrorKind::BadRequest);
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("invalid session id {id:?}: {e}"),
+            );
+        }
+    };
+    let result = s.mcp.sessions.backend().delete(&sid, &caller).await;
+    let outcome = match &result {
+        Ok(()) => "ok",
+        Err(e) => e.kind().as_str(),
+    };
+    audit::log(&audit::Record {
+        action: "delete",
+        session: Some(sid.as_str()),
+        caller: &caller.name,
+        duration_ms: t0.elapsed().as_millis() as u64,
+        outcome,
+        ..Default::default()
+    });
+    match result {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => {
+            s.metrics.error(e.kind());
+            session_error_response(&e)
+        }
+    }
+}
+
+async fn list_sessions(
+    State(s): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Response {
+    let caller = caller_of(caller.as_deref());
+    match s.mcp.sessions.backend().list(&caller).await {
+        Ok(list) => Json(json!({ "sessions": list })).into_response(),
+        Err(e) => {
+            s.metrics.error(e.kind());
+            session_error_response(&e)
+        }
+    }
+}
+
+async fn not_found(req: Request) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no route for {} {}; this server serves POST /mcp, GET /sessions and DELETE /sessions/{{id}}",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+async fn readyz(State(s): State<Arc<AppState>>) -> Response {
+    match s.mcp.sessions.backend().ready().await {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,26 @@
+//! `cli-mcp-server`: the MCP server of cli-mcp (SPEC §4).
+//!
+//! - [`cli`]: flags and their resolution into [`cli::Settings`].
+//! - [`mcp`]: the `bash` tool handler; [`render`] turns an agent answer into a tool result.
+//! - [`http`]: routes (`/mcp`, `/sessions`, health, metrics) and the auth middleware;
+//!   [`serve`]: the accept loop (TLS, header limits, graceful shutdown).
+//! - [`sessions`]: the [`sessions::Backend`] trait with the `kubernetes` and `local`
+//!   backends, the route cache and the `last-activity` stamper.
+//! - [`agent_client`]: the sandbox agent's HTTP client (bounded bodies).
+//! - [`auth`]: TokenReview + SubjectAccessReview, TLS config.
+//! - [`metrics`], [`audit`]: Prometheus metrics and the audit log line.
+//! - [`app`]: wiring and lifecycle.
+
+#![forbid(unsafe_code)]
+
+pub mod agent_client;
+pub mod app;
+pub mod audit;
+pub mod auth;
+pub mod cli;
+pub mod http;
+pub mod mcp;
+pub mod metrics;
+pub mod render;
+pub mod serve;
+pub mod sessions;

@@ -1,0 +1,437 @@
+//! The MCP tool handler: one tool, `bash`.
+//!
+//! Each HTTP request gets its own handler value (stateless Streamable HTTP); all state is in
+//! [`McpState`]. The session comes from the `X-Session-ID` header (or `--session-id` on
+//! stdio), the caller from the auth middleware (request extensions).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+
+use cli_mcp_api::SessionId;
+
+use crate::audit;
+use crate::auth::Caller;
+use crate::cli::Limits;
+use crate::metrics::{ErrorKind, Outcome};
+use crate::render::{render, BashOutput};
+use crate::sessions::SessionManager;
+
+pub const TOOL_NAME: &str = "bash";
+pub const SESSION_HEADER: &str = "x-session-id";
+
+const INSTRUCTIONS: &str = "One tool, `bash`, runs a command in a persistent bash shell of \
+your session (HTTP header X-Session-ID): `cd`, `export` and functions carry over between \
+calls. stdin is /dev/null, so use non-interactive commands. Output is stdout, then stderr, \
+then a one-line summary with the exit code. End a session with DELETE /sessions/{id}.";
+
+/// Everything a tool call needs.
+pub struct McpState {
+    pub sessions: SessionManager,
+    pub limits: Limits,
+    /// The session of the stdio transport.
+    pub stdio_session: Option<SessionId>,
+}
+
+#[derive(Clone)]
+pub struct BashServer {
+    state: Arc<McpState>,
+}
+
+impl BashServer {
+    pub fn new(state: Arc<McpState>) -> Self {
+        Self { state }
+    }
+
+    fn tool(&self) -> Tool {
+        bash_tool(&self.state.limits)
+    }
+}
+
+/// The `bash` tool definition.
+pub fn bash_tool(limits: &Limits) -> Tool {
+    let max = limits.max_timeout.as_secs();
+    let default = limits.default_timeout.as_secs();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "command": {
+                "type": "string",
+                "description": "Bash command line to run in the session's persistent shell \
+                    (state such as cwd and exported variables carries over). stdin is /dev/null."
+            },
+            "timeout": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": max,
+                "description": format!("Seconds before the command is killed (the shell \
+                    survives). Default {default}, maximum {max}.")
+            }
+        },
+        "required": ["command"],
+        "additionalProperties": false
+    });
+    let input: JsonObject = match schema {
+        Value::Object(m) => m,
+        _ => JsonObject::new(),
+    };
+    Tool::new(
+        TOOL_NAME,
+        "Run a bash command in your session's sandbox (a persistent shell per X-Session-ID). \
+         Returns stdout, then stderr, then a summary line with the exit code; the result is an \
+         error when the exit code is not 0 or the command timed out.",
+        Arc::new(input),
+    )
+    .with_title("Bash in a sandbox")
+    .with_output_schema::<BashOutput>()
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(false)
+            .open_world(true),
+    )
+}
+
+/// A tool error the model sees (`isError: true`).
+fn tool_error(msg: impl Into<String>) -> CallToolResponse {
+    CallToolResult::error(vec![ContentBlock::text(msg.into())]).into()
+}
+
+/// The session id of a request, or a message that says exactly what is wrong.
+pub fn session_from_headers(headers: &http::HeaderMap) -> Result<SessionId, String> {
+    let mut values = headers.get_all(SESSION_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Err(
+            "missing X-Session-ID header: every call needs a session id, a DNS-1123 \
+             label such as `my-session-1` (lowercase letters, digits and '-', at most 63 \
+             characters), sent as the HTTP header X-Session-ID; calls with the same id share \
+             one shell"
+                .into(),
+        );
+    };
+    if values.next().is_some() {
+        return Err("X-Session-ID is sent more than once; send exactly one".into());
+    }
+    let text = value.to_str().map_err(|_| {
+        "X-Session-ID is not plain ASCII text; use a DNS-1123 label such as `my-session-1`"
+    })?;
+    SessionId::parse(text).map_err(|e| format!("invalid X-Session-ID {text:?}: {e}"))
+}
+
+/// Validated tool arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BashArgs {
+    pub command: String,
+    pub timeout: Duration,
+}
+
+pub fn parse_args(args: Option<&JsonObject>, limits: &Limits) -> Result<BashArgs, String> {
+    let empty = JsonObject::new();
+    let args = args.unwrap_or(&empty);
+    if let Some(k) = args.keys().find(|k| *k != "command" && *k != "timeout") {
+        return Err(format!(
+            "unknown argument {k:?}; `bash` takes `command` (string) and optional `timeout` (integer seconds)"
+        ));
+    }
+    let command = match args.get("command") {
+        None => return Err("missing argument `command` (the bash command line to run)".into()),
+        Some(Value::String(s)) => s,
+        Some(other) => {
+            return Err(format!(
+                "argument `command` must be a string, not {}",
+                json_type(other)
+            ))
+        }
+    };
+    if command.trim().is_empty() {
+        return Err("argument `command` is empty; pass the command line to run".into());
+    }
+    if command.len() > limits.max_command_bytes {
+        return Err(format!(
+            "argument `command` is {} bytes; the limit is {} bytes. Put large content in a file \
+             in smaller pieces (for example several `cat >> file <<'EOF'` calls)",
+            command.len(),
+            limits.max_command_bytes
+        ));
+    }
+    if command.contains('\0') {
+        return Err("argument `command` contains a NUL character, which bash cannot run".into());
+    }
+    let max = limits.max_timeout.as_secs();
+    let timeout = match args.get("timeout") {
+        None | Some(Value::Null) => limits.default_timeout,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(s) if (1..=max).contains(&s) => Duration::from_secs(s),
+            Some(s) if s > max => {
+                return Err(format!(
+                    "argument `timeout` is {s} seconds; the maximum is {max}"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "argument `timeout` must be a whole number of seconds from 1 to {max}, not {n}"
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "argument `timeout` must be an integer number of seconds, not {}",
+                json_type(other)
+            ))
+        }
+    };
+    Ok(BashArgs {
+        command: command.clone(),
+        timeout,
+    })
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl BashServer {
+    async fn call_bash(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let t0 = Instant::now();
+        let state = &self.state;
+        let metrics = state.sessions.metrics().clone();
+        let parts = context.extensions.get::<http::request::Parts>();
+        let caller = parts
+            .and_then(|p| p.extensions.get::<Caller>())
+            .cloned()
+            .unwrap_or_else(Caller::anonymous);
+
+        let audit_fail = |session: Option<&str>, kind: ErrorKind, msg: String| {
+            metrics.error(kind);
+            metrics.exec(Outcome::Error, t0.elapsed());
+            audit::log(&audit::Record {
+                action: "tools/call",
+                session,
+                caller: &caller.name,
+                duration_ms: t0.elapsed().as_millis() as u64,
+                outcome: kind.as_str(),
+                ..Default::default()
+            });
+            tool_error(msg)
+        };
+
+        let sid = match (&state.stdio_session, parts) {
+            (Some(sid), _) => sid.clone(),
+            (None, Some(parts)) => match session_from_headers(&parts.headers) {
+                Ok(sid) => sid,
+                Err(msg) => return audit_fail(None, ErrorKind::BadRequest, msg),
+            },
+            (None, None) => {
+                return audit_fail(
+                    None,
+                    ErrorKind::BadRequest,
+                    "no session: this transport carries no X-Session-ID header".into(),
+                )
+            }
+        };
+        let args = match parse_args(request.arguments.as_ref(), &state.limits) {
+            Ok(a) => a,
+            Err(msg) => return audit_fail(Some(sid.as_str()), ErrorKind::BadRequest, msg),
+        };
+        let command_hash = audit::command_hash(&args.command);
+        let outcome = match state
+            .sessions
+            .exec(&sid, &caller, args.command, args.timeout)
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => {
+                let kind = e.kind();
+                metrics.error(kind);
+                metrics.exec(Outcome::Error, t0.elapsed());
+                audit::log(&audit::Record {
+                    action: "tools/call",
+                    session: Some(sid.as_str()),
+                    caller: &caller.name,
+                    command_sha256: Some(&command_hash),
+                    duration_ms: t0.elapsed().as_millis() as u64,
+                    outcome: kind.as_str(),
+                    ..Default::default()
+                });
+                tracing::info!(session = %sid, error = %e, "bash call failed");
+                return tool_error(e.to_string());
+            }
+        };
+        let rendered = render(sid.as_str(), &outcome, state.limits.output_budget);
+        let r = &outcome.response;
+        let result_kind = if r.timed_out {
+            metrics.timeouts.inc();
+            Outcome::TimedOut
+        } else if r.exit_code != 0 {
+            Outcome::Failed
+        } else {
+            Outcome::Ok
+        };
+        if rendered.structured.truncated {
+            metrics.truncations.inc();
+        }
+        metrics.exec(result_kind, t0.elapsed());
+        audit::log(&audit::Record {
+            action: "tools/call",
+            session: Some(sid.as_str()),
+            caller: &caller.name,
+            command_sha256: Some(&command_hash),
+            sandbox: Some(&outcome.sandbox),
+            exit_code: Some(r.exit_code),
+            timed_out: r.timed_out,
+            bytes: r.total_bytes,
+            duration_ms: t0.elapsed().as_millis() as u64,
+            outcome: result_kind.as_str(),
+        });
+        let mut result = CallToolResult::success(vec![ContentBlock::text(rendered.text)]);
+        result.structured_content = serde_json::to_value(&rendered.structured).ok();
+        result.is_error = Some(rendered.is_error);
+        result.into()
+    }
+}
+
+impl ServerHandler for BashServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("cli-mcp-server", env!("CARGO_PKG_VERSION"))
+                    .with_title("cli-mcp: bash in a sandbox per session"),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(vec![self.tool()]))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        (name == TOOL_NAME).then(|| self.tool())
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        if request.name != TOOL_NAME {
+            self.state.sessions.metrics().error(ErrorKind::BadRequest);
+            return Err(McpError::invalid_params(
+                format!(
+                    "unknown tool {:?}; this server has one tool: {TOOL_NAME}",
+                    request.name
+                ),
+                None,
+            ));
+        }
+        Ok(self.call_bash(request, context).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits::default()
+    }
+
+    fn args(v: Value) -> Result<BashArgs, String> {
+        match v {
+            Value::Object(m) => parse_args(Some(&m), &limits()),
+            _ => parse_args(None, &limits()),
+        }
+    }
+
+    #[test]
+    fn session_header_errors_say_what_is_wrong() {
+        let mut h = http::HeaderMap::new();
+        assert!(session_from_headers(&h)
+            .expect_err("missing")
+            .contains("missing X-Session-ID"));
+        h.insert(SESSION_HEADER, http::HeaderValue::from_static("Bad_ID"));
+        let e = session_from_headers(&h).expect_err("invalid");
+        assert!(
+            e.contains("invalid X-Session-ID \"Bad_ID\"") && e.contains("'B'"),
+            "{e}"
+        );
+        h.append(SESSION_HEADER, http::HeaderValue::from_static("ok"));
+        assert!(session_from_headers(&h)
+            .expect_err("twice")
+            .contains("more than once"));
+        let mut h = http::HeaderMap::new();
+        h.insert(SESSION_HEADER, http::HeaderValue::from_static("s-1"));
+        assert_eq!(
+            session_from_headers(&h).map(|s| s.to_string()),
+            Ok("s-1".into())
+        );
+    }
+
+    #[test]
+    fn arguments_are_validated() {
+        let ok = args(json!({"command": "ls", "timeout": 5})).expect("valid");
+        assert_eq!(ok.timeout, Duration::from_secs(5));
+        assert_eq!(
+            args(json!({"command": "ls"})).expect("valid").timeout,
+            Duration::from_secs(60)
+        );
+        for (v, needle) in [
+            (json!({}), "missing argument `command`"),
+            (json!({"command": 1}), "must be a string"),
+            (json!({"command": "  "}), "is empty"),
+            (json!({"command": "ls", "timeout": 0}), "whole number"),
+            (json!({"command": "ls", "timeout": 301}), "maximum is 300"),
+            (json!({"command": "ls", "timeout": 1.5}), "whole number"),
+            (json!({"command": "ls", "timeout": "5"}), "integer"),
+            (
+                json!({"command": "ls", "cwd": "/"}),
+                "unknown argument \"cwd\"",
+            ),
+            (json!({"command": "a\u{0}b"}), "NUL"),
+        ] {
+            let e = args(v.clone()).expect_err("invalid");
+            assert!(e.contains(needle), "{v}: {e}");
+        }
+        let huge = "x".repeat(limits().max_command_bytes + 1);
+        assert!(args(json!({ "command": huge }))
+            .expect_err("huge")
+            .contains("limit"));
+    }
+
+    #[test]
+    fn the_tool_is_annotated_and_typed() {
+        let t = bash_tool(&limits());
+        let a = t.annotations.expect("annotations");
+        assert_eq!(a.read_only_hint, Some(false));
+        assert_eq!(a.destructive_hint, Some(true));
+        assert_eq!(a.idempotent_hint, Some(false));
+        assert_eq!(a.open_world_hint, Some(true));
+        assert_eq!(t.input_schema["type"], "object");
+        assert_eq!(t.input_schema["required"], json!(["command"]));
+        assert_eq!(t.input_schema["properties"]["timeout"]["maximum"], 300);
+        assert!(t.output_schema.is_some());
+    }
+}

@@ -1,0 +1,253 @@
+//! The idle clock of sandbox pods: the `last-activity` annotation, stamped when a command
+//! starts and when it ends, off the hot path.
+//!
+//! A call only records the event in memory ([`ActivityStamper::record`], never blocks on the
+//! API). A background task patches the annotation: at most once per [`MIN_GAP`] per pod (so a
+//! burst of calls is one patch), and every [`IN_FLIGHT_REFRESH`] while a command runs (so a
+//! five-minute command is never idle-collected under a one-minute idle timeout).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use cli_mcp_api::names::annotation;
+
+use super::{now_rfc3339, Activity};
+
+/// Shortest time between two stamps of one pod.
+pub const MIN_GAP: Duration = Duration::from_secs(2);
+/// Stamp interval while a command runs.
+pub const IN_FLIGHT_REFRESH: Duration = Duration::from_secs(30);
+/// An idle entry is dropped after this long (memory stays bounded by the active pods).
+const FORGET_AFTER: Duration = Duration::from_secs(120);
+const TICK: Duration = Duration::from_secs(1);
+const PARALLEL_PATCHES: usize = 16;
+
+#[derive(Debug)]
+struct Entry {
+    uid: String,
+    in_flight: u32,
+    /// Time (RFC 3339) of the latest event not yet written.
+    pending: Option<String>,
+    last_write: Option<Instant>,
+    touched: Instant,
+}
+
+/// A stamp to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    pub pod: String,
+    pub uid: String,
+    pub at: String,
+}
+
+#[derive(Debug, Default)]
+pub struct ActivityStamper {
+    entries: Mutex<HashMap<String, Entry>>,
+    wake: Notify,
+}
+
+impl ActivityStamper {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a command start or end in `pod` (cheap; never waits for the API).
+    pub fn record(&self, pod: &str, uid: &str, event: Activity) {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let e = entries.entry(pod.to_owned()).or_insert_with(|| Entry {
+            uid: uid.to_owned(),
+            in_flight: 0,
+            pending: None,
+            last_write: None,
+            touched: now,
+        });
+        if e.uid != uid {
+            // Same name, new pod (a cold pod re-created): start over.
+            *e = Entry {
+                uid: uid.to_owned(),
+                in_flight: 0,
+                pending: None,
+                last_write: None,
+                touched: now,
+            };
+        }
+        match event {
+            Activity::Start => e.in_flight += 1,
+            Activity::End => e.in_flight = e.in_flight.saturating_sub(1),
+        }
+        e.pending = Some(now_rfc3339());
+        e.touched = now;
+        drop(entries);
+        self.wake.notify_one();
+    }
+
+    /// The stamps due at `now`, marking them written.
+    pub fn due(&self, now: Instant) -> Vec<Stamp> {
+        let mut entries = self.lock();
+        let mut out = Vec::new();
+        for (pod, e) in entries.iter_mut() {
+            let since = e.last_write.map(|t| now.saturating_duration_since(t));
+            let gap_ok = since.is_none_or(|s| s >= MIN_GAP);
+            let refresh = e.in_flight > 0 && since.is_none_or(|s| s >= IN_FLIGHT_REFRESH);
+            if gap_ok && (e.pending.is_some() || refresh) {
+                let at = e.pending.take().unwrap_or_else(now_rfc3339);
+                e.last_write = Some(now);
+                out.push(Stamp {
+                    pod: pod.clone(),
+                    uid: e.uid.clone(),
+                    at,
+                });
+            }
+        }
+        entries.retain(|_, e| {
+            e.in_flight > 0
+                || e.pending.is_some()
+                || now.saturating_duration_since(e.touched) < FORGET_AFTER
+        });
+        out
+    }
+
+    /// Forgets a pod (deleted or gone).
+    pub fn forget(&self, pod: &str) {
+        self.lock().remove(pod);
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Writes due stamps until `stop`, then writes what is still pending.
+    pub async fn run(self: Arc<Self>, pods: Api<Pod>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+                _ = self.wake.notified() => {}
+            }
+            self.write(&pods, self.due(Instant::now())).await;
+        }
+        // Final flush, ignoring the gap.
+        let pending: Vec<Stamp> = {
+            let mut entries = self.lock();
+            entries
+                .iter_mut()
+                .filter_map(|(pod, e)| {
+                    e.pending.take().map(|at| Stamp {
+                        pod: pod.clone(),
+                        uid: e.uid.clone(),
+                        at,
+                    })
+                })
+                .collect()
+        };
+        self.write(&pods, pending).await;
+    }
+
+    async fn write(&self, pods: &Api<Pod>, stamps: Vec<Stamp>) {
+        if stamps.is_empty() {
+            return;
+        }
+        futures::stream::iter(stamps)
+            .for_each_concurrent(PARALLEL_PATCHES, |s| async move {
+                // The uid is a precondition: a re-created pod of the same name is not stamped
+                // with the old one's activity.
+                let patch = json!({
+                    "metadata": {
+                        "uid": s.uid,
+                        "annotations": { annotation::LAST_ACTIVITY: s.at }
+                    }
+                });
+                match pods
+                    .patch(&s.pod, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                        self.forget(&s.pod);
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod = %s.pod, error = %e, "cannot stamp last-activity");
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_and_end_of_a_quick_command_coalesce() {
+        let s = ActivityStamper::default();
+        let t0 = Instant::now();
+        s.record("p", "u", Activity::Start);
+        assert_eq!(s.due(t0).len(), 1, "first event is written at once");
+        s.record("p", "u", Activity::End);
+        s.record("p", "u", Activity::Start);
+        s.record("p", "u", Activity::End);
+        assert!(
+            s.due(t0 + Duration::from_millis(500)).is_empty(),
+            "within the gap"
+        );
+        let later = s.due(t0 + MIN_GAP);
+        assert_eq!(later.len(), 1, "the burst becomes one write");
+        assert!(s.due(t0 + MIN_GAP * 2).is_empty(), "nothing new");
+    }
+
+    #[test]
+    fn a_running_command_is_refreshed() {
+        let s = ActivityStamper::default();
+        let t0 = Instant::now();
+        s.record("p", "u", Activity::Start);
+        assert_eq!(s.due(t0).len(), 1);
+        assert!(s.due(t0 + Duration::from_secs(10)).is_empty());
+        assert_eq!(
+            s.due(t0 + IN_FLIGHT_REFRESH).len(),
+            1,
+            "refresh while running"
+        );
+        s.record("p", "u", Activity::End);
+        assert_eq!(
+            s.due(t0 + IN_FLIGHT_REFRESH * 2).len(),
+            1,
+            "the end is written"
+        );
+        assert!(
+            s.due(t0 + IN_FLIGHT_REFRESH * 3).is_empty(),
+            "idle: nothing more"
+        );
+    }
+
+    #[test]
+    fn idle_entries_are_forgotten() {
+        let s = ActivityStamper::default();
+        let t0 = Instant::now();
+        s.record("p", "u", Activity::Start);
+        s.record("p", "u", Activity::End);
+        s.due(t0);
+        s.due(t0 + Duration::from_secs(1000));
+        assert!(s.is_empty());
+    }
+}

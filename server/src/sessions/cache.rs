@@ -1,0 +1,252 @@
+//! The per-replica route cache (session → sandbox) and the per-session start locks.
+//!
+//! The cache is only an accelerator: Kubernetes labels are the truth, and a replica that
+//! lost its cache finds every session again by label. It also remembers the sandbox a
+//! session had after that sandbox stopped answering (a tombstone), so that finding a
+//! different one can be reported as a reset of the session's state.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use cli_mcp_api::SessionId;
+
+use crate::metrics::Launch;
+
+/// Where a session's agent is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub pod: String,
+    pub uid: String,
+    pub endpoint: String,
+    /// Owner hash stamped on the pod (None: auth was off when it was made).
+    pub owner: Option<String>,
+    pub launch: Option<Launch>,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Live {
+        route: Route,
+        used: Instant,
+    },
+    /// The sandbox with this uid stopped answering or disappeared.
+    Gone {
+        uid: String,
+        at: Instant,
+    },
+}
+
+impl Slot {
+    fn stamp(&self) -> Instant {
+        match self {
+            Slot::Live { used, .. } => *used,
+            Slot::Gone { at, .. } => *at,
+        }
+    }
+}
+
+/// Bounded map session → route. When full, tombstones go first, then the least recently
+/// used routes (a forgotten route is found again by label, at the cost of one list).
+#[derive(Debug)]
+pub struct RouteCache {
+    slots: Mutex<HashMap<SessionId, Slot>>,
+    capacity: usize,
+}
+
+impl RouteCache {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            slots: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live route of `sid`.
+    pub fn get(&self, sid: &SessionId) -> Option<Route> {
+        let mut slots = self.lock();
+        match slots.get_mut(sid) {
+            Some(Slot::Live { route, used }) => {
+                *used = Instant::now();
+                Some(route.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Uid of the sandbox this replica last knew for `sid` (live or gone).
+    pub fn previous_uid(&self, sid: &SessionId) -> Option<String> {
+        match self.lock().get(sid) {
+            Some(Slot::Live { route, .. }) => Some(route.uid.clone()),
+            Some(Slot::Gone { uid, .. }) => Some(uid.clone()),
+            None => None,
+        }
+    }
+
+    pub fn insert(&self, sid: SessionId, route: Route) {
+        let mut slots = self.lock();
+        if slots.len() >= self.capacity && !slots.contains_key(&sid) {
+            Self::evict(&mut slots, self.capacity);
+        }
+        slots.insert(
+            sid,
+            Slot::Live {
+                route,
+                used: Instant::now(),
+            },
+        );
+    }
+
+    /// Turns the route of `sid` into a tombstone if it still points at `uid`.
+    pub fn invalidate(&self, sid: &SessionId, uid: &str) {
+        let mut slots = self.lock();
+        if let Some(slot) = slots.get_mut(sid) {
+            if matches!(slot, Slot::Live { route, .. } if route.uid == uid) {
+                *slot = Slot::Gone {
+                    uid: uid.to_owned(),
+                    at: Instant::now(),
+                };
+            }
+        }
+    }
+
+    /// Forgets `sid` entirely (the session was deleted on purpose).
+    pub fn remove(&self, sid: &SessionId) {
+        self.lock().remove(sid);
+    }
+
+    pub fn live_len(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|s| matches!(s, Slot::Live { .. }))
+            .count()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn evict(slots: &mut HashMap<SessionId, Slot>, capacity: usize) {
+        slots.retain(|_, s| matches!(s, Slot::Live { .. }));
+        if slots.len() < capacity {
+            return;
+        }
+        // Drop the least recently used eighth in one pass, so eviction is amortised.
+        let mut stamps: Vec<(Instant, SessionId)> =
+            slots.iter().map(|(k, s)| (s.stamp(), k.clone())).collect();
+        stamps.sort();
+        let drop = (capacity / 8).max(1);
+        for (_, k) in stamps.into_iter().take(drop) {
+            slots.remove(&k);
+        }
+    }
+}
+
+/// Serialises the slow path (lookup, claim, create) per session, so one replica never starts
+/// two sandboxes for one session. Striped: memory stays fixed whatever the number of
+/// sessions; two sessions sharing a stripe only wait for each other while starting.
+pub struct SessionLocks {
+    stripes: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl std::fmt::Debug for SessionLocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SessionLocks({})", self.stripes.len())
+    }
+}
+
+impl Default for SessionLocks {
+    fn default() -> Self {
+        Self::new(256)
+    }
+}
+
+impl SessionLocks {
+    pub fn new(stripes: usize) -> Self {
+        Self {
+            stripes: (0..stripes.max(1))
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+        }
+    }
+
+    fn stripe(&self, sid: &SessionId) -> &tokio::sync::Mutex<()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        sid.hash(&mut h);
+        &self.stripes[(h.finish() % self.stripes.len() as u64) as usize]
+    }
+
+    pub async fn lock(&self, sid: &SessionId) -> tokio::sync::MutexGuard<'_, ()> {
+        self.stripe(sid).lock().await
+    }
+
+    /// The lock if it is free right now.
+    pub fn try_lock(&self, sid: &SessionId) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.stripe(sid).try_lock().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sid(s: &str) -> SessionId {
+        SessionId::parse(s).expect("valid")
+    }
+
+    fn route(uid: &str) -> Route {
+        Route {
+            pod: format!("pod-{uid}"),
+            uid: uid.into(),
+            endpoint: "http://10.0.0.1:8090".into(),
+            owner: None,
+            launch: None,
+        }
+    }
+
+    #[test]
+    fn invalidation_leaves_a_tombstone_for_reset_detection() {
+        let c = RouteCache::new(10);
+        c.insert(sid("a"), route("u1"));
+        assert_eq!(c.get(&sid("a")).map(|r| r.uid), Some("u1".into()));
+        c.invalidate(&sid("a"), "other");
+        assert!(
+            c.get(&sid("a")).is_some(),
+            "a stale uid does not invalidate"
+        );
+        c.invalidate(&sid("a"), "u1");
+        assert!(c.get(&sid("a")).is_none());
+        assert_eq!(c.previous_uid(&sid("a")), Some("u1".into()));
+        c.remove(&sid("a"));
+        assert_eq!(c.previous_uid(&sid("a")), None);
+    }
+
+    #[test]
+    fn capacity_is_bounded() {
+        let c = RouteCache::new(16);
+        for i in 0..1000 {
+            c.insert(sid(&format!("s{i}")), route(&i.to_string()));
+            assert!(c.len() <= 16);
+        }
+        // The most recent one survives.
+        assert!(c.get(&sid("s999")).is_some());
+    }
+
+    #[tokio::test]
+    async fn locks_serialise_one_session() {
+        let l = SessionLocks::new(4);
+        let g = l.lock(&sid("x")).await;
+        assert!(l.try_lock(&sid("x")).is_none(), "held while starting");
+        drop(g);
+        assert!(l.try_lock(&sid("x")).is_some());
+    }
+}

@@ -1,0 +1,417 @@
+//! The `local` backend: each session is a `cli-mcp-agent` child process on loopback, with the
+//! same token scheme as in a cluster (a random HMAC key per server process).
+//!
+//! For development and the quick start only: the agents run as the server's user, on the
+//! server's machine, with its environment and file system. **Nothing is isolated.**
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{ChildStderr, Command};
+use tokio::sync::watch;
+
+use cli_mcp_api::token::HmacKey;
+use cli_mcp_api::wire::ENV_TOKEN_SHA256;
+use cli_mcp_api::SessionId;
+
+use super::cache::SessionLocks;
+use super::{now_rfc3339, owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
+use crate::auth::Caller;
+use crate::cli::Limits;
+use crate::metrics::{Launch, Metrics};
+
+pub const AGENT_BINARY_NAME: &str = "cli-mcp-agent";
+/// How long a new agent may take to report that it listens.
+const AGENT_START_TIMEOUT: Duration = Duration::from_secs(15);
+/// SIGTERM → SIGKILL grace when a session ends.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// The agent's "listening" log line.
+const READY_MESSAGE: &str = "cli-mcp-agent ready";
+/// Lines of agent stderr kept to explain a failed start.
+const START_LOG_LINES: usize = 20;
+
+/// Finds the agent: the flag, else beside this binary, else `PATH`.
+pub fn find_agent_binary(flag: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = flag {
+        return if is_executable(p) {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!(
+                "--agent-binary {} is not an executable file",
+                p.display()
+            ))
+        };
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(AGENT_BINARY_NAME)));
+    if let Some(p) = beside.filter(|p| is_executable(p)) {
+        return Ok(p);
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join(AGENT_BINARY_NAME);
+            if is_executable(&p) {
+                return Ok(p);
+            }
+        }
+    }
+    Err(format!(
+        "cannot find {AGENT_BINARY_NAME} beside this binary or in PATH; build it \
+         (`cargo build -p cli-mcp-agent`) or pass --agent-binary"
+    ))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// One running agent.
+#[derive(Debug)]
+struct LocalAgent {
+    pid: u32,
+    uid: String,
+    endpoint: String,
+    owner: Option<String>,
+    created_at: String,
+    last_activity: Mutex<String>,
+    dir: PathBuf,
+    exited: watch::Receiver<Option<ExitStatus>>,
+}
+
+impl LocalAgent {
+    fn alive(&self) -> bool {
+        self.exited.borrow().is_none()
+    }
+
+    /// SIGTERM, then SIGKILL after the grace period.
+    async fn stop(&self) {
+        let mut exited = self.exited.clone();
+        if !self.alive() {
+            return;
+        }
+        let pid = Pid::from_raw(self.pid as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let done = tokio::time::timeout(STOP_GRACE, exited.wait_for(|s| s.is_some()))
+            .await
+            .is_ok();
+        if !done && self.alive() {
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = exited.wait_for(|s| s.is_some()).await;
+        }
+    }
+}
+
+pub struct LocalBackend {
+    agent_binary: PathBuf,
+    key: HmacKey,
+    root: tempfile::TempDir,
+    limits: Limits,
+    sessions: Mutex<HashMap<SessionId, Arc<LocalAgent>>>,
+    locks: SessionLocks,
+    metrics: Arc<Metrics>,
+    next_uid: AtomicU64,
+}
+
+impl std::fmt::Debug for LocalBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBackend")
+            .field("agent_binary", &self.agent_binary)
+            .field("root", &self.root.path())
+            .finish()
+    }
+}
+
+impl LocalBackend {
+    pub fn new(
+        agent_binary: PathBuf,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, std::io::Error> {
+        let root = tempfile::Builder::new()
+            .prefix("cli-mcp-local-")
+            .tempdir()?;
+        Ok(Arc::new(Self {
+            agent_binary,
+            key: HmacKey::from_bytes(rand::random()),
+            root,
+            limits,
+            sessions: Mutex::new(HashMap::new()),
+            locks: SessionLocks::default(),
+            metrics,
+            next_uid: AtomicU64::new(1),
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<LocalAgent>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update_gauge(&self) {
+        let n = self.lock().len();
+        self.metrics.sessions_active.set(n as i64);
+    }
+
+    fn sandbox(
+        &self,
+        sid: &SessionId,
+        a: &LocalAgent,
+        started: Option<Launch>,
+        replaced: bool,
+    ) -> Sandbox {
+        Sandbox {
+            endpoint: a.endpoint.clone(),
+            token: self.key.session_token(sid),
+            name: format!("local/{}", a.pid),
+            uid: a.uid.clone(),
+            started,
+            replaced,
+        }
+    }
+
+    /// The live agent of `sid`, after the ownership check.
+    fn live(&self, sid: &SessionId, caller: &Caller) -> Option<Result<Sandbox, SessionError>> {
+        let agent = self.lock().get(sid).cloned()?;
+        if !agent.alive() {
+            return None;
+        }
+        Some(if owner_allows(agent.owner.as_deref(), caller) {
+            Ok(self.sandbox(sid, &agent, None, false))
+        } else {
+            Err(SessionError::Forbidden(sid.clone()))
+        })
+    }
+
+    async fn spawn(&self, sid: &SessionId, caller: &Caller) -> Result<LocalAgent, SessionError> {
+        let uid = self.next_uid.fetch_add(1, Ordering::Relaxed);
+        let dir = self.root.path().join(format!("{sid}-{uid}"));
+        let workspace = dir.join("workspace");
+        let state = dir.join("state");
+        for d in [&workspace, &state] {
+            std::fs::create_dir_all(d).map_err(|e| {
+                SessionError::Sandbox(format!("cannot create {}: {e}", d.display()))
+            })?;
+        }
+        let token = self.key.session_token(sid).commitment().to_hex();
+        let mut cmd = Command::new(&self.agent_binary);
+        cmd.arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--workdir")
+            .arg(&workspace)
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--podinfo-annotations")
+            .arg(dir.join("no-podinfo"))
+            .arg("--output-budget")
+            .arg(self.limits.output_budget.to_string())
+            .arg("--default-timeout-ms")
+            .arg(self.limits.default_timeout.as_millis().to_string())
+            .arg("--max-timeout-ms")
+            .arg(self.limits.max_timeout.as_millis().to_string())
+            .arg("--log-json");
+        // The server's own settings must not leak into the agent's flags.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("CLI_MCP_") {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.env(ENV_TOKEN_SHA256, token)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|e| {
+            SessionError::Sandbox(format!("cannot start {}: {e}", self.agent_binary.display()))
+        })?;
+        let pid = child.id().unwrap_or_default();
+        let Some(stderr) = child.stderr.take() else {
+            return Err(SessionError::Sandbox("the agent has no stderr pipe".into()));
+        };
+        let (tx, exited) = watch::channel(None);
+        tokio::spawn(async move {
+            let status = child.wait().await.ok();
+            let _ = tx.send(Some(status.unwrap_or_else(|| {
+                use std::os::unix::process::ExitStatusExt;
+                ExitStatus::from_raw(0)
+            })));
+        });
+        let mut lines = BufReader::new(stderr).lines();
+        let listen = match tokio::time::timeout(AGENT_START_TIMEOUT, wait_ready(&mut lines)).await {
+            Ok(Ok(addr)) => addr,
+            Ok(Err(log)) => {
+                return Err(SessionError::Sandbox(format!(
+                    "{} exited before it was ready; its log:\n{log}",
+                    self.agent_binary.display()
+                )))
+            }
+            Err(_) => {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                return Err(SessionError::Sandbox(format!(
+                    "{} did not report ready within {AGENT_START_TIMEOUT:?}",
+                    self.agent_binary.display()
+                )));
+            }
+        };
+        tokio::spawn(forward_log(lines, sid.clone()));
+        let now = now_rfc3339();
+        Ok(LocalAgent {
+            pid,
+            uid: format!("local-{uid}"),
+            endpoint: format!("http://{listen}"),
+            owner: caller.owner.clone(),
+            created_at: now.clone(),
+            last_activity: Mutex::new(now),
+            dir,
+            exited,
+        })
+    }
+
+    async fn discard(&self, agent: Arc<LocalAgent>) {
+        agent.stop().await;
+        let dir = agent.dir.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    }
+}
+
+/// Reads the agent's JSON log until its ready line; returns the bound address, or the log so
+/// far when it exits first.
+async fn wait_ready(
+    lines: &mut tokio::io::Lines<BufReader<ChildStderr>>,
+) -> Result<String, String> {
+    let mut seen: Vec<String> = Vec::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+            if v["message"] == READY_MESSAGE {
+                if let Some(addr) = v["listen"].as_str() {
+                    return Ok(addr.to_owned());
+                }
+            }
+        }
+        if seen.len() == START_LOG_LINES {
+            seen.remove(0);
+        }
+        seen.push(line);
+    }
+    Err(seen.join("\n"))
+}
+
+/// Keeps draining the agent's log (a full pipe would block it) into ours at debug level.
+async fn forward_log(mut lines: tokio::io::Lines<BufReader<ChildStderr>>, sid: SessionId) {
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::debug!(target: "cli_mcp_server::agent", session = %sid, "{line}");
+    }
+}
+
+#[async_trait]
+impl Backend for LocalBackend {
+    async fn acquire(&self, sid: &SessionId, caller: &Caller) -> Result<Sandbox, SessionError> {
+        if let Some(hit) = self.live(sid, caller) {
+            return hit;
+        }
+        let _guard = self.locks.lock(sid).await;
+        if let Some(hit) = self.live(sid, caller) {
+            return hit;
+        }
+        let t0 = Instant::now();
+        // A dead agent of this session: its state is gone; say so on the next answer.
+        let dead = self.lock().get(sid).cloned();
+        if let Some(old) = &dead {
+            if !owner_allows(old.owner.as_deref(), caller) {
+                return Err(SessionError::Forbidden(sid.clone()));
+            }
+        }
+        if let Some(old) = dead.clone() {
+            self.lock().remove(sid);
+            self.discard(old).await;
+        }
+        if self.lock().len() >= self.limits.max_sessions {
+            return Err(SessionError::SessionLimit {
+                max: self.limits.max_sessions,
+            });
+        }
+        let agent = Arc::new(self.spawn(sid, caller).await?);
+        self.lock().insert(sid.clone(), agent.clone());
+        self.update_gauge();
+        self.metrics.started(Launch::Local, t0.elapsed());
+        tracing::info!(session = %sid, pid = agent.pid, took_ms = t0.elapsed().as_millis() as u64,
+            "local session agent started");
+        Ok(self.sandbox(sid, &agent, Some(Launch::Local), dead.is_some()))
+    }
+
+    fn invalidate(&self, _sid: &SessionId, _sandbox: &Sandbox) {
+        // Liveness is known from the process itself; a dead agent is replaced on acquire.
+    }
+
+    fn activity(&self, sandbox: &Sandbox, _event: Activity) {
+        let sessions = self.lock();
+        if let Some(a) = sessions.values().find(|a| a.uid == sandbox.uid) {
+            *a.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = now_rfc3339();
+        }
+    }
+
+    async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError> {
+        let _guard = self.locks.lock(sid).await;
+        let agent = self.lock().get(sid).cloned();
+        let Some(agent) = agent else {
+            return Ok(());
+        };
+        if !owner_allows(agent.owner.as_deref(), caller) {
+            return Err(SessionError::Forbidden(sid.clone()));
+        }
+        self.lock().remove(sid);
+        self.update_gauge();
+        tracing::info!(session = %sid, pid = agent.pid, "ending local session");
+        self.discard(agent).await;
+        Ok(())
+    }
+
+    async fn list(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
+        let sessions = self.lock();
+        let mut out: Vec<SessionSummary> = sessions
+            .iter()
+            .filter(|(_, a)| owner_allows(a.owner.as_deref(), caller))
+            .map(|(sid, a)| SessionSummary {
+                session_id: sid.to_string(),
+                sandbox: format!("local/{}", a.pid),
+                launch: Some(Launch::Local.as_str().into()),
+                created_at: Some(a.created_at.clone()),
+                last_activity: Some(
+                    a.last_activity
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone(),
+                ),
+                ready: a.alive(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        Ok(out)
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        if is_executable(&self.agent_binary) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the agent binary {} is gone",
+                self.agent_binary.display()
+            ))
+        }
+    }
+
+    async fn shutdown(&self) {
+        let all: Vec<Arc<LocalAgent>> = self.lock().drain().map(|(_, a)| a).collect();
+        futures::future::join_all(all.into_iter().map(|a| self.discard(a))).await;
+        self.update_gauge();
+    }
+}

@@ -1,0 +1,283 @@
+//! Sessions: which sandbox serves a session id, and running a command there.
+//!
+//! A [`Backend`] finds or starts the sandbox of a session ([`kubernetes`]: pods of the
+//! instance; [`local`]: agent processes on loopback). [`SessionManager`] is the backend-neutral
+//! part of a call: send the command to the agent, rediscover once when a cached sandbox
+//! stopped answering, and work out whether the session's state was reset.
+
+pub mod activity;
+pub mod cache;
+pub mod kubernetes;
+pub mod local;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use cli_mcp_api::token::Token;
+use cli_mcp_api::wire::{ExecRequest, ExecResponse};
+use cli_mcp_api::SessionId;
+
+use crate::agent_client::{AgentClient, AgentError};
+use crate::auth::Caller;
+use crate::metrics::{ErrorKind, Launch, Metrics};
+
+/// Where one session's agent is, as found by a backend.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// `http://ip:port` of the agent.
+    pub endpoint: String,
+    /// The session token the agent expects.
+    pub token: Token,
+    /// Pod name, or `local/<pid>`.
+    pub name: String,
+    /// Identity of this incarnation (pod UID; a per-process id locally).
+    pub uid: String,
+    /// Set when this call started the sandbox.
+    pub started: Option<Launch>,
+    /// Set when the session had another sandbox before that is gone now (known to this
+    /// server), so the shell state was reset.
+    pub replaced: bool,
+}
+
+/// The moment of a command, for the idle clock (`last-activity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    Start,
+    End,
+}
+
+/// One session as listed by `GET /sessions`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub session_id: String,
+    /// Pod name (kubernetes) or `local/<pid>`.
+    pub sandbox: String,
+    /// `warm`, `cold` or `local`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_activity: Option<String>,
+    pub ready: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("session {0} belongs to another identity; use your own session id")]
+    Forbidden(SessionId),
+    #[error("this instance already has {max} sessions (its limit, --max-sessions); end one with DELETE /sessions/{{id}} or wait for idle sessions to be collected")]
+    SessionLimit { max: usize },
+    #[error("the sandbox of this session could not be started: {0}")]
+    Sandbox(String),
+    #[error("the Kubernetes API failed: {0}")]
+    Kubernetes(String),
+    #[error("{0}")]
+    Agent(AgentError),
+    #[error("another command of this session is still running; wait for it to finish, or use a separate session id for parallel work")]
+    Busy,
+}
+
+impl SessionError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SessionError::Forbidden(_) => ErrorKind::Forbidden,
+            SessionError::SessionLimit { .. } => ErrorKind::SessionLimit,
+            SessionError::Sandbox(_) => ErrorKind::Sandbox,
+            SessionError::Kubernetes(_) => ErrorKind::KubernetesApi,
+            SessionError::Agent(_) => ErrorKind::Agent,
+            SessionError::Busy => ErrorKind::Busy,
+        }
+    }
+}
+
+impl From<kube::Error> for SessionError {
+    fn from(e: kube::Error) -> Self {
+        SessionError::Kubernetes(e.to_string())
+    }
+}
+
+/// Finds, starts, lists and deletes sandboxes.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The sandbox of `sid`, started if there is none. Fails with `Forbidden` when the
+    /// session belongs to another identity.
+    async fn acquire(&self, sid: &SessionId, caller: &Caller) -> Result<Sandbox, SessionError>;
+    /// Forgets `sandbox` as the route of `sid` (it stopped answering); the next `acquire`
+    /// looks again and reports a replacement when it finds another one.
+    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox);
+    /// A command starts or ends in `sandbox` (never blocks; stamping happens elsewhere).
+    fn activity(&self, sandbox: &Sandbox, event: Activity);
+    /// Ends the session (idempotent: an unknown session is fine).
+    async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError>;
+    /// The caller's sessions (all sessions when auth is off).
+    async fn list(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError>;
+    /// `Err(reason)` while the backend cannot serve (readiness probe).
+    async fn ready(&self) -> Result<(), String>;
+    /// Stops what the backend started (local agent processes).
+    async fn shutdown(&self);
+}
+
+/// What one command produced, plus what the caller must know about the session.
+#[derive(Debug, Clone)]
+pub struct ExecOutcome {
+    pub response: ExecResponse,
+    /// Set when this call started the session's sandbox.
+    pub started: Option<Launch>,
+    /// Why the session's state was reset, when it was.
+    pub reset: Option<String>,
+    pub sandbox: String,
+}
+
+pub const RESET_REPLACED: &str = "the session's sandbox was replaced (the previous one was deleted, evicted, idle-collected or crashed), so its working directory, variables and functions were reset";
+pub const RESET_SHELL: &str = "the session's shell restarted (see stderr), so its working directory, variables and functions were reset";
+
+/// Backend-neutral command execution.
+pub struct SessionManager {
+    backend: Arc<dyn Backend>,
+    agent: AgentClient,
+    metrics: Arc<Metrics>,
+}
+
+impl SessionManager {
+    pub fn new(backend: Arc<dyn Backend>, agent: AgentClient, metrics: Arc<Metrics>) -> Self {
+        Self {
+            backend,
+            agent,
+            metrics,
+        }
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Runs `command` in the session's sandbox. On a transport error or a 401/503 from the
+    /// sandbox, the route is invalidated and rediscovered once; a retry on the same sandbox
+    /// reuses the request id, so the agent answers it from its replay memory instead of
+    /// running the command twice.
+    pub async fn exec(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        command: String,
+        timeout: Duration,
+    ) -> Result<ExecOutcome, SessionError> {
+        let mut sandbox = self.backend.acquire(sid, caller).await?;
+        let req = ExecRequest {
+            command,
+            timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+            request_id: Some(request_id()),
+        };
+        let mut replaced = sandbox.replaced;
+        self.backend.activity(&sandbox, Activity::Start);
+        let mut result = self
+            .agent
+            .exec(&sandbox.endpoint, &sandbox.token, &req, timeout)
+            .await;
+        self.backend.activity(&sandbox, Activity::End);
+        if let Err(e) = &result {
+            if e.is_rediscoverable() {
+                tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
+                    "sandbox did not answer; rediscovering the session once");
+                self.backend.invalidate(sid, &sandbox);
+                let again = self.backend.acquire(sid, caller).await?;
+                replaced |= again.replaced || again.uid != sandbox.uid;
+                let started = sandbox.started.or(again.started);
+                sandbox = Sandbox { started, ..again };
+                self.backend.activity(&sandbox, Activity::Start);
+                result = self
+                    .agent
+                    .exec(&sandbox.endpoint, &sandbox.token, &req, timeout)
+                    .await;
+                self.backend.activity(&sandbox, Activity::End);
+                if let Err(e) = &result {
+                    if e.is_rediscoverable() {
+                        self.backend.invalidate(sid, &sandbox);
+                    }
+                }
+            }
+        }
+        let response = result.map_err(|e| {
+            if e.is_busy() {
+                SessionError::Busy
+            } else {
+                SessionError::Agent(e)
+            }
+        })?;
+        let reset = if replaced {
+            Some(RESET_REPLACED.to_owned())
+        } else if response.shell_restarted {
+            Some(RESET_SHELL.to_owned())
+        } else {
+            None
+        };
+        if reset.is_some() {
+            self.metrics.state_resets.inc();
+        }
+        Ok(ExecOutcome {
+            response,
+            started: sandbox.started,
+            reset,
+            sandbox: sandbox.name,
+        })
+    }
+}
+
+/// 16 random hex characters: the agent's replay key for one tool call.
+fn request_id() -> String {
+    let bytes: [u8; 8] = rand::random();
+    hex::encode(bytes)
+}
+
+/// Whether `caller` may use a sandbox whose owner annotation is `pod_owner`. With auth off
+/// (no caller owner) every session is reachable; with auth on only an exact match is.
+pub fn owner_allows(pod_owner: Option<&str>, caller: &Caller) -> bool {
+    match &caller.owner {
+        None => true,
+        Some(mine) => pod_owner == Some(mine.as_str()),
+    }
+}
+
+/// RFC 3339 UTC, second precision (what the annotations carry).
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership() {
+        let anon = Caller::anonymous();
+        let alice = Caller::identified("alice");
+        assert!(owner_allows(None, &anon));
+        assert!(owner_allows(Some("x"), &anon));
+        assert!(!owner_allows(None, &alice));
+        assert!(!owner_allows(Some("x"), &alice));
+        assert!(owner_allows(alice.owner.as_deref(), &alice));
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_seconds() {
+        let t = now_rfc3339();
+        assert_eq!(t.len(), 20, "{t}");
+        assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T', "{t}");
+    }
+
+    #[test]
+    fn request_ids_differ() {
+        assert_ne!(request_id(), request_id());
+        assert_eq!(request_id().len(), 16);
+    }
+}
