@@ -15,8 +15,17 @@ use cli_mcp_agent::reaper::Reaper;
 use cli_mcp_agent::shell::{Shell, ShellOptions};
 use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before the runtime exists, so only inherited descriptors are affected.
+    cli_mcp_agent::procs::cloexec_inherited_fds();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let flags = Flags::parse();
     init_tracing(flags.log_json);
 

@@ -123,6 +123,33 @@ pub fn jobs_since(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
     }
 }
 
+/// Marks every descriptor this process inherited (fd >= 3) close-on-exec, so nothing the
+/// agent's launcher left open (a runtime's pipe, a test harness socket) reaches bash and the
+/// commands it runs. Call once at startup, before anything else opens files.
+#[allow(unsafe_code)]
+pub fn cloexec_inherited_fds() {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use std::os::fd::BorrowedFd;
+    let Ok(dir) = fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= 3)
+        .collect(); // the directory's own fd is closed once `dir` is consumed
+    for fd in fds {
+        // SAFETY: `fd` was listed as open a moment ago and nothing in this process closes
+        // inherited descriptors; if it is gone anyway, fcntl fails with EBADF, which is
+        // ignored. The borrow lives only for this call.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        if let Ok(flags) = fcntl(borrowed, FcntlArg::F_GETFD) {
+            let flags = FdFlag::from_bits_truncate(flags) | FdFlag::FD_CLOEXEC;
+            let _ = fcntl(borrowed, FcntlArg::F_SETFD(flags));
+        }
+    }
+}
+
 /// Sends `sig` to each group; groups that are already gone are ignored.
 pub fn signal_groups(groups: &BTreeSet<i32>, sig: Signal) {
     for &g in groups {

@@ -260,3 +260,22 @@ async fn agent_restart_is_reported_on_the_next_response() {
     assert_eq!(v["shell_restarted"], true);
     assert!(s(&v, "stderr").contains("agent restarted"), "{v}");
 }
+
+#[tokio::test]
+async fn descriptors_the_agent_inherited_never_reach_commands() {
+    let a = Agent::start_with(support::Opts {
+        leak_fd7: true,
+        ..Default::default()
+    });
+    let v = a.exec("ls /proc/self/fd | sort -n | tr '\\n' ' '").await;
+    let fds: Vec<u32> = s(&v, "stdout")
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // 0-2, plus the descriptor `ls` itself opened on /proc/self/fd.
+    assert_eq!(fds.len(), 4, "unexpected descriptors {fds:?} in {v}");
+    assert!(
+        !fds.contains(&7),
+        "fd 7 of the launcher leaked into a command: {fds:?}"
+    );
+}

@@ -48,6 +48,8 @@ pub struct Opts<'a> {
     pub extra_args: &'a [&'a str],
     pub state_dir: Option<&'a Path>,
     pub annotations: Option<&'a Path>,
+    /// Launch through a shell that leaves fd 7 open, as a careless launcher would.
+    pub leak_fd7: bool,
 }
 
 impl Default for Opts<'_> {
@@ -57,6 +59,7 @@ impl Default for Opts<'_> {
             extra_args: &[],
             state_dir: None,
             annotations: None,
+            leak_fd7: false,
         }
     }
 }
