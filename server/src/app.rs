@@ -171,7 +171,8 @@ async fn run_http(
         state.clone(),
         McpHttpOptions {
             loopback_hosts_only: listen.ip().is_loopback(),
-            cancel: stop.child_token(),
+            // Not `stop`: in-flight calls must finish during the drain.
+            cancel: CancellationToken::new(),
         },
     );
     let main = tokio::spawn(serve(listener, app, tls.clone(), stop.clone(), DRAIN));

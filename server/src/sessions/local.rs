@@ -86,11 +86,17 @@ struct LocalAgent {
     last_activity: Mutex<String>,
     dir: PathBuf,
     exited: watch::Receiver<Option<ExitStatus>>,
+    /// Set when a call could not reach it: the next acquire replaces it.
+    suspect: std::sync::atomic::AtomicBool,
 }
 
 impl LocalAgent {
     fn alive(&self) -> bool {
         self.exited.borrow().is_none()
+    }
+
+    fn usable(&self) -> bool {
+        self.alive() && !self.suspect.load(Ordering::Relaxed)
     }
 
     /// SIGTERM, then SIGKILL after the grace period.
@@ -181,7 +187,7 @@ impl LocalBackend {
     /// The live agent of `sid`, after the ownership check.
     fn live(&self, sid: &SessionId, caller: &Caller) -> Option<Result<Sandbox, SessionError>> {
         let agent = self.lock().get(sid).cloned()?;
-        if !agent.alive() {
+        if !agent.usable() {
             return None;
         }
         Some(if owner_allows(agent.owner.as_deref(), caller) {
@@ -273,6 +279,7 @@ impl LocalBackend {
             last_activity: Mutex::new(now),
             dir,
             exited,
+            suspect: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -323,7 +330,8 @@ impl Backend for LocalBackend {
             return hit;
         }
         let t0 = Instant::now();
-        // A dead agent of this session: its state is gone; say so on the next answer.
+        // A dead (or unreachable, hence stopped) agent of this session: its state is gone;
+        // say so on the next answer.
         let dead = self.lock().get(sid).cloned();
         if let Some(old) = &dead {
             if !owner_allows(old.owner.as_deref(), caller) {
@@ -348,8 +356,11 @@ impl Backend for LocalBackend {
         Ok(self.sandbox(sid, &agent, Some(Launch::Local), dead.is_some()))
     }
 
-    fn invalidate(&self, _sid: &SessionId, _sandbox: &Sandbox) {
-        // Liveness is known from the process itself; a dead agent is replaced on acquire.
+    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {
+        // The next acquire stops it (if it still runs) and starts a new one.
+        if let Some(a) = self.lock().get(sid).filter(|a| a.uid == sandbox.uid) {
+            a.suspect.store(true, Ordering::Relaxed);
+        }
     }
 
     fn activity(&self, sandbox: &Sandbox, _event: Activity) {

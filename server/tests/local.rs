@@ -1,0 +1,647 @@
+//! The server with the `local` backend (each session a real `cli-mcp-agent` + bash on
+//! loopback), driven by a real MCP client (rmcp's) and by raw JSON-RPC over HTTP.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt as _;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use support::{is_error, structured, text, Mcp, Server};
+
+async fn local_server(extra: &[&str]) -> Server {
+    support::ensure_built(false);
+    let agent = support::agent_bin();
+    let agent = agent.to_str().expect("utf-8 path");
+    let mut args = vec![
+        "--backend",
+        "local",
+        "--auth",
+        "none",
+        "--agent-binary",
+        agent,
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args, &[]).await
+}
+
+#[tokio::test]
+async fn rmcp_client_initializes_lists_and_calls_bash() {
+    let server = local_server(&[]).await;
+    let headers = HashMap::from([(
+        http::HeaderName::from_static("x-session-id"),
+        http::HeaderValue::from_static("rmcp-1"),
+    )]);
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(server.url("/mcp")).custom_headers(headers),
+    );
+    let client = ().serve(transport).await.expect("initialize");
+    let info = client.peer_info().expect("server info");
+    assert_eq!(
+        info.server_info.as_ref().map(|i| i.name.as_str()),
+        Some("cli-mcp-server")
+    );
+    assert!(info.capabilities.tools.is_some());
+
+    let tools = client.list_all_tools().await.expect("tools/list");
+    assert_eq!(tools.len(), 1);
+    let bash = &tools[0];
+    assert_eq!(bash.name, "bash");
+    let ann = bash.annotations.as_ref().expect("annotations");
+    assert_eq!(ann.read_only_hint, Some(false));
+    assert_eq!(ann.destructive_hint, Some(true));
+    assert_eq!(ann.open_world_hint, Some(true));
+    assert_eq!(bash.input_schema["required"], json!(["command"]));
+
+    let args = json!({"command": "echo hello from rmcp; cd /tmp"});
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new("bash")
+                .with_arguments(args.as_object().cloned().expect("object")),
+        )
+        .await
+        .expect("tools/call");
+    assert_eq!(result.is_error, Some(false));
+    let sc = result.structured_content.expect("structuredContent");
+    assert_eq!(sc["stdout"], "hello from rmcp\n");
+    assert_eq!(sc["exit_code"], 0);
+    assert_eq!(sc["cwd"], "/tmp");
+    assert_eq!(sc["new_sandbox"], "local");
+    let text = result.content[0]
+        .as_text()
+        .map(|t| t.text.clone())
+        .unwrap_or_default();
+    assert!(text.starts_with("hello from rmcp\n[exit 0 |"), "{text}");
+    client.cancel().await.expect("close client");
+}
+
+#[tokio::test]
+async fn raw_jsonrpc_initialize_list_and_call() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("raw-1"));
+    let init = mcp
+        .rpc(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "curl", "version": "1"}}),
+        )
+        .await;
+    assert_eq!(init.status, 200, "{}", init.text);
+    assert_eq!(init.body["result"]["serverInfo"]["name"], "cli-mcp-server");
+    // Stateless: no protocol session id is handed out or needed.
+    let list = mcp.rpc("tools/list", json!({})).await;
+    assert_eq!(
+        list.body["result"]["tools"][0]["name"], "bash",
+        "{}",
+        list.text
+    );
+    let r = mcp.bash("printf 'a\\nb'").await;
+    assert!(!is_error(&r));
+    assert!(text(&r).starts_with("a\nb\n[exit 0 | "), "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "a\nb");
+}
+
+#[tokio::test]
+async fn curl_speaks_to_the_endpoint() {
+    let server = local_server(&[]).await;
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "echo $((6*7))"}}})
+    .to_string();
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--noproxy",
+            "*",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .args(["-H", "Accept: application/json, text/event-stream"])
+        .args([
+            "-H",
+            "X-Session-ID: curl-1",
+            "-d",
+            &body,
+            &server.url("/mcp"),
+        ])
+        .output()
+        .await
+        .expect("curl must be installed (apt-get install -y curl)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON answer");
+    assert_eq!(v["id"], 7);
+    assert_eq!(v["result"]["structuredContent"]["stdout"], "42\n");
+}
+
+#[tokio::test]
+async fn state_persists_within_a_session() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("persist"));
+    mcp.bash("cd /tmp && export GREETING=hi && f() { echo \"fn:$1\"; }")
+        .await;
+    let r = mcp.bash("echo \"$PWD $GREETING $(f x)\"").await;
+    assert_eq!(structured(&r)["stdout"], "/tmp hi fn:x\n");
+    assert!(
+        structured(&r).get("new_sandbox").is_none(),
+        "second call reuses the sandbox"
+    );
+    assert_eq!(structured(&r)["state_reset"], false);
+}
+
+#[tokio::test]
+async fn sessions_are_isolated() {
+    let server = local_server(&[]).await;
+    let a = Mcp::new(&server, Some("iso-a"));
+    let b = a.session("iso-b");
+    a.bash("export SECRET=only-a; cd /").await;
+    let r = b.bash("echo \"[${SECRET:-unset}]\"; pwd").await;
+    let out = structured(&r)["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(out.starts_with("[unset]\n"), "{out}");
+    assert_ne!(out.lines().nth(1), Some("/"), "b has its own cwd: {out}");
+    let r = a.bash("echo $SECRET").await;
+    assert_eq!(structured(&r)["stdout"], "only-a\n");
+}
+
+#[tokio::test]
+async fn timeout_is_an_error_with_exit_124_and_the_shell_keeps_its_state() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("slow"));
+    let r = mcp
+        .bash_with(json!({"command": "export KEEP=yes; echo before; sleep 30", "timeout": 1}))
+        .await;
+    assert!(is_error(&r), "{r}");
+    let s = structured(&r);
+    assert_eq!(s["timed_out"], true);
+    assert_eq!(s["exit_code"], 124);
+    assert_eq!(s["stdout"], "before\n", "partial output kept");
+    assert!(text(&r).contains("timed out"), "{}", text(&r));
+    let r = mcp.bash("echo $KEEP").await;
+    assert_eq!(structured(&r)["stdout"], "yes\n");
+}
+
+#[tokio::test]
+async fn output_over_the_budget_is_truncated_and_says_so() {
+    let server = local_server(&["--output-budget", "2048"]).await;
+    let mcp = Mcp::new(&server, Some("big"));
+    let r = mcp
+        .bash("head -c 100000 /dev/zero | tr '\\0' a; echo; echo END")
+        .await;
+    let s = structured(&r);
+    assert_eq!(s["truncated"], true);
+    assert_eq!(s["total_bytes"], 100005);
+    let out = s["stdout"].as_str().unwrap_or_default();
+    assert!(out.len() < 4096, "bounded: {} bytes", out.len());
+    assert!(out.ends_with("END\n"), "tail kept");
+    assert!(out.contains("truncated"), "marker present");
+    assert!(
+        text(&r).contains("output truncated: 100005 bytes in total"),
+        "{}",
+        &text(&r)[text(&r).len() - 300..]
+    );
+    assert!(!is_error(&r));
+}
+
+#[tokio::test]
+async fn non_zero_exit_is_an_error_result() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("exit"));
+    let r = mcp.bash("echo oops >&2; (exit 7)").await;
+    assert!(is_error(&r));
+    assert_eq!(structured(&r)["exit_code"], 7);
+    assert_eq!(structured(&r)["stderr"], "oops\n");
+    assert!(
+        text(&r).starts_with(&format!(
+            "[stderr]\noops\n[exit 7 | {} ms | cwd {}",
+            structured(&r)["duration_ms"],
+            structured(&r)["cwd"].as_str().unwrap_or_default()
+        )),
+        "{}",
+        text(&r)
+    );
+    let r = mcp.bash("true").await;
+    assert!(!is_error(&r));
+}
+
+#[tokio::test]
+async fn invalid_utf8_output_is_shown_lossily_and_kept_exactly() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("bytes"));
+    let r = mcp.bash("printf 'ok\\377\\n'").await;
+    assert!(text(&r).starts_with("ok\u{fffd}\n"), "{}", text(&r));
+    assert!(
+        text(&r).contains("stdout is not valid UTF-8"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(structured(&r)["stdout_encoding"], "base64");
+    assert_eq!(structured(&r)["stdout"], "b2v/Cg==");
+}
+
+#[tokio::test]
+async fn missing_or_invalid_session_header_is_a_tool_error_that_says_what_is_wrong() {
+    let server = local_server(&[]).await;
+    let none = Mcp::new(&server, None);
+    let r = none.bash("true").await;
+    assert!(is_error(&r));
+    assert!(
+        text(&r).starts_with("missing X-Session-ID header"),
+        "{}",
+        text(&r)
+    );
+    let bad = none.session("Bad_Session");
+    let r = bad.bash("true").await;
+    assert!(is_error(&r));
+    assert!(
+        text(&r).contains("invalid X-Session-ID \"Bad_Session\""),
+        "{}",
+        text(&r)
+    );
+    let long = none.session(&"a".repeat(64));
+    let r = long.bash("true").await;
+    assert!(text(&r).contains("64 characters long"), "{}", text(&r));
+}
+
+#[tokio::test]
+async fn bad_arguments_are_tool_errors() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("args"));
+    for (args, needle) in [
+        (json!({}), "missing argument `command`"),
+        (json!({"command": "true", "timeout": 301}), "maximum is 300"),
+        (json!({"command": "true", "timeout": "x"}), "integer"),
+        (json!({"command": ["ls"]}), "must be a string"),
+    ] {
+        let r = mcp.bash_with(args.clone()).await;
+        assert!(is_error(&r), "{args}");
+        assert!(text(&r).contains(needle), "{args}: {}", text(&r));
+    }
+}
+
+#[tokio::test]
+async fn bad_jsonrpc_gets_a_jsonrpc_error() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("rpc"));
+    let a = mcp.post_raw("{not json".into()).await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.body["error"]["code"], -32700, "{}", a.text);
+    assert!(a.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("not valid JSON"));
+    let a = mcp.post_raw("[1, 2]".into()).await;
+    assert_eq!(a.body["error"]["code"], -32600, "{}", a.text);
+    assert!(a.text.contains("batches are not supported"), "{}", a.text);
+    let a = mcp
+        .post_raw(json!({"id": 3, "method": "tools/list"}).to_string())
+        .await;
+    assert_eq!(a.body["error"]["code"], -32600);
+    assert_eq!(a.body["id"], 3);
+    assert!(
+        a.text.contains("\\\"jsonrpc\\\": \\\"2.0\\\""),
+        "{}",
+        a.text
+    );
+}
+
+#[tokio::test]
+async fn unknown_tool_is_a_protocol_error() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("unknown"));
+    let a = mcp
+        .rpc(
+            "tools/call",
+            json!({"name": "python", "arguments": {"code": "1"}}),
+        )
+        .await;
+    assert_eq!(a.body["error"]["code"], -32602, "{}", a.text);
+    assert!(
+        a.text
+            .contains("unknown tool \\\"python\\\"; this server has one tool: bash"),
+        "{}",
+        a.text
+    );
+}
+
+#[tokio::test]
+async fn huge_requests_are_rejected_clearly() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("huge"));
+    // Over the body limit (1 MiB): 413 before any parsing.
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "x".repeat(2 * 1024 * 1024)}}});
+    let a = mcp.post_raw(body.to_string()).await;
+    assert_eq!(a.status, 413, "{}", &a.text[..a.text.len().min(300)]);
+    assert!(
+        a.text.contains("over the limit of 1048576 bytes"),
+        "{}",
+        a.text
+    );
+    // Under the body limit but over the command limit: a tool error.
+    let r = mcp.bash(&format!("echo {}", "y".repeat(600 * 1024))).await;
+    assert!(is_error(&r));
+    assert!(
+        text(&r).contains("the limit is 524288 bytes"),
+        "{}",
+        text(&r)
+    );
+}
+
+#[tokio::test]
+async fn bad_http_headers_are_rejected() {
+    let server = local_server(&[]).await;
+    let http = support::http();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let no_accept = http
+        .post(server.url("/mcp"))
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(no_accept.status(), 406);
+    assert!(no_accept
+        .text()
+        .await
+        .unwrap_or_default()
+        .contains("must accept both"));
+    let wrong_type = http
+        .post(server.url("/mcp"))
+        .header("content-type", "text/plain")
+        .header("accept", support::ACCEPT)
+        .body(body.clone())
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(wrong_type.status(), 415);
+    // A foreign Host on a loopback server (DNS rebinding) is refused.
+    let rebinding = http
+        .post(server.url("/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", support::ACCEPT)
+        .header("host", "evil.example")
+        .body(body)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(rebinding.status(), 403);
+    let huge_header = http
+        .post(server.url("/mcp"))
+        .header("x-filler", "z".repeat(100 * 1024))
+        .send()
+        .await
+        .expect("answer");
+    // hyper answers an over-long request head with 431 or 400, never by reading it all.
+    assert!(
+        [400, 431].contains(&huge_header.status().as_u16()),
+        "request head over 64 KiB: {}",
+        huge_header.status()
+    );
+}
+
+#[tokio::test]
+async fn delete_then_reuse_gives_a_fresh_shell_that_says_so() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("reuse"));
+    mcp.bash("export MARK=1").await;
+    let http = support::http();
+    let list: Value = http
+        .get(server.url("/sessions"))
+        .send()
+        .await
+        .expect("GET /sessions")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(list["sessions"][0]["session_id"], "reuse");
+    for _ in 0..2 {
+        let del = http
+            .delete(server.url("/sessions/reuse"))
+            .send()
+            .await
+            .expect("DELETE");
+        assert_eq!(del.status(), 204, "idempotent");
+    }
+    let r = mcp.bash("echo \"[${MARK:-}]\"").await;
+    assert_eq!(structured(&r)["stdout"], "[]\n");
+    assert_eq!(structured(&r)["new_sandbox"], "local");
+    assert!(
+        text(&r).contains("new session: started a fresh sandbox"),
+        "{}",
+        text(&r)
+    );
+    let bad = http
+        .delete(server.url("/sessions/Not_Valid"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(bad.status(), 400);
+    assert!(bad
+        .text()
+        .await
+        .unwrap_or_default()
+        .contains("invalid session id"));
+}
+
+#[tokio::test]
+async fn a_dead_agent_is_replaced_and_the_reset_is_reported() {
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("crash"));
+    mcp.bash("export MARK=1").await;
+    let list: Value = support::http()
+        .get(server.url("/sessions"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    let pid = list["sessions"][0]["sandbox"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("local/"))
+        .expect("local/<pid>")
+        .to_owned();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let r = mcp.bash("echo \"[${MARK:-}]\"").await;
+    assert!(!is_error(&r), "{r}");
+    assert_eq!(structured(&r)["stdout"], "[]\n");
+    assert_eq!(structured(&r)["state_reset"], true);
+    assert!(text(&r).contains("session state was reset"), "{}", text(&r));
+}
+
+#[tokio::test]
+async fn max_sessions_is_a_clear_tool_error() {
+    let server = local_server(&["--max-sessions", "1"]).await;
+    let a = Mcp::new(&server, Some("one"));
+    assert!(!is_error(&a.bash("true").await));
+    let r = a.session("two").bash("true").await;
+    assert!(is_error(&r));
+    assert!(text(&r).contains("already has 1 sessions"), "{}", text(&r));
+    // The first one still works.
+    assert!(!is_error(&a.bash("true").await));
+}
+
+#[tokio::test]
+async fn health_and_metrics() {
+    let server = local_server(&[]).await;
+    let http = support::http();
+    for path in ["/livez", "/readyz"] {
+        let r = http.get(server.health_url(path)).send().await.expect("GET");
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    let mcp = Mcp::new(&server, Some("metrics"));
+    mcp.bash("true").await;
+    mcp.bash("false").await;
+    let m = http
+        .get(server.health_url("/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    for needle in [
+        "cli_mcp_sessions_active 1",
+        "cli_mcp_session_start_seconds_count{launch=\"local\"} 1",
+        "cli_mcp_exec_duration_seconds_count{outcome=\"ok\"} 1",
+        "cli_mcp_exec_duration_seconds_count{outcome=\"failed\"} 1",
+    ] {
+        assert!(m.contains(needle), "missing {needle} in\n{m}");
+    }
+    // The audit line of the calls is in the log.
+    let log = server.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("\"target\":\"audit\"")
+            && l.contains("\"session\":\"metrics\"")
+            && l.contains("\"exit_code\":1")),
+        "no audit line:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn stdio_transport_serves_one_session() {
+    support::ensure_built(false);
+    let mut child = tokio::process::Command::new(support::SERVER_BIN)
+        .args([
+            "--transport",
+            "stdio",
+            "--session-id",
+            "dev-1",
+            "--backend",
+            "local",
+            "--auth",
+            "none",
+        ])
+        .arg("--agent-binary")
+        .arg(support::agent_bin())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start stdio server");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let send = |v: Value| format!("{v}\n");
+    stdin
+        .write_all(send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})).as_bytes())
+        .await
+        .expect("write");
+    let init: Value =
+        serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("JSON");
+    assert_eq!(init["result"]["serverInfo"]["name"], "cli-mcp-server");
+    stdin
+        .write_all(
+            send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).as_bytes(),
+        )
+        .await
+        .expect("write");
+    for (id, cmd, want) in [(2, "cd /tmp; echo one", "one\n"), (3, "pwd", "/tmp\n")] {
+        stdin
+            .write_all(
+                send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": cmd}}}))
+                .as_bytes(),
+            )
+            .await
+            .expect("write");
+        let v: Value = serde_json::from_str(&lines.next_line().await.expect("read").expect("line"))
+            .expect("JSON");
+        assert_eq!(v["id"], id);
+        assert_eq!(v["result"]["structuredContent"]["stdout"], want, "{v}");
+        assert_eq!(v["result"]["structuredContent"]["session_id"], "dev-1");
+    }
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exits at end of stdin")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_running_call_finish_and_stops_the_agents() {
+    let server = local_server(&[]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("started");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let mcp = Mcp::new(&server, Some("drain"));
+    let list_url = server.url("/sessions");
+    let cmd = format!("echo started > {}; sleep 1; echo finished", fifo.display());
+    let call = tokio::spawn({
+        let mcp = mcp.clone();
+        async move { mcp.bash(&cmd).await }
+    });
+    // Opening the FIFO for reading completes when the command opens it for writing.
+    let fifo2 = fifo.clone();
+    tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo2))
+        .await
+        .expect("join")
+        .expect("read fifo");
+    let list: Value = support::http()
+        .get(&list_url)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    let pid = list["sessions"][0]["sandbox"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("local/"))
+        .expect("local/<pid>")
+        .to_owned();
+    let status = server.stop().await;
+    assert!(status.success(), "clean exit: {status}");
+    let r = call.await.expect("join");
+    assert_eq!(
+        structured(&r)["stdout"],
+        "finished\n",
+        "the open call completed"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the session's agent (pid {pid}) was stopped with the server"
+    );
+}
