@@ -512,7 +512,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         rest = &rest[unit_len..];
         total += value * scale;
     }
-    if !total.is_finite() || total < 0.0 || total > 1e12 {
+    if !total.is_finite() || !(0.0..=1e12).contains(&total) {
         return None;
     }
     Some(Duration::from_secs_f64(total))

@@ -10,6 +10,25 @@ use crate::context::{Context, OperatorConfig, Scope};
 use crate::controller::{error_policy, reconcile};
 use crate::metrics::Metrics;
 
+/// `Store::wait_until_ready` wakes only the last task that polled it (a oneshot underneath)
+/// and the controller polls it too, so poll again periodically until it resolves.
+async fn wait_ready<K>(store: &kube::runtime::reflector::Store<K>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    loop {
+        let poll = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            store.wait_until_ready(),
+        );
+        match poll.await {
+            Ok(_) => return,
+            Err(_) => continue,
+        }
+    }
+}
+
 /// Runs the controllers (one per namespace of `WATCH_NAMESPACE`, or one for the cluster)
 /// until `shutdown` turns true. Marks the process ready once every cache has synced.
 pub async fn run_controllers(
@@ -37,10 +56,10 @@ pub async fn run_controllers(
             let _ = stop.wait_for(|s| *s).await;
         });
         syncs.push(async move {
-            let _ = stores.instances.wait_until_ready().await;
-            let _ = stores.pods.wait_until_ready().await;
-            let _ = stores.deployments.wait_until_ready().await;
-            let _ = stores.secrets.wait_until_ready().await;
+            wait_ready(&stores.instances).await;
+            wait_ready(&stores.pods).await;
+            wait_ready(&stores.deployments).await;
+            wait_ready(&stores.secrets).await;
         });
         let scope = ns.clone().unwrap_or_else(|| "<all>".into());
         runs.push(

@@ -1,0 +1,131 @@
+//! Invalid CliMcpInstances are rejected by the apiserver (CRD bounds, enums and CEL rules),
+//! with a message that says what to fix. No operator needed.
+
+mod support;
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_e2e::testing::cluster;
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::Api;
+use serde_json::json;
+
+use support::{install_crd, instance};
+
+/// Creates a raw object (typed structs cannot even express an invalid enum value).
+async fn rejected(
+    c: &cli_mcp_e2e::testing::TestCluster,
+    ns: &cli_mcp_e2e::testing::TestNamespace,
+    name: &str,
+    spec: serde_json::Value,
+) -> String {
+    let ar = ApiResource::erase::<CliMcpInstance>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &ns.name, &ar);
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cli-mcp.redhat.com/v1alpha1",
+        "kind": "CliMcpInstance",
+        "metadata": {"name": name},
+        "spec": spec.clone(),
+    }))
+    .expect("object");
+    let err = api
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect_err(&format!("{name} with {spec} must be rejected"));
+    err.to_string()
+}
+
+#[tokio::test]
+async fn invalid_instances_are_rejected_with_a_clear_message() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("admission").await.expect("namespace");
+
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        (
+            "replicas0",
+            json!({"replicas": 0}),
+            "spec.replicas must be between 1 and 50",
+        ),
+        (
+            "replicas51",
+            json!({"replicas": 51}),
+            "spec.replicas must be between 1 and 50",
+        ),
+        (
+            "pool1000",
+            json!({"sandbox": {"warmPoolSize": 1000}}),
+            "spec.sandbox.warmPoolSize must be between 0 and 200",
+        ),
+        (
+            "banana",
+            json!({"sandbox": {"idleTimeout": "banana"}}),
+            "spec.sandbox.idleTimeout must be a duration",
+        ),
+        (
+            "tooshort",
+            json!({"sandbox": {"idleTimeout": "30s"}}),
+            "between 1m and 168h",
+        ),
+        (
+            "pullpolicy",
+            json!({"sandbox": {"imagePullPolicy": "Sometimes"}}),
+            "supported values: \"Always\", \"IfNotPresent\", \"Never\"",
+        ),
+        (
+            "secretenv",
+            json!({"sandbox": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}}),
+            "valueFrom.secretKeyRef is not allowed",
+        ),
+        (
+            "reservedenv",
+            json!({"sandbox": {"env": [{"name": "KUBECONFIG", "value": "/x"}]}}),
+            "are set by the operator",
+        ),
+        (
+            "cpu",
+            json!({"sandbox": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}}),
+            "requests.cpu must not exceed limits.cpu",
+        ),
+        (
+            "timeouts",
+            json!({"sandbox": {"commandTimeout": {"default": "200s", "max": "100s"}}}),
+            "commandTimeout.default must not exceed commandTimeout.max",
+        ),
+        (
+            "auth",
+            json!({"server": {"auth": "Basic"}}),
+            "supported values: \"Kubernetes\", \"None\"",
+        ),
+    ];
+    for (name, spec, want) in cases {
+        let msg = rejected(&c, &ns, name, spec).await;
+        assert!(
+            msg.contains(want),
+            "{name}: {msg:?} should contain {want:?}"
+        );
+    }
+
+    let long = "a".repeat(45);
+    let msg = rejected(&c, &ns, &long, json!({})).await;
+    assert!(msg.contains("at most 44 characters"), "{msg}");
+
+    // The boundaries themselves are accepted.
+    let ok = instance(
+        &"b".repeat(44),
+        json!({"replicas": 50, "sandbox": {"warmPoolSize": 200, "idleTimeout": "168h"}}),
+    );
+    ns.api::<CliMcpInstance>()
+        .create(&PostParams::default(), &ok)
+        .await
+        .expect("limits are valid");
+    let d = ns
+        .api::<CliMcpInstance>()
+        .create(&PostParams::default(), &instance("defaults", json!({})))
+        .await
+        .expect("empty spec is valid");
+    assert_eq!(d.spec.replicas, 1);
+    assert_eq!(d.spec.sandbox.idle_timeout, "30m");
+    assert_eq!(d.spec.sandbox.max_sessions, 100);
+    // No operator runs here, so nothing holds a finalizer: the namespace goes away cleanly.
+    ns.delete().await.expect("delete namespace");
+}

@@ -1,0 +1,827 @@
+//! The operator on the local Kubernetes, one namespace and one operator process per test.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::{annotation, label, InstanceName};
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
+use cli_mcp_api::SessionId;
+use cli_mcp_e2e::testing::{cluster, wait_for, wait_for_set};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use support::*;
+
+fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
+    d.spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(key).cloned())
+}
+
+#[tokio::test]
+async fn sample_becomes_ready_with_all_children() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("sample").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    let root = cli_mcp_e2e::testing::workspace_root();
+    let text =
+        std::fs::read_to_string(root.join("config/samples/cli-mcp_v1alpha1_climcpinstance.yaml"))
+            .expect("sample CR");
+    let sample: CliMcpInstance = serde_yaml::from_str(&text).expect("sample parses");
+    let name = sample.name_any();
+    kubeconfig_secret(&ns, &name).await;
+    ns.api::<CliMcpInstance>()
+        .create(&PostParams::default(), &sample)
+        .await
+        .expect("create sample");
+    let ready = wait_ready(&ns, &name, &op).await;
+    let n = InstanceName::parse(&name).expect("name");
+    let st = ready.status.clone().expect("status");
+    assert_eq!(
+        st.endpoint.as_deref(),
+        Some(format!("https://cli-mcp-{name}.{}.svc:8443/mcp", ns.name).as_str())
+    );
+    assert_eq!(st.warm_pool.desired, sample.spec.sandbox.warm_pool_size);
+    assert!(ready
+        .finalizers()
+        .iter()
+        .any(|f| f == "cli-mcp.redhat.com/finalizer"));
+
+    let owned = |o: &kube::api::ObjectMeta| {
+        o.owner_references.as_ref().is_some_and(|refs| {
+            refs.iter()
+                .any(|r| Some(&r.uid) == ready.metadata.uid.as_ref() && r.controller == Some(true))
+        })
+    };
+    let d = ns
+        .api::<Deployment>()
+        .get(&n.server())
+        .await
+        .expect("Deployment");
+    assert!(owned(&d.metadata));
+    assert!(template_annotation(&d, "cli-mcp.redhat.com/hmac-version").is_some());
+    assert!(owned(
+        &ns.api::<Service>()
+            .get(&n.server())
+            .await
+            .expect("Service")
+            .metadata
+    ));
+    assert!(owned(
+        &ns.api::<ServiceAccount>()
+            .get(&n.server())
+            .await
+            .expect("server SA")
+            .metadata
+    ));
+    let sbx_sa = ns
+        .api::<ServiceAccount>()
+        .get(&n.sandbox())
+        .await
+        .expect("sandbox SA");
+    assert_eq!(sbx_sa.automount_service_account_token, Some(false));
+    assert!(owned(
+        &ns.api::<Role>()
+            .get(&n.server())
+            .await
+            .expect("Role")
+            .metadata
+    ));
+    assert!(owned(
+        &ns.api::<RoleBinding>()
+            .get(&n.server())
+            .await
+            .expect("RoleBinding")
+            .metadata
+    ));
+    assert!(owned(
+        &ns.api::<NetworkPolicy>()
+            .get(&n.sandbox())
+            .await
+            .expect("NetworkPolicy")
+            .metadata
+    ));
+    assert!(owned(
+        &ns.api::<Secret>()
+            .get(&n.hmac_secret())
+            .await
+            .expect("HMAC Secret")
+            .metadata
+    ));
+    let tls = ns
+        .api::<Secret>()
+        .get(&n.tls_secret())
+        .await
+        .expect("TLS Secret");
+    assert_eq!(tls.type_.as_deref(), Some("kubernetes.io/tls"));
+    let ca = ns
+        .api::<ConfigMap>()
+        .get(&format!("cli-mcp-{name}-ca"))
+        .await
+        .expect("CA ConfigMap");
+    assert!(ca.data.expect("data")["ca.crt"].contains("BEGIN CERTIFICATE"));
+    let crb = Api::<ClusterRoleBinding>::all(c.client.clone())
+        .get(&n.auth_delegator_binding(&ns.name))
+        .await
+        .expect("auth-delegator ClusterRoleBinding");
+    assert_eq!(crb.role_ref.name, "system:auth-delegator");
+    // Operator health endpoints.
+    assert_eq!(op.http("/livez").await.map(|r| r.0), Some(200));
+    assert_eq!(op.http("/readyz").await.map(|r| r.0), Some(200));
+    let metrics = op.http("/metrics").await.expect("metrics").1;
+    assert!(
+        metrics.contains("cli_mcp_operator_reconciles_total"),
+        "{metrics}"
+    );
+    finish(ns, &name, &op).await;
+}
+
+#[tokio::test]
+async fn edited_children_are_reverted_and_deleted_children_recreated() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("drift").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "drift", json!({})).await;
+    wait_ready(&ns, "drift", &op).await;
+    let n = InstanceName::parse("drift").expect("name");
+
+    // Hand edits: scale the Deployment, open the NetworkPolicy to everyone.
+    ns.api::<Deployment>()
+        .patch(
+            &n.server(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("scale by hand");
+    ns.api::<NetworkPolicy>()
+        .patch(
+            &n.sandbox(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ingress": [{}]}})),
+        )
+        .await
+        .expect("edit NetworkPolicy by hand");
+    wait_for(
+        ns.api::<Deployment>(),
+        &n.server(),
+        "replicas reverted to 1",
+        TIMEOUT,
+        |d: Option<&Deployment>| d.is_some_and(|d| d.spec.replicas == Some(1)),
+    )
+    .await
+    .expect("Deployment replicas reverted");
+    wait_for(
+        ns.api::<NetworkPolicy>(),
+        &n.sandbox(),
+        "ingress reverted",
+        TIMEOUT,
+        |p: Option<&NetworkPolicy>| {
+            p.and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.ingress.as_ref())
+                .is_some_and(|i| i.len() == 1 && i[0].from.is_some() && i[0].ports.is_some())
+        },
+    )
+    .await
+    .expect("NetworkPolicy reverted");
+
+    // Deleted children come back (new uid).
+    let svc_uid = ns
+        .api::<Service>()
+        .get(&n.server())
+        .await
+        .expect("svc")
+        .uid();
+    let role_uid = ns.api::<Role>().get(&n.server()).await.expect("role").uid();
+    ns.api::<Service>()
+        .delete(&n.server(), &DeleteParams::default())
+        .await
+        .expect("delete Service");
+    ns.api::<Role>()
+        .delete(&n.server(), &DeleteParams::default())
+        .await
+        .expect("delete Role");
+    ns.api::<ServiceAccount>()
+        .delete(&n.sandbox(), &DeleteParams::default())
+        .await
+        .expect("delete SA");
+    Api::<ClusterRoleBinding>::all(c.client.clone())
+        .delete(
+            &n.auth_delegator_binding(&ns.name),
+            &DeleteParams::default(),
+        )
+        .await
+        .expect("delete ClusterRoleBinding");
+    wait_for(
+        ns.api::<Service>(),
+        &n.server(),
+        "Service recreated",
+        TIMEOUT,
+        |s: Option<&Service>| s.is_some_and(|s| s.uid() != svc_uid),
+    )
+    .await
+    .expect("Service recreated");
+    wait_for(
+        ns.api::<Role>(),
+        &n.server(),
+        "Role recreated",
+        TIMEOUT,
+        |r: Option<&Role>| r.is_some_and(|r| r.uid() != role_uid),
+    )
+    .await
+    .expect("Role recreated");
+    wait_for(
+        ns.api::<ServiceAccount>(),
+        &n.sandbox(),
+        "SA recreated",
+        TIMEOUT,
+        |s: Option<&ServiceAccount>| s.is_some(),
+    )
+    .await
+    .expect("sandbox SA recreated");
+    wait_for(
+        Api::<ClusterRoleBinding>::all(c.client.clone()),
+        &n.auth_delegator_binding(&ns.name),
+        "ClusterRoleBinding recreated",
+        TIMEOUT,
+        |b: Option<&ClusterRoleBinding>| b.is_some(),
+    )
+    .await
+    .expect("ClusterRoleBinding recreated");
+    finish(ns, "drift", &op).await;
+}
+
+#[tokio::test]
+async fn pool_fills_and_refills_after_claims() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("pool").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "pool", json!({"sandbox": {"warmPoolSize": 4}})).await;
+    wait_ready(&ns, "pool", &op).await;
+    let pods = wait_pool(&ns, "pool", 4, &op).await;
+    let key = hmac_key(&ns, "pool").await;
+    let api = ns.api::<Pod>();
+    let free = unassigned(&pods);
+    let mut claimed = Vec::new();
+    for (i, p) in free.iter().take(2).enumerate() {
+        let p = claim(&api, p, &format!("s{i}"), &key).await.expect("claim");
+        claimed.push(p.uid());
+    }
+    // Refilled to 4 free pods; the 2 claimed ones are kept.
+    let pods = wait_pool(&ns, "pool", 4, &op).await;
+    assert_eq!(pods.len(), 6);
+    for uid in &claimed {
+        assert!(pods.iter().any(|p| &p.uid() == uid), "claimed pod kept");
+    }
+    // Ready does not flap on claims.
+    let o = ns.api::<CliMcpInstance>().get("pool").await.expect("cr");
+    assert!(is_true(&o, "Ready"));
+    // Pool pods are named by the shared contract and carry the current hash.
+    for p in unassigned(&pods) {
+        assert!(
+            p.name_any().starts_with("cli-mcp-pool-pool-"),
+            "{}",
+            p.name_any()
+        );
+        assert!(p.annotations().contains_key(annotation::SANDBOX_HASH));
+    }
+    finish(ns, "pool", &op).await;
+}
+
+#[tokio::test]
+async fn pool_shrinks_without_deleting_concurrently_claimed_pods() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("shrink").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "shrink", json!({"sandbox": {"warmPoolSize": 8}})).await;
+    let pods = wait_pool(&ns, "shrink", 8, &op).await;
+    let key = hmac_key(&ns, "shrink").await;
+
+    // Shrink to 0 while a claimer races for every pod with the listed resourceVersions.
+    let crs = ns.api::<CliMcpInstance>();
+    let pp = PatchParams::default();
+    let to_zero = Patch::Merge(json!({"spec": {"sandbox": {"warmPoolSize": 0}}}));
+    let shrink = crs.patch("shrink", &pp, &to_zero);
+    let api = ns.api::<Pod>();
+    let claims =
+        futures::future::join_all(pods.iter().enumerate().filter(|(i, _)| i % 2 == 0).map(
+            |(i, p)| {
+                let api = api.clone();
+                let key = key.clone();
+                async move { claim(&api, p, &format!("race{i}"), &key).await }
+            },
+        ));
+    let (shrunk, claims) = tokio::join!(shrink, claims);
+    shrunk.expect("shrink");
+    let won: Vec<_> = claims
+        .into_iter()
+        .filter_map(|r| r.ok())
+        .map(|p| p.uid())
+        .collect();
+    assert!(!won.is_empty(), "at least one claim wins the race");
+
+    // Every pod left is a successful claim; every successful claim is alive.
+    let left = wait_for_set(
+        api.clone(),
+        &sandbox_selector("shrink"),
+        "only claimed pods left",
+        TIMEOUT,
+        |ps: &[Pod]| {
+            ps.iter()
+                .all(|p| p.labels().contains_key(label::SESSION_ID))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let left_uids: BTreeSet<_> = left.iter().map(|p| p.uid()).collect();
+    for uid in &won {
+        assert!(left_uids.contains(uid), "claimed pod {uid:?} was deleted");
+    }
+    assert!(left.iter().all(|p| p.metadata.deletion_timestamp.is_none()));
+    finish(ns, "shrink", &op).await;
+}
+
+#[tokio::test]
+async fn image_change_replaces_unassigned_pods_only() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("image").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "img", json!({"sandbox": {"warmPoolSize": 3}})).await;
+    let pods = wait_pool(&ns, "img", 3, &op).await;
+    let key = hmac_key(&ns, "img").await;
+    let api = ns.api::<Pod>();
+    let session = claim(&api, unassigned(&pods)[0], "keep", &key)
+        .await
+        .expect("claim");
+    let old: BTreeSet<_> = pods.iter().map(|p| p.uid()).collect();
+
+    ns.api::<CliMcpInstance>()
+        .patch(
+            "img",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sandbox": {"image": "cli-mcp-agent:v2"}}})),
+        )
+        .await
+        .expect("change image");
+    let pods = wait_for_set(
+        api.clone(),
+        &sandbox_selector("img"),
+        "pool on the new image",
+        TIMEOUT,
+        |ps: &[Pod]| {
+            let free = unassigned(ps);
+            free.len() == 3
+                && free.iter().all(|p| {
+                    ready(p)
+                        && p.spec
+                            .as_ref()
+                            .and_then(|s| s.containers[0].image.as_deref())
+                            == Some("cli-mcp-agent:v2")
+                })
+                && ps.iter().all(|p| p.metadata.deletion_timestamp.is_none())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    for p in unassigned(&pods) {
+        assert!(!old.contains(&p.uid()), "unassigned pods are new");
+    }
+    let kept = pods
+        .iter()
+        .find(|p| p.uid() == session.uid())
+        .expect("assigned pod kept");
+    assert_eq!(
+        kept.spec
+            .as_ref()
+            .and_then(|s| s.containers[0].image.as_deref()),
+        Some("cli-mcp-agent:dev")
+    );
+    let o = ns.api::<CliMcpInstance>().get("img").await.expect("cr");
+    assert_eq!(
+        o.status.and_then(|s| s.resolved_sandbox_image).as_deref(),
+        Some("cli-mcp-agent:v2")
+    );
+    finish(ns, "img", &op).await;
+}
+
+/// An assigned pod as the server would create it, with `last-activity` `age` ago.
+async fn session_pod(
+    ns: &cli_mcp_e2e::testing::TestNamespace,
+    instance: &str,
+    sid: &str,
+    age: Duration,
+) -> Pod {
+    let cr = ns.api::<CliMcpInstance>().get(instance).await.expect("cr");
+    let cfg = cr.sandbox_config(Some(SANDBOX_IMAGE)).expect("config");
+    let key = hmac_key(ns, instance).await;
+    let sid = SessionId::parse(sid).expect("sid");
+    let token = key.session_token(&sid).commitment();
+    let then = k8s_openapi::jiff::Timestamp::now()
+        - k8s_openapi::jiff::SignedDuration::try_from(age).expect("age");
+    let pod = build_sandbox_pod(
+        &cfg,
+        &SandboxRole::Session {
+            sid,
+            token,
+            owner: None,
+        },
+        &then.to_string(),
+    );
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create session pod")
+}
+
+#[tokio::test]
+async fn idle_session_is_collected_and_active_one_is_not() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("idle").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "idle", json!({"sandbox": {"idleTimeout": "1m"}})).await;
+    wait_ready(&ns, "idle", &op).await;
+    let stale = session_pod(&ns, "idle", "stale", Duration::from_secs(120)).await;
+    let active = session_pod(&ns, "idle", "active", Duration::from_secs(0)).await;
+    wait_for(
+        ns.api::<Pod>(),
+        &stale.name_any(),
+        "idle session collected",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.is_none_or(|p| p.metadata.deletion_timestamp.is_some() && p.uid() == stale.uid())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let a = ns
+        .api::<Pod>()
+        .get(&active.name_any())
+        .await
+        .expect("active session exists");
+    assert!(
+        a.metadata.deletion_timestamp.is_none(),
+        "active session kept"
+    );
+    let o = wait_for(
+        ns.api::<CliMcpInstance>(),
+        "idle",
+        "one active session",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.active_sessions == 1)
+        },
+    )
+    .await
+    .expect("status counts sessions");
+    assert!(o.is_some());
+    finish(ns, "idle", &op).await;
+}
+
+#[tokio::test]
+async fn deleting_the_instance_removes_everything_including_sessions() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("teardown").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "td", json!({"sandbox": {"warmPoolSize": 2}})).await;
+    wait_ready(&ns, "td", &op).await;
+    wait_pool(&ns, "td", 2, &op).await;
+    session_pod(&ns, "td", "live", Duration::from_secs(0)).await;
+    let crs = ns.api::<CliMcpInstance>();
+    crs.delete("td", &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    wait_for(
+        crs,
+        "td",
+        "instance released",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| o.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    assert_nothing_left(&c, &ns, "td").await;
+    ns.delete().await.expect("delete namespace");
+}
+
+async fn assert_nothing_left(
+    c: &cli_mcp_e2e::testing::TestCluster,
+    ns: &cli_mcp_e2e::testing::TestNamespace,
+    name: &str,
+) {
+    let n = InstanceName::parse(name).expect("name");
+    let pods = ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&format!("{}={name}", label::INSTANCE)))
+        .await
+        .expect("list pods");
+    assert!(
+        pods.items.is_empty(),
+        "pods left: {:?}",
+        pods.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    assert!(
+        Api::<ClusterRoleBinding>::all(c.client.clone())
+            .get_opt(&n.auth_delegator_binding(&ns.name))
+            .await
+            .expect("get crb")
+            .is_none(),
+        "ClusterRoleBinding removed"
+    );
+    // Owned Secrets go with the CR (garbage collector).
+    for s in [n.hmac_secret(), n.tls_secret()] {
+        wait_for(
+            ns.api::<Secret>(),
+            &s,
+            "owned Secret collected",
+            TIMEOUT,
+            |o: Option<&Secret>| o.is_none(),
+        )
+        .await
+        .expect("Secret garbage-collected");
+    }
+    // The admin's kubeconfig Secret is never touched.
+    assert!(ns
+        .api::<Secret>()
+        .get_opt(&n.kubeconfig_secret())
+        .await
+        .expect("get")
+        .is_some());
+}
+
+#[tokio::test]
+async fn teardown_survives_an_operator_restart() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("restart").await.expect("namespace");
+    let mut op = Operator::start(&c, &ns.name, "op1");
+    create_instance(&ns, "rs", json!({"sandbox": {"warmPoolSize": 1}})).await;
+    wait_ready(&ns, "rs", &op).await;
+    // A session pod that cannot go away yet (a foreign finalizer) holds the teardown.
+    let held = session_pod(&ns, "rs", "held", Duration::from_secs(0)).await;
+    ns.api::<Pod>()
+        .patch(
+            &held.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["e2e.cli-mcp/hold"]}})),
+        )
+        .await
+        .expect("hold pod");
+    let crs = ns.api::<CliMcpInstance>();
+    crs.delete("rs", &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    // Teardown has started: the server is scaled down and the held pod is terminating.
+    wait_for(
+        ns.api::<Pod>(),
+        &held.name_any(),
+        "held pod terminating",
+        TIMEOUT,
+        |p: Option<&Pod>| p.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let d = ns
+        .api::<Deployment>()
+        .get("cli-mcp-rs")
+        .await
+        .expect("deployment");
+    assert_eq!(d.spec.replicas, Some(0));
+    op.kill();
+    let o = crs.get("rs").await.expect("CR still there");
+    assert!(o.metadata.deletion_timestamp.is_some());
+    // A new operator process continues where the old one stopped.
+    let op2 = Operator::start(&c, &ns.name, "op2");
+    ns.api::<Pod>()
+        .patch(
+            &held.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("release pod");
+    wait_for(
+        crs,
+        "rs",
+        "instance released",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| o.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op2.log_tail()));
+    assert_nothing_left(&c, &ns, "rs").await;
+    ns.delete().await.expect("delete namespace");
+}
+
+#[tokio::test]
+async fn deleted_hmac_secret_gives_a_new_key_rolls_the_server_and_replaces_the_pool() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("hmac").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "hk", json!({"sandbox": {"warmPoolSize": 2}})).await;
+    wait_ready(&ns, "hk", &op).await;
+    let pods = wait_pool(&ns, "hk", 2, &op).await;
+    let old_key = hmac_key(&ns, "hk").await.to_hex();
+    let old_pods: BTreeSet<_> = pods.iter().map(|p| p.uid()).collect();
+    let d = ns
+        .api::<Deployment>()
+        .get("cli-mcp-hk")
+        .await
+        .expect("deployment");
+    let old_version =
+        template_annotation(&d, "cli-mcp.redhat.com/hmac-version").expect("annotation");
+    let secret_uid = ns
+        .api::<Secret>()
+        .get("cli-mcp-hk-hmac")
+        .await
+        .expect("secret")
+        .uid();
+
+    ns.api::<Secret>()
+        .delete("cli-mcp-hk-hmac", &DeleteParams::default())
+        .await
+        .expect("delete key");
+    wait_for(
+        ns.api::<Secret>(),
+        "cli-mcp-hk-hmac",
+        "new HMAC Secret",
+        TIMEOUT,
+        |s: Option<&Secret>| s.is_some_and(|s| s.uid() != secret_uid),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    assert_ne!(hmac_key(&ns, "hk").await.to_hex(), old_key, "a new key");
+    wait_for(
+        ns.api::<Deployment>(),
+        "cli-mcp-hk",
+        "server template rolled",
+        TIMEOUT,
+        |d: Option<&Deployment>| {
+            d.and_then(|d| template_annotation(d, "cli-mcp.redhat.com/hmac-version"))
+                .is_some_and(|v| v != old_version)
+        },
+    )
+    .await
+    .expect("server rolls");
+    let pods = wait_pool(&ns, "hk", 2, &op).await;
+    assert!(
+        pods.iter().all(|p| !old_pods.contains(&p.uid())),
+        "pool replaced"
+    );
+    wait_ready(&ns, "hk", &op).await;
+    finish(ns, "hk", &op).await;
+}
+
+#[tokio::test]
+async fn standby_operator_takes_over_when_the_leader_dies() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("leader").await.expect("namespace");
+    let mut a = Operator::start(&c, &ns.name, "leader-a");
+    create_instance(&ns, "le", json!({})).await;
+    wait_ready(&ns, "le", &a).await;
+    let leases = ns.api::<Lease>();
+    let holder = |l: Option<&Lease>| {
+        l.and_then(|l| l.spec.as_ref())
+            .and_then(|s| s.holder_identity.clone())
+    };
+    wait_for(
+        leases.clone(),
+        "cli-mcp-operator",
+        "a holds the lease",
+        TIMEOUT,
+        move |l: Option<&Lease>| holder(l).as_deref() == Some("leader-a"),
+    )
+    .await
+    .expect("a leads");
+    let b = Operator::start(&c, &ns.name, "leader-b");
+    // b is a healthy standby and does not take the lease while a renews it.
+    // Poll the HTTP endpoint until the process listens (there is nothing to watch).
+    let mut standby = None;
+    for _ in 0..300 {
+        standby = b.http("/readyz").await;
+        if standby.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let standby = standby.expect("b serves /readyz");
+    assert_eq!(standby, (200, "standby".to_string()));
+    a.kill();
+    wait_for(
+        leases,
+        "cli-mcp-operator",
+        "b holds the lease",
+        TIMEOUT,
+        move |l: Option<&Lease>| holder(l).as_deref() == Some("leader-b"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", b.log_tail()));
+    // b reconciles: a deleted child comes back.
+    let np = ns.api::<NetworkPolicy>();
+    let uid = np.get("cli-mcp-le-sandbox").await.expect("np").uid();
+    np.delete("cli-mcp-le-sandbox", &DeleteParams::default())
+        .await
+        .expect("delete np");
+    wait_for(
+        np,
+        "cli-mcp-le-sandbox",
+        "recreated by b",
+        TIMEOUT,
+        |p: Option<&NetworkPolicy>| p.is_some_and(|p| p.uid() != uid),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", b.log_tail()));
+    finish(ns, "le", &b).await;
+}
+
+#[tokio::test]
+async fn steady_state_makes_no_writes() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("steady").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "st", json!({"sandbox": {"warmPoolSize": 3}})).await;
+    wait_ready(&ns, "st", &op).await;
+    wait_pool(&ns, "st", 3, &op).await;
+    // Let the last status write and its echo settle: wait until the operator's write
+    // counter stops moving between two metric reads around a no-op watch window.
+    let before = op.writes().await;
+    let selector = format!("{}=st", label::INSTANCE);
+    let rv = |list: Vec<(String, String)>| {
+        list.into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    async fn rvs<K>(api: Api<K>, sel: &str) -> Vec<(String, String)>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.list(&ListParams::default().labels(sel))
+            .await
+            .expect("list")
+            .items
+            .into_iter()
+            .map(|o| (o.name_any(), o.resource_version().unwrap_or_default()))
+            .collect()
+    }
+    let snapshot = |ns: &cli_mcp_e2e::testing::TestNamespace| {
+        let (ns, selector) = (ns.clone(), selector.clone());
+        async move {
+            let mut all = Vec::new();
+            all.extend(rvs(ns.api::<Deployment>(), &selector).await);
+            all.extend(rvs(ns.api::<Service>(), &selector).await);
+            all.extend(rvs(ns.api::<ServiceAccount>(), &selector).await);
+            all.extend(rvs(ns.api::<Role>(), &selector).await);
+            all.extend(rvs(ns.api::<RoleBinding>(), &selector).await);
+            all.extend(rvs(ns.api::<NetworkPolicy>(), &selector).await);
+            all.extend(rvs(ns.api::<Secret>(), &selector).await);
+            all.extend(rvs(ns.api::<ConfigMap>(), &selector).await);
+            all.extend(rvs(ns.api::<Pod>(), &selector).await);
+            let cr = ns.api::<CliMcpInstance>().get("st").await.expect("cr");
+            all.push(("cr".into(), cr.resource_version().unwrap_or_default()));
+            all
+        }
+    };
+    let first = rv(snapshot(&ns).await);
+    // The measurement window itself: 30 s of nothing happening (not a synchronisation).
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let second = rv(snapshot(&ns).await);
+    let after = op.writes().await;
+    assert_eq!(
+        after,
+        before,
+        "operator sent {} writes in a steady state\n{}",
+        after - before,
+        op.log_tail()
+    );
+    let changed: Vec<_> = first
+        .iter()
+        .filter(|(k, v)| second.get(*k) != Some(*v))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "objects changed in a steady state: {changed:?}"
+    );
+    assert_eq!(first.len(), second.len());
+    finish(ns, "st", &op).await;
+}
