@@ -108,6 +108,34 @@ impl Operator {
         }
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Resident and peak resident memory in KiB (VmRSS, VmHWM).
+    pub fn rss_kib(&self) -> Option<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        Some((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// Sum of `cli_mcp_operator_reconciles_total` over all results.
+    pub async fn reconciles(&self) -> u64 {
+        let Some((_, text)) = self.http("/metrics").await else {
+            return 0;
+        };
+        text.lines()
+            .filter(|l| l.starts_with("cli_mcp_operator_reconciles_total"))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum::<f64>() as u64
+    }
+
     /// SIGKILL: a crash, no lease release.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
