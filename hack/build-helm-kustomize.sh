@@ -26,6 +26,13 @@ if [[ -x "$final/bin/helm" && -x "$final/bin/kustomize" ]]; then
     exit 0
 fi
 mkdir -p "$cache"
+# Concurrent callers (parallel tests) wait for one build instead of building twice.
+exec 9>"$cache/.lock"
+flock 9
+if [[ -x "$final/bin/helm" && -x "$final/bin/kustomize" ]]; then
+    echo "$final/bin"
+    exit 0
+fi
 tmp="$(mktemp -d "$cache/.build-$hash.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 chmod 755 "$tmp"
