@@ -101,8 +101,9 @@ impl RouteCache {
         );
     }
 
-    /// Turns the route of `sid` into a tombstone if it still points at `uid`.
-    pub fn invalidate(&self, sid: &SessionId, uid: &str) {
+    /// Turns the route of `sid` into a tombstone if it still points at `uid`; true when it
+    /// did.
+    pub fn invalidate(&self, sid: &SessionId, uid: &str) -> bool {
         let mut slots = self.lock();
         if let Some(slot) = slots.get_mut(sid) {
             if matches!(slot, Slot::Live { route, .. } if route.uid == uid) {
@@ -110,8 +111,10 @@ impl RouteCache {
                     uid: uid.to_owned(),
                     at: Instant::now(),
                 };
+                return true;
             }
         }
+        false
     }
 
     /// Forgets `sid` entirely (the session was deleted on purpose).

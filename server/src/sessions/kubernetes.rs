@@ -16,9 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use rand::seq::SliceRandom;
 use serde_json::json;
@@ -120,7 +122,9 @@ impl KubeBackend {
     ) -> Vec<tokio::task::JoinHandle<()>> {
         let stamper = self.stamper.clone().run(self.pods.clone(), stop.clone());
         let me = self.clone();
+        let gauge_stop = stop.clone();
         let gauge = async move {
+            let stop = gauge_stop;
             let mut tick = tokio::time::interval(GAUGE_REFRESH);
             loop {
                 tokio::select! {
@@ -132,7 +136,53 @@ impl KubeBackend {
                 }
             }
         };
-        vec![tokio::spawn(stamper), tokio::spawn(gauge)]
+        let routes = self.clone().watch_routes(stop.clone());
+        vec![
+            tokio::spawn(stamper),
+            tokio::spawn(gauge),
+            tokio::spawn(routes),
+        ]
+    }
+
+    /// Drops the route of a session as soon as its pod is being deleted (by the idle GC, an
+    /// admin, another replica), so no call is sent to an address that is going away.
+    async fn watch_routes(self: Arc<Self>, stop: CancellationToken) {
+        let cfg = watcher::Config::default().labels(&self.instance.assigned_selector());
+        let stream = watcher::watcher(self.pods.clone(), cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => break,
+                e = stream.next() => match e {
+                    Some(e) => e,
+                    None => break,
+                },
+            };
+            match event {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) if deleting(&p) => {
+                    self.pod_going(&p)
+                }
+                Ok(watcher::Event::Delete(p)) => self.pod_going(&p),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "sandbox pod watch error (retrying)"),
+            }
+        }
+    }
+
+    fn pod_going(&self, pod: &Pod) {
+        let (Some(sid), Some(uid)) = (
+            pod.labels()
+                .get(label::SESSION_ID)
+                .and_then(|s| SessionId::parse(s).ok()),
+            pod.uid(),
+        ) else {
+            return;
+        };
+        self.stamper.forget(&pod.name_any());
+        if self.cache.invalidate(&sid, &uid) {
+            tracing::info!(session = %sid, pod = %pod.name_any(),
+                "session pod is being deleted; route dropped");
+        }
     }
 
     fn sandbox(
@@ -744,7 +794,7 @@ mod tests {
 
     #[test]
     fn the_oldest_pod_wins_then_the_name() {
-        let mut pods = vec![
+        let mut pods = [
             pod("b", Some("2026-01-01T00:00:02Z")),
             pod("c", Some("2026-01-01T00:00:01Z")),
             pod("a", Some("2026-01-01T00:00:02Z")),

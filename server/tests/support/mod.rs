@@ -72,6 +72,7 @@ pub struct Server {
     pub addr: String,
     pub health: String,
     pub log: Arc<Mutex<VecDeque<String>>>,
+    pub log_event: Arc<tokio::sync::Notify>,
     pub scheme: &'static str,
 }
 
@@ -102,6 +103,8 @@ impl Server {
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let (tx, rx) = tokio::sync::oneshot::channel::<(String, String)>();
         let log2 = log.clone();
+        let log_event = Arc::new(tokio::sync::Notify::new());
+        let event2 = log_event.clone();
         tokio::spawn(async move {
             let mut tx = Some(tx);
             let mut lines = BufReader::new(stderr).lines();
@@ -121,6 +124,8 @@ impl Server {
                     l.pop_front();
                 }
                 l.push_back(line);
+                drop(l);
+                event2.notify_waiters();
             }
         });
         let ready = tokio::time::timeout(Duration::from_secs(30), rx).await;
@@ -143,7 +148,32 @@ impl Server {
             addr,
             health,
             log,
+            log_event,
             scheme,
+        }
+    }
+
+    /// Waits (on log events, no polling) for a log line matching `pred`.
+    pub async fn wait_log(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let wait = async {
+            loop {
+                let notified = self.log_event.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let found = self
+                    .log
+                    .lock()
+                    .ok()
+                    .and_then(|l| l.iter().find(|l| pred(l)).cloned());
+                if let Some(line) = found {
+                    return line;
+                }
+                notified.await;
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(60), wait).await {
+            Ok(line) => line,
+            Err(_) => panic!("no log line {what} within 60s; log:\n{}", self.log_text()),
         }
     }
 

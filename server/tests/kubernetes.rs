@@ -1,0 +1,830 @@
+//! The server's `kubernetes` backend and auth on the local Kubernetes (real control plane,
+//! process kubelet; SPEC §7). Each test has its own namespace and runs the real
+//! `cli-mcp-server` binary on the host with the cluster's kubeconfig; sandbox pods run the
+//! real agent (`cli-mcp-agent:*` maps to target/debug/cli-mcp-agent).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+
+use futures::future::join_all;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::wait::conditions::is_deleted;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
+use cli_mcp_api::token::HmacKey;
+use cli_mcp_e2e::testing::{
+    self, pod_is_ready, wait_for, wait_for_set, TestCluster, TestNamespace, TIMEOUT,
+};
+use support::{is_error, structured, text, Mcp, Server};
+
+const INSTANCE: &str = "demo";
+const AGENT_IMAGE: &str = "cli-mcp-agent:dev";
+/// Prints the pod name: the process kubelet sets the pod's hostname to it.
+const WHOAMI: &str = "cat /proc/sys/kernel/hostname";
+
+/// One test's world: a namespace with the instance's sandbox ServiceAccount, a sandbox
+/// config, and the instance HMAC key in a file.
+struct World {
+    cluster: TestCluster,
+    ns: TestNamespace,
+    cfg: SandboxConfig,
+    key: HmacKey,
+    dir: tempfile::TempDir,
+    key_file: PathBuf,
+}
+
+impl World {
+    async fn new(prefix: &str) -> World {
+        support::ensure_built(true);
+        let cluster = testing::cluster()
+            .await
+            .expect("the local cluster must come up (see docs/local-kubernetes.md)");
+        let ns = cluster.namespace(prefix).await.expect("namespace");
+        let instance = InstanceName::parse(INSTANCE).expect("valid");
+        let sa: ServiceAccount = serde_json::from_value(json!({
+            "metadata": {"name": instance.sandbox()},
+            "automountServiceAccountToken": false
+        }))
+        .expect("ServiceAccount");
+        ns.api::<ServiceAccount>()
+            .create(&PostParams::default(), &sa)
+            .await
+            .expect("create sandbox ServiceAccount");
+        let mut cfg = SandboxConfig::new(instance, ns.name.clone(), AGENT_IMAGE);
+        cfg.termination_grace_period_seconds = 5;
+        // The test node has 2 CPUs: the default 100m request would fit only 20 sandboxes.
+        cfg.resources = serde_json::from_value(json!({
+            "requests": {"cpu": "5m", "memory": "16Mi"},
+            "limits": {"cpu": "500m", "memory": "512Mi"}
+        }))
+        .expect("resources");
+        let key = HmacKey::from_bytes(rand::random());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key_file = dir.path().join("key");
+        std::fs::write(&key_file, key.to_hex()).expect("write key");
+        World {
+            cluster,
+            ns,
+            cfg,
+            key,
+            dir,
+            key_file,
+        }
+    }
+
+    fn base_args(&self) -> Vec<String> {
+        vec![
+            "--backend".into(),
+            "kubernetes".into(),
+            "--sandbox-config".into(),
+            serde_json::to_string(&self.cfg).expect("config JSON"),
+            "--hmac-key-file".into(),
+            self.key_file.display().to_string(),
+        ]
+    }
+
+    async fn server_with(&self, extra: &[&str]) -> Server {
+        let mut args = self.base_args();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let kubeconfig = self.cluster.info.kubeconfig.display().to_string();
+        Server::start(&args, &[("KUBECONFIG", &kubeconfig)]).await
+    }
+
+    async fn server(&self) -> Server {
+        self.server_with(&["--auth", "none"]).await
+    }
+
+    fn instance(&self) -> &InstanceName {
+        &self.cfg.instance
+    }
+
+    /// Creates `n` warm pool pods with the shared builder (as the operator does) and waits
+    /// until all are Ready.
+    async fn warm_pods(&self, n: usize) -> Vec<String> {
+        let mut names = Vec::new();
+        for _ in 0..n {
+            let suffix = PoolSuffix::from_random_bytes(rand::random());
+            let name = self.instance().pool_pod(&suffix);
+            let pod = build_sandbox_pod(
+                &self.cfg,
+                &SandboxRole::Pool {
+                    suffix,
+                    assign: self.key.assign_token(&name).commitment(),
+                },
+                &now(),
+            );
+            self.ns
+                .api::<Pod>()
+                .create(&PostParams::default(), &pod)
+                .await
+                .expect("create warm pod");
+            names.push(name);
+        }
+        wait_for_set(
+            self.ns.api::<Pod>(),
+            &self.instance().unassigned_selector(),
+            "warm pods Ready",
+            TIMEOUT,
+            |pods: &[Pod]| pods.len() == n && pods.iter().all(pod_is_ready),
+        )
+        .await
+        .expect("warm pods become Ready");
+        names
+    }
+
+    /// Waits until session `sid` has exactly one live pod, and returns it.
+    async fn one_pod(&self, sid: &str) -> Pod {
+        let sel = format!(
+            "{},{}={sid}",
+            self.instance().sandbox_selector(),
+            label::SESSION_ID
+        );
+        let pods = wait_for_set(
+            self.ns.api::<Pod>(),
+            &sel,
+            "exactly one pod for the session",
+            TIMEOUT,
+            |pods: &[Pod]| {
+                pods.iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .count()
+                    == 1
+                    && pods.len() == 1
+            },
+        )
+        .await
+        .expect("one pod per session");
+        pods.into_iter().next().expect("one pod")
+    }
+
+    async fn done(self) {
+        self.ns.delete().await.expect("delete namespace");
+    }
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn stdout(r: &Value) -> String {
+    structured(r)["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn labels(p: &Pod) -> BTreeMap<String, String> {
+    p.labels().clone()
+}
+
+fn ann(p: &Pod, key: &str) -> Option<String> {
+    p.annotations().get(key).cloned()
+}
+
+#[tokio::test]
+async fn cold_create_when_the_pool_is_empty() {
+    let w = World::new("srv-cold").await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("cold-1"));
+    let r = mcp.bash(&format!("cd /tmp; export K=v; {WHOAMI}")).await;
+    assert!(!is_error(&r), "{r}");
+    assert_eq!(structured(&r)["new_sandbox"], "cold", "{}", text(&r));
+    let pod = w.one_pod("cold-1").await;
+    assert_eq!(stdout(&r), format!("{}\n", pod.name_any()));
+    assert!(pod.name_any().starts_with("cli-mcp-demo-s-cold-1-"));
+    assert_eq!(labels(&pod)[label::LAUNCH], "cold");
+    let sid = cli_mcp_api::SessionId::parse("cold-1").expect("valid");
+    assert_eq!(
+        ann(&pod, annotation::TOKEN_SHA256),
+        Some(w.key.session_token(&sid).commitment().to_hex())
+    );
+    assert_eq!(
+        ann(&pod, annotation::OWNER),
+        None,
+        "no owner with --auth none"
+    );
+    // The second call is routed to the same shell.
+    let r = mcp.bash("echo $PWD $K").await;
+    assert_eq!(stdout(&r), "/tmp v\n");
+    assert!(structured(&r).get("new_sandbox").is_none());
+    drop(server);
+    w.done().await;
+}
+
+#[tokio::test]
+async fn claims_a_premade_warm_pod() {
+    let w = World::new("srv-warm").await;
+    let warm = w.warm_pods(1).await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("warm-1"));
+    let r = mcp.bash(WHOAMI).await;
+    assert!(!is_error(&r), "{r}");
+    assert_eq!(structured(&r)["new_sandbox"], "warm", "{}", text(&r));
+    assert_eq!(stdout(&r), format!("{}\n", warm[0]));
+    let pod = w.one_pod("warm-1").await;
+    assert_eq!(pod.name_any(), warm[0]);
+    assert_eq!(labels(&pod)[label::LAUNCH], "warm");
+    assert_eq!(labels(&pod)[label::SESSION_ID], "warm-1");
+    assert!(ann(&pod, annotation::LAST_ACTIVITY).is_some());
+    let sid = cli_mcp_api::SessionId::parse("warm-1").expect("valid");
+    assert_eq!(
+        ann(&pod, annotation::TOKEN_SHA256),
+        Some(w.key.session_token(&sid).commitment().to_hex())
+    );
+    // No cold pod was made.
+    let all =
+        w.ns.api::<Pod>()
+            .list(&ListParams::default().labels(&w.instance().sandbox_selector()))
+            .await
+            .expect("list");
+    assert_eq!(all.items.len(), 1, "only the warm pod exists");
+    drop(server);
+    w.done().await;
+}
+
+#[tokio::test]
+async fn fifty_new_sessions_against_twenty_warm_pods() {
+    let w = World::new("srv-burst").await;
+    let warm: BTreeSet<String> = w.warm_pods(20).await.into_iter().collect();
+    let server = w.server().await;
+    let base = Mcp::new(&server, None);
+    let calls = (0..50).map(|i| {
+        let mcp = base.session(&format!("burst-{i}"));
+        async move { (format!("burst-{i}"), mcp.bash(WHOAMI).await) }
+    });
+    let results =
+        match tokio::time::timeout(std::time::Duration::from_secs(100), join_all(calls)).await {
+            Ok(r) => r,
+            Err(_) => panic!(
+                "the 50 calls did not finish within 100s; server log:\n{}",
+                server.log_text()
+            ),
+        };
+    let mut pod_of: HashMap<String, String> = HashMap::new();
+    let mut launches: HashMap<String, usize> = HashMap::new();
+    for (sid, r) in &results {
+        assert!(!is_error(r), "{sid}: {}", text(r));
+        let pod = stdout(r).trim().to_owned();
+        *launches
+            .entry(
+                structured(r)["new_sandbox"]
+                    .as_str()
+                    .unwrap_or("none")
+                    .to_owned(),
+            )
+            .or_default() += 1;
+        pod_of.insert(sid.clone(), pod);
+    }
+    let distinct: BTreeSet<&String> = pod_of.values().collect();
+    assert_eq!(
+        distinct.len(),
+        50,
+        "every session got its own pod: {pod_of:?}"
+    );
+    // Every session has exactly one pod, and it is the one that answered.
+    let pods = wait_for_set(
+        w.ns.api::<Pod>(),
+        &w.instance().assigned_selector(),
+        "50 assigned pods and no duplicates",
+        TIMEOUT,
+        |pods: &[Pod]| pods.len() == 50,
+    )
+    .await
+    .expect("50 session pods");
+    for p in &pods {
+        let sid = &labels(p)[label::SESSION_ID];
+        assert_eq!(pod_of.get(sid), Some(&p.name_any()), "session {sid}");
+    }
+    let claimed: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| labels(p)[label::LAUNCH] == "warm")
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(claimed, warm, "all 20 warm pods claimed, each once");
+    assert_eq!(launches.get("warm"), Some(&20), "{launches:?}");
+    assert_eq!(launches.get("cold"), Some(&30), "{launches:?}");
+    let unassigned =
+        w.ns.api::<Pod>()
+            .list(&ListParams::default().labels(&w.instance().unassigned_selector()))
+            .await
+            .expect("list");
+    assert!(unassigned.items.is_empty());
+    let metrics = support::http()
+        .get(server.health_url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("cli_mcp_session_start_seconds_count{launch=\"warm\"} 20"),
+        "{metrics}"
+    );
+    drop(server);
+    w.done().await;
+}
+
+async fn race_two_servers(w: &World, sid: &str) -> (Value, Value) {
+    let a = w.server().await;
+    let b = w.server().await;
+    let ma = Mcp::new(&a, Some(sid));
+    let mb = Mcp::new(&b, Some(sid));
+    let (ra, rb) = tokio::join!(ma.bash(WHOAMI), mb.bash(WHOAMI));
+    // Both keep using the one pod afterwards.
+    let (ra2, rb2) = tokio::join!(ma.bash(WHOAMI), mb.bash(WHOAMI));
+    assert_eq!(stdout(&ra2), stdout(&rb2), "both servers route to one pod");
+    drop((a, b));
+    (ra, rb)
+}
+
+#[tokio::test]
+async fn two_servers_racing_on_one_new_session_make_one_pod() {
+    let w = World::new("srv-race").await;
+    let (ra, rb) = race_two_servers(&w, "race-cold").await;
+    assert!(!is_error(&ra) && !is_error(&rb), "{ra} {rb}");
+    assert_eq!(stdout(&ra), stdout(&rb), "same pod");
+    let pod = w.one_pod("race-cold").await;
+    assert_eq!(stdout(&ra), format!("{}\n", pod.name_any()));
+    w.done().await;
+}
+
+#[tokio::test]
+async fn two_servers_racing_with_one_warm_pod_converge_on_it() {
+    let w = World::new("srv-race-warm").await;
+    let warm = w.warm_pods(1).await;
+    let (ra, rb) = race_two_servers(&w, "race-warm").await;
+    assert!(!is_error(&ra) && !is_error(&rb), "{ra} {rb}");
+    assert_eq!(stdout(&ra), stdout(&rb), "same pod");
+    assert_eq!(
+        stdout(&ra),
+        format!("{}\n", warm[0]),
+        "the older (warm) pod wins"
+    );
+    let pod = w.one_pod("race-warm").await;
+    assert_eq!(pod.name_any(), warm[0]);
+    w.done().await;
+}
+
+#[tokio::test]
+async fn a_deleted_pod_is_replaced_and_the_reset_is_reported() {
+    let w = World::new("srv-evict").await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("evict-1"));
+    mcp.bash("export MARK=1").await;
+    let pod = w.one_pod("evict-1").await;
+    let uid = pod.uid().expect("uid");
+    w.ns.api::<Pod>()
+        .delete(&pod.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    // The server drops its route when it sees the deletion (it never dials a gone pod).
+    server
+        .wait_log("about the dropped route", |l| {
+            l.contains("route dropped") && l.contains("evict-1")
+        })
+        .await;
+    wait_for(
+        w.ns.api::<Pod>(),
+        &pod.name_any(),
+        "pod gone",
+        TIMEOUT,
+        is_deleted(&uid),
+    )
+    .await
+    .expect("pod deleted");
+    let r = mcp.bash("echo \"[${MARK:-}]\"").await;
+    assert!(!is_error(&r), "{r}");
+    assert_eq!(stdout(&r), "[]\n");
+    assert_eq!(structured(&r)["state_reset"], true, "{}", text(&r));
+    assert!(text(&r).contains("session state was reset"), "{}", text(&r));
+    let new = w.one_pod("evict-1").await;
+    assert_ne!(new.uid(), Some(uid));
+    drop(server);
+    w.done().await;
+}
+
+/// Pids of processes whose environment has `POD_NAME=<pod>` and whose program is the agent.
+fn agent_pids(pod: &str) -> Vec<i32> {
+    let want = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            env.split(|b| *b == 0).any(|v| v == want.as_bytes())
+                && String::from_utf8_lossy(&cmd).contains("cli-mcp-agent")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restarted_agent_is_reported_as_a_reset() {
+    let w = World::new("srv-restart").await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("restart-1"));
+    mcp.bash("export MARK=1").await;
+    let pod = w.one_pod("restart-1").await;
+    let pids = agent_pids(&pod.name_any());
+    assert_eq!(pids.len(), 1, "one agent process for the pod: {pids:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pids[0].to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    // The kubelet restarts the container (restartPolicy Always); wait until it is Ready again.
+    wait_for(
+        w.ns.api::<Pod>(),
+        &pod.name_any(),
+        "agent container restarted and Ready",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.is_some_and(|p| {
+                pod_is_ready(p)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|cs| cs.first())
+                        .is_some_and(|c| c.restart_count >= 1 && c.ready)
+            })
+        },
+    )
+    .await
+    .expect("restart");
+    let r = mcp.bash("echo \"[${MARK:-}]\"").await;
+    assert!(!is_error(&r), "{r}");
+    assert_eq!(stdout(&r), "[]\n");
+    assert_eq!(structured(&r)["state_reset"], true, "{}", text(&r));
+    assert!(text(&r).contains("session state was reset"), "{}", text(&r));
+    assert_eq!(w.one_pod("restart-1").await.uid(), pod.uid(), "same pod");
+    drop(server);
+    w.done().await;
+}
+
+#[tokio::test]
+async fn delete_removes_the_pod() {
+    let w = World::new("srv-delete").await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("del-1"));
+    mcp.bash("true").await;
+    let pod = w.one_pod("del-1").await;
+    let http = support::http();
+    let list: Value = http
+        .get(server.url("/sessions"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(list["sessions"][0]["session_id"], "del-1");
+    assert_eq!(list["sessions"][0]["sandbox"], pod.name_any());
+    let del = http
+        .delete(server.url("/sessions/del-1"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 204);
+    wait_for(
+        w.ns.api::<Pod>(),
+        &pod.name_any(),
+        "session pod deleted",
+        TIMEOUT,
+        is_deleted(&pod.uid().expect("uid")),
+    )
+    .await
+    .expect("pod removed");
+    let again = http
+        .delete(server.url("/sessions/del-1"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(again.status(), 204, "idempotent");
+    let list: Value = http
+        .get(server.url("/sessions"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(list["sessions"], json!([]));
+    drop(server);
+    w.done().await;
+}
+
+#[tokio::test]
+async fn session_limit_is_enforced() {
+    let w = World::new("srv-limit").await;
+    let server = w
+        .server_with(&["--auth", "none", "--max-sessions", "1"])
+        .await;
+    let mcp = Mcp::new(&server, Some("lim-1"));
+    assert!(!is_error(&mcp.bash("true").await));
+    let r = mcp.session("lim-2").bash("true").await;
+    assert!(is_error(&r));
+    assert!(text(&r).contains("already has 1 sessions"), "{}", text(&r));
+    drop(server);
+    w.done().await;
+}
+
+// ---- auth ----
+
+/// A self-signed CA and a serving certificate for 127.0.0.1, as PEM files.
+fn tls_files(dir: &std::path::Path) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::default();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    let issuer = Issuer::new(ca, &ca_key);
+    let key = KeyPair::generate().expect("key");
+    let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+    leaf.subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    let cert = leaf.signed_by(&key, &issuer).expect("leaf");
+    let cert_path = dir.join("tls.crt");
+    let key_path = dir.join("tls.key");
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    (
+        cert_path.display().to_string(),
+        key_path.display().to_string(),
+        ca_cert.pem(),
+    )
+}
+
+/// A ServiceAccount, optionally bound to a Role with `verbs` on climcpinstances/mcp of the
+/// instance; returns its token.
+async fn identity(w: &World, name: &str, verbs: &[&str]) -> String {
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    w.ns.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("create ServiceAccount");
+    if !verbs.is_empty() {
+        let role = Role {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["cli-mcp.redhat.com".into()]),
+                resources: Some(vec!["climcpinstances/mcp".into()]),
+                resource_names: Some(vec![INSTANCE.into()]),
+                verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                ..Default::default()
+            }]),
+        };
+        w.ns.api::<Role>()
+            .create(&PostParams::default(), &role)
+            .await
+            .expect("create Role");
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: name.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: name.into(),
+                namespace: Some(w.ns.name.clone()),
+                ..Default::default()
+            }]),
+        };
+        w.ns.api::<RoleBinding>()
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("create RoleBinding");
+    }
+    let tr = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    w.ns.api::<ServiceAccount>()
+        .create_token_request(name, &PostParams::default(), &tr)
+        .await
+        .expect("TokenRequest")
+        .status
+        .expect("token status")
+        .token
+        .expect("a token")
+}
+
+async fn auth_server(w: &World) -> (Server, reqwest::Client) {
+    let (cert, key, ca) = tls_files(w.dir.path());
+    let server = w
+        .server_with(&[
+            "--auth",
+            "kubernetes",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--instance",
+            INSTANCE,
+            "--namespace",
+            &w.ns.name,
+        ])
+        .await;
+    (server, support::https(&ca))
+}
+
+fn authed(server: &Server, http: &reqwest::Client, token: &str, sid: &str) -> Mcp {
+    Mcp {
+        http: http.clone(),
+        url: server.url("/mcp"),
+        session: Some(sid.into()),
+        bearer: Some(token.into()),
+    }
+}
+
+#[tokio::test]
+async fn auth_allows_bound_identities_and_denies_others() {
+    let w = World::new("srv-auth").await;
+    let alice = identity(&w, "alice", &["create", "get", "delete"]).await;
+    let mallory = identity(&w, "mallory", &[]).await;
+    let carol = identity(&w, "carol", &["create"]).await;
+    let (server, http) = auth_server(&w).await;
+
+    // No token, a bad token: 401 with a JSON body that says what to send.
+    let mut anon = authed(&server, &http, "", "a-1");
+    anon.bearer = None;
+    let a = anon.rpc("tools/list", json!({})).await;
+    assert_eq!(a.status, 401, "{}", a.text);
+    assert_eq!(a.body["code"], "unauthorized");
+    assert!(a.text.contains("Authorization: Bearer"), "{}", a.text);
+    let a = authed(&server, &http, "not-a-token", "a-1")
+        .rpc("tools/list", json!({}))
+        .await;
+    assert_eq!(a.status, 401, "{}", a.text);
+    assert!(a.text.contains("not accepted"), "{}", a.text);
+
+    // Authenticated but not authorised: 403 naming the permission.
+    let a = authed(&server, &http, &mallory, "a-1")
+        .rpc("tools/list", json!({}))
+        .await;
+    assert_eq!(a.status, 403, "{}", a.text);
+    assert!(
+        a.text.contains("climcpinstances/mcp") && a.text.contains("mallory"),
+        "{}",
+        a.text
+    );
+
+    // Allowed: the tool runs and the pod records the owner.
+    let r = authed(&server, &http, &alice, "a-1").bash("echo hi").await;
+    assert_eq!(stdout(&r), "hi\n", "{r}");
+    let pod = w.one_pod("a-1").await;
+    let user = format!("system:serviceaccount:{}:alice", w.ns.name);
+    assert_eq!(
+        ann(&pod, annotation::OWNER),
+        Some(hex::encode(Sha256::digest(user.as_bytes())))
+    );
+
+    // Verbs are checked per method: carol may call tools but not DELETE.
+    let r = authed(&server, &http, &carol, "c-1").bash("true").await;
+    assert!(!is_error(&r), "{r}");
+    let del = http
+        .delete(server.url("/sessions/c-1"))
+        .bearer_auth(&carol)
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 403);
+    assert!(del
+        .text()
+        .await
+        .unwrap_or_default()
+        .contains("may not delete"));
+    drop(server);
+    w.done().await;
+}
+
+#[tokio::test]
+async fn a_second_identity_cannot_use_or_delete_the_first_ones_session() {
+    let w = World::new("srv-owner").await;
+    let alice = identity(&w, "alice", &["create", "get", "delete"]).await;
+    let bob = identity(&w, "bob", &["create", "get", "delete"]).await;
+    let (server, http) = auth_server(&w).await;
+    let r = authed(&server, &http, &alice, "mine")
+        .bash("export SECRET=alice")
+        .await;
+    assert!(!is_error(&r), "{r}");
+
+    // Bob: the session is not his (tool error), not deletable (403), not listed.
+    let r = authed(&server, &http, &bob, "mine")
+        .bash("echo $SECRET")
+        .await;
+    assert!(is_error(&r));
+    assert!(
+        text(&r).contains("belongs to another identity"),
+        "{}",
+        text(&r)
+    );
+    let del = http
+        .delete(server.url("/sessions/mine"))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 403);
+    let list: Value = http
+        .get(server.url("/sessions"))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(list["sessions"], json!([]));
+    w.one_pod("mine").await;
+
+    // Alice still has it, sees it, and can delete it.
+    let r = authed(&server, &http, &alice, "mine")
+        .bash("echo $SECRET")
+        .await;
+    assert_eq!(stdout(&r), "alice\n");
+    let list: Value = http
+        .get(server.url("/sessions"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(list["sessions"][0]["session_id"], "mine");
+    let del = http
+        .delete(server.url("/sessions/mine"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 204);
+    drop(server);
+    w.done().await;
+}
+
+#[tokio::test]
+async fn readiness_reflects_the_api() {
+    let w = World::new("srv-ready").await;
+    let server = w.server().await;
+    let r = support::http()
+        .get(server.health_url("/readyz"))
+        .send()
+        .await
+        .expect("GET /readyz");
+    assert_eq!(r.status(), 200);
+    drop(server);
+    // A server whose kubeconfig points nowhere is not ready, and says why.
+    let bad = w.dir.path().join("bad-kubeconfig");
+    std::fs::write(
+        &bad,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {token: x}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+    )
+    .expect("write");
+    let mut args = w.base_args();
+    args.extend(["--auth".to_string(), "none".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&args, &[("KUBECONFIG", bad.to_str().expect("utf-8"))]).await;
+    let r = support::http()
+        .get(server.health_url("/readyz"))
+        .send()
+        .await
+        .expect("GET /readyz");
+    assert_eq!(r.status(), 503);
+    assert!(r.text().await.unwrap_or_default().contains("not reachable"));
+    drop(server);
+    w.done().await;
+}
