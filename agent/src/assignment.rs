@@ -87,6 +87,18 @@ impl Assignment {
         }
     }
 
+    /// Checks an `/assign` caller before its body is read.
+    pub fn authenticate_assign(&self, authorization: Option<&str>) -> Result<(), AssignError> {
+        match self {
+            Self::Unassigned { assign }
+            | Self::Assigned {
+                assign: Some(assign),
+                ..
+            } => Ok(check(assign, authorization)?),
+            Self::Assigned { assign: None, .. } => Err(AssignError::AlreadyAssigned),
+        }
+    }
+
     /// Checks an `/exec` caller.
     pub fn authorize_exec(&self, authorization: Option<&str>) -> Result<(), AuthError> {
         match self {

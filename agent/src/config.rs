@@ -44,6 +44,9 @@ pub struct Flags {
     /// Largest request body accepted.
     #[arg(long, env = "CLI_MCP_AGENT_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Connections held at once; more wait until one closes (bounds memory under a flood).
+    #[arg(long, env = "CLI_MCP_AGENT_MAX_CONNECTIONS", default_value_t = 32)]
+    pub max_connections: usize,
     /// After a timeout, how long the command gets between SIGTERM and SIGKILL, and how long
     /// the shell then gets to report back before it is considered wedged and restarted.
     #[arg(long, env = "CLI_MCP_AGENT_KILL_GRACE_MS", default_value_t = 1000)]

@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,7 +23,7 @@ use cli_mcp_api::wire::{
 };
 
 use crate::assignment::{AssignError, Assignment, AuthError};
-use crate::shell::Shell;
+use crate::shell::{Shell, StopReason};
 
 /// Limits applied to every `/exec`.
 #[derive(Debug, Clone, Copy)]
@@ -34,10 +33,21 @@ pub struct Limits {
     pub max_body_bytes: usize,
 }
 
+/// How long a caller may take to send its body once its headers are accepted.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The shell plus the last response, for `request_id` replay.
 pub struct Runner {
     pub shell: Shell,
-    last: Option<(String, ExecResponse)>,
+    last: Option<Replay>,
+}
+
+/// The last response, keyed by its request id and the hash of its command, so a reused id
+/// with another command is refused instead of answered with an unrelated result.
+struct Replay {
+    request_id: String,
+    command_sha256: String,
+    response: ExecResponse,
 }
 
 pub struct AgentState {
@@ -75,13 +85,23 @@ impl AgentState {
         self.runner.clone().lock_owned().await
     }
 
+    fn refuse_if_shutting_down(&self) -> Result<(), ApiError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::ShuttingDown,
+                "the sandbox agent is shutting down; retry on a new sandbox",
+            ));
+        }
+        Ok(())
+    }
+
     fn assignment(&self) -> std::sync::MutexGuard<'_, Assignment> {
         self.assignment.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 pub fn router(state: Arc<AgentState>) -> Router {
-    let max_body = state.limits.max_body_bytes;
     Router::new()
         .route("/exec", post(exec))
         .route("/assign", post(assign))
@@ -93,7 +113,13 @@ pub fn router(state: Arc<AgentState>) -> Router {
                 "no such endpoint; the agent serves POST /exec, POST /assign and GET /healthz",
             )
         })
-        .layer(DefaultBodyLimit::max(max_body))
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                ErrorCode::BadRequest,
+                "method not allowed; the agent serves POST /exec, POST /assign and GET /healthz",
+            )
+        })
         .with_state(state)
 }
 
@@ -146,15 +172,34 @@ impl From<AuthError> for ApiError {
     }
 }
 
-fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(|r| {
-        let status = r.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(status, ErrorCode::PayloadTooLarge, "request body is over the agent's limit; send a shorter command or raise --max-body-bytes")
-        } else {
-            ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, r.body_text())
-        }
-    })?;
+/// Reads and parses a body — only ever called after the caller was authenticated, so an
+/// anonymous client cannot make the agent buffer anything. Bounded in size and in time.
+async fn parse_body<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
+    let bytes: Bytes =
+        match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit)).await {
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    ErrorCode::BadRequest,
+                    "the request body did not arrive within 10 s",
+                ))
+            }
+            Ok(Err(e)) => {
+                let too_large = std::error::Error::source(&e)
+                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                    || e.to_string().contains("length limit");
+                return Err(if too_large {
+                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, "request body is over the agent's limit; send a shorter command or raise --max-body-bytes")
+                } else {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        ErrorCode::BadRequest,
+                        format!("cannot read the request body: {e}"),
+                    )
+                });
+            }
+            Ok(Ok(b)) => b,
+        };
     serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -178,43 +223,40 @@ async fn healthz(State(state): State<Arc<AgentState>>) -> Json<serde_json::Value
 async fn assign(
     State(state): State<Arc<AgentState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<AssignResponse>, ApiError> {
-    let req: AssignRequest = parse_body(body)?;
-    let result = state.assignment().assign(authorization(&headers), &req);
-    match result {
-        Ok(session_id) => {
-            tracing::info!(session = %session_id, "assigned");
-            Ok(Json(AssignResponse { session_id }))
+    // Authenticate before reading the body: only the holder of a token may make us buffer.
+    state.assignment().authenticate_assign(authorization(&headers))?;
+    let req: AssignRequest = parse_body(body, state.limits.max_body_bytes).await?;
+    let session_id = state
+        .assignment()
+        .assign(authorization(&headers), &req)?;
+    tracing::info!(session = %session_id, "assigned");
+    Ok(Json(AssignResponse { session_id }))
+}
+
+impl From<AssignError> for ApiError {
+    fn from(e: AssignError) -> Self {
+        match e {
+            AssignError::Auth(e) => e.into(),
+            AssignError::AlreadyAssigned => {
+                Self::new(StatusCode::CONFLICT, ErrorCode::AlreadyAssigned, e.to_string())
+            }
+            AssignError::BadCommitment => {
+                Self::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, e.to_string())
+            }
         }
-        Err(AssignError::Auth(e)) => Err(e.into()),
-        Err(e @ AssignError::AlreadyAssigned) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::AlreadyAssigned,
-            e.to_string(),
-        )),
-        Err(e @ AssignError::BadCommitment) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            e.to_string(),
-        )),
     }
 }
 
 async fn exec(
     State(state): State<Arc<AgentState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<ExecResponse>, ApiError> {
     state.assignment().authorize_exec(authorization(&headers))?;
-    if state.shutting_down.load(Ordering::SeqCst) {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::ShuttingDown,
-            "the sandbox agent is shutting down; retry on a new sandbox",
-        ));
-    }
-    let req: ExecRequest = parse_body(body)?;
+    state.refuse_if_shutting_down()?;
+    let req: ExecRequest = parse_body(body, state.limits.max_body_bytes).await?;
     let timeout = resolve_timeout(req.timeout_ms, &state.limits)?;
     if req.command.is_empty() {
         return Err(bad_request("command is empty"));
@@ -233,9 +275,19 @@ async fn exec(
             "another command is still running in this session; retry when it has finished",
         ));
     };
-    if let (Some(id), Some((last_id, last))) = (&req.request_id, &runner.last) {
-        if id == last_id {
-            return Ok(Json(last.clone()));
+    // A caller that waited for the lock may have waited through SIGTERM.
+    state.refuse_if_shutting_down()?;
+    let command_hash = hex_prefix(&req.command);
+    if let (Some(id), Some(last)) = (&req.request_id, &runner.last) {
+        if *id == last.request_id {
+            if last.command_sha256 != command_hash {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    ErrorCode::BadRequest,
+                    "request_id was already used for a different command; use a new request_id",
+                ));
+            }
+            return Ok(Json(last.response.clone()));
         }
     }
 
@@ -245,14 +297,14 @@ async fn exec(
     let mut abort_rx = state.abort_tx.subscribe();
     let abort = async move {
         tokio::select! {
-            _ = cancel_rx => {}
+            _ = cancel_rx => StopReason::CallerGone,
             gone = async { abort_rx.wait_for(|v| *v).await.is_err() } => {
                 // The state (and its sender) went away: nothing will ever abort.
                 if gone { std::future::pending::<()>().await }
+                StopReason::Shutdown
             }
         }
     };
-    let command_hash = hex_prefix(&req.command);
     let task = tokio::spawn(async move {
         let mut runner = runner;
         let result = runner.shell.run(&req.command, timeout, abort).await;
@@ -267,7 +319,11 @@ async fn exec(
                 "exec"
             );
             if let Some(id) = req.request_id {
-                runner.last = Some((id, resp.clone()));
+                runner.last = Some(Replay {
+                    request_id: id,
+                    command_sha256: command_hash,
+                    response: resp.clone(),
+                });
             }
         }
         result

@@ -6,7 +6,7 @@
 //! - [`procs`] and [`reaper`] find, kill and reap the processes a command leaves behind.
 //! - [`assignment`] holds who may run commands (token commitments) and recovers it after a
 //!   container restart.
-//! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`.
+//! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`listener`] caps connections.
 
 // One audited `unsafe` block: `setsid` in the child before exec (shell::new_session).
 #![deny(unsafe_code)]
@@ -14,6 +14,7 @@
 pub mod assignment;
 pub mod config;
 pub mod http;
+pub mod listener;
 pub mod output;
 pub mod procs;
 pub mod reaper;

@@ -11,6 +11,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use cli_mcp_agent::assignment::Assignment;
 use cli_mcp_agent::config::Flags;
 use cli_mcp_agent::http::{router, AgentState, Limits};
+use cli_mcp_agent::listener::LimitedListener;
 use cli_mcp_agent::reaper::Reaper;
 use cli_mcp_agent::shell::{Shell, ShellOptions};
 use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
@@ -68,18 +69,40 @@ async fn run() -> anyhow::Result<()> {
         .context("listener has no local address")?;
     tracing::info!(listen = %bound, "cli-mcp-agent ready");
     let drain = Duration::from_millis(flags.drain_timeout_ms);
-    axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal(state.clone(), drain))
-        .await
-        .context("HTTP server failed")?;
-    state.idle_runner().await.shell.kill().await;
+    let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+    let server = axum::serve(
+        LimitedListener::new(listener, flags.max_connections),
+        router(state.clone()),
+    )
+    .with_graceful_shutdown(shutdown_signal(state.clone(), drain, stopping_tx));
+    // Graceful shutdown waits for open connections; a peer that never finishes its request
+    // must not keep us past the pod's grace period, so the wait itself is bounded.
+    let hard_deadline = drain + 3 * flags.kill_grace() + Duration::from_secs(2);
+    tokio::select! {
+        served = server => served.context("HTTP server failed")?,
+        _ = async {
+            let _ = stopping.wait_for(|s| *s).await;
+            tokio::time::sleep(hard_deadline).await;
+        } => tracing::warn!("connections still open after the drain; closing them"),
+    }
+    if let Ok(mut runner) = tokio::time::timeout(flags.kill_grace() * 3, state.idle_runner()).await
+    {
+        runner.shell.kill().await;
+    }
+    // Whatever is left (a command still running past the deadline, escaped orphans) goes
+    // with us, also when we are not PID 1 of a container.
+    cli_mcp_agent::procs::kill_descendants_of_self();
     tracing::info!("cli-mcp-agent stopped");
     Ok(())
 }
 
 /// Resolves on SIGTERM/SIGINT: refuses new commands at once, and interrupts a running one
 /// if it has not finished within `drain`.
-async fn shutdown_signal(state: Arc<AgentState>, drain: Duration) {
+async fn shutdown_signal(
+    state: Arc<AgentState>,
+    drain: Duration,
+    stopping: tokio::sync::watch::Sender<bool>,
+) {
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -93,6 +116,7 @@ async fn shutdown_signal(state: Arc<AgentState>, drain: Duration) {
     }
     tracing::info!(drain_ms = drain.as_millis() as u64, "shutting down");
     state.begin_shutdown();
+    stopping.send_replace(true);
     tokio::spawn(async move {
         tokio::time::sleep(drain).await;
         state.abort_running();

@@ -20,27 +20,44 @@ pub struct Captured {
     pub truncated: bool,
     /// Where the full stream was kept, when truncated.
     pub spill: Option<PathBuf>,
+    /// The command replaced its output file with something that is not a regular file.
+    pub replaced: bool,
 }
 
 /// Reads `path` within `budget` bytes. A truncated stream is moved to `spill_path`; an
 /// untruncated one is deleted. A missing file is an empty stream.
+///
+/// The directory is writable by the sandbox user, so the file is treated as hostile: links
+/// are not followed, only a regular file is read (a FIFO or device reads as an empty stream
+/// with `Captured::replaced` set), and never more than its size at open time.
 pub fn capture(path: &Path, budget: usize, spill_path: &Path) -> io::Result<Captured> {
-    let mut file = match File::open(path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let empty = |replaced| Captured {
+        bytes: Vec::new(),
+        total: 0,
+        truncated: false,
+        spill: None,
+        replaced,
+    };
+    let mut file = match File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(Captured {
-                bytes: Vec::new(),
-                total: 0,
-                truncated: false,
-                spill: None,
-            })
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(empty(false)),
+        // ELOOP: the command replaced its output file with a symbolic link.
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(empty(true)),
         Err(e) => return Err(e),
     };
-    let total = file.metadata()?.len();
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Ok(empty(true));
+    }
+    let total = meta.len();
     if total <= budget as u64 {
         let mut bytes = Vec::with_capacity(total as usize);
-        file.read_to_end(&mut bytes)?;
+        (&mut file).take(total).read_to_end(&mut bytes)?;
         drop(file);
         let _ = fs::remove_file(path);
         return Ok(Captured {
@@ -48,6 +65,7 @@ pub fn capture(path: &Path, budget: usize, spill_path: &Path) -> io::Result<Capt
             total,
             truncated: false,
             spill: None,
+            replaced: false,
         });
     }
 
@@ -83,6 +101,7 @@ pub fn capture(path: &Path, budget: usize, spill_path: &Path) -> io::Result<Capt
         total,
         truncated: true,
         spill,
+        replaced: false,
     })
 }
 
@@ -175,6 +194,20 @@ mod tests {
         let p = write(d.path(), "out", data.as_bytes());
         let c = capture(&p, 101, &d.path().join("spill")).expect("capture");
         assert!(String::from_utf8(c.bytes).is_ok());
+    }
+
+    #[test]
+    fn links_and_fifos_are_never_read() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let link = d.path().join("out");
+        std::os::unix::fs::symlink("/dev/zero", &link).expect("symlink");
+        let c = capture(&link, 10, &d.path().join("s1")).expect("capture");
+        assert!(c.replaced && c.bytes.is_empty());
+        let fifo = d.path().join("err");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        // Would block forever without O_NONBLOCK, and never end without the file-type check.
+        let c = capture(&fifo, 10, &d.path().join("s2")).expect("capture");
+        assert!(c.replaced && c.bytes.is_empty());
     }
 
     #[test]

@@ -78,6 +78,11 @@ pub fn new_job_groups(table: &[ProcInfo], root: i32, existing: &BTreeSet<i32>) -
         .collect()
 }
 
+/// Process group of `pid` in `table`.
+pub fn pgid_of(table: &[ProcInfo], pid: i32) -> Option<i32> {
+    table.iter().find(|p| p.pid == pid).map(|p| p.pgid)
+}
+
 /// Process groups of `root` and of all its descendants.
 pub fn all_groups(table: &[ProcInfo], root: i32) -> BTreeSet<i32> {
     let desc = descendants(table, root);
@@ -148,6 +153,18 @@ pub fn cloexec_inherited_fds() {
             let _ = fcntl(borrowed, FcntlArg::F_SETFD(flags));
         }
     }
+}
+
+/// SIGKILLs every process group below this process (never our own group).
+pub fn kill_descendants_of_self() {
+    let me = std::process::id() as i32;
+    let table = snapshot();
+    let own = pgid_of(&table, me);
+    let groups = all_groups(&table, me)
+        .into_iter()
+        .filter(|g| Some(*g) != own)
+        .collect();
+    signal_groups(&groups, Signal::SIGKILL);
 }
 
 /// Sends `sig` to each group; groups that are already gone are ignored.

@@ -20,8 +20,8 @@ use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs;
 use std::future::Future;
-use std::io::{self, Write as _};
-use std::os::fd::OwnedFd;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -102,12 +102,25 @@ pub enum ShellError {
     Unresponsive,
 }
 
+/// Why the caller of [`Shell::run`] asks a command to stop early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The HTTP caller went away.
+    CallerGone,
+    /// The agent is shutting down (SIGTERM and the drain time is over).
+    Shutdown,
+}
+
 /// Why a command stopped before finishing on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
     Timeout,
-    Interrupted,
+    Aborted(StopReason),
 }
+
+/// Most bytes kept from the status pipe while looking for a record. Records are tiny (a
+/// nonce, a status and a path); anything longer is junk someone wrote on the pipe.
+const STATUS_BUF_MAX: usize = 16 * 1024;
 
 /// What the wait for a command ended with.
 enum Ended {
@@ -124,6 +137,8 @@ struct Bash {
     stdin: pipe::Sender,
     status: pipe::Receiver,
     status_buf: Vec<u8>,
+    /// How much of `status_buf` is known to hold no NUL.
+    scanned: usize,
     /// The status pipe hit EOF: the process on the other side is no longer our shell.
     status_closed: bool,
     exited: watch::Receiver<Option<ExitCode>>,
@@ -180,7 +195,7 @@ impl Shell {
         &mut self,
         command: &str,
         timeout: Duration,
-        abort: impl Future<Output = ()>,
+        abort: impl Future<Output = StopReason>,
     ) -> Result<ExecResponse, ShellError> {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -193,14 +208,21 @@ impl Shell {
         let mut restarted = !notes.is_empty();
 
         self.seq += 1;
-        let dir = self.opts.state_dir.join("cmd").join(self.seq.to_string());
+        // The state dir is writable by the sandbox user: repair it if they broke it, and use
+        // an unguessable, freshly created directory so nothing can be planted in advance.
+        self.ensure_dirs();
+        let nonce = random_hex();
+        let dir = self
+            .opts
+            .state_dir
+            .join("cmd")
+            .join(format!("{}-{}", self.seq, &nonce[..16]));
         let files_err = |source| ShellError::Files {
             dir: dir.clone(),
             source,
         };
-        fs::create_dir_all(&dir).map_err(files_err)?;
-        fs::write(dir.join("cmd"), command).map_err(files_err)?;
-        let nonce = random_hex();
+        fs::create_dir(&dir).map_err(files_err)?;
+        write_new_file(&dir.join("cmd"), command.as_bytes()).map_err(files_err)?;
         let line = command_line(&dir, &nonce);
 
         // Send the command; a shell that died since the last call is replaced first.
@@ -221,14 +243,24 @@ impl Shell {
                 return Err(ShellError::Unresponsive);
             };
             let before = procs::jobs_before(bash.pid);
-            if bash.stdin.write_all(line.as_bytes()).await.is_ok() {
+            // A stopped shell with a full stdin pipe would block this write forever.
+            let grace = self.opts.kill_grace.max(Duration::from_secs(1));
+            if let Ok(Ok(())) =
+                tokio::time::timeout(grace, bash.stdin.write_all(line.as_bytes())).await
+            {
                 break before;
             }
             attempts += 1;
             if attempts >= 2 {
                 return Err(ShellError::Unresponsive);
             }
-            self.bash = None;
+            notes.push(
+                "the shell did not accept the command, so it was restarted (working directory, \
+                 variables and functions were reset)"
+                    .into(),
+            );
+            restarted = true;
+            self.restart().await?;
         };
 
         let mut ended = self.wait(&[&nonce], deadline, abort.as_mut()).await;
@@ -277,8 +309,12 @@ impl Shell {
                 );
                 EXIT_TIMEOUT
             }
-            Some(Stop::Interrupted) => {
-                notes.insert(0, "command interrupted: the caller went away".into());
+            Some(Stop::Aborted(reason)) => {
+                let why = match reason {
+                    StopReason::CallerGone => "the caller went away",
+                    StopReason::Shutdown => "the sandbox agent is shutting down",
+                };
+                notes.insert(0, format!("command interrupted: {why}"));
                 EXIT_INTERRUPTED
             }
             None => exit_code,
@@ -301,6 +337,13 @@ impl Shell {
         let _ = fs::remove_dir_all(&dir);
         if out.spill.is_some() || err.spill.is_some() {
             output::prune_spills(&spill_dir, SPILLS_KEPT);
+        }
+        if out.replaced || err.replaced {
+            notes.push(
+                "the command replaced its output file with something that is not a regular \
+                 file; that output was not read"
+                    .into(),
+            );
         }
         for note in &notes {
             if !err.bytes.is_empty() && !err.bytes.ends_with(b"\n") {
@@ -345,7 +388,7 @@ impl Shell {
         &mut self,
         nonces: &[&str],
         deadline: tokio::time::Instant,
-        mut abort: std::pin::Pin<&mut impl Future<Output = ()>>,
+        mut abort: std::pin::Pin<&mut impl Future<Output = StopReason>>,
     ) -> Ended {
         let Some(bash) = self.bash.as_mut() else {
             return Ended::ShellExited(-1);
@@ -355,7 +398,7 @@ impl Shell {
                 return Ended::ShellExited(code);
             }
             tokio::select! {
-                rec = read_record(&mut bash.status, &mut bash.status_buf), if !bash.status_closed => match rec {
+                rec = read_record(&mut bash.status, &mut bash.status_buf, &mut bash.scanned), if !bash.status_closed => match rec {
                     Some((n, status, cwd)) if nonces.contains(&n.as_str()) => {
                         return Ended::Reported { status, cwd }
                     }
@@ -367,7 +410,7 @@ impl Shell {
                     return Ended::ShellExited(code);
                 }
                 _ = tokio::time::sleep_until(deadline) => return Ended::Stopped(Stop::Timeout),
-                _ = &mut abort => return Ended::Stopped(Stop::Interrupted),
+                reason = &mut abort => return Ended::Stopped(Stop::Aborted(reason)),
             }
         }
     }
@@ -380,7 +423,7 @@ impl Shell {
         let grace = self.opts.kill_grace;
         let sync = random_hex();
         let sync_line = format!("builtin printf '\\0%s %s %s\\0' {sync} 130 \"$PWD\" >&3\n");
-        let mut never = std::pin::pin!(std::future::pending::<()>());
+        let mut never = std::pin::pin!(std::future::pending::<StopReason>());
         for (round, sig) in [Signal::SIGINT, Signal::SIGKILL].into_iter().enumerate() {
             let Some(bash) = self.bash.as_mut() else {
                 return Ended::ShellExited(-1);
@@ -393,8 +436,10 @@ impl Shell {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(bash.pid), Signal::SIGINT);
             if round == 0 {
                 // bash reads this only once back at its top level; a write error means it is
-                // gone, which the wait below reports.
-                let _ = bash.stdin.write_all(sync_line.as_bytes()).await;
+                // gone, which the wait below reports. Bounded: a stopped shell with a full
+                // stdin pipe must not hang us.
+                let _ = tokio::time::timeout(grace, bash.stdin.write_all(sync_line.as_bytes()))
+                    .await;
             }
             let deadline = tokio::time::Instant::now() + grace;
             match self.wait(&[nonce, &sync], deadline, never.as_mut()).await {
@@ -409,8 +454,22 @@ impl Shell {
         if let Some(old) = self.bash.take() {
             kill_everything(old, self.opts.kill_grace).await;
         }
+        // Processes that escaped the old shell (setsid, double fork) were re-parented to the
+        // agent (a subreaper); with the shell gone, none of them may outlive it.
+        procs::kill_descendants_of_self();
         self.bash = Some(self.spawn().await?);
         Ok(())
+    }
+
+    /// Recreates the state directories and gives them back to us if a command removed them
+    /// or changed their mode (errors surface on the file operations that follow).
+    fn ensure_dirs(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        for sub in ["cmd", "spill"] {
+            let d = self.opts.state_dir.join(sub);
+            let _ = fs::create_dir_all(&d);
+            let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o700));
+        }
     }
 
     async fn spawn(&self) -> Result<Bash, ShellError> {
@@ -427,11 +486,11 @@ impl Shell {
             .current_dir(&self.opts.workdir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            // The status pipe enters as stderr; the init script moves it to fd 3.
-            .stderr(Stdio::from(status_w));
-        new_session(&mut cmd);
+            .stderr(Stdio::null());
+        prepare_child(&mut cmd, status_w.as_raw_fd());
         let (mut child, exited) = self.reaper.spawn(&mut cmd).map_err(spawn_err)?;
-        drop(cmd); // closes our copy of the pipe's write end, so EOF means "shell gone"
+        // Our copy of the write end must go, so that EOF on the pipe means "shell gone".
+        drop(status_w);
         let stdin = child
             .stdin
             .take()
@@ -446,27 +505,49 @@ impl Shell {
             stdin,
             status: status_rx,
             status_buf: Vec::new(),
+            scanned: 0,
             status_closed: false,
             exited,
         })
     }
 }
 
-/// Sent once to every new shell: fd 3 becomes the status pipe and the shell's own output
-/// (prompts, job notices) is discarded; `set -m` puts each job in its own process group;
-/// history and `!` expansion are off so `echo "hi!"` means what it says.
+/// Sent once to every new shell: `set -m` puts each job in its own process group; history
+/// and `!` expansion are off so `echo "hi!"` means what it says; no prompts.
 const INIT_SCRIPT: &str =
-    "exec 3>&2 2>/dev/null\nset -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\n";
+    "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\n";
 
-/// Starts the shell in a new session: an interactive bash must never see the agent's
-/// controlling terminal (when a developer runs the agent by hand), or it would take it over.
+/// In the child, before exec: a new session (an interactive bash must never see the agent's
+/// controlling terminal, or it would take it over) and the status pipe as fd 3. bash's
+/// stderr is /dev/null, so nothing it prints at startup can land on the status pipe.
 #[allow(unsafe_code)]
-fn new_session(cmd: &mut Command) {
-    // SAFETY: the closure runs in the forked child before exec and calls only setsid(2),
-    // which is async-signal-safe; it touches no memory shared with the parent.
+fn prepare_child(cmd: &mut Command, status_fd: RawFd) {
+    // SAFETY: the closure runs in the forked child before exec and calls only setsid(2) and
+    // dup2(2), both async-signal-safe; it touches no memory shared with the parent.
+    // `status_fd` stays open in the parent until after spawn returns.
     unsafe {
-        cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            // dup2 clears close-on-exec on the new descriptor, so bash keeps fd 3.
+            if nix::libc::dup2(status_fd, 3) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
+}
+
+/// Creates `path` (which must not exist, and is never followed if it is a link) with
+/// `bytes`.
+fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
 }
 
 /// The line that runs one command file. Only our paths and nonce appear in it.
@@ -486,13 +567,24 @@ fn command_line(dir: &Path, nonce: &str) -> String {
 async fn read_record(
     status: &mut pipe::Receiver,
     status_buf: &mut Vec<u8>,
+    scanned: &mut usize,
 ) -> Option<(String, i32, String)> {
     loop {
-        while let Some(end) = status_buf.iter().position(|b| *b == 0) {
+        // Only bytes not yet searched are searched, so a flood stays linear.
+        while let Some(off) = status_buf[*scanned..].iter().position(|b| *b == 0) {
+            let end = *scanned + off;
             let segment: Vec<u8> = status_buf.drain(..=end).collect();
+            *scanned = 0;
             if let Some(rec) = parse_record(&segment[..segment.len() - 1]) {
                 return Some(rec);
             }
+        }
+        *scanned = status_buf.len();
+        if status_buf.len() > STATUS_BUF_MAX {
+            // No record is this long: drop the junk (keep a tail that may start one).
+            let keep = 256;
+            status_buf.drain(..status_buf.len() - keep);
+            *scanned = status_buf.len();
         }
         let mut buf = [0u8; 4096];
         match status.read(&mut buf).await {
@@ -571,6 +663,26 @@ mod tests {
         assert_eq!(parse_record(b"bash-5.2# exec 3>&2"), None);
         assert_eq!(parse_record(b""), None);
         assert_eq!(parse_record(format!("{n} x /").as_bytes()), None);
+    }
+
+    #[tokio::test]
+    async fn a_flood_on_the_status_pipe_stays_bounded_and_records_still_parse() {
+        let (mut tx, mut rx) = pipe::pipe().expect("pipe");
+        let nonce = "0123456789abcdef0123456789abcdef";
+        let writer = tokio::spawn(async move {
+            let junk = vec![b'A'; 64 * 1024];
+            for _ in 0..64 {
+                tx.write_all(&junk).await.expect("write junk");
+            }
+            tx.write_all(format!("\0{nonce} 5 /w\0").as_bytes())
+                .await
+                .expect("write record");
+        });
+        let (mut buf, mut scanned) = (Vec::new(), 0);
+        let rec = read_record(&mut rx, &mut buf, &mut scanned).await;
+        writer.await.expect("join");
+        assert_eq!(rec, Some((nonce.to_owned(), 5, "/w".to_owned())));
+        assert!(buf.capacity() < 4 * STATUS_BUF_MAX, "buffer grew to {}", buf.capacity());
     }
 
     #[test]

@@ -279,3 +279,54 @@ async fn descriptors_the_agent_inherited_never_reach_commands() {
         "fd 7 of the launcher leaked into a command: {fds:?}"
     );
 }
+
+#[tokio::test]
+async fn a_stopped_shell_with_a_full_stdin_is_replaced_not_waited_for() {
+    let a = Agent::start();
+    // Flood the shell's own stdin pipe and stop the shell: the agent can neither deliver the
+    // next command nor get an answer.
+    let v = a
+        .exec_with(json!({
+            "command": "head -c 200000 /dev/zero | tr '\\0' '\\n' > /proc/$$/fd/0 & kill -STOP $$",
+            "timeout_ms": 500
+        }))
+        .await;
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(v["shell_restarted"], true, "{v}");
+    let v = a.exec_with(json!({"command": "echo alive", "timeout_ms": 5000})).await;
+    assert_eq!(s(&v, "stdout"), "alive\n");
+}
+
+#[tokio::test]
+async fn output_files_replaced_by_links_or_fifos_are_not_read() {
+    let a = Agent::start();
+    let v = a
+        .exec("o=$(readlink /proc/$$/fd/1); rm \"$o\"; ln -s /dev/zero \"$o\"; e=$(readlink /proc/$$/fd/2); rm \"$e\"; mkfifo \"$e\"")
+        .await;
+    assert_eq!(v["stdout"], "");
+    assert!(s(&v, "stderr").contains("not a regular file"), "{v}");
+    assert_eq!(s(&a.exec("echo fine").await, "stdout"), "fine\n");
+}
+
+#[tokio::test]
+async fn a_broken_state_dir_is_repaired() {
+    let a = Agent::start();
+    let state = a.state_dir.display().to_string();
+    a.exec(&format!("chmod 000 {state}/cmd")).await;
+    assert_eq!(s(&a.exec("echo ok").await, "stdout"), "ok\n");
+    a.exec(&format!("rm -rf {state}/cmd")).await;
+    assert_eq!(s(&a.exec("echo ok").await, "stdout"), "ok\n");
+}
+
+#[tokio::test]
+async fn processes_that_escape_the_shell_die_with_it() {
+    let a = Agent::start();
+    // A double-forked, setsid'd process is re-parented to the agent, not the shell.
+    a.exec("setsid sleep 100.7 >/dev/null 2>&1 < /dev/null & disown").await;
+    let before = a.exec("pgrep -f 'sleep 100[.]7' | wc -l").await;
+    assert_eq!(s(&before, "stdout"), "1\n");
+    let v = a.exec("exit 0").await;
+    assert_eq!(v["shell_restarted"], true);
+    let after = a.exec("pgrep -f 'sleep 100[.]7' | wc -l").await;
+    assert_eq!(s(&after, "stdout"), "0\n", "escaped process survived the shell");
+}

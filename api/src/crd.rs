@@ -18,7 +18,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::names::{InstanceName, InstanceNameError};
-use crate::sandbox::{SandboxConfig, RESERVED_ENV};
+use crate::sandbox::{allowed_sandbox_env, SandboxConfig};
+#[cfg(test)]
+use crate::sandbox::{RESERVED_ENV, RESERVED_ENV_PREFIXES};
 
 /// Longest idle timeout (7 days), in the Go duration syntax CEL understands.
 pub const MAX_IDLE_TIMEOUT: &str = "168h";
@@ -216,7 +218,9 @@ pub struct SandboxSpec {
 
     /// Extra environment of the sandbox shell. `valueFrom.secretKeyRef` is rejected (Secrets
     /// must not reach bash through the CR); KUBECONFIG, HOME, POD_NAME, POD_NAMESPACE,
-    /// TOKEN_SHA256 and ASSIGN_SHA256 are set by the operator and cannot be overridden.
+    /// TOKEN_SHA256 and ASSIGN_SHA256 are set by the operator and cannot be overridden;
+    /// SHELLOPTS, BASHOPTS, BASH_ENV, ENV, PROMPT_COMMAND and names starting with
+    /// CLI_MCP_AGENT_ or BASH_FUNC_ would change how the sandbox's bash and agent work.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[x_kube(
@@ -226,9 +230,14 @@ pub struct SandboxSpec {
             "spec.sandbox.env: valueFrom.secretKeyRef is not allowed, because Secrets must not reach the sandbox shell through the CR; put credentials in the kubeconfig Secret or remove the variable"
         ),
         validation = Rule::new(
-            "self.all(e, !(e.name in ['KUBECONFIG', 'HOME', 'POD_NAME', 'POD_NAMESPACE', 'TOKEN_SHA256', 'ASSIGN_SHA256']))"
+            "self.all(e, !(e.name in ['KUBECONFIG', 'HOME', 'POD_NAME', 'POD_NAMESPACE', 'TOKEN_SHA256', 'ASSIGN_SHA256', 'SHELLOPTS', 'BASHOPTS', 'BASH_ENV', 'ENV', 'PROMPT_COMMAND']))"
         ).message(
-            "spec.sandbox.env: KUBECONFIG, HOME, POD_NAME, POD_NAMESPACE, TOKEN_SHA256 and ASSIGN_SHA256 are set by the operator; remove them from env"
+            "spec.sandbox.env: KUBECONFIG, HOME, POD_NAME, POD_NAMESPACE, TOKEN_SHA256 and ASSIGN_SHA256 are set by the operator, and SHELLOPTS, BASHOPTS, BASH_ENV, ENV and PROMPT_COMMAND would change the sandbox shell; remove them from env"
+        ),
+        validation = Rule::new(
+            "self.all(e, !e.name.startsWith('CLI_MCP_AGENT_') && !e.name.startsWith('BASH_FUNC_'))"
+        ).message(
+            "spec.sandbox.env: names starting with CLI_MCP_AGENT_ (the agent's own settings) or BASH_FUNC_ (exported bash functions) are not allowed; rename the variable"
         )
     )]
     pub env: Vec<EnvVar>,
@@ -601,11 +610,12 @@ impl CliMcpInstance {
         let mut cfg = SandboxConfig::new(instance, namespace, self.sandbox_image(default_image)?);
         cfg.image_pull_policy = sb.image_pull_policy.map(|p| p.as_str().to_owned());
         cfg.resources = sb.resources.clone();
-        // Admission rejects reserved names; dropping them here keeps the function total.
+        // Admission rejects these; dropping them here too keeps the function total and covers
+        // objects stored before a rule existed.
         cfg.env = sb
             .env
             .iter()
-            .filter(|e| !RESERVED_ENV.contains(&e.name.as_str()))
+            .filter(|e| allowed_sandbox_env(e))
             .cloned()
             .collect();
         cfg.kubeconfig_secret = Some(self.kubeconfig_secret()?);
@@ -735,7 +745,7 @@ mod tests {
     fn reserved_env_list_matches_the_builder() {
         // The CEL rule spells the reserved names out; keep it in step with the builder.
         let crd = serde_json::to_string(&CliMcpInstance::crd()).expect("json");
-        for name in RESERVED_ENV {
+        for name in RESERVED_ENV.iter().chain(RESERVED_ENV_PREFIXES) {
             assert!(crd.contains(&format!("'{name}'")), "CEL rule lacks {name}");
         }
     }

@@ -126,10 +126,17 @@ impl InstanceName {
     pub fn kubeconfig_secret(&self) -> String {
         self.prefixed("-kubeconfig")
     }
-    /// The per-instance ClusterRoleBinding to `system:auth-delegator`; cluster-scoped, so it
-    /// also carries the namespace.
+    /// The per-instance ClusterRoleBinding to `system:auth-delegator`. It is cluster-scoped,
+    /// so it carries the namespace too, plus 8 hex of sha256(`<ns>/<n>`): without them,
+    /// namespace `a-b` + instance `c` and namespace `a` + instance `b-c` would share a binding
+    /// and one tenant's teardown would break the other's auth.
     pub fn auth_delegator_binding(&self, namespace: &str) -> String {
-        format!("cli-mcp-{namespace}-{}-auth-delegator", self.0)
+        let digest = Sha256::digest(format!("{namespace}/{}", self.0).as_bytes());
+        format!(
+            "cli-mcp-{namespace}-{}-auth-delegator-{}",
+            self.0,
+            &hex::encode(digest)[..8]
+        )
     }
     /// The pod of one session: `cli-mcp-<n>-s-<sid>-<h>`, `h` = 8 hex of sha256(`<n>/<sid>`).
     ///
@@ -246,6 +253,14 @@ mod tests {
             n.unassigned_selector(),
             "cli-mcp.redhat.com/instance=demo,cli-mcp.redhat.com/component=sandbox,!cli-mcp.redhat.com/session-id"
         );
+    }
+
+    #[test]
+    fn auth_delegator_bindings_of_different_namespaces_never_collide() {
+        let c = InstanceName::parse("c").expect("valid");
+        let b_c = InstanceName::parse("b-c").expect("valid");
+        assert_ne!(c.auth_delegator_binding("a-b"), b_c.auth_delegator_binding("a"));
+        assert!(c.auth_delegator_binding("a-b").starts_with("cli-mcp-a-b-c-auth-delegator-"));
     }
 
     #[test]

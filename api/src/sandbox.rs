@@ -34,6 +34,7 @@ pub const CONTAINER_NAME: &str = "agent";
 
 /// Env names the builder sets itself; the same names in `SandboxConfig::env` are dropped so
 /// an instance's env can never impersonate the agent's auth or point KUBECONFIG elsewhere.
+/// Names that change how bash starts or what it runs are dropped too.
 pub const RESERVED_ENV: &[&str] = &[
     ENV_TOKEN_SHA256,
     ENV_ASSIGN_SHA256,
@@ -41,7 +42,28 @@ pub const RESERVED_ENV: &[&str] = &[
     "HOME",
     "POD_NAME",
     "POD_NAMESPACE",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "BASH_ENV",
+    "ENV",
+    "PROMPT_COMMAND",
 ];
+
+/// Prefixes of reserved env names: the agent's own flags, and exported bash functions
+/// (which could shadow the builtins the agent's protocol uses).
+pub const RESERVED_ENV_PREFIXES: &[&str] = &["CLI_MCP_AGENT_", "BASH_FUNC_"];
+
+/// Whether an instance may set this env var on its sandboxes. Secrets never reach bash
+/// through the CR (SPEC §5): `secretKeyRef` is dropped here as well as refused at admission,
+/// so objects stored before the admission rule existed cannot carry one through.
+pub fn allowed_sandbox_env(e: &EnvVar) -> bool {
+    !RESERVED_ENV.contains(&e.name.as_str())
+        && !RESERVED_ENV_PREFIXES.iter().any(|p| e.name.starts_with(p))
+        && e
+            .value_from
+            .as_ref()
+            .is_none_or(|v| v.secret_key_ref.is_none())
+}
 
 /// Everything about a sandbox pod that does not depend on its role (CRD-agnostic: the
 /// operator fills it from the CR, the server from the flags the operator rendered).
@@ -227,12 +249,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             ..mount("kubeconfig", KUBECONFIG_DIR)
         });
     }
-    env.extend(
-        cfg.env
-            .iter()
-            .filter(|e| !RESERVED_ENV.contains(&e.name.as_str()))
-            .cloned(),
-    );
+    env.extend(cfg.env.iter().filter(|e| allowed_sandbox_env(e)).cloned());
 
     let agent = Container {
         name: CONTAINER_NAME.into(),
@@ -539,6 +556,35 @@ mod tests {
             vol.secret.and_then(|s| s.secret_name).as_deref(),
             Some("kc")
         );
+    }
+
+    #[test]
+    fn env_that_could_subvert_bash_or_leak_secrets_is_dropped() {
+        let mut c = cfg();
+        c.env = vec![
+            plain_env("CLI_MCP_AGENT_OUTPUT_BUDGET", "10000000000"),
+            plain_env("BASH_FUNC_builtin%%", "() { :; }"),
+            plain_env("BASH_ENV", "/tmp/x"),
+            EnvVar {
+                name: "DB_PASSWORD".into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(k8s_openapi::api::core::v1::SecretKeySelector {
+                        name: "db".into(),
+                        key: "password".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            plain_env("KEEP", "1"),
+        ];
+        let pod = session_pod(&c);
+        let names: Vec<String> = env_of(&pod).into_iter().map(|e| e.name).collect();
+        for dropped in ["CLI_MCP_AGENT_OUTPUT_BUDGET", "BASH_FUNC_builtin%%", "BASH_ENV", "DB_PASSWORD"] {
+            assert!(!names.iter().any(|n| n == dropped), "{dropped} must be dropped: {names:?}");
+        }
+        assert!(names.iter().any(|n| n == "KEEP"));
     }
 
     #[test]

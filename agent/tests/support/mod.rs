@@ -143,7 +143,11 @@ impl Agent {
             state_dir,
             logs,
             _tmp: Some(tmp),
-            http: reqwest::Client::new(),
+            // A regression that hangs must fail the test, not the CI run.
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("HTTP client"),
         }
     }
 

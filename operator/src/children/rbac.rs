@@ -117,7 +117,7 @@ mod tests {
         let b = auth_delegator_binding(&inp);
         assert_eq!(
             b.metadata.name.as_deref(),
-            Some("cli-mcp-ns1-demo-auth-delegator")
+            Some("cli-mcp-ns1-demo-auth-delegator-08c69f66")
         );
         assert_eq!(b.role_ref.name, "system:auth-delegator");
         let s = &b.subjects.expect("subjects")[0];
