@@ -8,6 +8,7 @@ use cli_mcp_server::cli::Flags;
 async fn main() -> std::process::ExitCode {
     let flags = Flags::parse();
     init_tracing(flags.log_json);
+    raise_fd_limit();
     let settings = match flags.resolve(|k| std::env::var(k).ok()) {
         Ok(s) => s,
         Err(e) => {
@@ -39,5 +40,18 @@ fn init_tracing(json: bool) {
         builder.json().flatten_event(true).init();
     } else {
         builder.compact().init();
+    }
+}
+
+/// Every session holds a few descriptors (agent connection; locally also a pipe and a child):
+/// lift the soft limit to the hard one.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(error = %e, soft, hard, "cannot raise the open-files limit");
+            }
+        }
     }
 }

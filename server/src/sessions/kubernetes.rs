@@ -552,6 +552,21 @@ impl KubeBackend {
         })
     }
 
+    /// Claims a warm pod, else creates one; returns it Ready.
+    async fn start_new(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<(Pod, Launch), SessionError> {
+        match self.claim_warm(sid, caller).await? {
+            Some(p) => Ok((p, Launch::Warm)),
+            None => {
+                let p = self.create_cold(sid, caller).await?;
+                Ok((self.wait_ready(p).await?, Launch::Cold))
+            }
+        }
+    }
+
     async fn acquire_slow(
         &self,
         sid: &SessionId,
@@ -577,14 +592,31 @@ impl KubeBackend {
         }
 
         self.check_limit().await?;
-        let (pod, launch) = match self.claim_warm(sid, caller).await? {
-            Some(p) => (p, Launch::Warm),
-            None => {
-                let p = self.create_cold(sid, caller).await?;
-                (self.wait_ready(p).await?, Launch::Cold)
+        let pod = match self.start_new(sid, caller).await {
+            Ok((pod, launch)) => (self.converge(sid, pod).await?, launch),
+            Err(e) => {
+                // Another replica may have given the session its pod meanwhile (and deleted
+                // ours as the loser): use that one.
+                match self.find(sid).await? {
+                    Found::Pod(p) => {
+                        tracing::info!(session = %sid, pod = %p.name_any(), error = %e,
+                            "another replica started this session; using its pod");
+                        if !owner_allows(annotation_of(&p, annotation::OWNER), caller) {
+                            return Err(SessionError::Forbidden(sid.clone()));
+                        }
+                        self.ensure_assigned(&p, sid).await?;
+                        let launch = if has_launch(&p, label::LAUNCH_WARM) {
+                            Launch::Warm
+                        } else {
+                            Launch::Cold
+                        };
+                        (self.wait_ready(*p).await?, launch)
+                    }
+                    _ => return Err(e),
+                }
             }
         };
-        let pod = self.converge(sid, pod).await?;
+        let (pod, launch) = pod;
         if !owner_allows(annotation_of(&pod, annotation::OWNER), caller) {
             return Err(SessionError::Forbidden(sid.clone()));
         }
@@ -622,7 +654,7 @@ impl Backend for KubeBackend {
         self.cache.invalidate(sid, &sandbox.uid);
     }
 
-    fn activity(&self, sandbox: &Sandbox, event: Activity) {
+    fn activity(&self, _sid: &SessionId, sandbox: &Sandbox, event: Activity) {
         self.stamper.record(&sandbox.name, &sandbox.uid, event);
     }
 

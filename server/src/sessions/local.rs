@@ -251,7 +251,7 @@ impl LocalBackend {
                 ExitStatus::from_raw(0)
             })));
         });
-        let mut lines = BufReader::new(stderr).lines();
+        let mut lines = BufReader::with_capacity(1024, stderr).lines();
         let listen = match tokio::time::timeout(AGENT_START_TIMEOUT, wait_ready(&mut lines)).await {
             Ok(Ok(addr)) => addr,
             Ok(Err(log)) => {
@@ -363,9 +363,9 @@ impl Backend for LocalBackend {
         }
     }
 
-    fn activity(&self, sandbox: &Sandbox, _event: Activity) {
+    fn activity(&self, sid: &SessionId, sandbox: &Sandbox, _event: Activity) {
         let sessions = self.lock();
-        if let Some(a) = sessions.values().find(|a| a.uid == sandbox.uid) {
+        if let Some(a) = sessions.get(sid).filter(|a| a.uid == sandbox.uid) {
             *a.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = now_rfc3339();
         }
     }

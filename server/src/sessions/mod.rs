@@ -110,7 +110,7 @@ pub trait Backend: Send + Sync + 'static {
     /// looks again and reports a replacement when it finds another one.
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox);
     /// A command starts or ends in `sandbox` (never blocks; stamping happens elsewhere).
-    fn activity(&self, sandbox: &Sandbox, event: Activity);
+    fn activity(&self, sid: &SessionId, sandbox: &Sandbox, event: Activity);
     /// Ends the session (idempotent: an unknown session is fine).
     async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError>;
     /// The caller's sessions (all sessions when auth is off).
@@ -177,12 +177,12 @@ impl SessionManager {
             request_id: Some(request_id()),
         };
         let mut replaced = sandbox.replaced;
-        self.backend.activity(&sandbox, Activity::Start);
+        self.backend.activity(sid, &sandbox, Activity::Start);
         let mut result = self
             .agent
             .exec(&sandbox.endpoint, &sandbox.token, &req, timeout)
             .await;
-        self.backend.activity(&sandbox, Activity::End);
+        self.backend.activity(sid, &sandbox, Activity::End);
         if let Err(e) = &result {
             if e.is_rediscoverable() {
                 tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
@@ -192,12 +192,12 @@ impl SessionManager {
                 replaced |= again.replaced || again.uid != sandbox.uid;
                 let started = sandbox.started.or(again.started);
                 sandbox = Sandbox { started, ..again };
-                self.backend.activity(&sandbox, Activity::Start);
+                self.backend.activity(sid, &sandbox, Activity::Start);
                 result = self
                     .agent
                     .exec(&sandbox.endpoint, &sandbox.token, &req, timeout)
                     .await;
-                self.backend.activity(&sandbox, Activity::End);
+                self.backend.activity(sid, &sandbox, Activity::End);
                 if let Err(e) = &result {
                     if e.is_rediscoverable() {
                         self.backend.invalidate(sid, &sandbox);
