@@ -14,7 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
-use http_body_util::BodyExt;
+use http_body_util::BodyExt as _;
 use rmcp::model::{ClientJsonRpcMessage, ErrorCode as RpcCode};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -103,6 +103,18 @@ fn jsonrpc_error(status: StatusCode, id: Value, code: RpcCode, msg: String) -> R
         .into_response()
 }
 
+/// How much of an oversized body is read and discarded before answering 413.
+const DRAIN_FACTOR: u64 = 4;
+/// Deadline for a whole request body.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Marks a response as the last on its connection.
+fn close(mut res: Response) -> Response {
+    res.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    res
+}
+
 async fn authenticate(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     let caller = match &s.auth {
         None => Caller::anonymous(),
@@ -158,21 +170,53 @@ async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next)
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return too_large(declared);
+    // An oversized body is still read (and discarded) up to DRAIN_FACTOR × the limit, so the
+    // client, which is usually still sending, reliably gets the 413 instead of a broken pipe.
+    let drain_cap = (limit as u64).saturating_mul(DRAIN_FACTOR);
+    if declared.is_some_and(|n| n > drain_cap) {
+        return close(too_large(declared));
     }
-    let (parts, body) = req.into_parts();
-    let bytes: Bytes = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(None),
-        Err(e) => {
+    let (parts, mut body) = req.into_parts();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut total: u64 = 0;
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| e.to_string())?;
+            if let Ok(data) = frame.into_data() {
+                total += data.len() as u64;
+                if total <= limit as u64 {
+                    buf.extend_from_slice(&data);
+                } else if total > drain_cap {
+                    break;
+                } else if !buf.is_empty() {
+                    buf = Vec::new();
+                }
+            }
+        }
+        Ok::<(), String>(())
+    };
+    match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Err(_) => {
+            s.metrics.error(ErrorKind::BadRequest);
+            return close(error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                format!("the request body did not arrive within {BODY_READ_TIMEOUT:?}"),
+            ));
+        }
+        Ok(Err(e)) => {
             return error_response(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 format!("cannot read the request body: {e}"),
             )
         }
-    };
+        Ok(Ok(())) => {}
+    }
+    if total > limit as u64 {
+        return close(too_large(declared.or(Some(total))));
+    }
+    let bytes = Bytes::from(buf);
     let bad = |id: Value, code: RpcCode, msg: String| {
         s.metrics.error(ErrorKind::BadRequest);
         jsonrpc_error(StatusCode::BAD_REQUEST, id, code, msg)
