@@ -140,6 +140,8 @@ async fn authenticate(State(s): State<Arc<AppState>>, mut req: Request, next: Ne
             }
         }
     };
+    // The bearer token has done its job; nothing downstream (rmcp, handlers) needs to see it.
+    req.headers_mut().remove(header::AUTHORIZATION);
     req.extensions_mut().insert(caller);
     next.run(req).await
 }

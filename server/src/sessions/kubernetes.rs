@@ -324,6 +324,10 @@ impl KubeBackend {
         let token = self.key.session_token(sid).commitment().to_hex();
         let mut claimed = None;
         for attempt in 0..CLAIM_ATTEMPTS_PER_POD {
+            // Without a resourceVersion the patch would not be guarded.
+            let Some(rv) = pod.resource_version() else {
+                return Ok(None);
+            };
             let mut annotations = serde_json::Map::new();
             annotations.insert(annotation::TOKEN_SHA256.into(), json!(token));
             annotations.insert(annotation::LAST_ACTIVITY.into(), json!(now_rfc3339()));
@@ -332,7 +336,7 @@ impl KubeBackend {
             }
             let patch = json!({
                 "metadata": {
-                    "resourceVersion": pod.resource_version(),
+                    "resourceVersion": rv,
                     "labels": { label::SESSION_ID: sid.as_str(), label::LAUNCH: label::LAUNCH_WARM },
                     "annotations": annotations,
                 }

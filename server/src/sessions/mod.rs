@@ -177,12 +177,7 @@ impl SessionManager {
             request_id: Some(request_id()),
         };
         let mut replaced = sandbox.replaced;
-        self.backend.activity(sid, &sandbox, Activity::Start);
-        let mut result = self
-            .agent
-            .exec(&sandbox.endpoint, &sandbox.token, &req, timeout)
-            .await;
-        self.backend.activity(sid, &sandbox, Activity::End);
+        let mut result = self.run(sid, &sandbox, &req, timeout).await;
         if let Err(e) = &result {
             if e.is_rediscoverable() {
                 tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
@@ -192,12 +187,7 @@ impl SessionManager {
                 replaced |= again.replaced || again.uid != sandbox.uid;
                 let started = sandbox.started.or(again.started);
                 sandbox = Sandbox { started, ..again };
-                self.backend.activity(sid, &sandbox, Activity::Start);
-                result = self
-                    .agent
-                    .exec(&sandbox.endpoint, &sandbox.token, &req, timeout)
-                    .await;
-                self.backend.activity(sid, &sandbox, Activity::End);
+                result = self.run(sid, &sandbox, &req, timeout).await;
                 if let Err(e) = &result {
                     if e.is_rediscoverable() {
                         self.backend.invalidate(sid, &sandbox);
@@ -231,6 +221,47 @@ impl SessionManager {
     }
 }
 
+impl SessionManager {
+    /// One request to the agent, with the activity clock started before and stopped after,
+    /// also when the call is dropped halfway (the client went away).
+    async fn run(
+        &self,
+        sid: &SessionId,
+        sandbox: &Sandbox,
+        req: &ExecRequest,
+        timeout: Duration,
+    ) -> Result<ExecResponse, AgentError> {
+        let _clock = ActivityClock::start(self.backend.as_ref(), sid, sandbox);
+        self.agent
+            .exec(&sandbox.endpoint, &sandbox.token, req, timeout)
+            .await
+    }
+}
+
+/// Records `Activity::Start` now and `Activity::End` when dropped.
+struct ActivityClock<'a> {
+    backend: &'a dyn Backend,
+    sid: &'a SessionId,
+    sandbox: &'a Sandbox,
+}
+
+impl<'a> ActivityClock<'a> {
+    fn start(backend: &'a dyn Backend, sid: &'a SessionId, sandbox: &'a Sandbox) -> Self {
+        backend.activity(sid, sandbox, Activity::Start);
+        Self {
+            backend,
+            sid,
+            sandbox,
+        }
+    }
+}
+
+impl Drop for ActivityClock<'_> {
+    fn drop(&mut self) {
+        self.backend.activity(self.sid, self.sandbox, Activity::End);
+    }
+}
+
 /// 16 random hex characters: the agent's replay key for one tool call.
 fn request_id() -> String {
     let bytes: [u8; 8] = rand::random();
@@ -256,6 +287,68 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// Records activity events; never has a sandbox.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<Activity>>);
+
+    #[async_trait]
+    impl Backend for Recorder {
+        async fn acquire(&self, sid: &SessionId, _: &Caller) -> Result<Sandbox, SessionError> {
+            Err(SessionError::Forbidden(sid.clone()))
+        }
+        fn invalidate(&self, _: &SessionId, _: &Sandbox) {}
+        fn activity(&self, _: &SessionId, _: &Sandbox, event: Activity) {
+            self.0.lock().expect("lock").push(event);
+        }
+        async fn delete(&self, _: &SessionId, _: &Caller) -> Result<(), SessionError> {
+            Ok(())
+        }
+        async fn list(&self, _: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
+            Ok(vec![])
+        }
+        async fn ready(&self) -> Result<(), String> {
+            Ok(())
+        }
+        async fn shutdown(&self) {}
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_call_still_stops_the_activity_clock() {
+        let backend = Arc::new(Recorder::default());
+        let mgr = SessionManager::new(
+            backend.clone(),
+            AgentClient::new(1024).expect("client"),
+            Arc::new(Metrics::new()),
+        );
+        let sid = SessionId::parse("s").expect("valid");
+        // A listener that never answers: the call stays pending until dropped.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let sandbox = Sandbox {
+            endpoint: format!("http://{}", silent.local_addr().expect("addr")),
+            token: cli_mcp_api::token::HmacKey::from_bytes([1; 32]).session_token(&sid),
+            name: "p".into(),
+            uid: "u".into(),
+            started: None,
+            replaced: false,
+        };
+        let req = ExecRequest {
+            command: "true".into(),
+            timeout_ms: None,
+            request_id: None,
+        };
+        let call = mgr.run(&sid, &sandbox, &req, Duration::from_secs(60));
+        // Poll once (the request is sent and waits), then drop it as rmcp does on disconnect.
+        let mut call = Box::pin(call);
+        assert!(futures::poll!(call.as_mut()).is_pending());
+        drop(call);
+        assert_eq!(
+            *backend.0.lock().expect("lock"),
+            vec![Activity::Start, Activity::End]
+        );
+        drop(silent);
+    }
 
     #[test]
     fn ownership() {
