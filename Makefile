@@ -7,12 +7,15 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run test test-unit lint fmt build control-plane bench clean
+.PHONY: help run cluster test test-unit lint fmt build control-plane bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-run: ## local Kubernetes up (built on first use) until Ctrl-C; prints how to reach it
+run: ## local Kubernetes + operator + sample instance until Ctrl-C; prints how to reach MCP
+	hack/run.sh
+
+cluster: ## only the local Kubernetes, until Ctrl-C
 	hack/cluster-up.sh
 
 test: lint control-plane build ## everything: lint, unit, integration and end-to-end tests on one local cluster

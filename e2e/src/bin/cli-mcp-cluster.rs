@@ -39,6 +39,23 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Forward a loopback port to a Service's ready endpoints (what `kubectl port-forward
+    /// svc/NAME` gives on a real cluster) until Ctrl-C.
+    Forward {
+        /// Kubeconfig of the cluster (default: $KUBECONFIG, then ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        #[arg(long, short = 'n')]
+        namespace: String,
+        /// Service name.
+        service: String,
+        /// The Service port to reach.
+        #[arg(long)]
+        port: u16,
+        /// Local loopback port (0 = any free one).
+        #[arg(long, default_value_t = 0)]
+        local_port: u16,
+    },
     /// Stop the cluster that runs with this run dir (sends SIGTERM to its owner).
     Down {
         #[arg(long, env = "CLI_MCP_CLUSTER_RUN_DIR")]
@@ -61,7 +78,8 @@ struct UpArgs {
     kubelet: Option<PathBuf>,
     /// Extra image mapping PATTERN=PATH (repeatable), e.g. `my-tool:*=/usr/bin/my-tool`.
     /// Defaults: cli-mcp-{agent,server,operator}:* -> the binaries next to this one,
-    /// cli-mcp-shell:* -> /bin/sh.
+    /// cli-mcp-sandbox:* -> cli-mcp-agent (bash and CLIs from the host), cli-mcp-shell:* ->
+    /// /bin/sh.
     #[arg(long = "image", value_name = "PATTERN=PATH")]
     images: Vec<String>,
     /// Node name the kubelet registers.
@@ -132,6 +150,8 @@ fn config(args: &UpArgs) -> anyhow::Result<ClusterConfig> {
     for name in ["cli-mcp-agent", "cli-mcp-server", "cli-mcp-operator"] {
         images.insert(format!("{name}:*"), dir.join(name));
     }
+    // The sandbox image is the agent plus bash and CLIs; here the CLIs come from the host.
+    images.insert("cli-mcp-sandbox:*".into(), dir.join("cli-mcp-agent"));
     images.insert("cli-mcp-shell:*".into(), PathBuf::from("/bin/sh"));
     for spec in &args.images {
         let (pattern, path) = spec
@@ -325,6 +345,37 @@ fn down(run_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+async fn forward(
+    kubeconfig: Option<PathBuf>,
+    namespace: &str,
+    service: &str,
+    port: u16,
+    local_port: u16,
+) -> anyhow::Result<ExitCode> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(&path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig: pass --kubeconfig")?,
+    };
+    let client = kube::Client::try_from(config)?;
+    let fwd = cli_mcp_e2e::ServiceForward::start_on(client, namespace, service, port, local_port)
+        .await
+        .with_context(|| format!("forwarding to svc/{service} port {port} in {namespace}"))?;
+    // The one line scripts wait for.
+    println!("CLI_MCP_FORWARD {}", fwd.local_addr());
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -340,6 +391,13 @@ async fn main() -> ExitCode {
         Cmd::Up(args) => up(args).await,
         Cmd::Exec { up, command } => exec(up, command).await,
         Cmd::Down { run_dir } => down(run_dir),
+        Cmd::Forward {
+            kubeconfig,
+            namespace,
+            service,
+            port,
+            local_port,
+        } => forward(kubeconfig, &namespace, &service, port, local_port).await,
     };
     match result {
         Ok(code) => code,
