@@ -114,9 +114,22 @@ fn phase(p: &Pod) -> Option<&str> {
     p.status.as_ref().and_then(|s| s.phase.as_deref())
 }
 
-/// The first failing container state of a pod, if any.
+/// Why a pod is not making progress, if it is stuck: the scheduler cannot place it, or a
+/// container waits in an image-pull, crash-loop or configuration error.
 pub fn failing_state(p: &Pod) -> Option<(String, String)> {
-    let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
+    let status = p.status.as_ref()?;
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    if let Some(c) = unschedulable {
+        return Some((
+            "Unschedulable".to_owned(),
+            c.message.clone().unwrap_or_default(),
+        ));
+    }
+    let statuses = status.container_statuses.as_ref()?;
     statuses.iter().find_map(|cs| {
         let w = cs.state.as_ref()?.waiting.as_ref()?;
         let reason = w.reason.as_deref()?;
@@ -524,6 +537,26 @@ mod tests {
         assert_eq!(p.create, 0, "it fills its slot");
         assert_eq!(p.failing.len(), 1);
         assert_eq!(p.failing[0].reason, "ImagePullBackOff");
+    }
+
+    #[test]
+    fn unschedulable_pods_are_reported() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        let mut p = (*pool_pod(&c, &k, 1, false)).clone();
+        p.status = Some(serde_json::from_value(serde_json::json!({
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient cpu."}]
+        })).expect("status"));
+        let plan = plan(
+            &[Arc::new(p)],
+            &PoolExpectations::default(),
+            &inputs(1, &h, &k),
+        );
+        assert_eq!(plan.failing[0].reason, "Unschedulable");
+        assert!(plan.failing[0].message.contains("Insufficient cpu"));
+        assert!(plan.delete.is_empty() && plan.create == 0);
     }
 
     #[test]

@@ -195,7 +195,22 @@ pub async fn kubeconfig_secret(ns: &TestNamespace, instance: &str) {
         .expect("create kubeconfig Secret");
 }
 
-pub fn instance(name: &str, spec: serde_json::Value) -> CliMcpInstance {
+/// Small requests: the local node's allocatable CPU is the host's (2 cores) and tests run
+/// in parallel, so the default 100m per sandbox would make pods Unschedulable.
+pub fn small_resources() -> serde_json::Value {
+    json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}})
+}
+
+/// A CliMcpInstance; sandbox and server get [`small_resources`] unless the spec sets them.
+pub fn instance(name: &str, mut spec: serde_json::Value) -> CliMcpInstance {
+    if let Some(obj) = spec.as_object_mut() {
+        for part in ["sandbox", "server"] {
+            let entry = obj.entry(part).or_insert_with(|| json!({}));
+            if let Some(o) = entry.as_object_mut() {
+                o.entry("resources").or_insert_with(small_resources);
+            }
+        }
+    }
     serde_json::from_value(json!({
         "apiVersion": "cli-mcp.redhat.com/v1alpha1",
         "kind": "CliMcpInstance",
