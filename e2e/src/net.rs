@@ -135,15 +135,36 @@ fn pid_alive(pid: i32) -> bool {
     pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Ranges that exist only inside this machine: the pod subnets and the Service range.
+pub const GUARDED_RANGES: &[&str] = &["10.244.0.0/16", "10.96.0.0/12"];
+
+/// Makes traffic to the pod and Service ranges fail on this host instead of following the
+/// default route off the machine. A live pod has a more specific /32 route (added by the CNI
+/// plugin), so only addresses with no pod behind them — a deleted pod, a Service ClusterIP
+/// (there is no kube-proxy) — hit these `unreachable` routes. They are left in place: they
+/// are harmless, and removing them while another local cluster runs would open the hole again.
+pub fn guard_routes() -> Result<()> {
+    for range in GUARDED_RANGES {
+        run_ip(&["route", "replace", "unreachable", range])?;
+    }
+    Ok(())
+}
+
 impl PodNetwork {
     /// Claim `10.244.N.0/24` for the lowest free `N` (or exactly `want` if given) and add its
     /// gateway `10.244.N.1/32` to `lo`.
     pub fn claim(want: Option<u8>) -> Result<PodNetwork> {
         let _lock = lock_state_dir()?;
-        // Addresses and routes of the host, as one text to search.
+        guard_routes()?;
+        // Addresses and routes of the host, as one text to search (our guard routes aside).
         let scan = || -> Result<String> {
-            Ok(run_ip(&["-4", "-o", "addr", "show"])?
-                + &run_ip(&["-4", "route", "show", "table", "all"])?)
+            let routes = run_ip(&["-4", "route", "show", "table", "all"])?;
+            let routes: String = routes
+                .lines()
+                .filter(|l| !l.starts_with("unreachable"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            Ok(run_ip(&["-4", "-o", "addr", "show"])? + &routes)
         };
         let mut host = scan()?;
         let in_use = |host: &str, n: u8| host.contains(&format!("10.244.{n}."));

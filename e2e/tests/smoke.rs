@@ -648,3 +648,26 @@ async fn measure_pod_create_to_ready() {
     );
     ns.delete().await.expect("delete namespace");
 }
+
+/// Addresses of the pod and Service ranges with nothing behind them (a deleted pod, a Service
+/// ClusterIP: there is no kube-proxy) must be unreachable on this host, never routed off the
+/// machine by the default route. `ip route get` asks the kernel without sending a packet.
+#[tokio::test]
+async fn pod_and_service_ranges_never_leave_the_host() {
+    let _c = cluster().await;
+    for ip in ["10.244.250.250", "10.96.0.1", "10.100.1.1"] {
+        let out = std::process::Command::new("ip")
+            .args(["route", "get", ip])
+            .output()
+            .expect("run ip route get");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("unreachable") || text.contains("No route to host"),
+            "{ip} would be routed off the machine: {text}"
+        );
+    }
+}
