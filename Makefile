@@ -42,9 +42,10 @@ control-plane: ## kube-apiserver, controller-manager, scheduler, etcd, kubectl f
 	  ln -sfn "$$bin/kubectl" $$link; echo "kubectl -> $$bin/kubectl (sandbox pods of the local cluster use it)"; \
 	else echo "keeping the existing $$link"; fi
 
-bench: ## speed and memory figures, printed as tables (see docs/benchmarks.md)
+bench: control-plane build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
 	$(CARGO) build --release -p cli-mcp-agent -p cli-mcp-bench
 	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
+	$(CARGO) bench -p cli-mcp-server --bench server
 
 clean: ## remove build outputs (the control-plane cache outside the repo is kept)
 	$(CARGO) clean
