@@ -825,3 +825,83 @@ async fn steady_state_makes_no_writes() {
     assert_eq!(first.len(), second.len());
     finish(ns, "st", &op).await;
 }
+
+#[tokio::test]
+async fn bad_image_backs_off_instead_of_churning_and_recovers() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("badimg").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(
+        &ns,
+        "bad",
+        json!({"sandbox": {"warmPoolSize": 2, "image": "registry.example.invalid/no-such-sandbox:1"}}),
+    )
+    .await;
+    let o = wait_for(
+        ns.api::<CliMcpInstance>(),
+        "bad",
+        "PodsFailing",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            // Ready reports the pool once the server is available.
+            o.is_some_and(|o| {
+                condition(o, "WarmPoolReady") == Some(("False".into(), "PodsFailing".into()))
+                    && condition(o, "Ready") == Some(("False".into(), "WarmPoolUnhealthy".into()))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()))
+    .expect("instance");
+    assert_eq!(
+        condition(&o, "Ready"),
+        Some(("False".into(), "WarmPoolUnhealthy".into()))
+    );
+    assert_eq!(
+        condition(&o, "Degraded"),
+        Some(("True".into(), "PoolPodsFailing".into()))
+    );
+    // The kubelet retries the pull (ErrImagePull -> ImagePullBackOff) on the same pods.
+    let pods = wait_for_set(
+        ns.api::<Pod>(),
+        &sandbox_selector("bad"),
+        "pods in ImagePullBackOff",
+        TIMEOUT,
+        |ps: &[Pod]| {
+            ps.len() == 2
+                && ps.iter().all(|p| {
+                    cli_mcp_operator::pool::failing_state(p)
+                        .is_some_and(|(r, _)| r == "ImagePullBackOff")
+                })
+        },
+    )
+    .await
+    .expect("backoff");
+    assert_eq!(
+        op.metric("cli_mcp_operator_pool_pods_created_total").await,
+        2.0,
+        "no churn"
+    );
+    assert_eq!(
+        op.metric("cli_mcp_operator_pool_pods_deleted_total").await,
+        0.0,
+        "no churn"
+    );
+
+    // Fixing the image replaces the failing pods and the instance becomes Ready.
+    ns.api::<CliMcpInstance>()
+        .patch(
+            "bad",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sandbox": {"image": SANDBOX_IMAGE}}})),
+        )
+        .await
+        .expect("fix image");
+    let fixed = wait_pool(&ns, "bad", 2, &op).await;
+    assert!(fixed
+        .iter()
+        .all(|p| !pods.iter().any(|old| old.uid() == p.uid())));
+    wait_ready(&ns, "bad", &op).await;
+    finish(ns, "bad", &op).await;
+}

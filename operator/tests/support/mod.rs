@@ -125,6 +125,17 @@ impl Operator {
         Some((field("VmRSS:")?, field("VmHWM:")?))
     }
 
+    /// Sum of one metric over all its label sets.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let Some((_, text)) = self.http("/metrics").await else {
+            return 0.0;
+        };
+        text.lines()
+            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    }
+
     /// Sum of `cli_mcp_operator_reconciles_total` over all results.
     pub async fn reconciles(&self) -> u64 {
         let Some((_, text)) = self.http("/metrics").await else {
