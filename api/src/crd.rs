@@ -49,7 +49,8 @@ pub const MAX_WARM_POOL: i32 = 200;
     doc = "A CliMcpInstance gives AI agents a persistent bash shell per session, over MCP, in sandbox pods of this namespace.",
     scale(
         spec_replicas_path = ".spec.replicas",
-        status_replicas_path = ".status.replicas"
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
     ),
     printcolumn(
         name = "Ready",
@@ -462,6 +463,10 @@ pub struct CliMcpInstanceStatus {
     /// operator generated it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_config_map: Option<String>,
+
+    /// Label selector of the server pods (for the scale subresource, e.g. an HPA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
 }
 
 /// Warm pool counts.

@@ -45,6 +45,8 @@ pub struct Observed {
     pub image: Option<String>,
     pub endpoint: Option<String>,
     pub ca_config_map: Option<String>,
+    /// Label selector of the server pods.
+    pub selector: Option<String>,
 }
 
 struct Cond {
@@ -245,6 +247,7 @@ pub fn compute(
         resolved_sandbox_image: o.image.clone(),
         endpoint: o.endpoint.clone(),
         ca_config_map: o.ca_config_map.clone(),
+        selector: o.selector.clone(),
     }
 }
 

@@ -141,6 +141,21 @@ async fn sample_becomes_ready_with_all_children() {
     // Operator health endpoints.
     assert_eq!(op.http("/livez").await.map(|r| r.0), Some(200));
     assert_eq!(op.http("/readyz").await.map(|r| r.0), Some(200));
+    // Every transition was published as an Event on the instance.
+    let events = ns
+        .api::<k8s_openapi::api::events::v1::Event>()
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    let reasons: BTreeSet<String> = events
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    for r in ["HmacKeyGenerated", "CertificateGenerated", "Ready", "Full"] {
+        assert!(reasons.contains(r), "event {r} missing: {reasons:?}");
+    }
     let metrics = op.http("/metrics").await.expect("metrics").1;
     assert!(
         metrics.contains("cli_mcp_operator_reconciles_total"),
@@ -904,4 +919,59 @@ async fn bad_image_backs_off_instead_of_churning_and_recovers() {
         .all(|p| !pods.iter().any(|old| old.uid() == p.uid())));
     wait_ready(&ns, "bad", &op).await;
     finish(ns, "bad", &op).await;
+}
+
+#[tokio::test]
+async fn scale_subresource_scales_the_server() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("scale").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "sc", json!({})).await;
+    wait_ready(&ns, "sc", &op).await;
+    let crs = ns.api::<CliMcpInstance>();
+    // What `kubectl scale cmi/sc --replicas=2` does.
+    crs.patch_scale(
+        "sc",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 2}})),
+    )
+    .await
+    .expect("scale");
+    wait_for(
+        ns.api::<Deployment>(),
+        "cli-mcp-sc",
+        "2 ready server replicas",
+        TIMEOUT,
+        |d: Option<&Deployment>| {
+            d.is_some_and(|d| {
+                d.spec.replicas == Some(2)
+                    && d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2)
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let o = wait_for(
+        crs.clone(),
+        "sc",
+        "status.replicas = 2",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.replicas == 2 && s.ready_replicas == 2)
+        },
+    )
+    .await
+    .expect("status follows");
+    assert!(o.is_some());
+    let scale = crs.get_scale("sc").await.expect("scale subresource");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(2));
+    let st = scale.status.expect("scale status");
+    assert_eq!(st.replicas, 2);
+    assert_eq!(
+        st.selector.as_deref(),
+        Some("cli-mcp.redhat.com/instance=sc,cli-mcp.redhat.com/component=server")
+    );
+    finish(ns, "sc", &op).await;
 }
