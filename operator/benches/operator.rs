@@ -6,7 +6,8 @@
 //!
 //! Run: `cargo bench -p cli-mcp-operator --bench operator` (release build of the operator).
 //! It uses `$CLI_MCP_KUBECONFIG` when set, else starts its own cluster with
-//! `target/debug/cli-mcp-cluster` (build it first: `cargo build --workspace --bins`).
+//! `$CARGO_TARGET_DIR/debug/cli-mcp-cluster` (build it first: `make build`), whose image
+//! map runs the debug agent and server.
 //! Figures are printed as a table; nothing is asserted.
 
 #[path = "../tests/support/mod.rs"]
@@ -38,7 +39,10 @@ async fn main() {
     if std::env::var_os("CLI_MCP_KUBECONFIG").is_none()
         && std::env::var_os("CLI_MCP_CLUSTER_BIN").is_none()
     {
-        let debug = workspace_root().join("target/debug/cli-mcp-cluster");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| workspace_root().join("target"));
+        let debug = target.join("debug/cli-mcp-cluster");
         if debug.is_file() {
             std::env::set_var("CLI_MCP_CLUSTER_BIN", debug);
         }
