@@ -70,7 +70,6 @@ pub struct ApiServerPeers {
 
 impl Inputs {
     /// Resolves the inputs from the CR and what the controller looked up.
-    #[allow(clippy::too_many_arguments)]
     pub fn from_cr(
         cr: &CliMcpInstance,
         server_image: &str,

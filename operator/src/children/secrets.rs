@@ -79,8 +79,9 @@ pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// Generates a CA (ECDSA P-256, 10 years) and a serving certificate (2 years... rotated by
-/// deleting the Secret) for the Service's DNS names.
+/// Generates a CA (ECDSA P-256, valid 10 years) and a serving certificate (2 years) for the
+/// Service's DNS names. Rotate by deleting the Secret: a new pair is generated and the server
+/// rolls.
 pub fn generate_tls(service: &str, namespace: &str) -> Result<TlsMaterial, rcgen::Error> {
     let now = std::time::SystemTime::now();
     let year = std::time::Duration::from_secs(365 * 24 * 3600);
