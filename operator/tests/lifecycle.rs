@@ -975,3 +975,30 @@ async fn scale_subresource_scales_the_server() {
     );
     finish(ns, "sc", &op).await;
 }
+
+#[tokio::test]
+async fn auth_none_serves_plain_http_without_tls_material() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("authnone").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "plain", json!({"server": {"auth": "None"}})).await;
+    let o = wait_ready(&ns, "plain", &op).await;
+    let st = o.status.expect("status");
+    assert_eq!(
+        st.endpoint.as_deref(),
+        Some(format!("http://cli-mcp-plain.{}.svc:8080/mcp", ns.name).as_str())
+    );
+    assert_eq!(st.ca_config_map, None);
+    assert!(ns
+        .api::<Secret>()
+        .get_opt("cli-mcp-plain-tls")
+        .await
+        .expect("get")
+        .is_none());
+    let svc = ns.api::<Service>().get("cli-mcp-plain").await.expect("svc");
+    let ports = svc.spec.and_then(|s| s.ports).expect("ports");
+    assert_eq!(ports[0].port, 8080);
+    assert_eq!(ports[0].name.as_deref(), Some("http"));
+    finish(ns, "plain", &op).await;
+}
