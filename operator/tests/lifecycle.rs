@@ -671,6 +671,8 @@ async fn deleted_hmac_secret_gives_a_new_key_rolls_the_server_and_replaces_the_p
         .await
         .expect("secret")
         .uid();
+    // A live session under the old key: its token can no longer be derived, so it is reset.
+    let live = session_pod(&ns, "hk", "live", Duration::from_secs(0)).await;
 
     ns.api::<Secret>()
         .delete("cli-mcp-hk-hmac", &DeleteParams::default())
@@ -702,6 +704,19 @@ async fn deleted_hmac_secret_gives_a_new_key_rolls_the_server_and_replaces_the_p
     assert!(
         pods.iter().all(|p| !old_pods.contains(&p.uid())),
         "pool replaced"
+    );
+    wait_for(
+        ns.api::<Pod>(),
+        &live.name_any(),
+        "old-key session collected",
+        TIMEOUT,
+        |p: Option<&Pod>| p.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    assert_eq!(
+        op.metric("cli_mcp_operator_sessions_collected_total").await,
+        1.0
     );
     wait_ready(&ns, "hk", &op).await;
     finish(ns, "hk", &op).await;
