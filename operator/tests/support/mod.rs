@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 pub const TIMEOUT: Duration = Duration::from_secs(90);
@@ -28,7 +28,9 @@ pub const SANDBOX_IMAGE: &str = "cli-mcp-agent:dev";
 /// Installs (server-side applies) the CRD and waits until it is Established.
 pub async fn install_crd(c: &TestCluster) {
     let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
-    let crd = CliMcpInstance::crd();
+    // Exactly what config/crd and the chart install.
+    let yaml = cli_mcp_operator::crdgen::crd_yaml().expect("CRD YAML");
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml).expect("CRD parses");
     let name = crd.name_any();
     api.patch(
         &name,
