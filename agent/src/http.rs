@@ -175,31 +175,35 @@ impl From<AuthError> for ApiError {
 /// Reads and parses a body — only ever called after the caller was authenticated, so an
 /// anonymous client cannot make the agent buffer anything. Bounded in size and in time.
 async fn parse_body<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
-    let bytes: Bytes =
-        match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit)).await {
-            Err(_) => {
-                return Err(ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
+    let bytes: Bytes = match tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(body, limit),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorCode::BadRequest,
+                "the request body did not arrive within 10 s",
+            ))
+        }
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            return Err(if too_large {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, "request body is over the agent's limit; send a shorter command or raise --max-body-bytes")
+            } else {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
                     ErrorCode::BadRequest,
-                    "the request body did not arrive within 10 s",
-                ))
-            }
-            Ok(Err(e)) => {
-                let too_large = std::error::Error::source(&e)
-                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                    || e.to_string().contains("length limit");
-                return Err(if too_large {
-                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, "request body is over the agent's limit; send a shorter command or raise --max-body-bytes")
-                } else {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        ErrorCode::BadRequest,
-                        format!("cannot read the request body: {e}"),
-                    )
-                });
-            }
-            Ok(Ok(b)) => b,
-        };
+                    format!("cannot read the request body: {e}"),
+                )
+            });
+        }
+        Ok(Ok(b)) => b,
+    };
     serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -226,11 +230,11 @@ async fn assign(
     body: Body,
 ) -> Result<Json<AssignResponse>, ApiError> {
     // Authenticate before reading the body: only the holder of a token may make us buffer.
-    state.assignment().authenticate_assign(authorization(&headers))?;
-    let req: AssignRequest = parse_body(body, state.limits.max_body_bytes).await?;
-    let session_id = state
+    state
         .assignment()
-        .assign(authorization(&headers), &req)?;
+        .authenticate_assign(authorization(&headers))?;
+    let req: AssignRequest = parse_body(body, state.limits.max_body_bytes).await?;
+    let session_id = state.assignment().assign(authorization(&headers), &req)?;
     tracing::info!(session = %session_id, "assigned");
     Ok(Json(AssignResponse { session_id }))
 }
@@ -239,12 +243,16 @@ impl From<AssignError> for ApiError {
     fn from(e: AssignError) -> Self {
         match e {
             AssignError::Auth(e) => e.into(),
-            AssignError::AlreadyAssigned => {
-                Self::new(StatusCode::CONFLICT, ErrorCode::AlreadyAssigned, e.to_string())
-            }
-            AssignError::BadCommitment => {
-                Self::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, e.to_string())
-            }
+            AssignError::AlreadyAssigned => Self::new(
+                StatusCode::CONFLICT,
+                ErrorCode::AlreadyAssigned,
+                e.to_string(),
+            ),
+            AssignError::BadCommitment => Self::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::BadRequest,
+                e.to_string(),
+            ),
         }
     }
 }

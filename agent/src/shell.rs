@@ -438,8 +438,8 @@ impl Shell {
                 // bash reads this only once back at its top level; a write error means it is
                 // gone, which the wait below reports. Bounded: a stopped shell with a full
                 // stdin pipe must not hang us.
-                let _ = tokio::time::timeout(grace, bash.stdin.write_all(sync_line.as_bytes()))
-                    .await;
+                let _ =
+                    tokio::time::timeout(grace, bash.stdin.write_all(sync_line.as_bytes())).await;
             }
             let deadline = tokio::time::Instant::now() + grace;
             match self.wait(&[nonce, &sync], deadline, never.as_mut()).await {
@@ -514,8 +514,7 @@ impl Shell {
 
 /// Sent once to every new shell: `set -m` puts each job in its own process group; history
 /// and `!` expansion are off so `echo "hi!"` means what it says; no prompts.
-const INIT_SCRIPT: &str =
-    "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\n";
+const INIT_SCRIPT: &str = "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\n";
 
 /// In the child, before exec: a new session (an interactive bash must never see the agent's
 /// controlling terminal, or it would take it over) and the status pipe as fd 3. bash's
@@ -682,7 +681,11 @@ mod tests {
         let rec = read_record(&mut rx, &mut buf, &mut scanned).await;
         writer.await.expect("join");
         assert_eq!(rec, Some((nonce.to_owned(), 5, "/w".to_owned())));
-        assert!(buf.capacity() < 4 * STATUS_BUF_MAX, "buffer grew to {}", buf.capacity());
+        assert!(
+            buf.capacity() < 4 * STATUS_BUF_MAX,
+            "buffer grew to {}",
+            buf.capacity()
+        );
     }
 
     #[test]

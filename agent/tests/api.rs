@@ -373,7 +373,12 @@ fn start_without_any_commitment_fails_with_a_clear_message() {
 
 /// Sends request headers announcing `len` body bytes, never sends the body, and returns what
 /// the agent answers (or `None` if it waits for the body).
-async fn headers_only(addr: std::net::SocketAddr, path: &str, bearer: &str, len: usize) -> Option<String> {
+async fn headers_only(
+    addr: std::net::SocketAddr,
+    path: &str,
+    bearer: &str,
+    len: usize,
+) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let req = format!(
@@ -395,15 +400,25 @@ async fn unauthenticated_callers_are_refused_before_any_body_is_read() {
     });
     // The body is announced but never sent: an answer proves it was not waited for.
     let exec = headers_only(a.addr, "/exec", "wrong", 1 << 20).await;
-    assert!(exec.as_deref().is_some_and(|r| r.starts_with("HTTP/1.1 503")), "{exec:?}");
+    assert!(
+        exec.as_deref()
+            .is_some_and(|r| r.starts_with("HTTP/1.1 503")),
+        "{exec:?}"
+    );
     let assign = headers_only(a.addr, "/assign", "wrong", 1 << 20).await;
-    assert!(assign.as_deref().is_some_and(|r| r.starts_with("HTTP/1.1 401")), "{assign:?}");
+    assert!(
+        assign
+            .as_deref()
+            .is_some_and(|r| r.starts_with("HTTP/1.1 401")),
+        "{assign:?}"
+    );
 }
 
 #[tokio::test]
 async fn reused_request_id_with_another_command_is_refused() {
     let a = Agent::start();
-    a.exec_with(json!({"command": "echo one", "request_id": "r"})).await;
+    a.exec_with(json!({"command": "echo one", "request_id": "r"}))
+        .await;
     let (st, v) = a
         .post(
             "/exec",
@@ -412,13 +427,24 @@ async fn reused_request_id_with_another_command_is_refused() {
         )
         .await;
     assert_eq!(st, 409, "{v}");
-    assert!(v["error"].as_str().unwrap_or_default().contains("different command"), "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("different command"),
+        "{v}"
+    );
 }
 
 #[tokio::test]
 async fn wrong_method_is_a_json_error() {
     let a = Agent::start();
-    let res = a.http.get(a.url("/exec")).send().await.expect("reaches agent");
+    let res = a
+        .http
+        .get(a.url("/exec"))
+        .send()
+        .await
+        .expect("reaches agent");
     assert_eq!(res.status(), 405);
     let v: serde_json::Value = res.json().await.expect("JSON body");
     assert_eq!(v["code"], "bad_request");
@@ -431,7 +457,9 @@ async fn a_peer_that_never_finishes_its_request_cannot_delay_shutdown_forever() 
         ..Default::default()
     });
     use tokio::io::AsyncWriteExt;
-    let mut s = tokio::net::TcpStream::connect(a.addr).await.expect("connect");
+    let mut s = tokio::net::TcpStream::connect(a.addr)
+        .await
+        .expect("connect");
     let req = format!(
         "POST /exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: 100\r\n\r\n{{",
         session_token().expose()

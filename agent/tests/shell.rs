@@ -293,7 +293,9 @@ async fn a_stopped_shell_with_a_full_stdin_is_replaced_not_waited_for() {
         .await;
     assert_eq!(v["timed_out"], true, "{v}");
     assert_eq!(v["shell_restarted"], true, "{v}");
-    let v = a.exec_with(json!({"command": "echo alive", "timeout_ms": 5000})).await;
+    let v = a
+        .exec_with(json!({"command": "echo alive", "timeout_ms": 5000}))
+        .await;
     assert_eq!(s(&v, "stdout"), "alive\n");
 }
 
@@ -322,11 +324,16 @@ async fn a_broken_state_dir_is_repaired() {
 async fn processes_that_escape_the_shell_die_with_it() {
     let a = Agent::start();
     // A double-forked, setsid'd process is re-parented to the agent, not the shell.
-    a.exec("setsid sleep 100.7 >/dev/null 2>&1 < /dev/null & disown").await;
+    a.exec("setsid sleep 100.7 >/dev/null 2>&1 < /dev/null & disown")
+        .await;
     let before = a.exec("pgrep -f 'sleep 100[.]7' | wc -l").await;
     assert_eq!(s(&before, "stdout"), "1\n");
     let v = a.exec("exit 0").await;
     assert_eq!(v["shell_restarted"], true);
     let after = a.exec("pgrep -f 'sleep 100[.]7' | wc -l").await;
-    assert_eq!(s(&after, "stdout"), "0\n", "escaped process survived the shell");
+    assert_eq!(
+        s(&after, "stdout"),
+        "0\n",
+        "escaped process survived the shell"
+    );
 }

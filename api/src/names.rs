@@ -259,8 +259,13 @@ mod tests {
     fn auth_delegator_bindings_of_different_namespaces_never_collide() {
         let c = InstanceName::parse("c").expect("valid");
         let b_c = InstanceName::parse("b-c").expect("valid");
-        assert_ne!(c.auth_delegator_binding("a-b"), b_c.auth_delegator_binding("a"));
-        assert!(c.auth_delegator_binding("a-b").starts_with("cli-mcp-a-b-c-auth-delegator-"));
+        assert_ne!(
+            c.auth_delegator_binding("a-b"),
+            b_c.auth_delegator_binding("a")
+        );
+        assert!(c
+            .auth_delegator_binding("a-b")
+            .starts_with("cli-mcp-a-b-c-auth-delegator-"));
     }
 
     #[test]

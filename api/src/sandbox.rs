@@ -59,8 +59,7 @@ pub const RESERVED_ENV_PREFIXES: &[&str] = &["CLI_MCP_AGENT_", "BASH_FUNC_"];
 pub fn allowed_sandbox_env(e: &EnvVar) -> bool {
     !RESERVED_ENV.contains(&e.name.as_str())
         && !RESERVED_ENV_PREFIXES.iter().any(|p| e.name.starts_with(p))
-        && e
-            .value_from
+        && e.value_from
             .as_ref()
             .is_none_or(|v| v.secret_key_ref.is_none())
 }
@@ -581,8 +580,16 @@ mod tests {
         ];
         let pod = session_pod(&c);
         let names: Vec<String> = env_of(&pod).into_iter().map(|e| e.name).collect();
-        for dropped in ["CLI_MCP_AGENT_OUTPUT_BUDGET", "BASH_FUNC_builtin%%", "BASH_ENV", "DB_PASSWORD"] {
-            assert!(!names.iter().any(|n| n == dropped), "{dropped} must be dropped: {names:?}");
+        for dropped in [
+            "CLI_MCP_AGENT_OUTPUT_BUDGET",
+            "BASH_FUNC_builtin%%",
+            "BASH_ENV",
+            "DB_PASSWORD",
+        ] {
+            assert!(
+                !names.iter().any(|n| n == dropped),
+                "{dropped} must be dropped: {names:?}"
+            );
         }
         assert!(names.iter().any(|n| n == "KEEP"));
     }
