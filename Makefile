@@ -7,7 +7,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run cluster test test-unit lint fmt build control-plane bench clean
+.PHONY: help run cluster test test-unit lint fmt build control-plane tools crdgen bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -18,7 +18,7 @@ run: ## local Kubernetes + operator + sample instance until Ctrl-C; prints how t
 cluster: ## only the local Kubernetes, until Ctrl-C
 	hack/cluster-up.sh
 
-test: lint control-plane build ## everything: lint, unit, integration and end-to-end tests on one local cluster
+test: lint control-plane tools build ## everything: lint, unit, integration and end-to-end tests on one local cluster
 	$(CARGO) test --workspace --no-run
 	$(CLUSTER) exec -- $(CARGO) test --workspace
 
@@ -42,10 +42,17 @@ control-plane: ## kube-apiserver, controller-manager, scheduler, etcd, kubectl f
 	  ln -sfn "$$bin/kubectl" $$link; echo "kubectl -> $$bin/kubectl (sandbox pods of the local cluster use it)"; \
 	else echo "keeping the existing $$link"; fi
 
-bench: control-plane build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
+bench: control-plane tools build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
 	$(CARGO) build --release -p cli-mcp-agent -p cli-mcp-bench
 	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
 	$(CARGO) bench -p cli-mcp-server --bench server
+	$(CARGO) bench -p cli-mcp-operator --bench operator
+
+tools: ## helm and kustomize from the Go module proxy (cached), for the packaging tests
+	@hack/build-helm-kustomize.sh >/dev/null
+
+crdgen: ## regenerate the CRD YAML (config/crd, chart) from the Rust types
+	hack/crdgen.sh
 
 clean: ## remove build outputs (the control-plane cache outside the repo is kept)
 	$(CARGO) clean
