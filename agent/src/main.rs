@@ -60,6 +60,9 @@ async fn run() -> anyhow::Result<()> {
         },
     );
 
+    // Before anything is announced: a SIGTERM that arrives right after start must take the
+    // graceful path, not the default action.
+    let signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
     let listener = tokio::net::TcpListener::bind(flags.listen)
         .await
         .with_context(|| format!("cannot listen on {}", flags.listen))?;
@@ -74,7 +77,7 @@ async fn run() -> anyhow::Result<()> {
         LimitedListener::new(listener, flags.max_connections),
         router(state.clone()),
     )
-    .with_graceful_shutdown(shutdown_signal(state.clone(), drain, stopping_tx));
+    .with_graceful_shutdown(shutdown_signal(signals, state.clone(), drain, stopping_tx));
     // Graceful shutdown waits for open connections; a peer that never finishes its request
     // must not keep us past the pod's grace period, so the wait itself is bounded.
     let hard_deadline = drain + 3 * flags.kill_grace() + Duration::from_secs(2);
@@ -96,23 +99,31 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+}
+
 /// Resolves on SIGTERM/SIGINT: refuses new commands at once, and interrupts a running one
 /// if it has not finished within `drain`.
 async fn shutdown_signal(
+    mut signals: Signals,
     state: Arc<AgentState>,
     drain: Duration,
     stopping: tokio::sync::watch::Sender<bool>,
 ) {
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the agent with SIGKILL");
-        return std::future::pending().await;
-    };
     tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+        _ = signals.term.recv() => {}
+        _ = signals.int.recv() => {}
     }
     tracing::info!(drain_ms = drain.as_millis() as u64, "shutting down");
     state.begin_shutdown();

@@ -267,6 +267,10 @@ impl Shell {
         let stop = match ended {
             Ended::Stopped(stop) => {
                 ended = self.interrupt(&nonce, &before).await;
+                if matches!(ended, Ended::Reported { .. }) && !self.settle().await {
+                    // bash answered the interrupt but then stopped taking input.
+                    ended = Ended::Stopped(stop);
+                }
                 Some(stop)
             }
             _ => None,
@@ -433,8 +437,11 @@ impl Shell {
             }
             let groups = procs::jobs_since(bash.pid, before);
             procs::signal_groups(&groups, sig);
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(bash.pid), Signal::SIGINT);
             if round == 0 {
+                // Only once: a second SIGINT can land after bash is back at its top level,
+                // where an interactive bash discards the input line it is reading.
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(bash.pid), Signal::SIGINT);
                 // bash reads this only once back at its top level; a write error means it is
                 // gone, which the wait below reports. Bounded: a stopped shell with a full
                 // stdin pipe must not hang us.
@@ -448,6 +455,34 @@ impl Shell {
             }
         }
         Ended::Stopped(Stop::Timeout)
+    }
+
+    /// After an interrupt, proves bash reads commands normally again: a SIGINT that arrived
+    /// while it was reading a line makes an interactive bash discard that line, so a sync
+    /// line is sent (twice at most, as SIGINTs do not queue) and its record awaited.
+    async fn settle(&mut self) -> bool {
+        let grace = self.opts.kill_grace.max(Duration::from_millis(500));
+        let mut never = std::pin::pin!(std::future::pending::<StopReason>());
+        for _ in 0..2 {
+            let sync = random_hex();
+            let line = format!("builtin printf '\\0%s %s %s\\0' {sync} 0 \"$PWD\" >&3\n");
+            let Some(bash) = self.bash.as_mut() else {
+                return false;
+            };
+            if !matches!(
+                tokio::time::timeout(grace, bash.stdin.write_all(line.as_bytes())).await,
+                Ok(Ok(()))
+            ) {
+                return false;
+            }
+            let deadline = tokio::time::Instant::now() + grace;
+            match self.wait(&[&sync], deadline, never.as_mut()).await {
+                Ended::Reported { .. } => return true,
+                Ended::ShellExited(_) => return false,
+                Ended::Stopped(_) => continue,
+            }
+        }
+        false
     }
 
     async fn restart(&mut self) -> Result<(), ShellError> {

@@ -323,14 +323,23 @@ async fn a_broken_state_dir_is_repaired() {
 #[tokio::test]
 async fn processes_that_escape_the_shell_die_with_it() {
     let a = Agent::start();
-    // A double-forked, setsid'd process is re-parented to the agent, not the shell.
-    a.exec("setsid sleep 100.7 >/dev/null 2>&1 < /dev/null & disown")
-        .await;
-    let before = a.exec("pgrep -f 'sleep 100[.]7' | wc -l").await;
-    assert_eq!(s(&before, "stdout"), "1\n");
+    // A unique duration marks this run's process (others may linger from killed agents).
+    let marker = format!("100.{}", std::process::id());
+    let count = format!("pgrep -f 'sleep {marker}' | wc -l");
+    // A setsid'd, disowned process is re-parented to the agent (a subreaper), not the shell.
+    // The command returns only once the process exists (fork and exec race with pgrep).
+    a.exec(&format!(
+        "setsid sleep {marker} >/dev/null 2>&1 < /dev/null & disown; \
+         until pgrep -f 'sleep {marker}' >/dev/null; do sleep 0.01; done"
+    ))
+    .await;
+    assert_eq!(s(&a.exec(&count).await, "stdout"), "1\n");
     let v = a.exec("exit 0").await;
     assert_eq!(v["shell_restarted"], true);
-    let after = a.exec("pgrep -f 'sleep 100[.]7' | wc -l").await;
+    let after = a.exec(&count).await;
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", &format!("sleep {marker}")])
+        .status();
     assert_eq!(
         s(&after, "stdout"),
         "0\n",

@@ -77,13 +77,23 @@ impl Agent {
             .unwrap_or_else(|| tmp.path().join("state"));
         let workdir = tmp.path().join("work");
         std::fs::create_dir_all(&workdir).expect("workdir");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cli-mcp-agent"));
+        let agent_bin = env!("CARGO_BIN_EXE_cli-mcp-agent");
+        let mut cmd = if opts.leak_fd7 {
+            // bash opens fd 7 without close-on-exec and execs the agent with it.
+            let mut c = Command::new("bash");
+            c.args(["-c", "exec 7</dev/null; exec \"$0\" \"$@\"", agent_bin]);
+            c
+        } else {
+            Command::new(agent_bin)
+        };
+        // The production default grace: a loaded CI machine must not make a slow but
+        // healthy shell look wedged.
         cmd.args([
             "--listen",
             "127.0.0.1:0",
             "--log-json",
             "--kill-grace-ms",
-            "300",
+            "1000",
         ])
         .arg("--state-dir")
         .arg(&state_dir)
