@@ -1,0 +1,1156 @@
+//! User journeys end to end (issue 6, docs/e2e.md): the operator installed from
+//! `config/default` (a kustomize overlay scoped to the test's namespace, so it never fights
+//! other tests' operators), instances applied as a user would, and an MCP client talking
+//! JSON-RPC over TLS to the instance's Service through a loopback forward, authenticated
+//! with a ServiceAccount token (TokenReview + SubjectAccessReview on climcpinstances/mcp).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::label;
+use cli_mcp_e2e::testing::{
+    cluster, pod_ip, wait_for, wait_for_set, workspace_root, TestCluster, TestNamespace, TIMEOUT,
+};
+use cli_mcp_e2e::ServiceForward;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::ByteString;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{pinned_kind, Scope};
+use kube::{Api, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+const SERVER_IMAGE: &str = "cli-mcp-server:dev";
+const SANDBOX_IMAGE: &str = "cli-mcp-agent:dev";
+/// The field manager of "the user" (kubectl apply --server-side).
+const USER: &str = "kubectl";
+
+fn small() -> Value {
+    json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}})
+}
+
+fn tools() -> PathBuf {
+    let out = Command::new(workspace_root().join("hack/build-helm-kustomize.sh"))
+        .output()
+        .expect("run hack/build-helm-kustomize.sh");
+    assert!(
+        out.status.success(),
+        "hack/build-helm-kustomize.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(stdout.lines().last().expect("bin dir").trim())
+}
+
+/// One test's world: its namespace, the operator installed into it, and what the install
+/// created outside it (cluster-scoped RBAC) to delete at the end.
+struct Env {
+    c: TestCluster,
+    ns: TestNamespace,
+    outside: Vec<(Api<DynamicObject>, String)>,
+}
+
+/// Server-side applies every document of `yaml` (namespaced ones into `ns` unless they name
+/// another); returns the objects outside `ns` (CRDs and Namespaces excepted).
+async fn apply_yaml(
+    c: &TestCluster,
+    ns: &str,
+    yaml: &str,
+    edit: impl Fn(&mut Value),
+) -> Vec<(Api<DynamicObject>, String)> {
+    let mut outside = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let mut value =
+            serde_json::to_value(serde_yaml::Value::deserialize(doc).expect("YAML document"))
+                .expect("JSON");
+        if value.is_null() {
+            continue;
+        }
+        edit(&mut value);
+        let obj: DynamicObject = serde_json::from_value(value).expect("a Kubernetes object");
+        let tm = obj.types.clone().expect("apiVersion/kind");
+        let gvk = GroupVersionKind::try_from(&tm).expect("gvk");
+        let (ar, caps) = pinned_kind(&c.client, &gvk).await.expect("discover kind");
+        let name = obj.name_any();
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Cluster => Api::all_with(c.client.clone(), &ar),
+            Scope::Namespaced => {
+                let target = obj.namespace().unwrap_or_else(|| ns.to_owned());
+                Api::namespaced_with(c.client.clone(), &target, &ar)
+            }
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", tm.kind));
+        let is_outside = match caps.scope {
+            Scope::Cluster => tm.kind != "CustomResourceDefinition" && tm.kind != "Namespace",
+            Scope::Namespaced => obj.namespace().is_some_and(|n| n != ns),
+        };
+        if is_outside {
+            outside.push((api, name));
+        }
+    }
+    outside
+}
+
+impl Env {
+    /// A namespace with the operator installed from config/default: a kustomize overlay
+    /// that scopes it to the namespace (WATCH_NAMESPACE, a name prefix for its cluster-wide
+    /// RBAC), one replica and small requests (the CI node has 2 cores).
+    async fn install(prefix: &str) -> Env {
+        let bin = tools();
+        let c = cluster().await.expect("cluster");
+        let ns = c.namespace(prefix).await.expect("namespace");
+        let n = ns.name.clone();
+        let dir = workspace_root().join(format!(".run/journeys-{n}"));
+        std::fs::create_dir_all(&dir).expect("overlay dir");
+        let k = format!(
+            r#"resources:
+  - ../../config/default
+namespace: {n}
+namePrefix: {n}-
+images:
+  - name: cli-mcp-operator
+    newTag: e2e
+patches:
+  - target: {{kind: Deployment, name: cli-mcp-operator}}
+    patch: |-
+      - op: replace
+        path: /spec/replicas
+        value: 1
+      - op: replace
+        path: /spec/template/spec/containers/0/resources/requests/cpu
+        value: 10m
+      - op: replace
+        path: /spec/template/spec/containers/0/env/0/value
+        value: {SERVER_IMAGE}
+      - op: replace
+        path: /spec/template/spec/containers/0/env/1/value
+        value: {SANDBOX_IMAGE}
+      - op: replace
+        path: /spec/template/spec/containers/0/env/2/value
+        value: {n}
+"#
+        );
+        std::fs::write(dir.join("kustomization.yaml"), k).expect("write overlay");
+        let out = Command::new(bin.join("kustomize"))
+            .arg("build")
+            .arg(&dir)
+            .output()
+            .expect("kustomize");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "kustomize build: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let yaml = String::from_utf8(out.stdout).expect("utf-8");
+        let outside = apply_yaml(&c, &n, &yaml, |_| {}).await;
+        let env = Env { c, ns, outside };
+        let op = format!("{n}-cli-mcp-operator");
+        let r = wait_for(
+            env.ns.api::<Deployment>(),
+            &op,
+            "operator Deployment available",
+            TIMEOUT,
+            |d: Option<&Deployment>| {
+                d.and_then(|d| d.status.as_ref())
+                    .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= 1)
+            },
+        )
+        .await;
+        if let Err(e) = r {
+            panic!("operator not ready: {e}\n{}", env.logs("operator"));
+        }
+        env
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        self.ns.api::<K>()
+    }
+
+    /// Container logs (`<container>.log`) of this namespace's pods, for failure messages.
+    fn logs(&self, container: &str) -> String {
+        let pods = std::fs::read_dir(self.c.info.kubelet_state_dir.join("pods"))
+            .into_iter()
+            .flatten()
+            .flatten();
+        let mut text: Vec<String> = pods
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{}_", self.ns.name))
+            })
+            .filter_map(|e| std::fs::read_to_string(e.path().join(format!("{container}.log"))).ok())
+            .collect();
+        text.iter_mut().for_each(|t| {
+            let lines: Vec<&str> = t.lines().collect();
+            *t = lines[lines.len().saturating_sub(30)..].join("\n");
+        });
+        text.join("\n---\n")
+    }
+
+    /// A dummy sandbox kubeconfig Secret (journeys that do not use kubectl).
+    async fn dummy_kubeconfig(&self, instance: &str) {
+        self.kubeconfig_secret(instance, "apiVersion: v1\nkind: Config\n")
+            .await;
+    }
+
+    async fn kubeconfig_secret(&self, instance: &str, kubeconfig: &str) {
+        let s = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("cli-mcp-{instance}-kubeconfig")),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                "kubeconfig".to_owned(),
+                ByteString(kubeconfig.as_bytes().to_vec()),
+            )])),
+            ..Default::default()
+        };
+        self.api::<Secret>()
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("kubeconfig Secret");
+    }
+
+    /// The read-only investigation identity of config/samples/investigation-kubeconfig.yaml
+    /// (its cluster-scoped objects renamed for this namespace) turned into the instance's
+    /// kubeconfig Secret, with the API server address of the admin kubeconfig (reachable
+    /// from every pod; the local cluster has no cluster DNS).
+    async fn investigation_kubeconfig(&mut self, instance: &str) {
+        let n = self.ns.name.clone();
+        let yaml = std::fs::read_to_string(
+            workspace_root().join("config/samples/investigation-kubeconfig.yaml"),
+        )
+        .expect("sample");
+        let cluster_name = format!("{n}-cli-mcp-investigator");
+        let outside = apply_yaml(&self.c, &n, &yaml, |v| {
+            let kind = v["kind"].as_str().unwrap_or_default().to_owned();
+            if kind == "ClusterRole" || kind == "ClusterRoleBinding" {
+                v["metadata"]["name"] = json!(cluster_name);
+            }
+            if kind == "ClusterRoleBinding" {
+                v["roleRef"]["name"] = json!(cluster_name);
+                v["subjects"][0]["namespace"] = json!(n);
+            }
+        })
+        .await;
+        self.outside.extend(outside);
+        let secret = wait_for(
+            self.api::<Secret>(),
+            "cli-mcp-investigator-token",
+            "investigator token issued",
+            TIMEOUT,
+            |s: Option<&Secret>| {
+                s.and_then(|s| s.data.as_ref())
+                    .is_some_and(|d| d.contains_key("token") && d.contains_key("ca.crt"))
+            },
+        )
+        .await
+        .expect("token")
+        .expect("secret");
+        let data = secret.data.unwrap_or_default();
+        let token = String::from_utf8(data["token"].0.clone()).expect("token utf-8");
+        let ca = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(&data["ca.crt"].0)
+        };
+        let admin = kube::config::Kubeconfig::read_from(&self.c.info.kubeconfig).expect("admin");
+        let server = admin.clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.server.clone())
+            .expect("server");
+        let kc = format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: cluster, cluster: {{server: \"{server}\", certificate-authority-data: \"{ca}\"}}}}]\n\
+             users: [{{name: investigator, user: {{token: \"{token}\"}}}}]\n\
+             contexts: [{{name: investigator, context: {{cluster: cluster, user: investigator}}}}]\n\
+             current-context: investigator\n"
+        );
+        self.kubeconfig_secret(instance, &kc).await;
+    }
+
+    /// The CR as the user writes it: the sample's spec with `spec` merged over it, small
+    /// requests for sandboxes and servers.
+    fn cr(&self, name: &str, warm: i64) -> Value {
+        let yaml = std::fs::read_to_string(
+            workspace_root().join("config/samples/cli-mcp_v1alpha1_climcpinstance.yaml"),
+        )
+        .expect("sample CR");
+        let mut v: Value =
+            serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&yaml).expect("YAML"))
+                .expect("JSON");
+        v["metadata"]["name"] = json!(name);
+        v["spec"]["sandbox"]["warmPoolSize"] = json!(warm);
+        v["spec"]["sandbox"]["resources"] = small();
+        v["spec"]["server"]["resources"] = small();
+        v
+    }
+
+    /// Server-side apply of the CR with the user's field manager; returns the stored object.
+    async fn apply_cr(&self, cr: &Value) -> CliMcpInstance {
+        let name = cr["metadata"]["name"].as_str().expect("name");
+        self.api::<CliMcpInstance>()
+            .patch(name, &PatchParams::apply(USER), &Patch::Apply(cr))
+            .await
+            .expect("apply CliMcpInstance")
+    }
+
+    /// Waits until the instance is Ready for its generation with a full warm pool and its
+    /// server replicas ready.
+    async fn wait_ready(&self, name: &str) -> CliMcpInstance {
+        let r = wait_for(
+            self.api::<CliMcpInstance>(),
+            name,
+            "instance Ready with a full pool",
+            TIMEOUT,
+            |o: Option<&CliMcpInstance>| {
+                o.is_some_and(|o| {
+                    let Some(s) = o.status.as_ref() else {
+                        return false;
+                    };
+                    s.observed_generation == o.metadata.generation
+                        && s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Ready" && c.status == "True")
+                        && s.ready_replicas >= 1
+                        && s.warm_pool.ready == s.warm_pool.desired
+                })
+            },
+        )
+        .await;
+        match r {
+            Ok(Some(o)) => o,
+            other => panic!(
+                "instance {name} not Ready: {other:?}\noperator:\n{}\nserver:\n{}",
+                self.logs("operator"),
+                self.logs("server")
+            ),
+        }
+    }
+
+    /// A client ServiceAccount allowed to use instance `name`, its token, the instance CA
+    /// and a loopback forward to the Service.
+    async fn client(&self, name: &str) -> Mcp {
+        let n = &self.ns.name;
+        let rbac = format!(
+            r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: mcp-client}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: mcp-client-{name}}}
+rules:
+  - apiGroups: [cli-mcp.redhat.com]
+    resources: [climcpinstances/mcp]
+    resourceNames: [{name}]
+    verbs: [get, create, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: mcp-client-{name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: mcp-client-{name}}}
+subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
+"#
+        );
+        apply_yaml(&self.c, n, &rbac, |_| {}).await;
+        let token = self
+            .api::<ServiceAccount>()
+            .create_token_request(
+                "mcp-client",
+                &PostParams::default(),
+                &TokenRequest {
+                    spec: Some(TokenRequestSpec {
+                        expiration_seconds: Some(3600),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("token")
+            .status
+            .and_then(|s| s.token)
+            .expect("token");
+        let svc = format!("cli-mcp-{name}");
+        let ca = self
+            .api::<ConfigMap>()
+            .get(&format!("{svc}-ca"))
+            .await
+            .expect("CA ConfigMap")
+            .data
+            .unwrap_or_default()
+            .remove("ca.crt")
+            .expect("ca.crt");
+        let fwd = ServiceForward::start(self.c.client.clone(), n, &svc, 8443)
+            .await
+            .expect("forward");
+        let host = format!("{svc}.{n}.svc");
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(120))
+            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
+            .resolve(&host, fwd.local_addr())
+            .build()
+            .expect("client");
+        let base = format!("https://{host}:{}", fwd.local_addr().port());
+        Mcp {
+            http,
+            base,
+            token,
+            _fwd: fwd,
+        }
+    }
+
+    async fn list<K>(&self, selector: &str) -> Vec<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        self.api::<K>()
+            .list(&ListParams::default().labels(selector))
+            .await
+            .expect("list")
+            .items
+    }
+
+    /// The instance's ClusterRoleBindings (instance label, subject in this namespace).
+    async fn cluster_bindings(&self, instance: &str) -> Vec<ClusterRoleBinding> {
+        Api::<ClusterRoleBinding>::all(self.c.client.clone())
+            .list(&ListParams::default().labels(&format!("{}={instance}", label::INSTANCE)))
+            .await
+            .expect("list CRBs")
+            .items
+            .into_iter()
+            .filter(|b| {
+                b.subjects
+                    .iter()
+                    .flatten()
+                    .any(|s| s.namespace.as_deref() == Some(&self.ns.name))
+            })
+            .collect()
+    }
+
+    /// Deletes the instance (waiting for its finalizer), then the install's cluster-scoped
+    /// objects and the namespace.
+    async fn finish(self, instance: Option<&str>) {
+        if let Some(name) = instance {
+            let api = self.api::<CliMcpInstance>();
+            let _ = api.delete(name, &DeleteParams::default()).await;
+            let r = wait_for(
+                api,
+                name,
+                "instance deleted",
+                TIMEOUT,
+                |o: Option<&CliMcpInstance>| o.is_none(),
+            )
+            .await;
+            if let Err(e) = r {
+                panic!("instance not released: {e}\n{}", self.logs("operator"));
+            }
+        }
+        for (api, name) in &self.outside {
+            let _ = api.delete(name, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await.expect("delete namespace");
+    }
+}
+
+/// An MCP client (JSON-RPC over Streamable HTTP) of one instance.
+struct Mcp {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    _fwd: ServiceForward,
+}
+
+/// The JSON-RPC response in a JSON body or in the data lines of an SSE stream.
+fn response(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("result").is_some() || v.get("error").is_some())
+            .unwrap_or(Value::Null)
+    })
+}
+
+impl Mcp {
+    async fn rpc(&self, sid: &str, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let r = self
+            .http
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(&self.token)
+            .header("x-session-id", sid)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST /mcp {method}: {e}"));
+        let status = r.status();
+        let text = r.text().await.expect("body");
+        assert_eq!(status, 200, "{method}: {text}");
+        response(&text)
+    }
+
+    /// A `bash` tool call; returns the tool result (`content`, `structuredContent`,
+    /// `isError`).
+    async fn bash(&self, sid: &str, command: &str) -> Value {
+        let v = self
+            .rpc(
+                sid,
+                "tools/call",
+                json!({"name": "bash", "arguments": {"command": command}}),
+            )
+            .await;
+        assert!(v.get("error").is_none(), "{command}: {v}");
+        v["result"].clone()
+    }
+
+    async fn delete(&self, sid: &str) -> u16 {
+        self.http
+            .delete(format!("{}/sessions/{sid}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("DELETE")
+            .status()
+            .as_u16()
+    }
+}
+
+fn stdout(r: &Value) -> &str {
+    r["structuredContent"]["stdout"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+fn text(r: &Value) -> String {
+    r["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn sandbox_selector(instance: &str) -> String {
+    format!(
+        "{}={instance},{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_SANDBOX
+    )
+}
+
+fn session_of(p: &Pod) -> Option<&str> {
+    p.labels().get(label::SESSION_ID).map(String::as_str)
+}
+
+/// Journey 1: install, the sample instance with the investigation kubeconfig, Ready with
+/// status, tools listed, a read-only `kubectl` that may read and is refused writes.
+#[tokio::test]
+async fn admin_installs_and_investigates_read_only() {
+    let mut env = Env::install("j-admin").await;
+    env.investigation_kubeconfig("demo").await;
+    env.apply_cr(&env.cr("demo", 1)).await;
+    let cr = env.wait_ready("demo").await;
+    let s = cr.status.as_ref().expect("status");
+    assert_eq!(s.replicas, 1, "{s:?}");
+    assert_eq!(s.ready_replicas, 1, "{s:?}");
+    assert_eq!((s.warm_pool.ready, s.warm_pool.desired), (1, 1), "{s:?}");
+    assert_eq!(s.active_sessions, 0, "{s:?}");
+
+    let mcp = env.client("demo").await;
+    let init = mcp
+        .rpc(
+            "admin-1",
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "cli-mcp-e2e", "version": "0"}}),
+        )
+        .await;
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    let tools = mcp.rpc("admin-1", "tools/list", json!({})).await;
+    let names: Vec<&str> = tools["result"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"bash"), "{tools}");
+
+    let get = mcp.bash("admin-1", "kubectl get pods -A").await;
+    assert_eq!(get["isError"], false, "{get}");
+    assert_eq!(get["structuredContent"]["exit_code"], 0, "{get}");
+    assert!(stdout(&get).contains(&env.ns.name), "{get}");
+
+    let pods = env.list::<Pod>(&sandbox_selector("demo")).await;
+    let victim = pods
+        .iter()
+        .find(|p| session_of(p).is_none())
+        .or(pods.first())
+        .expect("a sandbox pod")
+        .name_any();
+    let del = mcp
+        .bash(
+            "admin-1",
+            &format!("kubectl -n {} delete pod {victim}", env.ns.name),
+        )
+        .await;
+    assert_eq!(del["isError"], true, "{del}");
+    assert_ne!(del["structuredContent"]["exit_code"], 0, "{del}");
+    assert!(text(&del).contains("Forbidden"), "{del}");
+    // The refusal changed nothing.
+    let still = env.api::<Pod>().get_opt(&victim).await.expect("get pod");
+    assert!(still.is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
+
+    let cr = wait_for(
+        env.api::<CliMcpInstance>(),
+        "demo",
+        "status counts the session",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.active_sessions == 1 && s.warm_pool.ready == 1)
+        },
+    )
+    .await;
+    assert!(cr.is_ok(), "{cr:?}");
+    drop(mcp);
+    env.finish(Some("demo")).await;
+}
+
+/// Journey 2: shell state persists within a session, not across sessions; ending a
+/// session deletes its pod and the next call with that id starts fresh and says so.
+#[tokio::test]
+async fn agent_session_keeps_state_and_ends_cleanly() {
+    let env = Env::install("j-session").await;
+    env.dummy_kubeconfig("s").await;
+    env.apply_cr(&env.cr("s", 1)).await;
+    env.wait_ready("s").await;
+    let mcp = env.client("s").await;
+
+    let a = mcp.bash("alpha", "cd /tmp").await;
+    assert_eq!(a["isError"], false, "{a}");
+    mcp.bash("alpha", "export JOURNEY_VAR=kept-42").await;
+    mcp.bash("alpha", "greet() { echo \"hello-$1\"; }").await;
+    let r = mcp
+        .bash("alpha", "pwd; echo \"[$JOURNEY_VAR]\"; greet there")
+        .await;
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(stdout(&r), "/tmp\n[kept-42]\nhello-there\n", "{r}");
+
+    let b = mcp
+        .bash(
+            "beta",
+            "pwd; echo \"[$JOURNEY_VAR]\"; type greet >/dev/null 2>&1 && echo has-greet || echo no-greet",
+        )
+        .await;
+    assert_eq!(b["isError"], false, "{b}");
+    let out = stdout(&b);
+    assert!(!out.starts_with("/tmp\n"), "{b}");
+    assert!(out.contains("[]\n") && out.contains("no-greet"), "{b}");
+
+    let pods = env.list::<Pod>(&sandbox_selector("s")).await;
+    let alpha: Vec<_> = pods
+        .iter()
+        .filter(|p| session_of(p) == Some("alpha"))
+        .collect();
+    assert_eq!(alpha.len(), 1);
+    let alpha_uid = alpha[0].uid();
+
+    assert_eq!(mcp.delete("alpha").await, 204);
+    wait_for_set(
+        env.api::<Pod>(),
+        &format!("{}=alpha", label::SESSION_ID),
+        "alpha's pod gone",
+        TIMEOUT,
+        |ps: &[Pod]| ps.is_empty(),
+    )
+    .await
+    .expect("session pod deleted");
+
+    let again = mcp
+        .bash(
+            "alpha",
+            "pwd; echo \"[$JOURNEY_VAR]\"; type greet >/dev/null 2>&1 || echo no-greet",
+        )
+        .await;
+    assert_eq!(again["isError"], false, "{again}");
+    let sc = &again["structuredContent"];
+    assert!(
+        sc["new_sandbox"].is_string() || sc["state_reset"] == true,
+        "the fresh start is reported: {again}"
+    );
+    let t = text(&again);
+    assert!(
+        t.contains("new session") || t.contains("reset"),
+        "the text says so: {t}"
+    );
+    assert!(stdout(&again).contains("[]\nno-greet"), "{again}");
+    let pods = env.list::<Pod>(&sandbox_selector("s")).await;
+    let alpha: Vec<_> = pods
+        .iter()
+        .filter(|p| session_of(p) == Some("alpha"))
+        .collect();
+    assert_eq!(alpha.len(), 1);
+    assert_ne!(alpha[0].uid(), alpha_uid, "a new sandbox");
+    drop(mcp);
+    env.finish(Some("s")).await;
+}
+
+/// Sum of `cli_mcp_session_start_seconds_count{launch="<launch>"}` over the server pods,
+/// `None` when no server answered.
+async fn server_starts(env: &Env, instance: &str, launch: &str) -> Option<f64> {
+    let selector = format!(
+        "{}={instance},{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_SERVER
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .ok()?;
+    let mut total = None;
+    for p in env.list::<Pod>(&selector).await {
+        let Some(ip) = pod_ip(&p) else { continue };
+        let Ok(r) = http.get(format!("http://{ip}:8081/metrics")).send().await else {
+            continue;
+        };
+        let Ok(body) = r.text().await else { continue };
+        let key = format!("cli_mcp_session_start_seconds_count{{launch=\"{launch}\"}}");
+        let v: f64 = body
+            .lines()
+            .filter(|l| l.starts_with(&key))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        *total.get_or_insert(0.0) += v;
+    }
+    total
+}
+
+/// Journey 3: five sessions start warm from a pool of five, the pool refills, and a sixth
+/// session beyond the pool still succeeds; no pod serves two sessions.
+#[tokio::test]
+async fn warm_pool_serves_a_burst_and_refills() {
+    let env = Env::install("j-warm").await;
+    env.dummy_kubeconfig("w").await;
+    env.apply_cr(&env.cr("w", 5)).await;
+    env.wait_ready("w").await;
+    let warm: BTreeSet<String> = env
+        .list::<Pod>(&sandbox_selector("w"))
+        .await
+        .iter()
+        .filter(|p| session_of(p).is_none())
+        .filter_map(|p| p.uid())
+        .collect();
+    assert_eq!(warm.len(), 5);
+    let mcp = env.client("w").await;
+
+    let calls = (1..=5).map(|i| {
+        let mcp = &mcp;
+        async move { mcp.bash(&format!("burst-{i}"), "echo ok").await }
+    });
+    let results = futures::future::join_all(calls).await;
+    for r in &results {
+        assert_eq!(r["isError"], false, "{r}");
+        assert_eq!(stdout(r), "ok\n", "{r}");
+        assert_eq!(r["structuredContent"]["new_sandbox"], "warm", "{r}");
+    }
+    let pods = env.list::<Pod>(&sandbox_selector("w")).await;
+    for i in 1..=5 {
+        let sid = format!("burst-{i}");
+        let mine: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| session_of(p) == Some(sid.as_str()))
+            .collect();
+        assert_eq!(mine.len(), 1, "{sid}");
+        assert_eq!(
+            mine[0].labels().get(label::LAUNCH).map(String::as_str),
+            Some(label::LAUNCH_WARM)
+        );
+        assert!(warm.contains(&mine[0].uid().unwrap_or_default()), "{sid}");
+    }
+    if let Some(n) = server_starts(&env, "w", "warm").await {
+        assert_eq!(n, 5.0, "launch=warm count");
+    }
+
+    // The pool refills to five.
+    let refilled = wait_for(
+        env.api::<CliMcpInstance>(),
+        "w",
+        "pool refilled",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.warm_pool.ready == 5 && s.active_sessions == 5)
+        },
+    )
+    .await;
+    assert!(refilled.is_ok(), "{refilled:?}\n{}", env.logs("operator"));
+
+    let sixth = mcp.bash("burst-6", "echo six").await;
+    assert_eq!(sixth["isError"], false, "{sixth}");
+    assert_eq!(stdout(&sixth), "six\n");
+    assert!(
+        sixth["structuredContent"]["new_sandbox"].is_string(),
+        "{sixth}"
+    );
+
+    let pods = env.list::<Pod>(&sandbox_selector("w")).await;
+    let mut uids = BTreeSet::new();
+    for i in 1..=6 {
+        let sid = format!("burst-{i}");
+        let mine: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| session_of(p) == Some(sid.as_str()))
+            .collect();
+        assert_eq!(mine.len(), 1, "{sid} has exactly one pod");
+        assert!(uids.insert(mine[0].uid()), "a pod serves two sessions");
+    }
+    drop(mcp);
+    env.finish(Some("w")).await;
+}
+
+/// resourceVersions of the instance's children (not pods).
+async fn children(env: &Env, instance: &str) -> BTreeMap<String, String> {
+    let sel = format!("{}={instance}", label::INSTANCE);
+    let mut m = BTreeMap::new();
+    let mut put = |kind: &str, name: String, rv: Option<String>| {
+        m.insert(format!("{kind}/{name}"), rv.unwrap_or_default());
+    };
+    for o in env.list::<Deployment>(&sel).await {
+        put("Deployment", o.name_any(), o.resource_version());
+    }
+    for o in env.list::<Service>(&sel).await {
+        put("Service", o.name_any(), o.resource_version());
+    }
+    for o in env.list::<NetworkPolicy>(&sel).await {
+        put("NetworkPolicy", o.name_any(), o.resource_version());
+    }
+    for o in env.list::<Secret>(&sel).await {
+        put("Secret", o.name_any(), o.resource_version());
+    }
+    for o in env.list::<ConfigMap>(&sel).await {
+        put("ConfigMap", o.name_any(), o.resource_version());
+    }
+    for o in env.list::<ServiceAccount>(&sel).await {
+        put("ServiceAccount", o.name_any(), o.resource_version());
+    }
+    for o in env.list::<Role>(&sel).await {
+        put("Role", o.name_any(), o.resource_version());
+    }
+    for o in env.list::<RoleBinding>(&sel).await {
+        put("RoleBinding", o.name_any(), o.resource_version());
+    }
+    for o in env.cluster_bindings(instance).await {
+        put("ClusterRoleBinding", o.name_any(), o.resource_version());
+    }
+    m
+}
+
+/// Journey 4 (GitOps): re-applying the same CR with the user's field manager is a no-op
+/// for the CR and for every child, through the reconcile that follows.
+#[tokio::test]
+async fn reapplying_the_same_cr_changes_nothing() {
+    let env = Env::install("j-gitops").await;
+    env.dummy_kubeconfig("g").await;
+    let cr = env.cr("g", 1);
+    let first = env.apply_cr(&cr).await;
+    env.wait_ready("g").await;
+    let before = children(&env, "g").await;
+    for kind in ["Deployment", "Service", "NetworkPolicy", "Secret"] {
+        assert!(
+            before.keys().any(|k| k.starts_with(&format!("{kind}/"))),
+            "{kind} missing: {before:?}"
+        );
+    }
+    let stored = env.api::<CliMcpInstance>().get("g").await.expect("get");
+
+    let again = env.apply_cr(&cr).await;
+    assert_eq!(again.metadata.generation, first.metadata.generation);
+    assert_eq!(
+        again.resource_version(),
+        stored.resource_version(),
+        "the API server saw a no-op apply"
+    );
+
+    // Force a full reconcile pass after the re-apply (a session claims the warm pod and
+    // the operator refills the pool), then compare.
+    let mcp = env.client("g").await;
+    let r = mcp.bash("gitops-1", "true").await;
+    assert_eq!(r["isError"], false, "{r}");
+    let refilled = wait_for(
+        env.api::<CliMcpInstance>(),
+        "g",
+        "pool refilled",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.warm_pool.ready == 1 && s.active_sessions == 1)
+        },
+    )
+    .await;
+    assert!(refilled.is_ok(), "{refilled:?}");
+    let after = children(&env, "g").await;
+    assert_eq!(before, after, "children changed");
+    drop(mcp);
+    env.finish(Some("g")).await;
+}
+
+/// Journey 5: deleting the CR with live sessions removes every object labelled with the
+/// instance, the cluster-scoped binding included.
+#[tokio::test]
+async fn deleting_the_cr_with_live_sessions_removes_everything() {
+    let env = Env::install("j-teardown").await;
+    env.dummy_kubeconfig("t").await;
+    env.apply_cr(&env.cr("t", 1)).await;
+    env.wait_ready("t").await;
+    let mcp = env.client("t").await;
+    for sid in ["live-1", "live-2"] {
+        let r = mcp.bash(sid, "echo live").await;
+        assert_eq!(r["isError"], false, "{r}");
+    }
+    assert_eq!(env.cluster_bindings("t").await.len(), 1);
+    let sel = format!("{}=t", label::INSTANCE);
+    assert!(env
+        .list::<Pod>(&sel)
+        .await
+        .iter()
+        .any(|p| session_of(p).is_some()));
+
+    let api = env.api::<CliMcpInstance>();
+    api.delete("t", &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    let gone = wait_for(
+        api,
+        "t",
+        "instance deleted",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| o.is_none(),
+    )
+    .await;
+    assert!(gone.is_ok(), "{gone:?}\n{}", env.logs("operator"));
+
+    macro_rules! all_gone {
+        ($k:ty) => {
+            wait_for_set(
+                env.api::<$k>(),
+                &sel,
+                concat!("no ", stringify!($k), " left"),
+                TIMEOUT,
+                |v: &[$k]| v.is_empty(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        };
+    }
+    all_gone!(Pod);
+    all_gone!(Deployment);
+    all_gone!(k8s_openapi::api::apps::v1::ReplicaSet);
+    all_gone!(Service);
+    all_gone!(NetworkPolicy);
+    all_gone!(Secret);
+    all_gone!(ConfigMap);
+    all_gone!(ServiceAccount);
+    all_gone!(Role);
+    all_gone!(RoleBinding);
+    assert!(env.cluster_bindings("t").await.is_empty());
+    drop(mcp);
+    env.finish(None).await;
+}
+
+/// Fault: a command printing 100 MB comes back truncated (head and tail, bounded) and the
+/// full output is spilled to a file in the sandbox.
+#[tokio::test]
+async fn a_100_mb_command_is_truncated_and_spilled() {
+    let env = Env::install("j-bigout").await;
+    env.dummy_kubeconfig("b").await;
+    env.apply_cr(&env.cr("b", 1)).await;
+    env.wait_ready("b").await;
+    let mcp = env.client("b").await;
+    let r = mcp
+        .bash("big", "head -c 100000000 /dev/zero | tr '\\0' x")
+        .await;
+    let sc = &r["structuredContent"];
+    assert_eq!(r["isError"], false, "{sc}");
+    assert_eq!(sc["exit_code"], 0);
+    assert_eq!(sc["truncated"], true);
+    assert_eq!(sc["total_bytes"], 100_000_000);
+    let t = text(&r);
+    assert!(t.len() < 1_000_000, "result is bounded: {} bytes", t.len());
+    assert!(
+        t.starts_with("xxxx") && t.contains("truncated"),
+        "head kept, cut marked"
+    );
+    // The full output was spilled in the sandbox. (The agent's marker names the file, but
+    // the server re-applies the same budget to the agent's head + marker + tail and cuts
+    // that marker out of the middle, so the path does not reach the caller: not asserted.)
+    let spill = mcp
+        .bash(
+            "big",
+            "d=${CLI_MCP_AGENT_STATE_DIR:-/tmp/cli-mcp-agent}; \
+             f=$(find \"$d\" -type f -size 100000000c); echo \"$f\" | grep -c . ; rm -f $f",
+        )
+        .await;
+    assert_eq!(stdout(&spill).trim(), "1", "one 100 MB spill file: {spill}");
+    drop(mcp);
+    env.finish(Some("b")).await;
+}
+
+/// The host pid of a pod's first container (the process kubelet's containerID).
+fn container_pid(p: &Pod) -> i32 {
+    let id = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.container_id.clone())
+        .expect("containerID");
+    id.strip_prefix("cli-mcp://")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected containerID {id}"))
+}
+
+/// Whether a process with exactly this argv runs on the host.
+fn process_running(argv: &[&str]) -> bool {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
+}
+
+/// The command the agent is killed under. Should the server send it again to the
+/// restarted agent (it retries once on a transport error), the marker file makes the second
+/// run return at once instead of sleeping.
+const KILLED: &str = "if [ -e /workspace/.killed-once ]; then echo second-run; \
+    else touch /workspace/.killed-once; sleep 31337; echo never; fi";
+
+/// Fault: killing the agent of a live session mid-command gives the caller a clear
+/// result, and the next call on the session works and says its state was reset.
+#[tokio::test]
+async fn killing_the_agent_mid_command_is_reported_and_the_session_recovers() {
+    let env = Env::install("j-kill").await;
+    env.dummy_kubeconfig("k").await;
+    env.apply_cr(&env.cr("k", 1)).await;
+    env.wait_ready("k").await;
+    let mcp = env.client("k").await;
+    let r = mcp.bash("victim", "cd /tmp && export KEPT=1").await;
+    assert_eq!(r["isError"], false, "{r}");
+    let pod = env
+        .list::<Pod>(&format!("{}=victim", label::SESSION_ID))
+        .await
+        .pop()
+        .expect("session pod");
+    let agent = container_pid(&pod);
+
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": KILLED}}});
+    let call = mcp
+        .http
+        .post(format!("{}/mcp", mcp.base))
+        .bearer_auth(&mcp.token)
+        .header("x-session-id", "victim")
+        .header("accept", "application/json, text/event-stream")
+        .json(&body)
+        .send();
+    let kill = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !process_running(&["sleep", "31337"]) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the command never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(agent),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill the agent");
+    };
+    let (resp, ()) = tokio::join!(call, kill);
+    let resp = resp.expect("the in-flight call gets an HTTP answer");
+    let status = resp.status().as_u16();
+    let v = response(&resp.text().await.expect("body"));
+    // Either an error naming what happened, or (the server retried on the restarted agent)
+    // a result that says the session's state was reset; never a silent success.
+    let clear = v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| !m.is_empty())
+        || (v["result"]["isError"] == true && !text(&v["result"]).is_empty())
+        || text(&v["result"]).contains("reset");
+    assert!(
+        status == 200 && clear,
+        "a clear error for the in-flight call: {status} {v}"
+    );
+    assert!(!v.to_string().contains("never"), "{v}");
+
+    // The kubelet restarts the agent (a call made before it is back fails with an error
+    // naming the unreachable agent); once the pod is Ready again the session works.
+    wait_for(
+        env.api::<Pod>(),
+        &pod.name_any(),
+        "agent restarted and Ready",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.is_some_and(|p| {
+                cli_mcp_e2e::testing::pod_is_ready(p)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|cs| cs.first())
+                        .is_some_and(|c| c.restart_count >= 1)
+            })
+        },
+    )
+    .await
+    .expect("agent back");
+    let next = mcp.bash("victim", "pwd; echo \"[${KEPT:-}]\"").await;
+    assert_eq!(next["isError"], false, "{next}");
+    let sc = &next["structuredContent"];
+    let said_inflight = text(&v["result"]).contains("reset");
+    assert!(
+        said_inflight
+            || ((sc["state_reset"] == true || sc["shell_restarted"] == true)
+                && text(&next).contains("reset")),
+        "the reset is reported: {v}\n{next}"
+    );
+    assert!(stdout(&next).contains("[]"), "{next}");
+    drop(mcp);
+    env.finish(Some("k")).await;
+}
