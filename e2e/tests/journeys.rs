@@ -1012,9 +1012,9 @@ async fn a_100_mb_command_is_truncated_and_spilled() {
         t.starts_with("xxxx") && t.contains("truncated"),
         "head kept, cut marked"
     );
-    // The full output was spilled in the sandbox. (The agent's marker names the file, but
-    // the server re-applies the same budget to the agent's head + marker + tail and cuts
-    // that marker out of the middle, so the path does not reach the caller: not asserted.)
+    // The agent's marker, naming the spill file, reaches the caller.
+    assert!(t.contains("full output in "), "spill path shown: {t:.300}");
+    // The full output was spilled in the sandbox.
     let spill = mcp
         .bash(
             "big",

@@ -75,7 +75,9 @@ fn stream(text: &str, enc: Encoding, budget: usize) -> Stream {
             .decode(text)
             .unwrap_or_else(|_| text.as_bytes().to_vec()),
     };
-    let (bytes, cut) = cap(raw, budget);
+    // The agent already kept `budget` bytes as head + tail around its own marker, which names
+    // the spill file; leave room for that marker so the path reaches the caller.
+    let (bytes, cut) = cap(raw, budget + AGENT_MARKER_ROOM);
     let (text, lossy) = match String::from_utf8(bytes.clone()) {
         Ok(s) => (s, false),
         Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), true),
@@ -87,6 +89,9 @@ fn stream(text: &str, enc: Encoding, budget: usize) -> Stream {
         cut,
     }
 }
+
+/// Room above the budget for the agent's `[… N bytes truncated; full output in <path> …]`.
+pub const AGENT_MARKER_ROOM: usize = 1024;
 
 /// Keeps head and tail of `bytes` within `budget` (plus a marker), cutting on UTF-8
 /// character boundaries when the bytes are text.
@@ -303,6 +308,29 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_truncation_marker_survives_the_server_budget() {
+        let budget = 1024;
+        let mut agent_out = vec![b'a'; budget / 2];
+        agent_out.extend_from_slice(
+            "\n[… 99998976 bytes truncated; full output in /tmp/cli-mcp-agent/spill/7.stdout …]\n"
+                .as_bytes(),
+        );
+        agent_out.extend(vec![b'z'; budget / 2]);
+        let s = stream(
+            &String::from_utf8(agent_out).expect("utf8"),
+            Encoding::Utf8,
+            budget,
+        );
+        assert!(!s.cut, "the server must not cut the agent's marker");
+        assert!(s
+            .text
+            .contains("full output in /tmp/cli-mcp-agent/spill/7.stdout"));
+        // Far larger input (an agent with a bigger budget) is still capped.
+        let big = stream(&"x".repeat(10 * budget), Encoding::Utf8, budget);
+        assert!(big.cut && big.text.len() < 2 * budget + AGENT_MARKER_ROOM);
+    }
+
+    #[test]
     fn the_server_budget_applies_on_char_boundaries() {
         let big = "é".repeat(3000); // 6000 bytes
         let r = render("s", &outcome(&big, "", 0), 1001);
@@ -311,7 +339,7 @@ mod tests {
             r.text.contains("bytes truncated by the MCP server"),
             "marker"
         );
-        assert!(r.structured.stdout.len() < 1200);
+        assert!(r.structured.stdout.len() < 1200 + AGENT_MARKER_ROOM);
         assert!(r.text.contains("output truncated"), "summary");
         // Still valid UTF-8 (no base64 fallback).
         assert_eq!(r.structured.stdout_encoding, None);
