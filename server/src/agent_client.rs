@@ -26,7 +26,7 @@ pub enum AgentError {
     #[error("cannot connect to the sandbox agent at {endpoint}: {detail}")]
     Connect { endpoint: String, detail: String },
     /// The connection failed after the request may have been sent.
-    #[error("the connection to the sandbox agent at {endpoint} broke while the command was sent or ran ({detail}); it may have run in part or in full, and was not sent again: check its effects before repeating it")]
+    #[error("the connection to the sandbox agent at {endpoint} failed: {detail}")]
     Transport { endpoint: String, detail: String },
     /// The agent did not answer within the command timeout plus a grace period.
     #[error("the sandbox agent at {endpoint} did not answer within {after:?}")]
@@ -61,15 +61,6 @@ impl AgentError {
     /// True when the request certainly did not reach the agent (safe to send again).
     pub fn not_sent(&self) -> bool {
         matches!(self, AgentError::Connect { .. })
-    }
-
-    /// True when the agent certainly did not run the command, so sending it again (to a
-    /// rediscovered sandbox) cannot run it twice: the connection was refused, or the agent
-    /// refused it (401/503). After a broken connection the outcome is unknown — the request
-    /// id protects a retry only while the same agent process lives, and a crashed agent
-    /// comes back with no memory of it — so that command is not sent again.
-    pub fn safe_to_resend(&self) -> bool {
-        self.not_sent() || matches!(self, AgentError::Status { .. }) && self.is_rediscoverable()
     }
 
     pub fn is_busy(&self) -> bool {
@@ -265,16 +256,6 @@ mod tests {
         )
         .is_rediscoverable());
         assert!(!status(StatusCode::CONFLICT, Some(ErrorCode::Busy)).is_rediscoverable());
-        let broken = AgentError::Transport {
-            endpoint: "e".into(),
-            detail: "reset".into(),
-        };
-        assert!(broken.is_rediscoverable() && !broken.safe_to_resend());
-        assert!(status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Some(ErrorCode::NotAssigned)
-        )
-        .safe_to_resend());
         assert!(status(StatusCode::CONFLICT, Some(ErrorCode::Busy)).is_busy());
         assert!(!status(StatusCode::BAD_REQUEST, Some(ErrorCode::BadRequest)).is_rediscoverable());
     }

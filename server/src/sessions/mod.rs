@@ -159,11 +159,10 @@ impl SessionManager {
         &self.metrics
     }
 
-    /// Runs `command` in the session's sandbox. When the sandbox certainly did not run it
-    /// (connection refused, 401/503), the route is invalidated and rediscovered once and the
-    /// command sent again (with the same request id). When the connection broke after the
-    /// command was sent, its outcome is unknown: the route is invalidated and the caller told,
-    /// but the command is never sent twice.
+    /// Runs `command` in the session's sandbox. On a transport error or a 401/503 from the
+    /// sandbox, the route is invalidated and rediscovered once; a retry on the same sandbox
+    /// reuses the request id, so the agent answers it from its replay memory instead of
+    /// running the command twice.
     pub async fn exec(
         &self,
         sid: &SessionId,
@@ -180,11 +179,7 @@ impl SessionManager {
         let mut replaced = sandbox.replaced;
         let mut result = self.run(sid, &sandbox, &req, timeout).await;
         if let Err(e) = &result {
-            if e.is_rediscoverable() && !e.safe_to_resend() {
-                // The sandbox may have run the command: never send it again; the next call
-                // rediscovers the session.
-                self.backend.invalidate(sid, &sandbox);
-            } else if e.is_rediscoverable() {
+            if e.is_rediscoverable() {
                 tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
                     "sandbox did not answer; rediscovering the session once");
                 self.backend.invalidate(sid, &sandbox);
