@@ -218,8 +218,10 @@ async fn background_jobs_do_not_block_and_survive() {
     assert_eq!(v["timed_out"], false);
     assert_eq!(s(&v, "stdout"), "started\n");
     // The job is still there (and a later timeout must not kill it).
-    a.exec_with(json!({"command": "sleep 100", "timeout_ms": 300}))
+    let t = a
+        .exec_with(json!({"command": "sleep 100", "timeout_ms": 2000}))
         .await;
+    assert_eq!(t["shell_restarted"], false, "{t}");
     let v = a.exec("jobs -r | grep -c 'sleep 100'").await;
     assert_eq!(s(&v, "stdout"), "1\n");
 }

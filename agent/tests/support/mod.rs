@@ -86,14 +86,14 @@ impl Agent {
         } else {
             Command::new(agent_bin)
         };
-        // The production default grace: a loaded CI machine must not make a slow but
-        // healthy shell look wedged.
+        // A generous grace: with twenty agents on two loaded cores a healthy shell can take
+        // over a second to answer an interrupt, and must not be judged wedged.
         cmd.args([
             "--listen",
             "127.0.0.1:0",
             "--log-json",
             "--kill-grace-ms",
-            "1000",
+            "3000",
         ])
         .arg("--state-dir")
         .arg(&state_dir)
