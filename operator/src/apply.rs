@@ -20,11 +20,12 @@ pub fn cache_key<K: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &
     format!("{}/{}/{}", K::kind(&()), namespace.unwrap_or(""), name)
 }
 
-/// Applies `desired` unless the store shows the object unchanged since our last apply of the
-/// same desired state. `api` must address the object's scope (namespace or cluster).
-/// Returns true when a request was sent.
-pub async fn apply<K>(ctx: &Context, api: &Api<K>, store: &Store<K>, desired: &K) -> Result<bool>
-where
+/// What a child object must be to be applied: a typed, static-kind Kubernetes resource.
+pub trait Child:
+    Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+}
+impl<K> Child for K where
     K: Resource<DynamicType = ()>
         + Clone
         + Debug
@@ -32,8 +33,19 @@ where
         + DeserializeOwned
         + Send
         + Sync
-        + 'static,
+        + 'static
 {
+}
+
+/// Applies `desired` unless the store shows the object unchanged since our last apply of the
+/// same desired state. `api` must address the object's scope (namespace or cluster; kube's
+/// types check which constructor fits the kind). Returns true when a request was sent.
+pub async fn apply<K: Child>(
+    ctx: &Context,
+    api: &Api<K>,
+    store: &Store<K>,
+    desired: &K,
+) -> Result<bool> {
     let name = desired.name_any();
     let ns = desired.namespace();
     let hash = hex::encode(Sha256::digest(serde_json::to_vec(desired)?));
@@ -55,4 +67,18 @@ where
         ctx.applied.record(key, hash, rv);
     }
     Ok(true)
+}
+
+/// Applies `desired` and, on failure, adds `Kind name: error` to `errors` (so the other
+/// children are still tried and the first failure is reported).
+pub async fn apply_noting<K: Child>(
+    ctx: &Context,
+    api: &Api<K>,
+    store: &Store<K>,
+    desired: &K,
+    errors: &mut Vec<String>,
+) {
+    if let Err(e) = apply(ctx, api, store, desired).await {
+        errors.push(format!("{} {}: {e}", K::kind(&()), desired.name_any()));
+    }
 }

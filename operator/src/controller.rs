@@ -24,7 +24,7 @@ use cli_mcp_api::names::{label, FIELD_MANAGER, FINALIZER};
 use cli_mcp_api::sandbox::KUBECONFIG_KEY;
 use cli_mcp_api::token::HmacKey;
 
-use crate::apply::apply;
+use crate::apply::apply_noting;
 use crate::children::{deployment, networkpolicy, rbac, secrets, service, ApiServerPeers, Inputs};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -338,108 +338,78 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
 /// Applies every SSA-managed child; returns the first error (the others are still tried).
 async fn apply_children(ctx: &Context, inp: &Inputs, tls: &TlsState) -> Option<String> {
     let s = &ctx.stores;
-    let c = &ctx.client;
-    let ns = inp.namespace.as_str();
+    let (c, ns) = (&ctx.client, inp.namespace.as_str());
     let mut errors: Vec<String> = Vec::new();
-    let mut note = |what: &str, r: Result<bool>| {
-        if let Err(e) = r {
-            errors.push(format!("{what}: {e}"));
-        }
-    };
-    let sas = Api::namespaced(c.clone(), ns);
-    note(
-        "ServiceAccount",
-        apply(
-            ctx,
-            &sas,
-            &s.service_accounts,
-            &rbac::server_service_account(inp),
-        )
-        .await,
-    );
-    note(
-        "ServiceAccount",
-        apply(
-            ctx,
-            &sas,
-            &s.service_accounts,
-            &rbac::sandbox_service_account(inp),
-        )
-        .await,
-    );
-    note(
-        "Role",
-        apply(
-            ctx,
-            &Api::namespaced(c.clone(), ns),
-            &s.roles,
-            &rbac::server_role(inp),
-        )
-        .await,
-    );
-    note(
-        "RoleBinding",
-        apply(
-            ctx,
-            &Api::namespaced(c.clone(), ns),
-            &s.role_bindings,
-            &rbac::server_role_binding(inp),
-        )
-        .await,
-    );
-    note(
-        "ClusterRoleBinding",
-        apply(
-            ctx,
-            &Api::all(c.clone()),
-            &s.cluster_role_bindings,
-            &rbac::auth_delegator_binding(inp),
-        )
-        .await,
-    );
-    note(
-        "Service",
-        apply(
-            ctx,
-            &Api::namespaced(c.clone(), ns),
-            &s.services,
-            &service::service(inp),
-        )
-        .await,
-    );
-    note(
-        "NetworkPolicy",
-        apply(
-            ctx,
-            &Api::namespaced(c.clone(), ns),
-            &s.network_policies,
-            &networkpolicy::network_policy(inp),
-        )
-        .await,
-    );
+    let e = &mut errors;
+    let sa = rbac::server_service_account(inp);
+    apply_noting(
+        ctx,
+        &Api::namespaced(c.clone(), ns),
+        &s.service_accounts,
+        &sa,
+        e,
+    )
+    .await;
+    let sa = rbac::sandbox_service_account(inp);
+    apply_noting(
+        ctx,
+        &Api::namespaced(c.clone(), ns),
+        &s.service_accounts,
+        &sa,
+        e,
+    )
+    .await;
+    apply_noting(
+        ctx,
+        &Api::namespaced(c.clone(), ns),
+        &s.roles,
+        &rbac::server_role(inp),
+        e,
+    )
+    .await;
+    let rb = rbac::server_role_binding(inp);
+    apply_noting(
+        ctx,
+        &Api::namespaced(c.clone(), ns),
+        &s.role_bindings,
+        &rb,
+        e,
+    )
+    .await;
+    let crb = rbac::auth_delegator_binding(inp);
+    let cluster = Api::all(c.clone());
+    apply_noting(ctx, &cluster, &s.cluster_role_bindings, &crb, e).await;
+    apply_noting(
+        ctx,
+        &Api::namespaced(c.clone(), ns),
+        &s.services,
+        &service::service(inp),
+        e,
+    )
+    .await;
+    let np = networkpolicy::network_policy(inp);
+    apply_noting(
+        ctx,
+        &Api::namespaced(c.clone(), ns),
+        &s.network_policies,
+        &np,
+        e,
+    )
+    .await;
     if let (Some(name), Some(pem)) = (&tls.ca_config_map, &tls.ca_pem) {
         let meta: ObjectMeta = inp.meta(name.clone(), label::COMPONENT_SERVER);
-        note(
-            "ConfigMap",
-            apply(
-                ctx,
-                &Api::namespaced(c.clone(), ns),
-                &s.config_maps,
-                &secrets::ca_config_map(meta, pem),
-            )
-            .await,
-        );
+        let cm = secrets::ca_config_map(meta, pem);
+        apply_noting(ctx, &Api::namespaced(c.clone(), ns), &s.config_maps, &cm, e).await;
     }
-    note(
-        "Deployment",
-        apply(
-            ctx,
-            &Api::namespaced(c.clone(), ns),
-            &s.deployments,
-            &deployment::deployment(inp),
-        )
-        .await,
-    );
+    let deploy = deployment::deployment(inp);
+    apply_noting(
+        ctx,
+        &Api::namespaced(c.clone(), ns),
+        &s.deployments,
+        &deploy,
+        e,
+    )
+    .await;
     errors.into_iter().next()
 }
 
