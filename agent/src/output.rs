@@ -82,10 +82,13 @@ pub fn capture(path: &Path, budget: usize, spill_path: &Path) -> io::Result<Capt
     let tail = trim_partial_char_start(tail);
     let cut = total - head.len() as u64 - tail.len() as u64;
 
-    let spill = match fs::rename(path, spill_path) {
-        Ok(()) => Some(spill_path.to_path_buf()),
-        Err(_) => None,
-    };
+    // A command may have removed the spill directory: recreate it here, where it is needed.
+    let moved = fs::rename(path, spill_path).is_ok()
+        || (spill_path
+            .parent()
+            .is_some_and(|d| fs::create_dir_all(d).is_ok())
+            && fs::rename(path, spill_path).is_ok());
+    let spill = moved.then(|| spill_path.to_path_buf());
     let marker = match &spill {
         Some(p) => format!(
             "\n[… {cut} bytes truncated; full output in {} …]\n",
@@ -185,6 +188,16 @@ mod tests {
             "{text}"
         );
         assert_eq!(fs::read(&spill).expect("spill kept"), data);
+    }
+
+    #[test]
+    fn a_removed_spill_dir_is_recreated() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let p = write(d.path(), "out", &[b'x'; 100]);
+        let spill = d.path().join("gone").join("1.stdout");
+        let c = capture(&p, 10, &spill).expect("capture");
+        assert_eq!(c.spill.as_deref(), Some(spill.as_path()));
+        assert_eq!(fs::read(&spill).expect("spilled").len(), 100);
     }
 
     #[test]

@@ -208,9 +208,7 @@ impl Shell {
         let mut restarted = !notes.is_empty();
 
         self.seq += 1;
-        // The state dir is writable by the sandbox user: repair it if they broke it, and use
-        // an unguessable, freshly created directory so nothing can be planted in advance.
-        self.ensure_dirs();
+        // An unguessable, freshly created directory, so nothing can be planted in advance.
         let nonce = random_hex();
         let dir = self
             .opts
@@ -221,7 +219,12 @@ impl Shell {
             dir: dir.clone(),
             source,
         };
-        fs::create_dir(&dir).map_err(files_err)?;
+        if fs::create_dir(&dir).is_err() {
+            // The state dir is writable by the sandbox user: repair it (off the hot path,
+            // only when a command broke it) and try once more.
+            self.ensure_dirs();
+            fs::create_dir(&dir).map_err(files_err)?;
+        }
         write_new_file(&dir.join("cmd"), command.as_bytes()).map_err(files_err)?;
         let line = command_line(&dir, &nonce);
 
