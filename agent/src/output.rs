@@ -46,8 +46,16 @@ pub fn capture(path: &Path, budget: usize, spill_path: &Path) -> io::Result<Capt
     {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(empty(false)),
-        // ELOOP: the command replaced its output file with a symbolic link.
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(empty(true)),
+        // ELOOP: the command replaced its output file with a symbolic link; ENOTDIR: it
+        // replaced a directory on the way with a file.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(nix::libc::ELOOP | nix::libc::ENOTDIR)
+            ) =>
+        {
+            return Ok(empty(true))
+        }
         Err(e) => return Err(e),
     };
     let meta = file.metadata()?;

@@ -499,12 +499,16 @@ impl Shell {
         Ok(())
     }
 
-    /// Recreates the state directories and gives them back to us if a command removed them
-    /// or changed their mode (errors surface on the file operations that follow).
+    /// Recreates the state directories and gives them back to us if a command removed them,
+    /// replaced them or changed their mode (errors surface on the file operations that follow).
     fn ensure_dirs(&self) {
         use std::os::unix::fs::PermissionsExt;
         for sub in ["cmd", "spill"] {
             let d = self.opts.state_dir.join(sub);
+            // Something that is not a directory (a file, a link) took its place: remove it.
+            if fs::symlink_metadata(&d).is_ok_and(|m| !m.is_dir()) {
+                let _ = fs::remove_file(&d);
+            }
             let _ = fs::create_dir_all(&d);
             let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o700));
         }
