@@ -6,9 +6,11 @@
 //! - [`cluster`]: bring a cluster up and down ([`cluster::Cluster`]).
 //! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
 //! - [`testing`]: one shared cluster per test run, namespaces per test, watch-based waits.
+//! - [`journey`]: the operator installed as a user would, instances, an MCP client over TLS.
 
 pub mod cluster;
 pub mod error;
+pub mod journey;
 pub mod net;
 pub mod pki;
 pub mod portforward;

@@ -1,0 +1,633 @@
+//! Test support for the end-to-end journeys (docs/e2e.md): install the operator from
+//! `config/default` the way a user would, apply instances, and talk MCP over TLS to an
+//! instance's Service through a loopback forward with a ServiceAccount token.
+//!
+//! This is test support: every helper panics with context on failure (a failed test), and
+//! never retries behind the caller's back.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::label;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::ByteString;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{pinned_kind, Scope};
+use kube::{Api, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::testing::{
+    cluster, pod_ip, wait_for, workspace_root, TestCluster, TestNamespace, TIMEOUT,
+};
+use crate::ServiceForward;
+
+pub const SERVER_IMAGE: &str = "cli-mcp-server:dev";
+pub const SANDBOX_IMAGE: &str = "cli-mcp-agent:dev";
+/// The field manager of "the user" (kubectl apply --server-side).
+pub const USER: &str = "kubectl";
+
+pub fn small() -> Value {
+    json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}})
+}
+
+pub fn tools() -> PathBuf {
+    let out = Command::new(workspace_root().join("hack/build-helm-kustomize.sh"))
+        .output()
+        .expect("run hack/build-helm-kustomize.sh");
+    assert!(
+        out.status.success(),
+        "hack/build-helm-kustomize.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(stdout.lines().last().expect("bin dir").trim())
+}
+
+/// One test's world: its namespace, the operator installed into it, and what the install
+/// created outside it (cluster-scoped RBAC) to delete at the end.
+pub struct Env {
+    pub c: TestCluster,
+    pub ns: TestNamespace,
+    outside: Vec<(Api<DynamicObject>, String)>,
+}
+
+/// Server-side applies every document of `yaml` (namespaced ones into `ns` unless they name
+/// another); returns the objects outside `ns` (CRDs and Namespaces excepted).
+pub async fn apply_yaml(
+    c: &TestCluster,
+    ns: &str,
+    yaml: &str,
+    edit: impl Fn(&mut Value),
+) -> Vec<(Api<DynamicObject>, String)> {
+    let mut outside = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let mut value =
+            serde_json::to_value(serde_yaml::Value::deserialize(doc).expect("YAML document"))
+                .expect("JSON");
+        if value.is_null() {
+            continue;
+        }
+        edit(&mut value);
+        let obj: DynamicObject = serde_json::from_value(value).expect("a Kubernetes object");
+        let tm = obj.types.clone().expect("apiVersion/kind");
+        let gvk = GroupVersionKind::try_from(&tm).expect("gvk");
+        let (ar, caps) = pinned_kind(&c.client, &gvk).await.expect("discover kind");
+        let name = obj.name_any();
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Cluster => Api::all_with(c.client.clone(), &ar),
+            Scope::Namespaced => {
+                let target = obj.namespace().unwrap_or_else(|| ns.to_owned());
+                Api::namespaced_with(c.client.clone(), &target, &ar)
+            }
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", tm.kind));
+        let is_outside = match caps.scope {
+            Scope::Cluster => tm.kind != "CustomResourceDefinition" && tm.kind != "Namespace",
+            Scope::Namespaced => obj.namespace().is_some_and(|n| n != ns),
+        };
+        if is_outside {
+            outside.push((api, name));
+        }
+    }
+    outside
+}
+
+impl Env {
+    /// A namespace with the operator installed from config/default: a kustomize overlay
+    /// that scopes it to the namespace (WATCH_NAMESPACE, a name prefix for its cluster-wide
+    /// RBAC), one replica and small requests (the CI node has 2 cores).
+    pub async fn install(prefix: &str) -> Env {
+        let bin = tools();
+        let c = cluster().await.expect("cluster");
+        let ns = c.namespace(prefix).await.expect("namespace");
+        let n = ns.name.clone();
+        let dir = workspace_root().join(format!(".run/journeys-{n}"));
+        std::fs::create_dir_all(&dir).expect("overlay dir");
+        let k = format!(
+            r#"resources:
+  - ../../config/default
+namespace: {n}
+namePrefix: {n}-
+images:
+  - name: cli-mcp-operator
+    newTag: e2e
+patches:
+  - target: {{kind: Deployment, name: cli-mcp-operator}}
+    patch: |-
+      - op: replace
+        path: /spec/replicas
+        value: 1
+      - op: replace
+        path: /spec/template/spec/containers/0/resources/requests/cpu
+        value: 10m
+      - op: replace
+        path: /spec/template/spec/containers/0/env/0/value
+        value: {SERVER_IMAGE}
+      - op: replace
+        path: /spec/template/spec/containers/0/env/1/value
+        value: {SANDBOX_IMAGE}
+      - op: replace
+        path: /spec/template/spec/containers/0/env/2/value
+        value: {n}
+"#
+        );
+        std::fs::write(dir.join("kustomization.yaml"), k).expect("write overlay");
+        let out = Command::new(bin.join("kustomize"))
+            .arg("build")
+            .arg(&dir)
+            .output()
+            .expect("kustomize");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "kustomize build: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let yaml = String::from_utf8(out.stdout).expect("utf-8");
+        let outside = apply_yaml(&c, &n, &yaml, |_| {}).await;
+        let env = Env { c, ns, outside };
+        let op = format!("{n}-cli-mcp-operator");
+        let r = wait_for(
+            env.ns.api::<Deployment>(),
+            &op,
+            "operator Deployment available",
+            TIMEOUT,
+            |d: Option<&Deployment>| {
+                d.and_then(|d| d.status.as_ref())
+                    .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= 1)
+            },
+        )
+        .await;
+        if let Err(e) = r {
+            panic!("operator not ready: {e}\n{}", env.logs("operator"));
+        }
+        env
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        self.ns.api::<K>()
+    }
+
+    /// Container logs (`<container>.log`) of this namespace's pods, for failure messages.
+    pub fn logs(&self, container: &str) -> String {
+        let pods = std::fs::read_dir(self.c.info.kubelet_state_dir.join("pods"))
+            .into_iter()
+            .flatten()
+            .flatten();
+        let mut text: Vec<String> = pods
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{}_", self.ns.name))
+            })
+            .filter_map(|e| std::fs::read_to_string(e.path().join(format!("{container}.log"))).ok())
+            .collect();
+        text.iter_mut().for_each(|t| {
+            let lines: Vec<&str> = t.lines().collect();
+            *t = lines[lines.len().saturating_sub(30)..].join("\n");
+        });
+        text.join("\n---\n")
+    }
+
+    /// A dummy sandbox kubeconfig Secret (journeys that do not use kubectl).
+    pub async fn dummy_kubeconfig(&self, instance: &str) {
+        self.kubeconfig_secret(instance, "apiVersion: v1\nkind: Config\n")
+            .await;
+    }
+
+    pub async fn kubeconfig_secret(&self, instance: &str, kubeconfig: &str) {
+        let s = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("cli-mcp-{instance}-kubeconfig")),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                "kubeconfig".to_owned(),
+                ByteString(kubeconfig.as_bytes().to_vec()),
+            )])),
+            ..Default::default()
+        };
+        self.api::<Secret>()
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("kubeconfig Secret");
+    }
+
+    /// The read-only investigation identity of config/samples/investigation-kubeconfig.yaml
+    /// (its cluster-scoped objects renamed for this namespace) turned into the instance's
+    /// kubeconfig Secret, with the API server address of the admin kubeconfig (reachable
+    /// from every pod; the local cluster has no cluster DNS).
+    pub async fn investigation_kubeconfig(&mut self, instance: &str) {
+        let n = self.ns.name.clone();
+        let yaml = std::fs::read_to_string(
+            workspace_root().join("config/samples/investigation-kubeconfig.yaml"),
+        )
+        .expect("sample");
+        let cluster_name = format!("{n}-cli-mcp-investigator");
+        let outside = apply_yaml(&self.c, &n, &yaml, |v| {
+            let kind = v["kind"].as_str().unwrap_or_default().to_owned();
+            if kind == "ClusterRole" || kind == "ClusterRoleBinding" {
+                v["metadata"]["name"] = json!(cluster_name);
+            }
+            if kind == "ClusterRoleBinding" {
+                v["roleRef"]["name"] = json!(cluster_name);
+                v["subjects"][0]["namespace"] = json!(n);
+            }
+        })
+        .await;
+        self.outside.extend(outside);
+        let secret = wait_for(
+            self.api::<Secret>(),
+            "cli-mcp-investigator-token",
+            "investigator token issued",
+            TIMEOUT,
+            |s: Option<&Secret>| {
+                s.and_then(|s| s.data.as_ref())
+                    .is_some_and(|d| d.contains_key("token") && d.contains_key("ca.crt"))
+            },
+        )
+        .await
+        .expect("token")
+        .expect("secret");
+        let data = secret.data.unwrap_or_default();
+        let token = String::from_utf8(data["token"].0.clone()).expect("token utf-8");
+        let ca = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(&data["ca.crt"].0)
+        };
+        let admin = kube::config::Kubeconfig::read_from(&self.c.info.kubeconfig).expect("admin");
+        let server = admin.clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.server.clone())
+            .expect("server");
+        let kc = format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: cluster, cluster: {{server: \"{server}\", certificate-authority-data: \"{ca}\"}}}}]\n\
+             users: [{{name: investigator, user: {{token: \"{token}\"}}}}]\n\
+             contexts: [{{name: investigator, context: {{cluster: cluster, user: investigator}}}}]\n\
+             current-context: investigator\n"
+        );
+        self.kubeconfig_secret(instance, &kc).await;
+    }
+
+    /// The CR as the user writes it: the sample's spec with `spec` merged over it, small
+    /// requests for sandboxes and servers.
+    pub fn cr(&self, name: &str, warm: i64) -> Value {
+        let yaml = std::fs::read_to_string(
+            workspace_root().join("config/samples/cli-mcp_v1alpha1_climcpinstance.yaml"),
+        )
+        .expect("sample CR");
+        let mut v: Value =
+            serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&yaml).expect("YAML"))
+                .expect("JSON");
+        v["metadata"]["name"] = json!(name);
+        v["spec"]["sandbox"]["warmPoolSize"] = json!(warm);
+        v["spec"]["sandbox"]["resources"] = small();
+        v["spec"]["server"]["resources"] = small();
+        v
+    }
+
+    /// Server-side apply of the CR with the user's field manager; returns the stored object.
+    pub async fn apply_cr(&self, cr: &Value) -> CliMcpInstance {
+        let name = cr["metadata"]["name"].as_str().expect("name");
+        self.api::<CliMcpInstance>()
+            .patch(name, &PatchParams::apply(USER), &Patch::Apply(cr))
+            .await
+            .expect("apply CliMcpInstance")
+    }
+
+    /// Waits until the instance is Ready for its generation with a full warm pool and its
+    /// server replicas ready.
+    pub async fn wait_ready(&self, name: &str) -> CliMcpInstance {
+        let r = wait_for(
+            self.api::<CliMcpInstance>(),
+            name,
+            "instance Ready with a full pool",
+            TIMEOUT,
+            |o: Option<&CliMcpInstance>| {
+                o.is_some_and(|o| {
+                    let Some(s) = o.status.as_ref() else {
+                        return false;
+                    };
+                    s.observed_generation == o.metadata.generation
+                        && s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Ready" && c.status == "True")
+                        && s.ready_replicas >= 1
+                        && s.warm_pool.ready == s.warm_pool.desired
+                })
+            },
+        )
+        .await;
+        match r {
+            Ok(Some(o)) => o,
+            other => panic!(
+                "instance {name} not Ready: {other:?}\noperator:\n{}\nserver:\n{}",
+                self.logs("operator"),
+                self.logs("server")
+            ),
+        }
+    }
+
+    /// A client ServiceAccount allowed to use instance `name`, its token, the instance CA
+    /// and a loopback forward to the Service.
+    pub async fn client(&self, name: &str) -> Mcp {
+        let n = &self.ns.name;
+        let rbac = format!(
+            r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: mcp-client}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: mcp-client-{name}}}
+rules:
+  - apiGroups: [cli-mcp.redhat.com]
+    resources: [climcpinstances/mcp]
+    resourceNames: [{name}]
+    verbs: [get, create, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: mcp-client-{name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: mcp-client-{name}}}
+subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
+"#
+        );
+        apply_yaml(&self.c, n, &rbac, |_| {}).await;
+        let token = self
+            .api::<ServiceAccount>()
+            .create_token_request(
+                "mcp-client",
+                &PostParams::default(),
+                &TokenRequest {
+                    spec: Some(TokenRequestSpec {
+                        expiration_seconds: Some(3600),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("token")
+            .status
+            .and_then(|s| s.token)
+            .expect("token");
+        let svc = format!("cli-mcp-{name}");
+        let ca = self
+            .api::<ConfigMap>()
+            .get(&format!("{svc}-ca"))
+            .await
+            .expect("CA ConfigMap")
+            .data
+            .unwrap_or_default()
+            .remove("ca.crt")
+            .expect("ca.crt");
+        let fwd = ServiceForward::start(self.c.client.clone(), n, &svc, 8443)
+            .await
+            .expect("forward");
+        let host = format!("{svc}.{n}.svc");
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(120))
+            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
+            .resolve(&host, fwd.local_addr())
+            .build()
+            .expect("client");
+        let base = format!("https://{host}:{}", fwd.local_addr().port());
+        Mcp {
+            http,
+            base,
+            token,
+            _fwd: fwd,
+        }
+    }
+
+    pub async fn list<K>(&self, selector: &str) -> Vec<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        self.api::<K>()
+            .list(&ListParams::default().labels(selector))
+            .await
+            .expect("list")
+            .items
+    }
+
+    /// The instance's ClusterRoleBindings (instance label, subject in this namespace).
+    pub async fn cluster_bindings(&self, instance: &str) -> Vec<ClusterRoleBinding> {
+        Api::<ClusterRoleBinding>::all(self.c.client.clone())
+            .list(&ListParams::default().labels(&format!("{}={instance}", label::INSTANCE)))
+            .await
+            .expect("list CRBs")
+            .items
+            .into_iter()
+            .filter(|b| {
+                b.subjects
+                    .iter()
+                    .flatten()
+                    .any(|s| s.namespace.as_deref() == Some(&self.ns.name))
+            })
+            .collect()
+    }
+
+    /// Deletes the instance (waiting for its finalizer), then the install's cluster-scoped
+    /// objects and the namespace.
+    pub async fn finish(self, instance: Option<&str>) {
+        if let Some(name) = instance {
+            let api = self.api::<CliMcpInstance>();
+            let _ = api.delete(name, &DeleteParams::default()).await;
+            let r = wait_for(
+                api,
+                name,
+                "instance deleted",
+                TIMEOUT,
+                |o: Option<&CliMcpInstance>| o.is_none(),
+            )
+            .await;
+            if let Err(e) = r {
+                panic!("instance not released: {e}\n{}", self.logs("operator"));
+            }
+        }
+        for (api, name) in &self.outside {
+            let _ = api.delete(name, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await.expect("delete namespace");
+    }
+}
+
+/// An MCP client (JSON-RPC over Streamable HTTP) of one instance.
+pub struct Mcp {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub token: String,
+    _fwd: ServiceForward,
+}
+
+/// The JSON-RPC response in a JSON body or in the data lines of an SSE stream.
+pub fn response(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("result").is_some() || v.get("error").is_some())
+            .unwrap_or(Value::Null)
+    })
+}
+
+impl Mcp {
+    pub async fn rpc(&self, sid: &str, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let r = self
+            .http
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(&self.token)
+            .header("x-session-id", sid)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST /mcp {method}: {e}"));
+        let status = r.status();
+        let text = r.text().await.expect("body");
+        assert_eq!(status, 200, "{method}: {text}");
+        response(&text)
+    }
+
+    /// A `bash` tool call; returns the tool result (`content`, `structuredContent`,
+    /// `isError`).
+    pub async fn bash(&self, sid: &str, command: &str) -> Value {
+        let v = self
+            .rpc(
+                sid,
+                "tools/call",
+                json!({"name": "bash", "arguments": {"command": command}}),
+            )
+            .await;
+        assert!(v.get("error").is_none(), "{command}: {v}");
+        v["result"].clone()
+    }
+
+    pub async fn delete(&self, sid: &str) -> u16 {
+        self.http
+            .delete(format!("{}/sessions/{sid}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("DELETE")
+            .status()
+            .as_u16()
+    }
+}
+
+pub fn stdout(r: &Value) -> &str {
+    r["structuredContent"]["stdout"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+pub fn text(r: &Value) -> String {
+    r["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub fn sandbox_selector(instance: &str) -> String {
+    format!(
+        "{}={instance},{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_SANDBOX
+    )
+}
+
+pub fn session_of(p: &Pod) -> Option<&str> {
+    p.labels().get(label::SESSION_ID).map(String::as_str)
+}
+
+/// Sum of `cli_mcp_session_start_seconds_count{launch="<launch>"}` over the server pods,
+/// `None` when no server answered.
+pub async fn server_starts(env: &Env, instance: &str, launch: &str) -> Option<f64> {
+    let selector = format!(
+        "{}={instance},{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_SERVER
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .ok()?;
+    let mut total = None;
+    for p in env.list::<Pod>(&selector).await {
+        let Some(ip) = pod_ip(&p) else { continue };
+        let Ok(r) = http.get(format!("http://{ip}:8081/metrics")).send().await else {
+            continue;
+        };
+        let Ok(body) = r.text().await else { continue };
+        let key = format!("cli_mcp_session_start_seconds_count{{launch=\"{launch}\"}}");
+        let v: f64 = body
+            .lines()
+            .filter(|l| l.starts_with(&key))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        *total.get_or_insert(0.0) += v;
+    }
+    total
+}
+
+/// The host pid of a pod's first container (the process kubelet's containerID).
+pub fn container_pid(p: &Pod) -> i32 {
+    let id = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.container_id.clone())
+        .expect("containerID");
+    id.strip_prefix("cli-mcp://")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected containerID {id}"))
+}
+
+/// Whether a process with exactly this argv runs on the host.
+pub fn process_running(argv: &[&str]) -> bool {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
+}
