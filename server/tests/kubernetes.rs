@@ -543,6 +543,73 @@ async fn session_limit_is_enforced() {
     w.done().await;
 }
 
+/// Concurrent new sessions against `--max-sessions`: exactly the limit starts (here from an
+/// empty pool, so each start is a create), the others get the limit error, and no pod beyond
+/// the limit is ever made. Counting and then creating would let every one of them in.
+#[tokio::test]
+async fn concurrent_new_sessions_never_overshoot_max_sessions() {
+    const MAX: usize = 3;
+    let w = World::new("srv-limit-race").await;
+    let server = w
+        .server_with(&["--auth", "none", "--max-sessions", &MAX.to_string()])
+        .await;
+    let mcp = Mcp::new(&server, None);
+    // Every session pod ever made, seen from a watch that runs through the burst.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let watch = {
+        let seen = seen.clone();
+        let api = w.ns.api::<Pod>();
+        let sel = w.instance().assigned_selector();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let cfg = kube::runtime::watcher::Config::default().labels(&sel);
+            let stream = kube::runtime::watcher(api, cfg);
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                if let Ok(
+                    kube::runtime::watcher::Event::Apply(p)
+                    | kube::runtime::watcher::Event::InitApply(p),
+                ) = ev
+                {
+                    seen.lock().expect("lock").insert(p.name_any());
+                }
+            }
+        })
+    };
+    let calls = (0..12).map(|i| {
+        let mcp = mcp.session(&format!("race-{i}"));
+        async move { mcp.bash("echo ok").await }
+    });
+    let results = join_all(calls).await;
+    let texts: Vec<String> = results.iter().map(text).collect();
+    let ok = results.iter().filter(|r| !is_error(r)).count();
+    assert_eq!(ok, MAX, "exactly the limit starts: {texts:#?}");
+    for r in results.iter().filter(|r| is_error(r)) {
+        assert!(
+            text(r).contains(&format!("already has {MAX} sessions")),
+            "{}",
+            text(r)
+        );
+    }
+    let pods =
+        w.ns.api::<Pod>()
+            .list(&ListParams::default().labels(&w.instance().assigned_selector()))
+            .await
+            .expect("list")
+            .items;
+    assert_eq!(
+        pods.len(),
+        MAX,
+        "session pods: {:?}",
+        pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    watch.abort();
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), MAX, "session pods ever made: {seen:?}");
+    drop(server);
+    w.done().await;
+}
+
 // ---- auth ----
 
 /// A self-signed CA and a serving certificate for 127.0.0.1, as PEM files.

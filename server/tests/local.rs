@@ -496,6 +496,35 @@ async fn max_sessions_is_a_clear_tool_error() {
     assert!(!is_error(&a.bash("true").await));
 }
 
+/// Concurrent new sessions are admitted against the limit one at a time: exactly the limit
+/// starts, the rest get the limit error (counting, then starting, would let all of them in).
+#[tokio::test]
+async fn concurrent_new_sessions_never_overshoot_max_sessions() {
+    let server = local_server(&["--max-sessions", "4"]).await;
+    let mcp = Mcp::new(&server, None);
+    let calls = (0..16).map(|i| {
+        let mcp = mcp.session(&format!("burst-{i}"));
+        async move { mcp.bash("echo ok").await }
+    });
+    let results = futures::future::join_all(calls).await;
+    let ok = results.iter().filter(|r| !is_error(r)).count();
+    let limited: Vec<_> = results.iter().filter(|r| is_error(r)).collect();
+    let texts: Vec<String> = results.iter().map(text).collect();
+    assert_eq!(ok, 4, "exactly the limit starts: {texts:#?}");
+    for r in &limited {
+        assert!(text(r).contains("already has 4 sessions"), "{}", text(r));
+    }
+    let list: Value = support::http()
+        .get(server.url("/sessions"))
+        .send()
+        .await
+        .expect("GET /sessions")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(list["sessions"].as_array().map(Vec::len), Some(4), "{list}");
+}
+
 #[tokio::test]
 async fn health_and_metrics() {
     let server = local_server(&[]).await;

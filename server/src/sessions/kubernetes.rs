@@ -12,6 +12,7 @@
 //! - when a claim and a create race, both replicas see two pods for the session and pick the
 //!   same winner (oldest `creationTimestamp`, then name); the loser is deleted.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,8 +69,40 @@ pub struct KubeBackend {
     cache: RouteCache,
     locks: SessionLocks,
     stamper: Arc<ActivityStamper>,
+    admission: Admission,
     limits: Limits,
     metrics: Arc<Metrics>,
+}
+
+/// Admission of new sessions against `--max-sessions` within this replica.
+///
+/// Counting the sessions and then starting one is not atomic: concurrent new sessions all see
+/// the same count and all start. So a new session first takes `gate`, snapshots the sessions
+/// this replica is starting (`pending`), lists the assigned pods, counts the union of both by
+/// session id, and joins `pending` before it leaves the gate. It leaves `pending` only after
+/// its pod was written (claimed or created) or it gave up. A session that left `pending` did
+/// so after its write, hence before the next snapshot and the list that follows it: every
+/// admitted session is counted by every later admission, once. The gate covers one list
+/// call, never the claim, the create or the wait for Ready.
+#[derive(Default)]
+struct Admission {
+    gate: tokio::sync::Mutex<()>,
+    pending: Arc<std::sync::Mutex<HashSet<SessionId>>>,
+}
+
+/// A place in `Admission::pending`, given back when dropped (also when the call is dropped).
+struct Reservation {
+    pending: Arc<std::sync::Mutex<HashSet<SessionId>>>,
+    sid: SessionId,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.sid);
+    }
 }
 
 impl std::fmt::Debug for KubeBackend {
@@ -110,6 +143,7 @@ impl KubeBackend {
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
             stamper: ActivityStamper::new(),
+            admission: Admission::default(),
             limits,
             metrics,
         })
@@ -131,7 +165,7 @@ impl KubeBackend {
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                if let Err(e) = me.count_sessions().await {
+                if let Err(e) = me.live_sessions().await {
                     tracing::debug!(error = %e, "cannot refresh sessions_active");
                 }
             }
@@ -202,19 +236,20 @@ impl KubeBackend {
         }
     }
 
-    /// Counts assigned, not-terminating pods; updates the gauge.
-    async fn count_sessions(&self) -> Result<usize, SessionError> {
+    /// Session ids of the assigned, not-terminating pods; updates the gauge.
+    async fn live_sessions(&self) -> Result<HashSet<String>, SessionError> {
         let list = self
             .pods
             .list_metadata(&ListParams::default().labels(&self.instance.assigned_selector()))
             .await?;
-        let n = list
+        let live: HashSet<String> = list
             .items
-            .iter()
+            .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .count();
-        self.metrics.sessions_active.set(n as i64);
-        Ok(n)
+            .filter_map(|p| p.metadata.labels?.remove(label::SESSION_ID))
+            .collect();
+        self.metrics.sessions_active.set(live.len() as i64);
+        Ok(live)
     }
 
     /// Session pods by label, duplicates resolved, pods of an old key removed.
@@ -267,14 +302,34 @@ impl KubeBackend {
         }
     }
 
-    async fn check_limit(&self) -> Result<(), SessionError> {
-        let n = self.count_sessions().await?;
-        if n >= self.limits.max_sessions {
+    /// Admits one new session under `--max-sessions` (see [`Admission`]); the reservation
+    /// must be held until the session's pod is written or the start gave up.
+    async fn admit(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
+        let _gate = self.admission.gate.lock().await;
+        let pending: Vec<String> = self
+            .admission
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect();
+        let mut sessions = self.live_sessions().await?;
+        sessions.extend(pending);
+        if sessions.len() >= self.limits.max_sessions {
             return Err(SessionError::SessionLimit {
                 max: self.limits.max_sessions,
             });
         }
-        Ok(())
+        self.admission
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sid.clone());
+        Ok(Reservation {
+            pending: self.admission.pending.clone(),
+            sid: sid.clone(),
+        })
     }
 
     /// Tries the warm pool; `None` when no pod could be claimed.
@@ -595,7 +650,7 @@ impl KubeBackend {
             Found::Nothing => {}
         }
 
-        self.check_limit().await?;
+        let _reservation = self.admit(sid).await?;
         let pod = match self.start_new(sid, caller).await {
             Ok((pod, launch)) => (self.converge(sid, pod).await?, launch),
             Err(e) => {

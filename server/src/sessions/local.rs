@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -126,6 +126,10 @@ pub struct LocalBackend {
     locks: SessionLocks,
     metrics: Arc<Metrics>,
     next_uid: AtomicU64,
+    /// Sessions admitted under `--max-sessions` whose agent is still starting (not yet in
+    /// `sessions`). Read and changed only while `sessions` is locked, so the limit check
+    /// and the admission are one step.
+    starting: AtomicUsize,
 }
 
 impl std::fmt::Debug for LocalBackend {
@@ -155,6 +159,7 @@ impl LocalBackend {
             locks: SessionLocks::default(),
             metrics,
             next_uid: AtomicU64::new(1),
+            starting: AtomicUsize::new(0),
         }))
     }
 
@@ -290,6 +295,22 @@ impl LocalBackend {
     }
 }
 
+/// An admission in `LocalBackend::starting`, given back when the start failed or the call
+/// was dropped.
+struct Starting<'a> {
+    backend: &'a LocalBackend,
+    done: bool,
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _sessions = self.backend.lock();
+            self.backend.starting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Reads the agent's JSON log until its ready line; returns the bound address, or the log so
 /// far when it exits first.
 async fn wait_ready(
@@ -342,13 +363,26 @@ impl Backend for LocalBackend {
             self.lock().remove(sid);
             self.discard(old).await;
         }
-        if self.lock().len() >= self.limits.max_sessions {
-            return Err(SessionError::SessionLimit {
-                max: self.limits.max_sessions,
-            });
+        {
+            let sessions = self.lock();
+            if sessions.len() + self.starting.load(Ordering::SeqCst) >= self.limits.max_sessions {
+                return Err(SessionError::SessionLimit {
+                    max: self.limits.max_sessions,
+                });
+            }
+            self.starting.fetch_add(1, Ordering::SeqCst);
         }
+        let mut admitted = Starting {
+            backend: self,
+            done: false,
+        };
         let agent = Arc::new(self.spawn(sid, caller).await?);
-        self.lock().insert(sid.clone(), agent.clone());
+        {
+            let mut sessions = self.lock();
+            sessions.insert(sid.clone(), agent.clone());
+            self.starting.fetch_sub(1, Ordering::SeqCst);
+            admitted.done = true;
+        }
         self.update_gauge();
         self.metrics.started(Launch::Local, t0.elapsed());
         tracing::info!(session = %sid, pid = agent.pid, took_ms = t0.elapsed().as_millis() as u64,
