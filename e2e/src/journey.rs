@@ -112,8 +112,13 @@ impl Env {
     /// that scopes it to the namespace (WATCH_NAMESPACE, a name prefix for its cluster-wide
     /// RBAC), one replica and small requests (the CI node has 2 cores).
     pub async fn install(prefix: &str) -> Env {
+        init_tracing();
+        Env::install_on(cluster().await.expect("cluster"), prefix).await
+    }
+
+    /// [`Env::install`] on a given cluster (e.g. a test's private cluster).
+    pub async fn install_on(c: TestCluster, prefix: &str) -> Env {
         let bin = tools();
-        let c = cluster().await.expect("cluster");
         let ns = c.namespace(prefix).await.expect("namespace");
         let n = ns.name.clone();
         let dir = workspace_root().join(format!(".run/journeys-{n}"));
@@ -488,6 +493,32 @@ pub struct Mcp {
     _fwd: ServiceForward,
 }
 
+/// Warnings of the harness (the forward's "no ready endpoints", watch errors) go to the
+/// test's captured output, so a failing test shows them.
+fn init_tracing() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,cli_mcp_e2e=debug"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// An error with its sources (reqwest's Display stops at "error sending request").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// The JSON-RPC response in a JSON body or in the data lines of an SSE stream.
 pub fn response(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| {
@@ -511,7 +542,7 @@ impl Mcp {
             .json(&body)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("POST /mcp {method}: {e}"));
+            .unwrap_or_else(|e| panic!("POST /mcp {method}: {}", error_chain(&e)));
         let status = r.status();
         let text = r.text().await.expect("body");
         assert_eq!(status, 200, "{method}: {text}");

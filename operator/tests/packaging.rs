@@ -7,32 +7,17 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_e2e::journey::{apply_yaml, tools};
 use cli_mcp_e2e::testing::{cluster, wait_for, workspace_root, TestCluster, TestNamespace};
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{pinned_kind, Scope};
-use kube::{Api, ResourceExt};
+use kube::api::DeleteParams;
 use serde_json::json;
 
 use support::*;
-
-fn tools() -> PathBuf {
-    let out = Command::new(workspace_root().join("hack/build-helm-kustomize.sh"))
-        .output()
-        .expect("run hack/build-helm-kustomize.sh");
-    assert!(
-        out.status.success(),
-        "hack/build-helm-kustomize.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(stdout.lines().last().expect("bin dir").trim())
-}
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run tool");
@@ -43,49 +28,6 @@ fn run(cmd: &mut Command) -> String {
     );
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
-
-/// Server-side applies every document; returns the objects that live outside `ns` (to
-/// delete at the end), CRDs excepted.
-async fn apply_all(c: &TestCluster, ns: &str, yaml: &str) -> Vec<(Api<DynamicObject>, String)> {
-    let mut outside = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value =
-            serde_json::to_value(serde_yaml::Value::deserialize(doc).expect("YAML document"))
-                .expect("JSON");
-        if value.is_null() {
-            continue;
-        }
-        let obj: DynamicObject = serde_json::from_value(value).expect("a Kubernetes object");
-        let tm = obj.types.clone().expect("apiVersion/kind");
-        let gvk = GroupVersionKind::try_from(&tm).expect("gvk");
-        let (ar, caps) = pinned_kind(&c.client, &gvk).await.expect("discover kind");
-        let name = obj.name_any();
-        let api: Api<DynamicObject> = match caps.scope {
-            Scope::Cluster => Api::all_with(c.client.clone(), &ar),
-            Scope::Namespaced => {
-                let target = obj.namespace().unwrap_or_else(|| ns.to_owned());
-                Api::namespaced_with(c.client.clone(), &target, &ar)
-            }
-        };
-        api.patch(
-            &name,
-            &PatchParams::apply("cli-mcp-e2e-packaging").force(),
-            &Patch::Apply(&obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", tm.kind));
-        let is_outside = match caps.scope {
-            Scope::Cluster => tm.kind != "CustomResourceDefinition" && tm.kind != "Namespace",
-            Scope::Namespaced => obj.namespace().is_some_and(|n| n != ns),
-        };
-        if is_outside {
-            outside.push((api, name));
-        }
-    }
-    outside
-}
-
-use serde::Deserialize;
 
 /// The deployed operator runs in the cluster and makes an instance Ready.
 async fn operator_works(c: &TestCluster, ns: TestNamespace, deployment: &str) {
@@ -186,7 +128,7 @@ async fn kustomize_output_applies_and_its_operator_works() {
     let yaml = run(Command::new(bin.join("kustomize")).arg("build").arg(&dir));
     let _ = std::fs::remove_dir_all(&dir);
     assert!(yaml.contains("kind: CustomResourceDefinition"));
-    let outside = apply_all(&c, &ns.name, &yaml).await;
+    let outside = apply_yaml(&c, &ns.name, &yaml, |_| {}).await;
     operator_works(&c, ns.clone(), "cli-mcp-operator").await;
     for (api, name) in outside {
         let _ = api.delete(&name, &DeleteParams::default()).await;
@@ -215,7 +157,7 @@ async fn helm_template_output_applies_and_its_operator_works() {
     )
     .expect("CRD");
     assert!(yaml.contains(crd.lines().nth(3).expect("a line")));
-    let outside = apply_all(&c, &ns.name, &yaml).await;
+    let outside = apply_yaml(&c, &ns.name, &yaml, |_| {}).await;
     operator_works(&c, ns.clone(), "e2e-cli-mcp-operator").await;
     for (api, name) in outside {
         let _ = api.delete(&name, &DeleteParams::default()).await;
