@@ -10,12 +10,13 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::crd::{CliMcpInstance, CliMcpInstanceStatus};
 use cli_mcp_api::names::label;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -352,6 +353,68 @@ patches:
                 self.logs("server")
             ),
         }
+    }
+
+    /// The sample instance `name` with `warm` pool pods and a dummy kubeconfig Secret,
+    /// applied and waited Ready (what most journeys start from).
+    pub async fn ready_instance(&self, name: &str, warm: i64) -> CliMcpInstance {
+        self.dummy_kubeconfig(name).await;
+        self.apply_cr(&self.cr(name, warm)).await;
+        self.wait_ready(name).await
+    }
+
+    /// Waits until the instance's status satisfies `ok`; panics with the operator's log.
+    pub async fn wait_status(
+        &self,
+        name: &str,
+        what: &str,
+        ok: impl Fn(&CliMcpInstanceStatus) -> bool,
+    ) -> CliMcpInstance {
+        let r = wait_for(
+            self.api::<CliMcpInstance>(),
+            name,
+            what,
+            TIMEOUT,
+            |o: Option<&CliMcpInstance>| o.and_then(|o| o.status.as_ref()).is_some_and(&ok),
+        )
+        .await;
+        match r {
+            Ok(Some(o)) => o,
+            other => panic!("{name}: {what}: {other:?}\n{}", self.logs("operator")),
+        }
+    }
+
+    /// resourceVersions of the instance's children other than pods (`Kind/name` → rv), to
+    /// tell which of them a change touched.
+    pub async fn children(&self, instance: &str) -> BTreeMap<String, String> {
+        let sel = format!("{}={instance}", label::INSTANCE);
+        let mut m = BTreeMap::new();
+        macro_rules! put {
+            ($k:ty) => {
+                for o in self.list::<$k>(&sel).await {
+                    let kind = <$k as kube::Resource>::kind(&());
+                    m.insert(
+                        format!("{kind}/{}", o.name_any()),
+                        o.resource_version().unwrap_or_default(),
+                    );
+                }
+            };
+        }
+        put!(Deployment);
+        put!(Service);
+        put!(NetworkPolicy);
+        put!(Secret);
+        put!(ConfigMap);
+        put!(ServiceAccount);
+        put!(Role);
+        put!(RoleBinding);
+        for o in self.cluster_bindings(instance).await {
+            m.insert(
+                format!("ClusterRoleBinding/{}", o.name_any()),
+                o.resource_version().unwrap_or_default(),
+            );
+        }
+        m
     }
 
     /// A client ServiceAccount allowed to use instance `name`, its token, the instance CA

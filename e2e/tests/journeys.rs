@@ -4,7 +4,7 @@
 //! JSON-RPC over TLS to the instance's Service through a loopback forward, authenticated
 //! with a ServiceAccount token (TokenReview + SubjectAccessReview on climcpinstances/mcp).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
@@ -80,18 +80,10 @@ async fn admin_installs_and_investigates_read_only() {
     let still = env.api::<Pod>().get_opt(&victim).await.expect("get pod");
     assert!(still.is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
 
-    let cr = wait_for(
-        env.api::<CliMcpInstance>(),
-        "demo",
-        "status counts the session",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| {
-            o.and_then(|o| o.status.as_ref())
-                .is_some_and(|s| s.active_sessions == 1 && s.warm_pool.ready == 1)
-        },
-    )
+    env.wait_status("demo", "status counts the session", |s| {
+        s.active_sessions == 1 && s.warm_pool.ready == 1
+    })
     .await;
-    assert!(cr.is_ok(), "{cr:?}");
     drop(mcp);
     env.finish(Some("demo")).await;
 }
@@ -101,9 +93,7 @@ async fn admin_installs_and_investigates_read_only() {
 #[tokio::test]
 async fn agent_session_keeps_state_and_ends_cleanly() {
     let env = Env::install("j-session").await;
-    env.dummy_kubeconfig("s").await;
-    env.apply_cr(&env.cr("s", 1)).await;
-    env.wait_ready("s").await;
+    env.ready_instance("s", 1).await;
     let mcp = env.client("s").await;
 
     // Without a token the endpoint says so before anything else.
@@ -192,9 +182,7 @@ async fn agent_session_keeps_state_and_ends_cleanly() {
 #[tokio::test]
 async fn warm_pool_serves_a_burst_and_refills() {
     let env = Env::install("j-warm").await;
-    env.dummy_kubeconfig("w").await;
-    env.apply_cr(&env.cr("w", 5)).await;
-    env.wait_ready("w").await;
+    env.ready_instance("w", 5).await;
     let warm: BTreeSet<String> = env
         .list::<Pod>(&sandbox_selector("w"))
         .await
@@ -234,18 +222,10 @@ async fn warm_pool_serves_a_burst_and_refills() {
     }
 
     // The pool refills to five.
-    let refilled = wait_for(
-        env.api::<CliMcpInstance>(),
-        "w",
-        "pool refilled",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| {
-            o.and_then(|o| o.status.as_ref())
-                .is_some_and(|s| s.warm_pool.ready == 5 && s.active_sessions == 5)
-        },
-    )
+    env.wait_status("w", "pool refilled", |s| {
+        s.warm_pool.ready == 5 && s.active_sessions == 5
+    })
     .await;
-    assert!(refilled.is_ok(), "{refilled:?}\n{}", env.logs("operator"));
 
     let sixth = mcp.bash("burst-6", "echo six").await;
     assert_eq!(sixth["isError"], false, "{sixth}");
@@ -270,43 +250,6 @@ async fn warm_pool_serves_a_burst_and_refills() {
     env.finish(Some("w")).await;
 }
 
-/// resourceVersions of the instance's children (not pods).
-async fn children(env: &Env, instance: &str) -> BTreeMap<String, String> {
-    let sel = format!("{}={instance}", label::INSTANCE);
-    let mut m = BTreeMap::new();
-    let mut put = |kind: &str, name: String, rv: Option<String>| {
-        m.insert(format!("{kind}/{name}"), rv.unwrap_or_default());
-    };
-    for o in env.list::<Deployment>(&sel).await {
-        put("Deployment", o.name_any(), o.resource_version());
-    }
-    for o in env.list::<Service>(&sel).await {
-        put("Service", o.name_any(), o.resource_version());
-    }
-    for o in env.list::<NetworkPolicy>(&sel).await {
-        put("NetworkPolicy", o.name_any(), o.resource_version());
-    }
-    for o in env.list::<Secret>(&sel).await {
-        put("Secret", o.name_any(), o.resource_version());
-    }
-    for o in env.list::<ConfigMap>(&sel).await {
-        put("ConfigMap", o.name_any(), o.resource_version());
-    }
-    for o in env.list::<ServiceAccount>(&sel).await {
-        put("ServiceAccount", o.name_any(), o.resource_version());
-    }
-    for o in env.list::<Role>(&sel).await {
-        put("Role", o.name_any(), o.resource_version());
-    }
-    for o in env.list::<RoleBinding>(&sel).await {
-        put("RoleBinding", o.name_any(), o.resource_version());
-    }
-    for o in env.cluster_bindings(instance).await {
-        put("ClusterRoleBinding", o.name_any(), o.resource_version());
-    }
-    m
-}
-
 /// Journey 7 (GitOps): re-applying the same CR with the user's field manager is a no-op
 /// for the CR and for every child, through the reconcile that follows.
 #[tokio::test]
@@ -316,7 +259,7 @@ async fn reapplying_the_same_cr_changes_nothing() {
     let cr = env.cr("g", 1);
     let first = env.apply_cr(&cr).await;
     env.wait_ready("g").await;
-    let before = children(&env, "g").await;
+    let before = env.children("g").await;
     for kind in ["Deployment", "Service", "NetworkPolicy", "Secret"] {
         assert!(
             before.keys().any(|k| k.starts_with(&format!("{kind}/"))),
@@ -338,19 +281,11 @@ async fn reapplying_the_same_cr_changes_nothing() {
     let mcp = env.client("g").await;
     let r = mcp.bash("gitops-1", "true").await;
     assert_eq!(r["isError"], false, "{r}");
-    let refilled = wait_for(
-        env.api::<CliMcpInstance>(),
-        "g",
-        "pool refilled",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| {
-            o.and_then(|o| o.status.as_ref())
-                .is_some_and(|s| s.warm_pool.ready == 1 && s.active_sessions == 1)
-        },
-    )
+    env.wait_status("g", "pool refilled", |s| {
+        s.warm_pool.ready == 1 && s.active_sessions == 1
+    })
     .await;
-    assert!(refilled.is_ok(), "{refilled:?}");
-    let after = children(&env, "g").await;
+    let after = env.children("g").await;
     assert_eq!(before, after, "children changed");
     drop(mcp);
     env.finish(Some("g")).await;
@@ -361,9 +296,7 @@ async fn reapplying_the_same_cr_changes_nothing() {
 #[tokio::test]
 async fn deleting_the_cr_with_live_sessions_removes_everything() {
     let env = Env::install("j-teardown").await;
-    env.dummy_kubeconfig("t").await;
-    env.apply_cr(&env.cr("t", 1)).await;
-    env.wait_ready("t").await;
+    env.ready_instance("t", 1).await;
     let mcp = env.client("t").await;
     for sid in ["live-1", "live-2"] {
         let r = mcp.bash(sid, "echo live").await;
@@ -427,9 +360,7 @@ async fn deleting_the_cr_with_live_sessions_removes_everything() {
 #[tokio::test]
 async fn a_100_mb_command_is_truncated_and_spilled() {
     let env = Env::install("j-bigout").await;
-    env.dummy_kubeconfig("b").await;
-    env.apply_cr(&env.cr("b", 1)).await;
-    env.wait_ready("b").await;
+    env.ready_instance("b", 1).await;
     let mcp = env.client("b").await;
     let r = mcp
         .bash("big", "head -c 100000000 /dev/zero | tr '\\0' x")
@@ -471,9 +402,7 @@ const KILLED: &str = "if [ -e /workspace/.killed-once ]; then echo second-run; \
 #[tokio::test]
 async fn killing_the_agent_mid_command_is_reported_and_the_session_recovers() {
     let env = Env::install("j-kill").await;
-    env.dummy_kubeconfig("k").await;
-    env.apply_cr(&env.cr("k", 1)).await;
-    env.wait_ready("k").await;
+    env.ready_instance("k", 1).await;
     let mcp = env.client("k").await;
     let r = mcp.bash("victim", "cd /tmp && export KEPT=1").await;
     assert_eq!(r["isError"], false, "{r}");
