@@ -66,6 +66,66 @@ impl ClusterConfig {
     }
 }
 
+impl ClusterConfig {
+    /// The project's usual cluster: the control plane from [`locate_control_plane`], the
+    /// kubelet and the project's images ([`default_images`]) from `bin_dir` (a cargo
+    /// profile dir such as `target/debug`).
+    pub fn local(bin_dir: &Path, run_dir: PathBuf) -> Result<Self> {
+        let mut cfg = ClusterConfig::new(
+            locate_control_plane(None)?,
+            bin_dir.join("cli-mcp-kubelet"),
+            run_dir,
+        );
+        cfg.images = default_images(bin_dir);
+        Ok(cfg)
+    }
+}
+
+/// The image map of the project's images to binaries in `bin_dir`: cli-mcp-{agent,server,
+/// operator}:* to those binaries, cli-mcp-sandbox:* to the agent (bash and CLIs come from
+/// the host), cli-mcp-shell:* to /bin/sh.
+pub fn default_images(bin_dir: &Path) -> BTreeMap<String, PathBuf> {
+    let mut images = BTreeMap::new();
+    for name in ["cli-mcp-agent", "cli-mcp-server", "cli-mcp-operator"] {
+        images.insert(format!("{name}:*"), bin_dir.join(name));
+    }
+    images.insert("cli-mcp-sandbox:*".into(), bin_dir.join("cli-mcp-agent"));
+    images.insert("cli-mcp-shell:*".into(), PathBuf::from("/bin/sh"));
+    images
+}
+
+/// The directory with etcd and the kube-* binaries: `dir` if given, else
+/// `$CLI_MCP_CONTROL_PLANE_BIN`, else the last line `hack/build-control-plane.sh` prints
+/// (it returns at once when its cache has them; a cold build takes many minutes).
+pub fn locate_control_plane(dir: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(dir) = dir.or_else(|| std::env::var_os(CONTROL_PLANE_BIN_ENV).map(PathBuf::from)) {
+        return Ok(dir);
+    }
+    let script = crate::testing::workspace_root().join("hack/build-control-plane.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| Error::Command {
+            command: script.display().to_string(),
+            detail: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(Error::Prerequisite(format!(
+            "{} failed ({}); fix the build or point ${CONTROL_PLANE_BIN_ENV} at a bin dir",
+            script.display(),
+            out.status
+        )));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .ok_or_else(|| Error::Prerequisite(format!("{} printed no bin dir", script.display())))?;
+    Ok(PathBuf::from(last.trim()))
+}
+
 /// Where everything of a running cluster is; written to `cluster.json` in the run dir.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterInfo {
@@ -153,6 +213,8 @@ pub struct Cluster {
     _run_lock: Flock<File>,
     started: Instant,
     ready_after: Duration,
+    /// Deadline of each startup phase (also bounds an apiserver restart).
+    timeout: Duration,
 }
 
 fn sweep_stale_shm() {
@@ -328,6 +390,7 @@ impl Cluster {
             _run_lock: run_lock,
             started,
             ready_after: Duration::ZERO,
+            timeout: config.timeout,
         };
 
         let bin = |name: &str| config.control_plane_bin.join(name);
@@ -587,6 +650,46 @@ impl Cluster {
             env.push_str(&format!("export {k}={}\n", shell_quote(&v)));
         }
         write_atomic(&self.info.run_dir.join(ENV_FILE), &env)
+    }
+
+    fn apiserver(&mut self) -> Result<&mut Component> {
+        self.control_plane
+            .iter_mut()
+            .find(|c| c.name() == "kube-apiserver")
+            .ok_or_else(|| Error::Other("this cluster has no kube-apiserver component".into()))
+    }
+
+    /// Stop kube-apiserver gracefully (SIGTERM; SIGKILL after its grace period), leaving
+    /// etcd, the controllers and the kubelet running: clients see the API go away as they
+    /// would during a control-plane upgrade. Returns how long the shutdown took.
+    pub async fn stop_apiserver(&mut self) -> Result<Duration> {
+        let api = self.apiserver()?;
+        match api.stop_async().await {
+            Some((status, took)) => {
+                tracing::info!(%status, ?took, "kube-apiserver stopped");
+                Ok(took)
+            }
+            None => Err(Error::Other("kube-apiserver was not running".into())),
+        }
+    }
+
+    /// Start kube-apiserver again with the same flags, ports and certificates (its log is
+    /// appended to) and wait for `/readyz`. Returns how long it took to become ready.
+    pub async fn start_apiserver(&mut self) -> Result<Duration> {
+        let started = Instant::now();
+        self.apiserver()?.start_again()?;
+        let client = client_from_kubeconfig(&self.info.kubeconfig).await?;
+        let deadline = started + self.timeout;
+        self.wait_readyz(&client, deadline).await?;
+        tracing::info!(took = ?started.elapsed(), "kube-apiserver ready again");
+        Ok(started.elapsed())
+    }
+
+    /// [`Cluster::stop_apiserver`] then [`Cluster::start_apiserver`]; returns the time the
+    /// API was unavailable (from the stop signal to ready).
+    pub async fn restart_apiserver(&mut self) -> Result<Duration> {
+        let down = self.stop_apiserver().await?;
+        Ok(down + self.start_apiserver().await?)
     }
 
     /// Where everything is.

@@ -5,7 +5,7 @@
 //! outright. Linux sends that signal when the *thread* that forked the child exits, so all
 //! children are spawned from one dedicated thread that lives as long as the process.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -74,6 +74,10 @@ pub struct Component {
     name: String,
     child: Option<Child>,
     log: PathBuf,
+    /// What was started, so that [`Component::start_again`] can repeat it exactly.
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
     /// How long to wait after SIGTERM before killing the process group.
     grace: Duration,
     /// Send SIGTERM to the whole process group (true) or only to the main process.
@@ -81,7 +85,7 @@ pub struct Component {
 }
 
 impl Component {
-    /// Start `program args...` with stdout and stderr appended to `log`.
+    /// Start `program args...` with stdout and stderr written to `log` (truncated first).
     pub fn start(
         name: &str,
         program: &Path,
@@ -91,17 +95,64 @@ impl Component {
         grace: Duration,
         term_group: bool,
     ) -> Result<Component> {
+        let mut c = Component {
+            name: name.to_string(),
+            child: None,
+            log: log.to_path_buf(),
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            grace,
+            term_group,
+        };
+        c.spawn(false)?;
+        Ok(c)
+    }
+
+    /// Start the same program with the same arguments and environment again, appending to
+    /// the same log (a restart keeps the previous run's lines, like a container's log).
+    /// Fails if it is still running.
+    pub fn start_again(&mut self) -> Result<()> {
+        if self
+            .child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        {
+            return Err(Error::Other(format!(
+                "{} is still running; stop it before starting it again",
+                self.name
+            )));
+        }
+        if let Some(mut old) = self.child.take() {
+            let _ = old.wait();
+        }
+        self.spawn(true)
+    }
+
+    fn spawn(&mut self, append: bool) -> Result<()> {
+        let program = &self.program;
         if !program.is_file() {
             return Err(Error::Prerequisite(format!(
-                "{name}: binary {} does not exist",
+                "{}: binary {} does not exist",
+                self.name,
                 program.display()
             )));
         }
-        let out = File::create(log).map_err(|e| Error::io("creating", log, e))?;
+        let log = &self.log;
+        let out = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(log)
+            .map_err(|e| Error::io("creating", log, e))?;
         let err = out.try_clone().map_err(|e| Error::io("opening", log, e))?;
         let mut cmd = Command::new(program);
-        cmd.args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
@@ -109,24 +160,19 @@ impl Component {
         // namespaces; the control plane has nothing worth saving.
         isolate(
             &mut cmd,
-            if term_group {
+            if self.term_group {
                 Signal::SIGKILL
             } else {
                 Signal::SIGTERM
             },
         );
         let child = spawn_detached(cmd).map_err(|e| Error::Command {
-            command: format!("{} {}", program.display(), args.join(" ")),
+            command: format!("{} {}", program.display(), self.args.join(" ")),
             detail: e.to_string(),
         })?;
-        tracing::debug!(component = name, pid = child.id(), log = %log.display(), "started");
-        Ok(Component {
-            name: name.to_string(),
-            child: Some(child),
-            log: log.to_path_buf(),
-            grace,
-            term_group,
-        })
+        tracing::debug!(component = %self.name, pid = child.id(), log = %log.display(), "started");
+        self.child = Some(child);
+        Ok(())
     }
 
     /// Name of the component.
@@ -201,6 +247,33 @@ impl Component {
         }
         // Leftovers in the group (e.g. grandchildren) go too.
         let _ = killpg(pgid, Signal::SIGKILL);
+    }
+
+    /// Like [`Component::stop`] without blocking the async runtime: SIGTERM, wait up to the
+    /// grace period, then SIGKILL the group. Returns how the process ended and how long that
+    /// took (`None` when it was not running).
+    pub async fn stop_async(&mut self) -> Option<(ExitStatus, Duration)> {
+        let started = Instant::now();
+        self.signal_term();
+        let mut child = self.child.take()?;
+        let pgid = Pid::from_raw(child.id() as i32);
+        let deadline = started + self.grace;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                // No exit notification exists for a child spawned by another thread: poll.
+                Ok(None) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                _ => {
+                    tracing::warn!(component = %self.name, "did not stop in {:?}; killing its process group", self.grace);
+                    let _ = killpg(pgid, Signal::SIGKILL);
+                    break child.wait().ok();
+                }
+            }
+        };
+        let _ = killpg(pgid, Signal::SIGKILL);
+        status.map(|s| (s, started.elapsed()))
     }
 
     /// SIGTERM, wait up to the grace period, then SIGKILL the group.

@@ -29,7 +29,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use nix::sys::signal::Signal;
 use serde::de::DeserializeOwned;
 
-use crate::cluster::{client_from_kubeconfig, ClusterInfo, INFO_FILE, KUBECONFIG_ENV};
+use crate::cluster::{
+    client_from_kubeconfig, Cluster, ClusterConfig, ClusterInfo, INFO_FILE, KUBECONFIG_ENV,
+};
 use crate::error::{Error, Result};
 use crate::process::{isolate, log_tail};
 
@@ -200,6 +202,48 @@ fn start_cluster_process() -> Result<ClusterInfo> {
     let dir = info_path.parent().unwrap_or(Path::new("."));
     debug_assert!(info_path.ends_with(INFO_FILE));
     ClusterInfo::load(dir)
+}
+
+/// A cluster owned by one test, in the test process itself (not shared through
+/// `$CLI_MCP_KUBECONFIG`): for tests that disturb the control plane (restart the
+/// apiserver), which must not run against the cluster the other tests share. Dropping it
+/// tears the cluster down.
+pub struct PrivateCluster {
+    /// The running cluster (restart components through it).
+    pub cluster: Cluster,
+    /// What the helpers of this module take.
+    pub test: TestCluster,
+}
+
+/// The cargo profile dir (`target/debug`) holding the project's binaries, found next to
+/// the test executable (`target/debug/deps/<test>`) or from `$CLI_MCP_CLUSTER_BIN`.
+pub fn binaries_dir() -> Result<PathBuf> {
+    let bin = cluster_binary()?;
+    Ok(bin.parent().map(Path::to_path_buf).unwrap_or_default())
+}
+
+/// Start a private cluster with run dir `.run/e2e-private-<name>` in the workspace (its
+/// own pod subnet, ports and etcd; other clusters keep running). Images map to the binaries
+/// in [`binaries_dir`], as with `cli-mcp-cluster up`.
+pub async fn private_cluster(name: &str) -> Result<PrivateCluster> {
+    let run_dir = workspace_root().join(format!(".run/e2e-private-{name}"));
+    let cfg = ClusterConfig::local(&binaries_dir()?, run_dir)?;
+    private_cluster_with(cfg).await
+}
+
+/// [`private_cluster`] with a given configuration (e.g. images mapped to release builds).
+pub async fn private_cluster_with(cfg: ClusterConfig) -> Result<PrivateCluster> {
+    eprintln!(
+        "e2e: starting a private cluster in this process (run dir {})",
+        cfg.run_dir.display()
+    );
+    let cluster = Cluster::up(cfg).await?;
+    let info = cluster.info().clone();
+    let client = client_from_kubeconfig(&info.kubeconfig).await?;
+    Ok(PrivateCluster {
+        cluster,
+        test: TestCluster { info, client },
+    })
 }
 
 /// A namespace owned by one test.

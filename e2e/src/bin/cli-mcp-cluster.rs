@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use cli_mcp_e2e::cluster::{ClusterInfo, CONTROL_PLANE_BIN_ENV, INFO_FILE};
+use cli_mcp_e2e::cluster::{
+    default_images, locate_control_plane, ClusterInfo, CONTROL_PLANE_BIN_ENV, INFO_FILE,
+};
 use cli_mcp_e2e::testing::{workspace_root, READY_PREFIX};
 use cli_mcp_e2e::{Cluster, ClusterConfig};
 use tokio::signal::unix::{signal, SignalKind};
@@ -102,33 +104,13 @@ fn exe_dir() -> anyhow::Result<PathBuf> {
 }
 
 fn control_plane_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(dir) = arg {
-        return Ok(dir);
-    }
-    let script = workspace_root().join("hack/build-control-plane.sh");
-    eprintln!(
-        "cli-mcp-cluster: locating the control-plane binaries with {} (a cold build takes many minutes)",
-        script.display()
-    );
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}); fix the build or pass --control-plane-bin / ${CONTROL_PLANE_BIN_ENV}",
-            script.display(),
-            out.status
+    if arg.is_none() {
+        eprintln!(
+            "cli-mcp-cluster: locating the control-plane binaries with hack/build-control-plane.sh \
+             (a cold build takes many minutes)"
         );
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .context("hack/build-control-plane.sh printed no bin dir")?;
-    Ok(PathBuf::from(last.trim()))
+    Ok(locate_control_plane(arg)?)
 }
 
 fn config(args: &UpArgs) -> anyhow::Result<ClusterConfig> {
@@ -146,13 +128,7 @@ fn config(args: &UpArgs) -> anyhow::Result<ClusterConfig> {
         kubelet,
         run_dir,
     );
-    let mut images: BTreeMap<String, PathBuf> = BTreeMap::new();
-    for name in ["cli-mcp-agent", "cli-mcp-server", "cli-mcp-operator"] {
-        images.insert(format!("{name}:*"), dir.join(name));
-    }
-    // The sandbox image is the agent plus bash and CLIs; here the CLIs come from the host.
-    images.insert("cli-mcp-sandbox:*".into(), dir.join("cli-mcp-agent"));
-    images.insert("cli-mcp-shell:*".into(), PathBuf::from("/bin/sh"));
+    let mut images: BTreeMap<String, PathBuf> = default_images(&dir);
     for spec in &args.images {
         let (pattern, path) = spec
             .split_once('=')
