@@ -15,7 +15,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 use tokio::sync::{oneshot, watch, OwnedMutexGuard};
 
 use cli_mcp_api::wire::{
@@ -23,6 +22,7 @@ use cli_mcp_api::wire::{
 };
 
 use crate::assignment::{AssignError, Assignment, AuthError};
+use crate::replay::{sha256_hex, Journal, Lookup};
 use crate::shell::{Shell, StopReason};
 
 /// Limits applied to every `/exec`.
@@ -36,18 +36,10 @@ pub struct Limits {
 /// How long a caller may take to send its body once its headers are accepted.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The shell plus the last response, for `request_id` replay.
+/// The shell plus the journal of the last requests, for `request_id` replay.
 pub struct Runner {
     pub shell: Shell,
-    last: Option<Replay>,
-}
-
-/// The last response, keyed by its request id and the hash of its command, so a reused id
-/// with another command is refused instead of answered with an unrelated result.
-struct Replay {
-    request_id: String,
-    command_sha256: String,
-    response: ExecResponse,
+    journal: Journal,
 }
 
 pub struct AgentState {
@@ -61,9 +53,10 @@ pub struct AgentState {
 impl AgentState {
     pub fn new(assignment: Assignment, shell: Shell, limits: Limits) -> Arc<Self> {
         let (abort_tx, _) = watch::channel(false);
+        let journal = Journal::open(&shell.options().state_dir, shell.options().output_budget);
         Arc::new(Self {
             assignment: Mutex::new(assignment),
-            runner: Arc::new(tokio::sync::Mutex::new(Runner { shell, last: None })),
+            runner: Arc::new(tokio::sync::Mutex::new(Runner { shell, journal })),
             limits,
             shutting_down: AtomicBool::new(false),
             abort_tx,
@@ -276,7 +269,8 @@ async fn exec(
     }
 
     // Wait for the shell within this call's own timeout.
-    let Ok(runner) = tokio::time::timeout(timeout, state.runner.clone().lock_owned()).await else {
+    let Ok(mut runner) = tokio::time::timeout(timeout, state.runner.clone().lock_owned()).await
+    else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             ErrorCode::Busy,
@@ -285,17 +279,29 @@ async fn exec(
     };
     // A caller that waited for the lock may have waited through SIGTERM.
     state.refuse_if_shutting_down()?;
-    let command_hash = hex_prefix(&req.command);
-    if let (Some(id), Some(last)) = (&req.request_id, &runner.last) {
-        if *id == last.request_id {
-            if last.command_sha256 != command_hash {
+    let command_sha256 = sha256_hex(&req.command);
+    // Enough to correlate audit lines without logging what may be a secret.
+    let command_hash = command_sha256[..16].to_owned();
+    if let Some(id) = &req.request_id {
+        match runner.journal.lookup(id, &command_sha256) {
+            Lookup::Unknown => {}
+            Lookup::OtherCommand => {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
                     ErrorCode::BadRequest,
                     "request_id was already used for a different command; use a new request_id",
-                ));
+                ))
             }
-            return Ok(Json(last.response.clone()));
+            Lookup::Done(resp) => return Ok(Json(resp.clone())),
+            Lookup::Interrupted { slot, started } => {
+                let resp = runner.shell.interrupted_by_restart(started);
+                runner.journal.settle(slot, &resp);
+                tracing::warn!(
+                    command_sha256 = %command_hash,
+                    "retry of a command interrupted by an agent restart; not run again"
+                );
+                return Ok(Json(resp));
+            }
         }
     }
 
@@ -315,7 +321,18 @@ async fn exec(
     };
     let task = tokio::spawn(async move {
         let mut runner = runner;
+        // On disk before the command runs: if this process dies meanwhile, a retry on the
+        // restarted agent learns that the command was interrupted instead of running it again.
+        let slot = req
+            .request_id
+            .as_deref()
+            .map(|id| runner.journal.begin(id, &command_sha256));
         let result = runner.shell.run(&req.command, timeout, abort).await;
+        match (&result, slot) {
+            (Ok(resp), Some(slot)) => runner.journal.finish(slot, resp),
+            (Err(_), Some(slot)) => runner.journal.forget(slot),
+            (_, None) => {}
+        }
         if let Ok(resp) = &result {
             tracing::info!(
                 command_sha256 = %command_hash,
@@ -326,13 +343,6 @@ async fn exec(
                 shell_restarted = resp.shell_restarted,
                 "exec"
             );
-            if let Some(id) = req.request_id {
-                runner.last = Some(Replay {
-                    request_id: id,
-                    command_sha256: command_hash,
-                    response: resp.clone(),
-                });
-            }
         }
         result
     });
@@ -370,14 +380,4 @@ fn resolve_timeout(ms: Option<u64>, limits: &Limits) -> Result<Duration, ApiErro
         ))),
         Some(ms) => Ok(Duration::from_millis(ms)),
     }
-}
-
-/// First 16 hex characters of the command's SHA-256: enough to correlate audit lines
-/// without logging what may be a secret.
-fn hex_prefix(command: &str) -> String {
-    Sha256::digest(command.as_bytes())
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }

@@ -6,6 +6,7 @@
 //! - [`procs`] and [`reaper`] find, kill and reap the processes a command leaves behind.
 //! - [`assignment`] holds who may run commands (token commitments) and recovers it after a
 //!   container restart.
+//! - [`replay`] remembers the last requests, on disk too, so a retry is never run twice.
 //! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`listener`] caps connections.
 
 // One audited `unsafe` block: `setsid` in the child before exec (shell::new_session).
@@ -18,4 +19,5 @@ pub mod listener;
 pub mod output;
 pub mod procs;
 pub mod reaper;
+pub mod replay;
 pub mod shell;

@@ -42,6 +42,9 @@ use crate::reaper::{ExitCode, Reaper};
 pub const EXIT_TIMEOUT: i32 = 124;
 /// Exit code reported for a command interrupted because its caller went away.
 pub const EXIT_INTERRUPTED: i32 = 130;
+/// Exit code reported for a command that was running when the agent process died: the
+/// container's processes, the command included, were killed with it (128 + SIGKILL).
+pub const EXIT_AGENT_RESTARTED: i32 = 137;
 
 /// Environment every command sees on top of the agent's own: nothing may wait for a human.
 const NON_INTERACTIVE_ENV: &[(&str, &str)] = &[
@@ -152,8 +155,9 @@ pub struct Shell {
     /// Set when the shell state was lost outside a command (agent restart, shell death
     /// between commands); reported on the next response.
     pending_reset: Option<String>,
+    /// `<state-dir>/shell-used`: exists once a command ran in this pod, so a restarted agent
+    /// knows that a session's shell state was lost.
     started_marker: PathBuf,
-    marker_written: bool,
 }
 
 impl Shell {
@@ -168,7 +172,8 @@ impl Shell {
         let _ = fs::remove_dir_all(opts.state_dir.join("cmd"));
         fs::create_dir_all(opts.state_dir.join("cmd")).map_err(files_err)?;
         let started_marker = opts.state_dir.join("shell-used");
-        let pending_reset = started_marker.exists().then(|| {
+        // Whatever is there counts (also a link a command put there: it is never followed).
+        let pending_reset = fs::symlink_metadata(&started_marker).is_ok().then(|| {
             "the sandbox agent restarted since the last command; the shell state (working \
              directory, variables, functions) was reset"
                 .to_owned()
@@ -180,8 +185,56 @@ impl Shell {
             seq: 0,
             pending_reset,
             started_marker,
-            marker_written: false,
         })
+    }
+
+    pub fn options(&self) -> &ShellOptions {
+        &self.opts
+    }
+
+    /// The answer to a retry of a command that was running when a previous agent process
+    /// died. The command is not run again: it may have finished, partly run or not started,
+    /// and only the caller can check. The shell it ran in is gone, so this answer also
+    /// carries the state reset (and the next command does not report it again).
+    pub fn interrupted_by_restart(&mut self, started: std::time::SystemTime) -> ExecResponse {
+        self.pending_reset = None;
+        let ago = std::time::SystemTime::now()
+            .duration_since(started)
+            .map(|d| {
+                format!(
+                    ", started {} ago",
+                    human_duration(Duration::from_secs(d.as_secs()))
+                )
+            })
+            .unwrap_or_default();
+        let stderr = format!(
+            "[cli-mcp-agent: the sandbox agent restarted while this command was running{ago} \
+             (the container was killed: out of memory, or a crash); the command was not run \
+             again. Whether it finished, partly ran or never started is unknown: check its \
+             effects before running it again. The shell was restarted too (working directory, \
+             variables and functions were reset).]\n"
+        );
+        ExecResponse {
+            stdout: String::new(),
+            stderr,
+            stdout_encoding: Default::default(),
+            stderr_encoding: Default::default(),
+            exit_code: EXIT_AGENT_RESTARTED,
+            duration_ms: 0,
+            timed_out: false,
+            truncated: false,
+            total_bytes: 0,
+            cwd: self.opts.workdir.display().to_string(),
+            shell_restarted: true,
+        }
+    }
+
+    /// Recreates the restart marker if it is missing: one `lstat` per call. Never follows
+    /// or truncates anything a command put in its place.
+    fn keep_marker(&self) {
+        if fs::symlink_metadata(&self.started_marker).is_err() {
+            let _ = write_new_file(&self.started_marker, b"");
+        }
     }
 
     /// Pid of the current shell, if one runs (for tests and diagnostics).
@@ -200,10 +253,7 @@ impl Shell {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         tokio::pin!(abort);
-        if !self.marker_written {
-            let _ = fs::write(&self.started_marker, b"");
-            self.marker_written = true;
-        }
+        self.keep_marker();
         let mut notes: Vec<String> = self.pending_reset.take().into_iter().collect();
         let mut restarted = !notes.is_empty();
 
@@ -342,6 +392,9 @@ impl Shell {
         )
         .map_err(files_err)?;
         let _ = fs::remove_dir_all(&dir);
+        // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
+        // restart before the next command must still be reported.
+        self.keep_marker();
         if out.spill.is_some() || err.spill.is_some() {
             output::prune_spills(&spill_dir, SPILLS_KEPT);
         }

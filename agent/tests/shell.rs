@@ -264,6 +264,41 @@ async fn agent_restart_is_reported_on_the_next_response() {
 }
 
 #[tokio::test]
+async fn agent_restart_is_reported_even_when_a_command_cleaned_the_state_dir() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let opts = || support::Opts {
+        state_dir: Some(state.path()),
+        ..Default::default()
+    };
+    let dir = state.path().display().to_string();
+    let mut a = Agent::start_with(opts());
+    // What a user cleaning /tmp does; the restart marker goes with it.
+    a.exec(&format!("export D=4; rm -rf {dir}/*")).await;
+    a.crash();
+    let mut b = Agent::start_with(opts());
+    let v = b.exec("echo ${D:-gone}").await;
+    assert_eq!(s(&v, "stdout"), "gone\n");
+    assert_eq!(v["shell_restarted"], true, "restart not reported: {v}");
+
+    // A link planted as the marker is never written through.
+    let victim = tempfile::NamedTempFile::new().expect("victim file");
+    std::fs::write(victim.path(), "keep").expect("write victim");
+    b.exec(&format!(
+        "rm -f {dir}/shell-used; ln -s {} {dir}/shell-used",
+        victim.path().display()
+    ))
+    .await;
+    b.crash();
+    let c = Agent::start_with(opts());
+    let v = c.exec("true").await;
+    assert_eq!(v["shell_restarted"], true, "{v}");
+    assert_eq!(
+        std::fs::read_to_string(victim.path()).expect("victim"),
+        "keep"
+    );
+}
+
+#[tokio::test]
 async fn descriptors_the_agent_inherited_never_reach_commands() {
     let a = Agent::start_with(support::Opts {
         leak_fd7: true,

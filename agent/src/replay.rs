@@ -1,0 +1,683 @@
+//! Replay journal: what happened to the last few requests that carried a `request_id`, kept
+//! in memory and in `<state-dir>/replay/`, so that a retry is answered instead of run twice
+//! even when the agent process died in between.
+//!
+//! The server retries a command once, with the same `request_id`, after a broken connection.
+//! If the agent crashed (OOM, SIGKILL) while the command ran, the kubelet restarts the
+//! container and memory is gone, but the state dir (on the pod's `/tmp` emptyDir) is not.
+//! Before a command runs, its record (request id hash, command hash, start time) is written
+//! as "in progress"; when it is done, the response replaces it. A restarted agent loads the
+//! records: a retry matching an in-progress record of the previous process is answered
+//! "interrupted by an agent restart" and not run; a completed one is replayed.
+//!
+//! The directory is writable by the sandbox user, so a record file is hostile input: it is
+//! opened without following links or blocking, read only if it is a regular file under a
+//! size cap, parsed strictly, and ignored (with a log line) when it is anything else. A
+//! record answers only the request whose id hashes to the hash it holds.
+//!
+//! Files are rewritten in place, not through a temp file and a rename: on ext4 (a
+//! disk-backed emptyDir) replacing a file by rename forces its data out to disk
+//! (`auto_da_alloc`), 0.15 ms per write, which would double the cost of a fast command. In
+//! place is safe here because the journal must survive the death of the agent process, not
+//! of the node: the page cache survives, and a dying process's `write` is cut, if at all,
+//! only at page boundaries. So each slot has two files:
+//! - `<slot>.json`: the request (sequence number, hashes of the id and of the command,
+//!   start time), well under one page, hence written whole or not at all. Written before
+//!   the command runs; alone, it means "in progress".
+//! - `<slot>.response`: a header line with the sequence number, the request hash, and the
+//!   length and SHA-256 of the response JSON that follows. A cut write fails the check and
+//!   the request reads as in progress: the answer is "effects unknown", never a second run
+//!   and never a response stitched from two writes.
+
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use cli_mcp_api::wire::ExecResponse;
+
+/// Requests remembered. More than one, so a retry still finds its record when another
+/// caller's command ran in between.
+pub const RECORDS_KEPT: usize = 4;
+
+/// Format version written in every file; others are ignored.
+const VERSION: u32 = 1;
+
+/// Largest request file read (ours are about 250 bytes; a page is what is written whole).
+const REQUEST_CAP: u64 = 4096;
+
+/// Largest response file read: two streams at the output budget, each possibly base64 or
+/// JSON-escaped (up to 6 bytes per byte for control characters), plus room for the rest.
+fn response_cap(output_budget: usize) -> u64 {
+    (output_budget as u64)
+        .saturating_mul(12)
+        .saturating_add(64 * 1024)
+}
+
+/// What the journal knows about a request.
+pub enum Lookup<'a> {
+    /// Never seen (or forgotten): run it.
+    Unknown,
+    /// The id was used for another command: refuse rather than answer with an unrelated result.
+    OtherCommand,
+    /// Done: send this response again.
+    Done(&'a ExecResponse),
+    /// It was running when a previous agent process died; `started` is when it started.
+    Interrupted { slot: usize, started: SystemTime },
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    /// Running in this process (only seen if the task running it died).
+    Running,
+    /// Was running in a previous agent process, which died before it ended.
+    Interrupted,
+    Done(ExecResponse),
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    request: RequestFile,
+    state: State,
+}
+
+/// `<slot>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestFile {
+    v: u32,
+    seq: u64,
+    request_sha256: String,
+    command_sha256: String,
+    started_unix_ms: u64,
+}
+
+/// First line of `<slot>.response`; the response JSON follows.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResponseHeader {
+    v: u32,
+    seq: u64,
+    request_sha256: String,
+    len: u64,
+    sha256: String,
+}
+
+pub struct Journal {
+    dir: PathBuf,
+    response_cap: u64,
+    slots: [Option<Record>; RECORDS_KEPT],
+    next_seq: u64,
+}
+
+/// Full SHA-256 of `s`, lowercase hex.
+pub fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Journal {
+    /// Loads the records a previous agent process left in `<state_dir>/replay`. Never fails:
+    /// a journal that cannot be read or written only costs replay across restarts, which
+    /// is logged.
+    pub fn open(state_dir: &Path, output_budget: usize) -> Self {
+        let mut journal = Self {
+            dir: state_dir.join("replay"),
+            response_cap: response_cap(output_budget),
+            slots: Default::default(),
+            next_seq: 1,
+        };
+        if !journal.dir_is_ours() {
+            if fs::symlink_metadata(&journal.dir).is_ok() {
+                tracing::warn!(path = %journal.dir.display(),
+                    "the replay directory is not a directory; replacing it");
+            }
+            journal.repair_dir();
+            return journal;
+        }
+        let mut max_seq = 0;
+        for slot in 0..RECORDS_KEPT {
+            match journal.load(slot) {
+                Ok(None) => {}
+                Ok(Some(rec)) => {
+                    max_seq = max_seq.max(rec.request.seq);
+                    journal.slots[slot] = Some(rec);
+                }
+                Err((path, why)) => {
+                    tracing::warn!(path = %path.display(), why, "ignoring a replay record")
+                }
+            }
+        }
+        journal.next_seq = max_seq.wrapping_add(1);
+        let loaded = journal.slots.iter().flatten().count();
+        if loaded > 0 {
+            tracing::info!(
+                records = loaded,
+                "replay records of a previous agent process loaded"
+            );
+        }
+        journal
+    }
+
+    /// What is known about `request_id` with the command hashing to `command_sha256`
+    /// ([`sha256_hex`]).
+    pub fn lookup(&self, request_id: &str, command_sha256: &str) -> Lookup<'_> {
+        let request = sha256_hex(request_id);
+        let Some((slot, rec)) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((i, r.as_ref()?)))
+            .filter(|(_, r)| r.request.request_sha256 == request)
+            .max_by_key(|(_, r)| r.request.seq)
+        else {
+            return Lookup::Unknown;
+        };
+        if rec.request.command_sha256 != command_sha256 {
+            return Lookup::OtherCommand;
+        }
+        match &rec.state {
+            // Its task died without an answer in this process: nothing to replay, and the
+            // command may not have started; run it as before the journal existed.
+            State::Running => Lookup::Unknown,
+            State::Interrupted => Lookup::Interrupted {
+                slot,
+                started: UNIX_EPOCH + std::time::Duration::from_millis(rec.request.started_unix_ms),
+            },
+            State::Done(resp) => Lookup::Done(resp),
+        }
+    }
+
+    /// Records that `request_id` starts running the command hashing to `command_sha256`, on
+    /// disk before it runs. Returns the slot to pass to [`Journal::finish`] or
+    /// [`Journal::forget`].
+    pub fn begin(&mut self, request_id: &str, command_sha256: &str) -> usize {
+        let seq = self.next_seq;
+        self.next_seq = seq.wrapping_add(1);
+        let slot = (seq % RECORDS_KEPT as u64) as usize;
+        let request = RequestFile {
+            v: VERSION,
+            seq,
+            request_sha256: sha256_hex(request_id),
+            command_sha256: command_sha256.to_owned(),
+            started_unix_ms: unix_ms(SystemTime::now()),
+        };
+        match serde_json::to_vec(&request) {
+            Ok(bytes) => self.write(&self.request_path(slot), &bytes),
+            Err(e) => tracing::warn!(error = %e, "cannot encode a replay record"),
+        }
+        self.slots[slot] = Some(Record {
+            request,
+            state: State::Running,
+        });
+        slot
+    }
+
+    /// Records the response of the command begun in `slot`.
+    pub fn finish(&mut self, slot: usize, response: &ExecResponse) {
+        let Some(rec) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        rec.state = State::Done(response.clone());
+        let (seq, request_sha256) = (rec.request.seq, rec.request.request_sha256.clone());
+        let body = match serde_json::to_vec(response) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode a replay response");
+                return;
+            }
+        };
+        let header = ResponseHeader {
+            v: VERSION,
+            seq,
+            request_sha256,
+            len: body.len() as u64,
+            sha256: hex::encode(Sha256::digest(&body)),
+        };
+        let Ok(mut bytes) = serde_json::to_vec(&header) else {
+            return;
+        };
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&body);
+        self.write(&self.response_path(slot), &bytes);
+    }
+
+    /// Drops the record in `slot` (the command could not be run), so a retry runs it.
+    pub fn forget(&mut self, slot: usize) {
+        if let Some(s) = self.slots.get_mut(slot) {
+            *s = None;
+            let _ = fs::remove_file(self.request_path(slot));
+        }
+    }
+
+    /// Keeps the answer given to an interrupted request (in memory only: after another
+    /// restart the in-progress record on disk means the same).
+    pub fn settle(&mut self, slot: usize, response: &ExecResponse) {
+        if let Some(Some(rec)) = self.slots.get_mut(slot) {
+            rec.state = State::Done(response.clone());
+        }
+    }
+
+    fn request_path(&self, slot: usize) -> PathBuf {
+        self.dir.join(format!("{slot}.json"))
+    }
+
+    fn response_path(&self, slot: usize) -> PathBuf {
+        self.dir.join(format!("{slot}.response"))
+    }
+
+    fn load(&self, slot: usize) -> Result<Option<Record>, (PathBuf, String)> {
+        let path = self.request_path(slot);
+        let Some(bytes) = read_capped(&path, REQUEST_CAP).map_err(|why| (path.clone(), why))?
+        else {
+            return Ok(None);
+        };
+        let request: RequestFile = first_json_value(&bytes).map_err(|why| (path.clone(), why))?;
+        if request.v != VERSION
+            || !is_sha256_hex(&request.request_sha256)
+            || !is_sha256_hex(&request.command_sha256)
+        {
+            return Err((path, "not a request record of this version".into()));
+        }
+        let path = self.response_path(slot);
+        let state = match read_response(&path, self.response_cap, &request) {
+            Ok(Some(resp)) => State::Done(resp),
+            Ok(None) => State::Interrupted,
+            Err(why) => {
+                // The request stands: an unreadable response means "effects unknown".
+                tracing::warn!(path = %path.display(), why, "ignoring a replay response");
+                State::Interrupted
+            }
+        };
+        Ok(Some(Record { request, state }))
+    }
+
+    /// Rewrites `path` in place (see the module docs for why not temp + rename). Anything
+    /// but our own regular file there (a link, a FIFO, a directory, a hard link to another
+    /// file) is removed and the write tried once more.
+    fn write(&self, path: &Path, bytes: &[u8]) {
+        if write_in_place(path, bytes).is_ok() {
+            return;
+        }
+        // Off the hot path: only after a failure (a command broke the directory).
+        self.repair_dir();
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => {
+                let _ = fs::remove_dir_all(path);
+            }
+            Ok(_) => {
+                let _ = fs::remove_file(path);
+            }
+            Err(_) => {}
+        }
+        if let Err(e) = write_in_place(path, bytes) {
+            tracing::warn!(path = %path.display(), error = %e,
+                "cannot write a replay record; a retry after an agent restart would run the command again");
+        }
+    }
+
+    /// True when the journal directory is a real directory (not a link to elsewhere).
+    fn dir_is_ours(&self) -> bool {
+        fs::symlink_metadata(&self.dir).is_ok_and(|m| m.is_dir())
+    }
+
+    fn repair_dir(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        if fs::symlink_metadata(&self.dir).is_ok_and(|m| !m.is_dir()) {
+            let _ = fs::remove_file(&self.dir);
+        }
+        let _ = fs::create_dir_all(&self.dir);
+        let _ = fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700));
+    }
+}
+
+/// Writes `bytes` at the start of `path` and cuts the file to their length. Never follows a
+/// link, never blocks on a FIFO, and refuses anything but a regular file with one name.
+fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .mode(0o600)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.nlink() != 1 {
+        return Err(io::Error::other("not a regular file of its own"));
+    }
+    file.write_all_at(bytes, 0)?;
+    file.set_len(bytes.len() as u64)
+}
+
+/// Reads a whole file of at most `cap` bytes. `Ok(None)`: no file. `Err`: the file is not
+/// one we could have written (a link, a FIFO, too large); the reason is for the log.
+fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    let mut file = match fs::File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err("it is a symbolic link".into())
+        }
+        Err(e) => return Err(format!("cannot open it: {e}")),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat it: {e}"))?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!("it is {what}"));
+    }
+    if meta.len() > cap {
+        return Err(format!(
+            "it is {} bytes, over the {cap}-byte cap",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The file may grow after the stat: never read past the cap.
+    (&mut file)
+        .take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.len() as u64 > cap {
+        return Err(format!("it grew over the {cap}-byte cap"));
+    }
+    Ok(Some(bytes))
+}
+
+/// The first JSON value in `bytes`; what follows is ignored (the tail of a longer earlier
+/// version, when the process died between the write and the cut).
+fn first_json_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    match serde_json::Deserializer::from_slice(bytes)
+        .into_iter::<T>()
+        .next()
+    {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(e)) => Err(format!("not a replay record: {e}")),
+        None => Err("empty".into()),
+    }
+}
+
+/// The response recorded for `request`, if its file is whole and belongs to it.
+fn read_response(
+    path: &Path,
+    cap: u64,
+    request: &RequestFile,
+) -> Result<Option<ExecResponse>, String> {
+    let Some(bytes) = read_capped(path, cap)? else {
+        return Ok(None);
+    };
+    let Some(nl) = bytes.iter().position(|b| *b == b'\n') else {
+        return Err("no header line".into());
+    };
+    let header: ResponseHeader =
+        serde_json::from_slice(&bytes[..nl]).map_err(|e| format!("not a response header: {e}"))?;
+    if header.v != VERSION
+        || header.seq != request.seq
+        || header.request_sha256 != request.request_sha256
+    {
+        // An older request's response left in the slot: not this one's.
+        return Ok(None);
+    }
+    let body = usize::try_from(header.len)
+        .ok()
+        .and_then(|len| bytes.get(nl + 1..)?.get(..len))
+        .ok_or("shorter than its header says (a cut write)")?;
+    if hex::encode(Sha256::digest(body)) != header.sha256 {
+        return Err("its checksum does not match (a cut write)".into());
+    }
+    serde_json::from_slice(body)
+        .map(Some)
+        .map_err(|e| format!("not a response: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(stdout: &str) -> ExecResponse {
+        ExecResponse {
+            stdout: stdout.into(),
+            stderr: String::new(),
+            stdout_encoding: Default::default(),
+            stderr_encoding: Default::default(),
+            exit_code: 0,
+            duration_ms: 1,
+            timed_out: false,
+            truncated: false,
+            total_bytes: stdout.len() as u64,
+            cwd: "/w".into(),
+            shell_restarted: false,
+        }
+    }
+
+    #[test]
+    fn records_survive_a_new_journal_on_the_same_dir() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut j = Journal::open(d.path(), 1024);
+        let a = j.begin("a", &sha256_hex("echo a"));
+        j.finish(a, &response("a\n"));
+        j.begin("b", &sha256_hex("sleep 9"));
+        drop(j);
+        let j = Journal::open(d.path(), 1024);
+        assert!(
+            matches!(j.lookup("a", &sha256_hex("echo a")), Lookup::Done(r) if r.stdout == "a\n")
+        );
+        assert!(matches!(
+            j.lookup("b", &sha256_hex("sleep 9")),
+            Lookup::Interrupted { .. }
+        ));
+        assert!(matches!(
+            j.lookup("b", &sha256_hex("sleep 8")),
+            Lookup::OtherCommand
+        ));
+        assert!(matches!(
+            j.lookup("c", &sha256_hex("echo a")),
+            Lookup::Unknown
+        ));
+    }
+
+    #[test]
+    fn only_the_last_records_are_kept_and_slots_continue_after_a_restart() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut j = Journal::open(d.path(), 1024);
+        for i in 0..RECORDS_KEPT + 2 {
+            let s = j.begin(&format!("r{i}"), &sha256_hex("true"));
+            j.finish(s, &response(""));
+        }
+        let mut j = Journal::open(d.path(), 1024);
+        assert!(matches!(
+            j.lookup("r0", &sha256_hex("true")),
+            Lookup::Unknown
+        ));
+        assert!(matches!(
+            j.lookup("r1", &sha256_hex("true")),
+            Lookup::Unknown
+        ));
+        assert!(matches!(
+            j.lookup("r2", &sha256_hex("true")),
+            Lookup::Done(_)
+        ));
+        // The next record overwrites the oldest one (r2), not the newest.
+        let s = j.begin("new", &sha256_hex("true"));
+        j.finish(s, &response(""));
+        assert!(matches!(
+            j.lookup("r2", &sha256_hex("true")),
+            Lookup::Unknown
+        ));
+        assert!(matches!(
+            j.lookup("r5", &sha256_hex("true")),
+            Lookup::Done(_)
+        ));
+        let files = fs::read_dir(d.path().join("replay")).expect("dir").count();
+        assert_eq!(
+            files,
+            2 * RECORDS_KEPT,
+            "a request and a response file per slot"
+        );
+    }
+
+    #[test]
+    fn a_record_running_in_this_process_is_not_an_interruption() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut j = Journal::open(d.path(), 1024);
+        let s = j.begin("a", &sha256_hex("true"));
+        assert!(matches!(
+            j.lookup("a", &sha256_hex("true")),
+            Lookup::Unknown
+        ));
+        j.forget(s);
+        assert!(!d.path().join("replay").join(format!("{s}.json")).exists());
+    }
+
+    #[test]
+    fn junk_is_ignored_and_then_overwritten() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let dir = d.path().join("replay");
+        fs::create_dir_all(&dir).expect("dir");
+        fs::write(dir.join("0.json"), "{\"v\":1").expect("junk");
+        fs::write(dir.join("1.json"), "[".repeat(100_000)).expect("deep");
+        fs::create_dir(dir.join("2.json")).expect("a directory");
+        nix::unistd::mkfifo(&dir.join("3.json"), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        let mut j = Journal::open(d.path(), 1024);
+        assert!(j.slots.iter().all(Option::is_none));
+        for i in 0..RECORDS_KEPT {
+            let s = j.begin(&format!("r{i}"), &sha256_hex("true"));
+            j.finish(s, &response("x"));
+        }
+        let j = Journal::open(d.path(), 1024);
+        assert_eq!(j.slots.iter().flatten().count(), RECORDS_KEPT);
+    }
+
+    #[test]
+    fn a_journal_dir_replaced_by_a_file_or_a_link_is_repaired() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink(elsewhere.path(), d.path().join("replay")).expect("link");
+        let mut j = Journal::open(d.path(), 1024);
+        let s = j.begin("a", &sha256_hex("true"));
+        j.finish(s, &response(""));
+        assert!(fs::symlink_metadata(d.path().join("replay"))
+            .expect("exists")
+            .is_dir());
+        assert_eq!(fs::read_dir(elsewhere.path()).expect("dir").count(), 0);
+        fs::remove_dir_all(d.path().join("replay")).expect("rm");
+        fs::write(d.path().join("replay"), "").expect("file in its place");
+        let s = j.begin("b", &sha256_hex("true"));
+        j.finish(s, &response(""));
+        let j = Journal::open(d.path(), 1024);
+        assert!(matches!(
+            j.lookup("b", &sha256_hex("true")),
+            Lookup::Done(_)
+        ));
+    }
+
+    #[test]
+    fn a_cut_or_stale_response_reads_as_interrupted_never_as_another_answer() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut j = Journal::open(d.path(), 1024);
+        let s = j.begin("a", &sha256_hex("echo a"));
+        j.finish(s, &response(&"a".repeat(500)));
+        let resp = d.path().join("replay").join(format!("{s}.response"));
+        let whole = fs::read(&resp).expect("response file");
+        // Cut anywhere: never a response, always "interrupted".
+        for cut in [whole.len() - 1, whole.len() / 2, 10] {
+            fs::write(&resp, &whole[..cut]).expect("cut");
+            let j = Journal::open(d.path(), 1024);
+            assert!(
+                matches!(
+                    j.lookup("a", &sha256_hex("echo a")),
+                    Lookup::Interrupted { .. }
+                ),
+                "cut at {cut}"
+            );
+        }
+        // Same length, one byte changed in the body: the checksum catches it.
+        let mut flipped = whole.clone();
+        let last = flipped.len() - 3;
+        flipped[last] ^= 1;
+        fs::write(&resp, &flipped).expect("flip");
+        let j = Journal::open(d.path(), 1024);
+        assert!(matches!(
+            j.lookup("a", &sha256_hex("echo a")),
+            Lookup::Interrupted { .. }
+        ));
+        // The response of the request that used the slot before: not this request's.
+        fs::write(&resp, &whole).expect("restore");
+        let mut j = Journal::open(d.path(), 1024);
+        for i in 0..RECORDS_KEPT - 1 {
+            j.begin(&format!("x{i}"), &sha256_hex("true"));
+        }
+        let again = j.begin("b", &sha256_hex("echo b"));
+        assert_eq!(again, s, "the slot came round again");
+        let j = Journal::open(d.path(), 1024);
+        assert!(matches!(
+            j.lookup("b", &sha256_hex("echo b")),
+            Lookup::Interrupted { .. }
+        ));
+        assert!(matches!(
+            j.lookup("a", &sha256_hex("echo a")),
+            Lookup::Unknown
+        ));
+    }
+
+    #[test]
+    fn a_shorter_rewrite_cut_before_its_truncation_still_reads() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut j = Journal::open(d.path(), 1024);
+        let s = j.begin("a", &sha256_hex("true"));
+        let req = d.path().join("replay").join(format!("{s}.json"));
+        // The process died between the write and the cut: the old, longer tail remains.
+        let mut bytes = fs::read(&req).expect("request file");
+        bytes.extend_from_slice(b"0000\"}  tail of an older record");
+        fs::write(&req, &bytes).expect("tail");
+        let j = Journal::open(d.path(), 1024);
+        assert!(matches!(
+            j.lookup("a", &sha256_hex("true")),
+            Lookup::Interrupted { .. }
+        ));
+    }
+
+    #[test]
+    fn a_hard_link_in_a_slot_is_replaced_not_written_through() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let dir = d.path().join("replay");
+        fs::create_dir_all(&dir).expect("dir");
+        let victim = d.path().join("victim");
+        fs::write(&victim, "keep").expect("victim");
+        fs::hard_link(&victim, dir.join("1.json")).expect("link");
+        let mut j = Journal::open(d.path(), 1024);
+        let s = j.begin("a", &sha256_hex("true"));
+        assert_eq!(s, 1);
+        assert_eq!(fs::read_to_string(&victim).expect("victim"), "keep");
+        let j = Journal::open(d.path(), 1024);
+        assert!(matches!(
+            j.lookup("a", &sha256_hex("true")),
+            Lookup::Interrupted { .. }
+        ));
+    }
+}
