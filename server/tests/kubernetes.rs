@@ -476,6 +476,128 @@ async fn a_restarted_agent_is_reported_as_a_reset() {
     w.done().await;
 }
 
+/// Kills the pod's agent process (SIGKILL); returns its pid.
+fn kill_agent(pod: &str) -> i32 {
+    let pids = agent_pids(pod);
+    assert_eq!(pids.len(), 1, "one agent process for the pod: {pids:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pids[0].to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    pids[0]
+}
+
+/// A call made while the session's agent is down (between a crash and the kubelet's restart
+/// of its container) waits for the agent to come back and says the state was reset, instead
+/// of failing as if a new sandbox could not start ("… did not accept /assign").
+#[tokio::test]
+async fn a_call_while_the_agent_restarts_waits_for_it() {
+    let w = World::new("srv-restarting").await;
+    let warm = w.warm_pods(1).await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("restarting-1"));
+    assert!(!is_error(&mcp.bash("export MARK=1").await));
+    let pod = w.one_pod("restarting-1").await;
+    assert_eq!(pod.name_any(), warm[0]);
+    // The first crash is restarted at once; the second one only after the kubelet's
+    // CrashLoopBackOff pause (10 s), which is the window this test calls in.
+    kill_agent(&pod.name_any());
+    wait_for(
+        w.ns.api::<Pod>(),
+        &pod.name_any(),
+        "agent restarted once and Ready",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.is_some_and(|p| {
+                pod_is_ready(p)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|cs| cs.first())
+                        .is_some_and(|c| c.restart_count == 1 && c.ready)
+            })
+        },
+    )
+    .await
+    .expect("first restart");
+    let pid = kill_agent(&pod.name_any());
+    let t0 = std::time::Instant::now();
+    let r = mcp.bash("echo \"[${MARK:-}]\"").await;
+    let waited = t0.elapsed();
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(stdout(&r), "[]\n");
+    assert_eq!(structured(&r)["state_reset"], true, "{}", text(&r));
+    assert!(text(&r).contains("session state was reset"), "{}", text(&r));
+    let now = w.one_pod("restarting-1").await;
+    assert_eq!(now.uid(), pod.uid(), "same pod");
+    assert!(!agent_pids(&pod.name_any()).contains(&pid));
+    eprintln!("the call waited {waited:?} for the restarted agent");
+    drop(server);
+    w.done().await;
+}
+
+/// A session pod left in phase Failed (as a kubelet leaves an evicted pod) is never routed
+/// to: it is deleted and the session starts afresh, saying its state was reset.
+#[tokio::test]
+async fn a_failed_session_pod_is_replaced() {
+    let w = World::new("srv-failed").await;
+    let sid = cli_mcp_api::SessionId::parse("failed-1").expect("valid");
+    let mut pod = build_sandbox_pod(
+        &w.cfg,
+        &SandboxRole::Session {
+            sid: sid.clone(),
+            token: w.key.session_token(&sid).commitment(),
+            owner: None,
+        },
+        &now(),
+    );
+    // The same pod, made to end in phase Failed: its agent exits at once and is not restarted.
+    let spec = pod.spec.as_mut().expect("spec");
+    spec.restart_policy = Some("Never".into());
+    spec.containers[0].args = Some(vec!["--no-such-flag".into()]);
+    spec.containers[0].readiness_probe = None;
+    let name = pod.name_any();
+    let created =
+        w.ns.api::<Pod>()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create the session pod");
+    wait_for(
+        w.ns.api::<Pod>(),
+        &name,
+        "pod Failed",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Failed")
+        },
+    )
+    .await
+    .expect("the pod fails");
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("failed-1"));
+    let r = mcp.bash("echo ok").await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(stdout(&r), "ok\n");
+    assert_eq!(structured(&r)["state_reset"], true, "{}", text(&r));
+    assert!(text(&r).contains("session state was reset"), "{}", text(&r));
+    wait_for(
+        w.ns.api::<Pod>(),
+        &name,
+        "the Failed pod is gone",
+        TIMEOUT,
+        |p: Option<&Pod>| p.is_none_or(|p| p.uid() != created.uid()),
+    )
+    .await
+    .expect("the Failed pod is deleted");
+    let new = w.one_pod("failed-1").await;
+    assert_ne!(new.uid(), created.uid());
+    drop(server);
+    w.done().await;
+}
+
 #[tokio::test]
 async fn delete_removes_the_pod() {
     let w = World::new("srv-delete").await;

@@ -47,6 +47,11 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(15);
 /// status update, not from another claimer).
 const CLAIM_ATTEMPTS_PER_POD: usize = 2;
 
+/// How long a call waits for the agent of an existing session pod to accept connections
+/// again after its container died (the kubelet restarts it, after a back-off from the second
+/// crash on).
+const AGENT_RESTART_WAIT: Duration = Duration::from_secs(30);
+
 /// Container waiting reasons that mean the sandbox will not start on its own soon.
 const FATAL_WAITING: &[&str] = &[
     "ErrImagePull",
@@ -193,7 +198,9 @@ impl KubeBackend {
                 },
             };
             match event {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) if deleting(&p) => {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))
+                    if deleting(&p) || is_terminal(&p) =>
+                {
                     self.pod_going(&p)
                 }
                 Ok(watcher::Event::Delete(p)) => self.pod_going(&p),
@@ -258,9 +265,25 @@ impl KubeBackend {
             .pods
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
-        let live: Vec<Pod> = list.items.into_iter().filter(|p| !deleting(p)).collect();
+        let (dead, live): (Vec<Pod>, Vec<Pod>) = list
+            .items
+            .into_iter()
+            .filter(|p| !deleting(p))
+            .partition(is_terminal);
+        // A Failed or Succeeded pod (a kubelet eviction leaves the pod object in phase
+        // Failed) never runs again: remove it, and the session starts afresh.
+        for pod in &dead {
+            tracing::warn!(session = %sid, pod = %pod.name_any(),
+                phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default(),
+                "session pod has terminated for good; deleting it and starting a new sandbox");
+            self.delete_pod(pod).await;
+        }
         let Some(winner) = self.resolve_duplicates(live).await else {
-            return Ok(Found::Nothing);
+            return Ok(if dead.is_empty() {
+                Found::Nothing
+            } else {
+                Found::Stale
+            });
         };
         let expected = self.key.session_token(sid).commitment().to_hex();
         if annotation_of(&winner, annotation::TOKEN_SHA256) != Some(expected.as_str()) {
@@ -595,6 +618,60 @@ impl KubeBackend {
         })
     }
 
+    /// The existing pod of a session, once its agent accepts connections (and, for a claimed
+    /// warm pod, its assignment). Right after the agent's container died the pod still exists
+    /// and may still say Ready, but nothing listens until the kubelet has restarted the
+    /// container: wait for that, bounded, rather than fail as if the sandbox could not start.
+    async fn await_agent(&self, mut pod: Pod, sid: &SessionId) -> Result<Pod, SessionError> {
+        let name = pod.name_any();
+        let deadline =
+            tokio::time::Instant::now() + AGENT_RESTART_WAIT.min(self.limits.start_timeout);
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let reason = match self.agent_listens(&pod).await {
+                Err(e) => e,
+                Ok(()) => return self.ensure_assigned(&pod, sid).await.map(|()| pod),
+            };
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(SessionError::Restarting(format!(
+                    "pod {name} still does not answer after {:?} ({reason})",
+                    AGENT_RESTART_WAIT.min(self.limits.start_timeout)
+                )));
+            }
+            tracing::info!(session = %sid, pod = %name, reason = %reason,
+                "the session's agent does not answer (restarting?); waiting for it");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            // The pod may have been deleted or have failed meanwhile, or got a new IP.
+            match self.pods.get_opt(&name).await? {
+                Some(p) if p.uid() == pod.uid() && !deleting(&p) && !is_terminal(&p) => pod = p,
+                _ => {
+                    return Err(SessionError::Sandbox(format!(
+                        "pod {name} went away while its agent was restarting; the next call starts a new sandbox"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Whether something accepts TCP connections on the pod's agent port.
+    async fn agent_listens(&self, pod: &Pod) -> Result<(), String> {
+        let ip = pod_ip(pod).ok_or("the pod has no IP")?;
+        let addr = match ip.parse::<std::net::IpAddr>() {
+            Ok(ip) => std::net::SocketAddr::new(ip, AGENT_PORT),
+            Err(e) => return Err(format!("pod IP {ip}: {e}")),
+        };
+        match tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("connecting to the agent at {addr}: {e}")),
+            Err(_) => Err(format!(
+                "connecting to the agent at {addr}: no answer within 3s"
+            )),
+        }
+    }
+
     fn route_of(&self, pod: &Pod) -> Result<Route, SessionError> {
         let endpoint = endpoint_of(pod)
             .ok_or_else(|| SessionError::Sandbox(format!("pod {} has no IP", pod.name_any())))?;
@@ -639,8 +716,15 @@ impl KubeBackend {
                 if !owner_allows(annotation_of(&pod, annotation::OWNER), caller) {
                     return Err(SessionError::Forbidden(sid.clone()));
                 }
-                self.ensure_assigned(&pod, sid).await?;
-                let pod = self.wait_ready(*pod).await?;
+                // A pod that has run before and stopped answering is restarting its agent
+                // (the kubelet may already report CrashLoopBackOff for the pause between
+                // restarts, which for a new pod would mean it cannot start).
+                let pod = if has_run(&pod) {
+                    *pod
+                } else {
+                    self.wait_ready(*pod).await?
+                };
+                let pod = self.await_agent(pod, sid).await?;
                 let route = self.route_of(&pod)?;
                 let replaced = previous.is_some_and(|p| p != route.uid);
                 self.cache.insert(sid.clone(), route.clone());
@@ -793,6 +877,31 @@ fn winner_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
 
 fn deleting(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether the pod's agent has been up before: Ready now, or its container has restarted or
+/// has exited at least once.
+fn has_run(p: &Pod) -> bool {
+    is_ready(p)
+        || p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.restart_count > 0
+                        || c.last_state
+                            .as_ref()
+                            .is_some_and(|l| l.terminated.is_some())
+                })
+            })
+}
+
+/// Phase Failed or Succeeded: the pod's containers never run again.
+fn is_terminal(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    )
 }
 
 fn has_session(p: &Pod) -> bool {

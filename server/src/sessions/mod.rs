@@ -73,6 +73,8 @@ pub enum SessionError {
     SessionLimit { max: usize },
     #[error("the sandbox of this session could not be started: {0}")]
     Sandbox(String),
+    #[error("the sandbox's agent is restarting (its container crashed or was killed, so the session's shell state is reset): {0}; retry the call")]
+    Restarting(String),
     #[error("the Kubernetes API failed: {0}")]
     Kubernetes(String),
     #[error("{0}")]
@@ -86,7 +88,7 @@ impl SessionError {
         match self {
             SessionError::Forbidden(_) => ErrorKind::Forbidden,
             SessionError::SessionLimit { .. } => ErrorKind::SessionLimit,
-            SessionError::Sandbox(_) => ErrorKind::Sandbox,
+            SessionError::Sandbox(_) | SessionError::Restarting(_) => ErrorKind::Sandbox,
             SessionError::Kubernetes(_) => ErrorKind::KubernetesApi,
             SessionError::Agent(_) => ErrorKind::Agent,
             SessionError::Busy => ErrorKind::Busy,
