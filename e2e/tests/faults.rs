@@ -1,0 +1,751 @@
+//! Faults end to end (issue 6, docs/e2e.md): what a user sees through the real MCP endpoint
+//! (operator installed from `config/default`, server and sandboxes as pods) when a part of
+//! the system fails. "Nothing lost" is asserted each time: the caller gets a clear result or
+//! error, no object is orphaned, and no session is silently swapped (a session whose sandbox
+//! changed is told its state was reset).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::label;
+use cli_mcp_api::sandbox::ENV_ASSIGN_SHA256;
+use cli_mcp_api::token::HmacKey;
+use cli_mcp_api::SessionId;
+use cli_mcp_e2e::journey::{
+    container_pid, process_running, response, sandbox_selector, session_of, stdout, text, Env, Mcp,
+};
+use cli_mcp_e2e::testing::{pod_ip, pod_is_ready, wait_for, wait_for_set, TIMEOUT};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{DeleteParams, EvictParams};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+/// Installs the operator, applies instance `name` (the sample with `warm` pool pods, then
+/// `edit`) and waits until it is Ready with a full pool.
+async fn instance(prefix: &str, name: &str, warm: i64, edit: impl FnOnce(&mut Value)) -> Env {
+    let env = Env::install(prefix).await;
+    env.dummy_kubeconfig(name).await;
+    let mut cr = env.cr(name, warm);
+    edit(&mut cr);
+    env.apply_cr(&cr).await;
+    env.wait_ready(name).await;
+    env
+}
+
+fn server_selector(instance: &str) -> String {
+    format!(
+        "{}={instance},{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_SERVER
+    )
+}
+
+fn live(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+}
+
+/// A `bash` tool call whose transport failure is returned, not a panic.
+async fn try_bash(mcp: &Mcp, sid: &str, command: &str) -> Result<Value, String> {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": command}}});
+    let r = mcp
+        .http
+        .post(format!("{}/mcp", mcp.base))
+        .bearer_auth(&mcp.token)
+        .header("x-session-id", sid)
+        .header("accept", "application/json, text/event-stream")
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let status = r.status();
+    let text = r.text().await.map_err(|e| format!("{e:?}"))?;
+    if status != 200 {
+        return Err(format!("HTTP {status}: {text}"));
+    }
+    Ok(response(&text))
+}
+
+/// Waits until `instance` reports `n` ready server replicas and a full warm pool.
+async fn wait_replicas(env: &Env, instance: &str, n: i32) {
+    let r = wait_for(
+        env.api::<CliMcpInstance>(),
+        instance,
+        "server replicas ready",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.ready_replicas == n && s.warm_pool.ready == s.warm_pool.desired)
+        },
+    )
+    .await;
+    assert!(r.is_ok(), "{r:?}\n{}", env.logs("operator"));
+}
+
+/// Every object labelled with the instance is gone, the cluster-scoped binding included.
+async fn assert_nothing_left(env: &Env, instance: &str) {
+    let sel = format!("{}={instance}", label::INSTANCE);
+    macro_rules! all_gone {
+        ($k:ty) => {
+            wait_for_set(
+                env.api::<$k>(),
+                &sel,
+                concat!("no ", stringify!($k), " left"),
+                TIMEOUT,
+                |v: &[$k]| v.is_empty(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
+        };
+    }
+    all_gone!(Pod);
+    all_gone!(Deployment);
+    all_gone!(ReplicaSet);
+    all_gone!(Service);
+    all_gone!(NetworkPolicy);
+    all_gone!(Secret);
+    all_gone!(ConfigMap);
+    all_gone!(ServiceAccount);
+    all_gone!(Role);
+    all_gone!(RoleBinding);
+    assert!(env.cluster_bindings(instance).await.is_empty());
+}
+
+/// Largest number of live session pods seen at once, from a watch started now.
+struct SessionPodPeak {
+    peak: Arc<Mutex<usize>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SessionPodPeak {
+    fn start(env: &Env, instance: &str) -> SessionPodPeak {
+        let peak = Arc::new(Mutex::new(0));
+        let sel = format!("{},{}", sandbox_selector(instance), label::SESSION_ID);
+        let api = env.api::<Pod>();
+        let p = peak.clone();
+        let task = tokio::spawn(async move {
+            let mut live_pods = BTreeSet::new();
+            let stream = watcher(api, watcher::Config::default().labels(&sel));
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                        if live(&pod) {
+                            live_pods.insert(pod.name_any());
+                        } else {
+                            live_pods.remove(&pod.name_any());
+                        }
+                    }
+                    Ok(watcher::Event::Delete(pod)) => {
+                        live_pods.remove(&pod.name_any());
+                    }
+                    _ => {}
+                }
+                let mut peak = p.lock().expect("lock");
+                *peak = (*peak).max(live_pods.len());
+            }
+        });
+        SessionPodPeak { peak, task }
+    }
+
+    fn stop(self) -> usize {
+        self.task.abort();
+        *self.peak.lock().expect("lock")
+    }
+}
+
+/// Fault: 200 sessions created as fast as possible against `maxSessions: 100` (one server
+/// replica, a pool of 5): exactly 100 start, the other 100 get the limit error as a clear
+/// tool result, and no more than 100 session pods ever exist.
+#[tokio::test]
+async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
+    let env = instance("f-limit", "m", 5, |cr| {
+        cr["spec"]["sandbox"]["maxSessions"] = json!(100);
+        cr["spec"]["replicas"] = json!(1);
+    })
+    .await;
+    let mcp = env.client("m").await;
+    let peak = SessionPodPeak::start(&env, "m");
+    let t0 = std::time::Instant::now();
+    let calls = (0..200).map(|i| {
+        let mcp = &mcp;
+        async move { try_bash(mcp, &format!("crowd-{i}"), "echo ok").await }
+    });
+    let results = futures::future::join_all(calls).await;
+    let took = t0.elapsed();
+    let mut ok = 0;
+    let mut limited = 0;
+    let mut other = Vec::new();
+    for r in &results {
+        match r {
+            Ok(v) if v["result"]["isError"] == false && stdout(&v["result"]) == "ok\n" => ok += 1,
+            Ok(v)
+                if v["result"]["isError"] == true
+                    && text(&v["result"]).contains("already has 100 sessions") =>
+            {
+                limited += 1
+            }
+            other_result => other.push(format!("{other_result:?}")),
+        }
+    }
+    assert!(
+        other.is_empty(),
+        "neither a session nor the limit error: {other:#?}"
+    );
+    assert_eq!((ok, limited), (100, 100), "started vs refused");
+    let sessions: Vec<Pod> = env
+        .list::<Pod>(&format!("{},{}", sandbox_selector("m"), label::SESSION_ID))
+        .await
+        .into_iter()
+        .filter(live)
+        .collect();
+    assert_eq!(sessions.len(), 100, "session pods");
+    let peak = peak.stop();
+    assert!(
+        peak <= 100,
+        "at most 100 session pods at any time, saw {peak}"
+    );
+    eprintln!("200 new sessions against maxSessions 100: {took:?}, peak {peak} session pods");
+    drop(mcp);
+    env.finish(Some("m")).await;
+}
+
+/// Fault: a sandbox pod of a live session is evicted (Eviction API, as `kubectl drain`
+/// does): the next call starts fresh and says the state was reset; the pool stays full and
+/// the session has exactly one pod.
+#[tokio::test]
+async fn an_evicted_sandbox_is_replaced_and_the_reset_is_reported() {
+    let env = instance("f-evict", "e", 1, |_| {}).await;
+    let mcp = env.client("e").await;
+    let r = mcp.bash("evicted", "cd /tmp && export KEPT=1").await;
+    assert_eq!(r["isError"], false, "{r}");
+    let sel = format!("{}=evicted", label::SESSION_ID);
+    let pod = env.list::<Pod>(&sel).await.pop().expect("session pod");
+    env.api::<Pod>()
+        .evict(&pod.name_any(), &EvictParams::default())
+        .await
+        .expect("evict");
+    wait_for(
+        env.api::<Pod>(),
+        &pod.name_any(),
+        "evicted pod gone",
+        TIMEOUT,
+        |p: Option<&Pod>| p.is_none_or(|p| p.uid() != pod.uid()),
+    )
+    .await
+    .expect("the evicted pod is deleted");
+    let next = mcp.bash("evicted", "pwd; echo \"[${KEPT:-}]\"").await;
+    assert_eq!(next["isError"], false, "{next}");
+    assert!(stdout(&next).ends_with("[]\n"), "{next}");
+    assert_ne!(stdout(&next), "/tmp\n[]\n", "{next}");
+    assert_eq!(next["structuredContent"]["state_reset"], true, "{next}");
+    assert!(text(&next).contains("session state was reset"), "{next}");
+    let mine = wait_for_set(
+        env.api::<Pod>(),
+        &sel,
+        "one pod for the session",
+        TIMEOUT,
+        |ps: &[Pod]| ps.len() == 1 && ps.iter().all(live),
+    )
+    .await
+    .expect("one session pod");
+    assert_ne!(mine[0].uid(), pod.uid());
+    wait_replicas(&env, "e", 1).await;
+    drop(mcp);
+    env.finish(Some("e")).await;
+}
+
+/// The command killed with the server replica; a marker so the test can see it run and end.
+const LONG: &str = "sleep 31338; echo never";
+
+/// Fault: the server replica serving a call is SIGKILLed mid-command (`replicas: 2`). The
+/// in-flight call fails with a transport error; the command is interrupted in the sandbox;
+/// the next call on the session through the Service runs in the same sandbox pod with the
+/// session's state intact; nothing is orphaned.
+#[tokio::test]
+async fn killing_a_server_replica_mid_command_keeps_the_session() {
+    let env = instance("f-srvkill", "r", 1, |cr| cr["spec"]["replicas"] = json!(2)).await;
+    wait_replicas(&env, "r", 2).await;
+    let mcp = env.client("r").await;
+    let r = mcp.bash("kept", "cd /tmp && export KEPT=yes").await;
+    assert_eq!(r["isError"], false, "{r}");
+    let sel = format!("{}=kept", label::SESSION_ID);
+    let sandbox = env.list::<Pod>(&sel).await.pop().expect("session pod");
+
+    // Send the long command to one replica only: the Service's DNS name (for TLS) resolved
+    // to that pod's IP.
+    let servers: Vec<Pod> = env
+        .list::<Pod>(&server_selector("r"))
+        .await
+        .into_iter()
+        .filter(|p| live(p) && pod_is_ready(p))
+        .collect();
+    assert_eq!(servers.len(), 2, "two server replicas");
+    let victim = &servers[0];
+    let ip: std::net::IpAddr = pod_ip(victim).expect("pod IP").parse().expect("IP");
+    let host = format!("cli-mcp-r.{}.svc", env.ns.name);
+    let ca = env
+        .api::<ConfigMap>()
+        .get("cli-mcp-r-ca")
+        .await
+        .expect("CA ConfigMap")
+        .data
+        .unwrap_or_default()
+        .remove("ca.crt")
+        .expect("ca.crt");
+    let direct = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
+        .resolve(&host, std::net::SocketAddr::new(ip, 8443))
+        .build()
+        .expect("client");
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": LONG}}});
+    let call = direct
+        .post(format!("https://{host}:8443/mcp"))
+        .bearer_auth(&mcp.token)
+        .header("x-session-id", "kept")
+        .header("accept", "application/json, text/event-stream")
+        .json(&body)
+        .send();
+    let server_pid = container_pid(victim);
+    let kill = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !process_running(&["sleep", "31338"]) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the command never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(server_pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill the server");
+    };
+    let (resp, ()) = tokio::join!(call, kill);
+    match resp {
+        Err(e) => assert!(
+            e.is_request() || e.is_connect() || e.is_body() || e.is_decode(),
+            "a transport error: {e:?}"
+        ),
+        Ok(r) => {
+            // The response head may have been sent already: then the body breaks.
+            let body = r.text().await;
+            assert!(body.is_err(), "the in-flight call cannot succeed: {body:?}");
+        }
+    }
+
+    // The agent sees its caller gone and interrupts the command.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while process_running(&["sleep", "31338"]) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the killed call's command still runs in the sandbox"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Once the killed replica is back (or out of the Service), the session carries on.
+    wait_for(
+        env.api::<Pod>(),
+        &victim.name_any(),
+        "server restarted and Ready",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.is_some_and(|p| {
+                pod_is_ready(p)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|cs| cs.first())
+                        .is_some_and(|c| c.restart_count >= 1)
+            })
+        },
+    )
+    .await
+    .expect("server back");
+    for _ in 0..4 {
+        // Through the Service: the calls land on both replicas.
+        let next = mcp.bash("kept", "pwd; echo \"[${KEPT:-}]\"").await;
+        assert_eq!(next["isError"], false, "{next}");
+        assert_eq!(stdout(&next), "/tmp\n[yes]\n", "state intact: {next}");
+        assert_ne!(next["structuredContent"]["state_reset"], true, "{next}");
+    }
+    let now: Vec<Pod> = env.list::<Pod>(&sel).await;
+    assert_eq!(now.len(), 1, "one pod for the session");
+    assert_eq!(now[0].uid(), sandbox.uid(), "the same sandbox pod");
+    let all = env.list::<Pod>(&sandbox_selector("r")).await;
+    assert_eq!(
+        all.iter().filter(|p| session_of(p).is_some()).count(),
+        1,
+        "no other session pod"
+    );
+    drop(mcp);
+    env.finish(Some("r")).await;
+}
+
+/// The instance's current HMAC key, from its Secret.
+async fn hmac_key(env: &Env, instance: &str) -> Option<HmacKey> {
+    let s = env
+        .api::<Secret>()
+        .get_opt(&format!("cli-mcp-{instance}-hmac"))
+        .await
+        .expect("get Secret")?;
+    let raw = s.data?.remove("key")?;
+    HmacKey::from_hex(&String::from_utf8_lossy(&raw.0)).ok()
+}
+
+/// Whether a sandbox pod is signed with `key` (session pods: the session token commitment;
+/// pool pods: the assign token commitment).
+fn signed_with(p: &Pod, key: &HmacKey) -> bool {
+    match session_of(p) {
+        Some(sid) => {
+            let sid = SessionId::parse(sid).expect("session id");
+            p.annotations()
+                .get(cli_mcp_api::names::annotation::TOKEN_SHA256)
+                .is_some_and(|c| *c == key.session_token(&sid).commitment().to_hex())
+        }
+        None => {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.env.as_ref())
+                .and_then(|env| env.iter().find(|e| e.name == ENV_ASSIGN_SHA256))
+                .and_then(|e| e.value.as_deref())
+                == Some(
+                    key.assign_token(&p.name_any())
+                        .commitment()
+                        .to_hex()
+                        .as_str(),
+                )
+        }
+    }
+}
+
+/// Whether a tool result is clear about the session: it ran with the session's state, or it
+/// says the state is fresh, or it is an error that says what failed.
+fn clear_about_state(v: &Value, with_state: &str) -> bool {
+    let r = &v["result"];
+    let t = text(r);
+    let fresh = t.contains("session state was reset") || t.contains("new session");
+    if r["isError"] == false {
+        stdout(r).contains(with_state) || fresh
+    } else {
+        r["isError"] == true && t.contains("sandbox")
+    }
+}
+
+/// Fault: the HMAC Secret is deleted with a live session. The operator makes a new key and
+/// the server rolls; a call during the change is clear about the session's state; after
+/// convergence the session's next call starts fresh and says so, new sessions work, and no
+/// sandbox signed with the old key remains.
+#[tokio::test]
+async fn deleting_the_hmac_secret_is_survived_and_reported() {
+    let env = instance("f-hmac", "h", 1, |_| {}).await;
+    let mcp = env.client("h").await;
+    let r = mcp.bash("keyed", "export KEPT=old-key").await;
+    assert_eq!(r["isError"], false, "{r}");
+    let old = hmac_key(&env, "h").await.expect("HMAC key");
+    env.api::<Secret>()
+        .delete("cli-mcp-h-hmac", &DeleteParams::default())
+        .await
+        .expect("delete the HMAC Secret");
+
+    // A call while the key changes: either the old state or a clear statement.
+    match try_bash(&mcp, "keyed", "echo \"[${KEPT:-}]\"").await {
+        Ok(v) => {
+            assert!(clear_about_state(&v, "[old-key]"), "{v}");
+            eprintln!("call during the key change: {}", text(&v["result"]));
+        }
+        // The forward may pick a server pod that is going away: a transport error is clear.
+        Err(e) => eprintln!("call during the key change failed in transport: {e}"),
+    }
+
+    let new = wait_for(
+        env.api::<Secret>(),
+        "cli-mcp-h-hmac",
+        "a new HMAC key",
+        TIMEOUT,
+        |s: Option<&Secret>| s.is_some(),
+    )
+    .await
+    .expect("Secret recreated")
+    .expect("Secret");
+    let new = HmacKey::from_hex(&String::from_utf8_lossy(
+        &new.data.expect("data").remove("key").expect("key").0,
+    ))
+    .expect("key");
+    assert_ne!(new.to_hex(), old.to_hex(), "a new key");
+    // Converged: the server rolled to the new key, and every sandbox is signed with it.
+    let dep = wait_for(
+        env.api::<Deployment>(),
+        "cli-mcp-h",
+        "server rolled",
+        TIMEOUT,
+        |d: Option<&Deployment>| {
+            d.is_some_and(|d| {
+                let s = d.status.clone().unwrap_or_default();
+                s.observed_generation == d.metadata.generation
+                    && s.updated_replicas == Some(1)
+                    && s.ready_replicas == Some(1)
+                    && s.replicas == Some(1)
+            })
+        },
+    )
+    .await;
+    assert!(dep.is_ok(), "{dep:?}\n{}", env.logs("operator"));
+    let old2 = old.clone();
+    let converged = wait_for_set(
+        env.api::<Pod>(),
+        &sandbox_selector("h"),
+        "no sandbox signed with the old key",
+        TIMEOUT,
+        move |ps: &[Pod]| {
+            ps.iter()
+                .filter(|p| live(p))
+                .all(|p| !signed_with(p, &old2))
+        },
+    )
+    .await;
+    assert!(converged.is_ok(), "{converged:?}\n{}", env.logs("operator"));
+    wait_replicas(&env, "h", 1).await;
+
+    let next = mcp.bash("keyed", "echo \"[${KEPT:-}]\"").await;
+    assert_eq!(next["isError"], false, "{next}");
+    assert_eq!(stdout(&next), "[]\n", "{next}");
+    let t = text(&next);
+    assert!(
+        t.contains("session state was reset") || t.contains("new session"),
+        "the fresh start is said: {t}"
+    );
+    let fresh = mcp.bash("keyed-new", "echo fresh").await;
+    assert_eq!(stdout(&fresh), "fresh\n", "{fresh}");
+    for p in env
+        .list::<Pod>(&sandbox_selector("h"))
+        .await
+        .iter()
+        .filter(|p| live(p))
+    {
+        assert!(
+            signed_with(p, &new),
+            "{} not signed with the new key",
+            p.name_any()
+        );
+    }
+    drop(mcp);
+    env.finish(Some("h")).await;
+}
+
+/// Fault: a command fills `/workspace` past its size limit (the sandbox's emptyDir
+/// `sizeLimit`, 1Gi; a tmpfs of that size under the process kubelet). The command fails
+/// clearly (ENOSPC in stderr, non-zero exit, `isError`), the session keeps its state, and
+/// freeing the space works.
+#[tokio::test]
+async fn filling_the_workspace_fails_clearly_and_the_session_recovers() {
+    let env = instance("f-full", "w", 1, |_| {}).await;
+    let mcp = env.client("w").await;
+    let r = mcp
+        .bash("filler", "cd /workspace && export KEPT=full")
+        .await;
+    assert_eq!(r["isError"], false, "{r}");
+    let size = mcp
+        .bash("filler", "df -B1 --output=size /workspace | tail -1")
+        .await;
+    let bytes: u64 = stdout(&size).trim().parse().expect("df size");
+    assert!(bytes <= 1 << 30, "/workspace is bounded: {bytes} bytes");
+
+    let fill = mcp
+        .bash("filler", "head -c 2147483648 /dev/zero > /workspace/fill")
+        .await;
+    let sc = &fill["structuredContent"];
+    assert_eq!(fill["isError"], true, "{sc}");
+    assert_ne!(sc["exit_code"], 0, "{sc}");
+    assert!(
+        sc["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("No space left on device")),
+        "ENOSPC in stderr: {sc}"
+    );
+    let after = mcp
+        .bash(
+            "filler",
+            "pwd; echo \"[$KEPT]\"; stat -c %s /workspace/fill",
+        )
+        .await;
+    assert_eq!(after["isError"], false, "{after}");
+    let out = stdout(&after).to_owned();
+    assert!(
+        out.starts_with("/workspace\n[full]\n"),
+        "state kept: {after}"
+    );
+    let filled: u64 = out
+        .lines()
+        .nth(2)
+        .and_then(|l| l.parse().ok())
+        .expect("size");
+    assert!(
+        filled >= bytes / 2,
+        "the disk was filled: {filled} of {bytes}"
+    );
+    assert_ne!(after["structuredContent"]["state_reset"], true, "{after}");
+
+    let freed = mcp
+        .bash(
+            "filler",
+            "rm /workspace/fill && echo again > /workspace/after && cat /workspace/after",
+        )
+        .await;
+    assert_eq!(freed["isError"], false, "{freed}");
+    assert_eq!(stdout(&freed), "again\n", "{freed}");
+    drop(mcp);
+    env.finish(Some("w")).await;
+}
+
+/// The operator's pod (one replica).
+async fn operator_pod(env: &Env) -> Pod {
+    let pods = wait_for_set(
+        env.api::<Pod>(),
+        "app.kubernetes.io/name=cli-mcp-operator",
+        "operator pod running",
+        TIMEOUT,
+        |ps: &[Pod]| ps.iter().filter(|p| live(p) && pod_is_ready(p)).count() == 1,
+    )
+    .await
+    .expect("operator pod");
+    pods.into_iter()
+        .find(|p| live(p) && pod_is_ready(p))
+        .expect("operator pod")
+}
+
+/// Fault: the operator is restarted (its pod deleted) while it fills a pool of 10 and again
+/// while it tears an instance down. The new operator converges to exactly 10 pool pods
+/// (none extra at any time), and finishes the teardown (nothing labelled with the instance
+/// is left, the ClusterRoleBinding included).
+#[tokio::test]
+async fn restarting_the_operator_during_pool_fill_and_teardown() {
+    let env = Env::install("f-oprestart").await;
+    env.dummy_kubeconfig("o").await;
+    let op = operator_pod(&env).await;
+    let pool_sel = sandbox_selector("o");
+    let peak = Arc::new(Mutex::new(0usize));
+    let seen_at_kill = Arc::new(Mutex::new(0usize));
+    let watch = {
+        let api = env.api::<Pod>();
+        let (peak, seen_at_kill) = (peak.clone(), seen_at_kill.clone());
+        let ops = env.api::<Pod>();
+        let op_name = op.name_any();
+        let sel = pool_sel.clone();
+        tokio::spawn(async move {
+            let mut pods = BTreeSet::new();
+            let mut killed = false;
+            let stream = watcher(api, watcher::Config::default().labels(&sel));
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                        if live(&p) {
+                            pods.insert(p.name_any());
+                        } else {
+                            pods.remove(&p.name_any());
+                        }
+                    }
+                    Ok(watcher::Event::Delete(p)) => {
+                        pods.remove(&p.name_any());
+                    }
+                    _ => {}
+                }
+                {
+                    let mut peak = peak.lock().expect("lock");
+                    *peak = (*peak).max(pods.len());
+                }
+                if !killed && !pods.is_empty() {
+                    killed = true;
+                    *seen_at_kill.lock().expect("lock") = pods.len();
+                    ops.delete(&op_name, &DeleteParams::default().grace_period(0))
+                        .await
+                        .expect("delete the operator pod");
+                }
+            }
+        })
+    };
+    env.apply_cr(&env.cr("o", 10)).await;
+    let ready = wait_for(
+        env.api::<CliMcpInstance>(),
+        "o",
+        "pool of 10 ready",
+        Duration::from_secs(180),
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.warm_pool.ready == 10 && s.warm_pool.desired == 10)
+        },
+    )
+    .await;
+    assert!(ready.is_ok(), "{ready:?}\n{}", env.logs("operator"));
+    let new_op = operator_pod(&env).await;
+    assert_ne!(new_op.uid(), op.uid(), "the operator was restarted");
+    let pool: Vec<Pod> = env
+        .list::<Pod>(&pool_sel)
+        .await
+        .into_iter()
+        .filter(live)
+        .collect();
+    assert_eq!(pool.len(), 10, "exactly 10 pool pods");
+    watch.abort();
+    let peak = *peak.lock().expect("lock");
+    let at_kill = *seen_at_kill.lock().expect("lock");
+    eprintln!("operator killed with {at_kill} pool pod(s) created; peak {peak}");
+    assert!(peak <= 10, "never more than 10 pool pods, saw {peak}");
+    assert_eq!(env.cluster_bindings("o").await.len(), 1);
+
+    // Teardown, with the operator killed once it has started.
+    let op = new_op;
+    let api = env.api::<CliMcpInstance>();
+    api.delete("o", &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    let tearing = wait_for(
+        api.clone(),
+        "o",
+        "teardown started",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| o.is_none_or(|o| o.metadata.deletion_timestamp.is_some()),
+    )
+    .await
+    .expect("deletion");
+    env.api::<Pod>()
+        .delete(&op.name_any(), &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete the operator pod");
+    // The operator is killed while the instance, held by its finalizer, still has children.
+    assert!(
+        tearing.is_some(),
+        "the teardown had finished before the operator was killed"
+    );
+    let left = env
+        .list::<Pod>(&format!("{}=o", label::INSTANCE))
+        .await
+        .len();
+    eprintln!("operator killed during teardown with {left} pod(s) of the instance left");
+    let gone = wait_for(
+        api,
+        "o",
+        "instance deleted",
+        Duration::from_secs(180),
+        |o: Option<&CliMcpInstance>| o.is_none(),
+    )
+    .await;
+    assert!(gone.is_ok(), "{gone:?}\n{}", env.logs("operator"));
+    assert_nothing_left(&env, "o").await;
+    env.finish(None).await;
+}
