@@ -277,9 +277,6 @@ async fn state(env: &Env) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "operator bug: after an apiserver restart its watches stall for minutes (the \
-            Controller's trigger backoff serialises every watch's 410) and it creates warm \
-            pods on a stale store meanwhile; see docs/e2e.md. Run with --ignored"]
 async fn sessions_survive_an_apiserver_restart() {
     let mut pc = private_cluster("apiserver-restart")
         .await

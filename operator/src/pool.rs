@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
@@ -293,6 +293,31 @@ pub async fn reconcile(
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &cfg.namespace);
     let mut first_err = None;
     let mut backoff = backoff_left;
+    let mut the_plan = the_plan;
+
+    // The cache can lag far behind the API (a watch relisting after an apiserver restart),
+    // and an expectation is dropped after EXPECTATION_TTL: creating from the cache alone
+    // then creates pods that already exist. Before creating, a (consistent) list of the
+    // instance's unassigned sandboxes decides how many are really missing.
+    if the_plan.create > 0 {
+        let live: Vec<Arc<Pod>> = api
+            .list(&ListParams::default().labels(&cfg.instance.unassigned_selector()))
+            .await?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        the_plan.create = ctx.pool.with(uid, |exp, _| {
+            observe(exp, &live, now);
+            let inp = PlanInputs {
+                desired,
+                hash: &hash,
+                key,
+                may_create: true,
+            };
+            plan(&live, exp, &inp).create
+        });
+    }
 
     // Deletes first: they free slots and never race a claim (see `delete_unclaimed`).
     for (pod, reason) in &the_plan.delete {

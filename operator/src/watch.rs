@@ -19,6 +19,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -136,6 +137,26 @@ fn sandbox_pods(
     (reader, stream)
 }
 
+/// The Controller's backoff on trigger errors pauses the merged stream of *all* watches
+/// (so every store goes stale) whenever any one of them errs: after an apiserver restart each
+/// of the twelve watches errs (connection refused, then 410 Gone) and the shared backoff
+/// climbed to 30 s pauses, stacked, for minutes. Every watch already backs off on its own
+/// (`default_backoff`, like client-go's reflectors), so the merged stream needs none.
+struct PerWatchBackoffOnly;
+
+impl Iterator for PerWatchBackoffOnly {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        // `None` would end the trigger stream; zero passes the error on at once.
+        Some(Duration::ZERO)
+    }
+}
+
+impl Backoff for PerWatchBackoffOnly {
+    fn reset(&mut self) {}
+}
+
 fn instance_ref(name: &str, ns: &str) -> ObjectRef<CliMcpInstance> {
     ObjectRef::new(name).within(ns)
 }
@@ -225,6 +246,7 @@ pub fn build(
                 .map(|cr| ObjectRef::from_obj(cr.as_ref()))
                 .collect::<Vec<_>>()
         })
+        .trigger_backoff(PerWatchBackoffOnly)
         .with_config(controller::Config::default().debounce(Duration::from_millis(100)));
 
     let stores = Stores {
