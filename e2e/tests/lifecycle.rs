@@ -357,7 +357,8 @@ async fn idle_session_is_collected_and_an_active_one_is_not() {
 /// two of five runs. With a lame-duck phase in the server (responses say
 /// `Connection: close` and the listener stays open for a few seconds before the drain) it
 /// was 0 in 5 of 5 runs (~6700 calls). Until that lands the test tolerates such failures, but
-/// only those: no HTTP response at all, and the command never reached a sandbox.
+/// only those: no HTTP response at all, and the command never ran (it is in no server's audit
+/// log and not in the session's own record of what ran).
 const REQUIRE_NO_FAILED_CALL: bool = false;
 
 /// One caller of journey 5: calls its session in a loop until `stop`, recording every
@@ -369,26 +370,33 @@ struct Caller {
 
 #[derive(Default, Debug)]
 struct Tally {
-    ok: Vec<String>,
-    /// (command, error, how long the call took)
-    failed: Vec<(String, CallError, Duration)>,
+    /// (tag, command) of the answered calls.
+    ok: Vec<(String, String)>,
+    /// (tag, command, error, how long the call took)
+    failed: Vec<(String, String, CallError, Duration)>,
 }
 
-async fn call_until(mcp: &Mcp, c: &Caller, stop: &AtomicBool, min: usize) -> Tally {
+/// Where each journey-5 command appends its tag in the sandbox: the session's own record
+/// of what ran, independent of the servers.
+const RAN_FILE: &str = "/tmp/j5-ran";
+
+/// `phase` makes the tags of one phase distinct from another's.
+async fn call_until(mcp: &Mcp, c: &Caller, phase: &str, stop: &AtomicBool, min: usize) -> Tally {
     let mut t = Tally::default();
     let mut n = 0;
     while n < min || !stop.load(Ordering::Relaxed) {
-        let cmd = format!("echo {}-{n}; echo \"[$J5_VAR]\"; pwd", c.sid);
+        let tag = format!("{}-{phase}{n}", c.sid);
+        let cmd = format!("echo {tag} >> {RAN_FILE}; echo {tag}; echo \"[$J5_VAR]\"; pwd");
         n += 1;
         let started = Instant::now();
         match try_bash(&c.http, mcp, &c.sid, &cmd).await {
             Ok(r) => {
-                let want = format!("{}-{}\n[{}]\n/tmp\n", c.sid, n - 1, c.sid);
+                let want = format!("{tag}\n[{}]\n/tmp\n", c.sid);
                 assert_eq!(stdout(&r), want, "state survives: {r}");
                 assert_ne!(r["structuredContent"]["state_reset"], true, "{r}");
-                t.ok.push(cmd);
+                t.ok.push((tag, cmd));
             }
-            Err(e) => t.failed.push((cmd, e, started.elapsed())),
+            Err(e) => t.failed.push((tag, cmd, e, started.elapsed())),
         }
     }
     t
@@ -461,7 +469,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
     assert_eq!(before_pods.len(), 3, "{before_pods:?}");
     let stop = AtomicBool::new(true);
     let warmup =
-        futures::future::join_all(callers.iter().map(|c| call_until(&mcp, c, &stop, 6))).await;
+        futures::future::join_all(callers.iter().map(|c| call_until(&mcp, c, "w", &stop, 6))).await;
     for t in &warmup {
         assert!(t.failed.is_empty(), "{:?}", t.failed);
     }
@@ -469,7 +477,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
     let served: BTreeSet<&String> = warmup
         .iter()
         .flat_map(|t| &t.ok)
-        .filter_map(|c| audited.get(&command_hash(c)).map(|(pod, _)| pod))
+        .filter_map(|(_, c)| audited.get(&command_hash(c)).map(|(pod, _)| pod))
         .collect();
     assert_eq!(
         served.len(),
@@ -488,7 +496,8 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
         .unwrap_or_default();
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
-    let load = futures::future::join_all(callers.iter().map(|c| call_until(&mcp, c, &stop, 1)));
+    let load =
+        futures::future::join_all(callers.iter().map(|c| call_until(&mcp, c, "r", &stop, 1)));
     let restart = async {
         kubectl(&env, &["rollout", "restart", "deployment/cli-mcp-r"]).await;
         let done = wait_for_set(
@@ -517,7 +526,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
         .map(|p| p.name_any())
         .collect();
     let failed: Vec<_> = tallies.iter().flat_map(|t| &t.failed).collect();
-    let ok: Vec<&String> = tallies.iter().flat_map(|t| &t.ok).collect();
+    let ok: Vec<&String> = tallies.iter().flat_map(|t| &t.ok).map(|(_, c)| c).collect();
     eprintln!(
         "rollout took {rollout:?}: {} calls ok, {} failed",
         ok.len(),
@@ -526,7 +535,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
     let audited = audited_calls(&env);
     // A failed call is never one that ran: it got no HTTP response at all (the caller sees
     // a transport error, never a wrong answer) and no server ever sent it to a sandbox.
-    for (cmd, e, took) in &failed {
+    for (_, cmd, e, took) in &failed {
         assert!(
             matches!(e, CallError::NoResponse(_)),
             "a call failed with an answer during the rollout ({took:?}): {e}"
@@ -537,7 +546,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
             audited.get(&command_hash(cmd))
         );
     }
-    for (cmd, e, took) in &failed {
+    for (_, cmd, e, took) in &failed {
         eprintln!("failed without running ({took:?}): {cmd:?}: {e}");
     }
     assert!(
@@ -625,6 +634,27 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
             .map(|r| r.name_any())
             .collect::<Vec<_>>()
     );
+
+    // Each session's own record: every answered call ran exactly once, no failed call ran.
+    for ((c, w), t) in callers.iter().zip(&warmup).zip(&tallies) {
+        let r = mcp.bash(&c.sid, &format!("cat {RAN_FILE}")).await;
+        assert_eq!(r["structuredContent"]["truncated"], false, "{r}");
+        let mut ran: BTreeMap<&str, usize> = BTreeMap::new();
+        for l in stdout(&r).lines() {
+            *ran.entry(l).or_default() += 1;
+        }
+        let twice: Vec<_> = ran.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "{}: commands ran twice: {twice:?}", c.sid);
+        for (tag, _) in w.ok.iter().chain(&t.ok) {
+            assert!(ran.contains_key(tag.as_str()), "{tag} answered but not run");
+        }
+        for (tag, _, e, _) in &t.failed {
+            assert!(
+                !ran.contains_key(tag.as_str()),
+                "{tag} failed ({e}) but ran"
+            );
+        }
+    }
 
     // And the sessions still work after it all.
     for c in &callers {
