@@ -633,6 +633,14 @@ impl KubeBackend {
                 Ok(()) => return self.ensure_assigned(&pod, sid).await.map(|()| pod),
             };
             if tokio::time::Instant::now() + pause > deadline {
+                // Still crash-looping after the wait: the agent does not come back by itself
+                // soon, so the pod is replaced as one that cannot start.
+                if let Some(why) = start_failure(&pod) {
+                    self.delete_pod(&pod).await;
+                    return Err(SessionError::Sandbox(format!(
+                        "the agent of pod {name} keeps crashing ({why}); the pod was deleted, and the next call starts a new sandbox"
+                    )));
+                }
                 return Err(SessionError::Restarting(format!(
                     "pod {name} still does not answer after {:?} ({reason})",
                     AGENT_RESTART_WAIT.min(self.limits.start_timeout)
