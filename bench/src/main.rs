@@ -13,6 +13,8 @@ use serde_json::json;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
+mod cluster;
+
 #[derive(Parser)]
 #[command(about = "cli-mcp benchmarks (printed as tables)")]
 struct Cli {
@@ -30,11 +32,15 @@ enum What {
         #[arg(long, default_value_t = 1000)]
         iterations: usize,
     },
+    /// Local Kubernetes with the operator and server as pods: warm vs cold session start,
+    /// `tools/call` through the Service and on the pod IP, N sessions × M commands at once.
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().what {
         What::Agent { agent, iterations } => agent_bench(&agent, iterations),
+        What::Cluster(args) => cluster::cluster_bench(args),
     }
 }
 

@@ -1,0 +1,575 @@
+//! `cli-mcp-bench cluster`: the issue's figures on the local Kubernetes, through the real
+//! Service (loopback forward, TLS, ServiceAccount token), with the operator and server
+//! installed as pods by `cli_mcp_e2e::journey` exactly as the e2e journeys do.
+//!
+//! - warm vs cold session start: the first call (`true`) of a new session, with a warm pool
+//!   larger than the number of sessions, then with `warmPoolSize: 0`;
+//! - `tools/call` of `true` on a live session through the Service, and the same call on the
+//!   server pod's IP (the forward's share is the difference);
+//! - N concurrent sessions each running M commands: throughput, errors, latency.
+//!
+//! Measures, never asserts: failures are counted and printed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::label;
+use cli_mcp_e2e::cluster::{ClusterConfig, KUBECONFIG_ENV};
+use cli_mcp_e2e::journey::{container_pid, response, sandbox_selector, session_of, Env};
+use cli_mcp_e2e::testing::{
+    cluster, pod_ip, private_cluster_with, wait_for, wait_for_set, workspace_root, PrivateCluster,
+    TestCluster,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use serde_json::{json, Value};
+
+use crate::{mib, ms, rss_kib, stats, Stats};
+
+const INSTANCE: &str = "bench";
+/// Longest wait for the instance to converge after a change (a pool of 30 on 2 cores).
+const CONVERGE: Duration = Duration::from_secs(300);
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Directory with the cli-mcp-{server,operator,agent} binaries the cluster's images map
+    /// to (default: the directory of this binary, i.e. target/release).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// The process kubelet (default: cli-mcp-kubelet in --bin-dir, else target/debug).
+    #[arg(long)]
+    pub kubelet: Option<PathBuf>,
+    /// Sessions started per kind (warm, cold).
+    #[arg(long, default_value_t = 30)]
+    pub starts: usize,
+    /// Sequential `tools/call`s of `true` on one session, per path (Service, pod IP).
+    #[arg(long, default_value_t = 500)]
+    pub calls: usize,
+    /// Concurrent sessions of the load phase.
+    #[arg(long, default_value_t = 100)]
+    pub sessions: usize,
+    /// Commands per session in the load phase.
+    #[arg(long, default_value_t = 100)]
+    pub commands: usize,
+}
+
+/// One MCP endpoint (the Service through the forward, or a pod IP) with the caller's token.
+#[derive(Clone)]
+struct Endpoint {
+    http: reqwest::Client,
+    base: String,
+    token: Arc<String>,
+}
+
+impl Endpoint {
+    /// A `bash` tool call; `Err` for a transport error, a non-200 status, a JSON-RPC error
+    /// or a tool result with `isError: true`.
+    async fn bash(&self, sid: &str, command: &str) -> Result<Value, String> {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": command}}});
+        let r = self
+            .http
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(self.token.as_str())
+            .header("x-session-id", sid)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("transport: {e}"))?;
+        let status = r.status();
+        let text = r.text().await.map_err(|e| format!("body: {e}"))?;
+        if status != 200 {
+            return Err(format!("HTTP {status}: {text}"));
+        }
+        let v = response(&text);
+        if let Some(e) = v.get("error") {
+            return Err(format!("JSON-RPC error: {e}"));
+        }
+        let result = v["result"].clone();
+        if result["isError"] == true {
+            return Err(format!("tool error: {result}"));
+        }
+        Ok(result)
+    }
+
+    async fn delete(&self, sid: &str) {
+        let _ = self
+            .http
+            .delete(format!("{}/sessions/{sid}", self.base))
+            .bearer_auth(self.token.as_str())
+            .send()
+            .await;
+    }
+}
+
+fn default_bin_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating this executable")?;
+    Ok(exe.parent().map(Path::to_path_buf).unwrap_or_default())
+}
+
+/// The cluster to measure on: `$CLI_MCP_KUBECONFIG`'s, or a private one whose images map
+/// to the binaries in `bin_dir`. Returns it, what its pods run, and the private cluster to
+/// keep alive.
+async fn the_cluster(
+    args: &ClusterArgs,
+) -> anyhow::Result<(TestCluster, String, Option<PrivateCluster>)> {
+    if std::env::var_os(KUBECONFIG_ENV).is_some() {
+        let c = cluster().await?;
+        return Ok((
+            c,
+            format!("the cluster of ${KUBECONFIG_ENV} (its image map decides the build)"),
+            None,
+        ));
+    }
+    let bin_dir = match &args.bin_dir {
+        Some(d) => d.clone(),
+        None => default_bin_dir()?,
+    };
+    let bin_dir = std::path::absolute(&bin_dir).context("--bin-dir")?;
+    for b in ["cli-mcp-server", "cli-mcp-operator", "cli-mcp-agent"] {
+        if !bin_dir.join(b).is_file() {
+            bail!(
+                "{} is missing: build it (cargo build --release -p {b}) or pass --bin-dir",
+                bin_dir.join(b).display()
+            );
+        }
+    }
+    let mut cfg = ClusterConfig::local(&bin_dir, workspace_root().join(".run/bench-cluster"))?;
+    cfg.kubelet_bin = match &args.kubelet {
+        Some(k) => k.clone(),
+        None => {
+            let here = bin_dir.join("cli-mcp-kubelet");
+            let debug = bin_dir
+                .parent()
+                .map(|t| t.join("debug/cli-mcp-kubelet"))
+                .unwrap_or_default();
+            if here.is_file() {
+                here
+            } else {
+                debug
+            }
+        }
+    };
+    let profile = bin_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let pc = private_cluster_with(cfg).await?;
+    let c = pc.test.clone();
+    Ok((
+        c,
+        format!(
+            "a private cluster; server, operator and agents from {} ({profile} build)",
+            bin_dir.display()
+        ),
+        Some(pc),
+    ))
+}
+
+/// Waits until the instance reports a ready pool of exactly `warm` and the server ready, and
+/// no unassigned sandbox pod is left beyond it.
+async fn converge_pool(env: &Env, warm: i32) -> anyhow::Result<()> {
+    wait_for(
+        env.api::<CliMcpInstance>(),
+        INSTANCE,
+        &format!("a ready pool of {warm}"),
+        CONVERGE,
+        move |o: Option<&CliMcpInstance>| {
+            o.is_some_and(|o| {
+                o.status.as_ref().is_some_and(|s| {
+                    s.observed_generation == o.metadata.generation
+                        && s.ready_replicas >= 1
+                        && s.warm_pool.desired == warm
+                        && s.warm_pool.ready == warm
+                })
+            })
+        },
+    )
+    .await?;
+    wait_for_set(
+        env.api::<Pod>(),
+        &sandbox_selector(INSTANCE),
+        &format!("{warm} unassigned sandbox pods"),
+        CONVERGE,
+        move |pods: &[Pod]| {
+            pods.iter().filter(|p| session_of(p).is_none()).count() == warm as usize
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn set_pool(env: &Env, cr: &mut Value, warm: i32) -> anyhow::Result<()> {
+    cr["spec"]["sandbox"]["warmPoolSize"] = json!(warm);
+    env.apply_cr(cr).await;
+    converge_pool(env, warm).await
+}
+
+/// Waits until no pod of a session is left (after the sessions were deleted).
+async fn no_sessions(env: &Env) -> anyhow::Result<()> {
+    wait_for_set(
+        env.api::<Pod>(),
+        &sandbox_selector(INSTANCE),
+        "session pods gone",
+        CONVERGE,
+        |pods: &[Pod]| pods.iter().all(|p| session_of(p).is_none()),
+    )
+    .await?;
+    Ok(())
+}
+
+struct Starts {
+    samples: Vec<Duration>,
+    launches: std::collections::BTreeMap<String, usize>,
+    errors: Vec<String>,
+}
+
+/// `n` new sessions one after the other, each timed from its first call to that call's
+/// answer; then they are deleted.
+async fn starts(svc: &Endpoint, prefix: &str, n: usize) -> Starts {
+    let mut out = Starts {
+        samples: Vec::new(),
+        launches: Default::default(),
+        errors: Vec::new(),
+    };
+    for i in 0..n {
+        let sid = format!("{prefix}-{i}");
+        let t = Instant::now();
+        match svc.bash(&sid, "true").await {
+            Ok(r) => {
+                out.samples.push(t.elapsed());
+                let launch = r["structuredContent"]["new_sandbox"]
+                    .as_str()
+                    .unwrap_or("none")
+                    .to_owned();
+                *out.launches.entry(launch).or_default() += 1;
+            }
+            Err(e) => out.errors.push(e),
+        }
+    }
+    for i in 0..n {
+        svc.delete(&format!("{prefix}-{i}")).await;
+    }
+    out
+}
+
+async fn calls(ep: &Endpoint, sid: &str, n: usize) -> (Vec<Duration>, usize) {
+    let mut samples = Vec::with_capacity(n);
+    let mut errors = 0;
+    // Warm up: the session exists, the connection is open.
+    for _ in 0..10 {
+        let _ = ep.bash(sid, "true").await;
+    }
+    for _ in 0..n {
+        let t = Instant::now();
+        match ep.bash(sid, "true").await {
+            Ok(_) => samples.push(t.elapsed()),
+            Err(_) => errors += 1,
+        }
+    }
+    (samples, errors)
+}
+
+/// The instance's one server pod: its IP, and its host pid (for RSS).
+async fn server_pod(env: &Env) -> anyhow::Result<(String, i32)> {
+    let pods = env
+        .list::<Pod>(&format!(
+            "{}={INSTANCE},{}={}",
+            label::INSTANCE,
+            label::COMPONENT,
+            label::COMPONENT_SERVER
+        ))
+        .await;
+    let p = pods
+        .iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .context("no server pod")?;
+    Ok((pod_ip(p).context("server pod IP")?, container_pid(p)))
+}
+
+/// The same endpoint as `svc`, on the server pod's IP (TLS with the Service's name).
+async fn direct(env: &Env, svc: &Endpoint, ip: &str) -> anyhow::Result<Endpoint> {
+    let name = format!("cli-mcp-{INSTANCE}");
+    let ca = env
+        .api::<ConfigMap>()
+        .get(&format!("{name}-ca"))
+        .await?
+        .data
+        .unwrap_or_default()
+        .remove("ca.crt")
+        .context("ca.crt")?;
+    let host = format!("{name}.{}.svc", env.ns.name);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes())?)
+        .resolve(&host, format!("{ip}:8443").parse()?)
+        .build()?;
+    Ok(Endpoint {
+        http,
+        base: format!("https://{host}:8443"),
+        token: svc.token.clone(),
+    })
+}
+
+struct Load {
+    start: Vec<Duration>,
+    start_errors: Vec<String>,
+    wall: Duration,
+    ok: Vec<Duration>,
+    errors: Vec<String>,
+}
+
+/// `sessions` sessions started concurrently, then each runs `commands` commands one after
+/// the other, all sessions at once.
+async fn load(svc: &Endpoint, sessions: usize, commands: usize) -> Load {
+    let started = futures::future::join_all((0..sessions).map(|i| {
+        let svc = svc.clone();
+        async move {
+            let t = Instant::now();
+            svc.bash(&format!("load-{i}"), "true")
+                .await
+                .map(|_| t.elapsed())
+        }
+    }))
+    .await;
+    let mut out = Load {
+        start: Vec::new(),
+        start_errors: Vec::new(),
+        wall: Duration::ZERO,
+        ok: Vec::new(),
+        errors: Vec::new(),
+    };
+    for r in started {
+        match r {
+            Ok(d) => out.start.push(d),
+            Err(e) => out.start_errors.push(e),
+        }
+    }
+    let t0 = Instant::now();
+    let per_session = futures::future::join_all((0..sessions).map(|i| {
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            let sid = format!("load-{i}");
+            let mut ok = Vec::with_capacity(commands);
+            let mut errors = Vec::new();
+            for j in 0..commands {
+                let t = Instant::now();
+                match svc.bash(&sid, &format!("echo {i}-{j}")).await {
+                    Ok(r) if r["structuredContent"]["stdout"] == format!("{i}-{j}\n") => {
+                        ok.push(t.elapsed())
+                    }
+                    Ok(r) => errors.push(format!("{sid}: wrong output: {r}")),
+                    Err(e) => errors.push(format!("{sid}: {e}")),
+                }
+            }
+            (ok, errors)
+        })
+    }))
+    .await;
+    out.wall = t0.elapsed();
+    for r in per_session {
+        match r {
+            Ok((ok, errors)) => {
+                out.ok.extend(ok);
+                out.errors.extend(errors);
+            }
+            Err(e) => out.errors.push(format!("client task: {e}")),
+        }
+    }
+    for i in 0..sessions {
+        svc.delete(&format!("load-{i}")).await;
+    }
+    out
+}
+
+fn row(what: &str, s: &[Duration]) -> String {
+    if s.is_empty() {
+        return format!("| {what} | – | – |");
+    }
+    let Stats { median, p99 } = stats(s.to_vec());
+    format!("| {what} | {} | {} |", ms(median), ms(p99))
+}
+
+fn first_errors(errors: &[String]) {
+    for e in errors.iter().take(5) {
+        println!("  - {}", e.chars().take(300).collect::<String>());
+    }
+}
+
+pub fn cluster_bench(args: ClusterArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: ClusterArgs) -> anyhow::Result<()> {
+    let t_all = Instant::now();
+    let (c, what, private) = the_cluster(&args).await?;
+    eprintln!("bench: measuring on {what}");
+    let env = Env::install_on(c, "bench").await;
+    env.dummy_kubeconfig(INSTANCE).await;
+    let warm = i32::try_from(args.starts).context("--starts")?;
+    let mut cr = env.cr(INSTANCE, i64::from(warm));
+    // Room for the load phase plus what is still being deleted from the earlier phases.
+    cr["spec"]["sandbox"]["maxSessions"] = json!((args.sessions + args.starts + 10).max(110));
+    env.apply_cr(&cr).await;
+    env.wait_ready(INSTANCE).await;
+    converge_pool(&env, warm).await?;
+    let mcp = env.client(INSTANCE).await;
+    let svc = Endpoint {
+        http: mcp.http.clone(),
+        base: mcp.base.clone(),
+        token: Arc::new(mcp.token.clone()),
+    };
+
+    eprintln!("bench: {} warm starts", args.starts);
+    let warm_starts = starts(&svc, "warm", args.starts).await;
+    no_sessions(&env).await?;
+    eprintln!("bench: draining the pool, then {} cold starts", args.starts);
+    set_pool(&env, &mut cr, 0).await?;
+    let cold_starts = starts(&svc, "cold", args.starts).await;
+    no_sessions(&env).await?;
+
+    eprintln!(
+        "bench: {} calls through the Service and on the pod IP",
+        args.calls
+    );
+    let (server_ip, server_pid) = server_pod(&env).await?;
+    let rss_idle = rss_kib(server_pid as u32).unwrap_or(0);
+    let (via_svc, svc_errors) = calls(&svc, "calls", args.calls).await;
+    let pod = direct(&env, &svc, &server_ip).await?;
+    let (via_pod, pod_errors) = calls(&pod, "calls", args.calls).await;
+    svc.delete("calls").await;
+    no_sessions(&env).await?;
+
+    eprintln!(
+        "bench: {} concurrent sessions × {} commands",
+        args.sessions, args.commands
+    );
+    let l = load(&svc, args.sessions, args.commands).await;
+    let rss_loaded = rss_kib(server_pid as u32).unwrap_or(0);
+
+    println!(
+        "\n## cluster (local Kubernetes; operator and server as pods; {what}; through the \
+         Service: loopback forward, TLS, ServiceAccount token)\n"
+    );
+    println!("| what | median | p99 |");
+    println!("|---|---|---|");
+    println!(
+        "{}",
+        row(
+            &format!(
+                "warm start: first call of a new session (n={}, launches {:?})",
+                warm_starts.samples.len(),
+                warm_starts.launches
+            ),
+            &warm_starts.samples
+        )
+    );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "cold start: first call of a new session, `warmPoolSize: 0` (n={}, launches {:?})",
+                cold_starts.samples.len(),
+                cold_starts.launches
+            ),
+            &cold_starts.samples
+        )
+    );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "`tools/call` `true`, live session, through the Service (n={})",
+                via_svc.len()
+            ),
+            &via_svc
+        )
+    );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "`tools/call` `true`, live session, server pod IP (n={})",
+                via_pod.len()
+            ),
+            &via_pod
+        )
+    );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "load: session start, {} at once (n={})",
+                args.sessions,
+                l.start.len()
+            ),
+            &l.start
+        )
+    );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "load: one command, {} sessions at once (n={})",
+                args.sessions,
+                l.ok.len()
+            ),
+            &l.ok
+        )
+    );
+    let total = args.sessions * args.commands;
+    println!();
+    println!(
+        "| load: {} sessions × {} commands | value |",
+        args.sessions, args.commands
+    );
+    println!("|---|---|");
+    println!("| commands completed / sent | {} / {total} |", l.ok.len());
+    println!(
+        "| throughput | {:.0} commands/s ({:.1} s wall) |",
+        l.ok.len() as f64 / l.wall.as_secs_f64(),
+        l.wall.as_secs_f64()
+    );
+    println!(
+        "| errors (commands + session starts) | {} + {} |",
+        l.errors.len(),
+        l.start_errors.len()
+    );
+    println!(
+        "| errors of the other phases (warm, cold, Service calls, pod-IP calls) | {}, {}, {}, {} |",
+        warm_starts.errors.len(),
+        cold_starts.errors.len(),
+        svc_errors,
+        pod_errors
+    );
+    println!(
+        "| server RSS before the calls / after the load | {} / {} |",
+        mib(rss_idle),
+        mib(rss_loaded)
+    );
+    for errors in [
+        &warm_starts.errors,
+        &cold_starts.errors,
+        &l.start_errors,
+        &l.errors,
+    ] {
+        first_errors(errors);
+    }
+    eprintln!("bench: done in {:.0} s", t_all.elapsed().as_secs_f64());
+
+    drop(mcp);
+    match private {
+        // The whole cluster goes; waiting for the finalizer of 100+ pods adds nothing.
+        Some(pc) => tokio::task::spawn_blocking(move || drop(pc)).await?,
+        None => env.finish(Some(INSTANCE)).await,
+    }
+    Ok(())
+}
