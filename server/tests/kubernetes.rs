@@ -537,6 +537,64 @@ async fn a_call_while_the_agent_restarts_waits_for_it() {
     w.done().await;
 }
 
+/// An agent that does not come back within the wait (here `--start-timeout 5` bounds it,
+/// under the kubelet's 10 s back-off after a second crash) has its pod replaced: the call
+/// says so, and the next call starts a new sandbox and reports the reset.
+#[tokio::test]
+async fn a_crash_looping_agent_is_replaced_after_the_wait() {
+    let w = World::new("srv-crashloop").await;
+    w.warm_pods(2).await;
+    let server = w
+        .server_with(&["--auth", "none", "--start-timeout", "5"])
+        .await;
+    let mcp = Mcp::new(&server, Some("crashloop-1"));
+    assert!(!is_error(&mcp.bash("export MARK=1").await));
+    let pod = w.one_pod("crashloop-1").await;
+    kill_agent(&pod.name_any());
+    wait_for(
+        w.ns.api::<Pod>(),
+        &pod.name_any(),
+        "agent restarted once and Ready",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.is_some_and(|p| {
+                pod_is_ready(p)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|cs| cs.first())
+                        .is_some_and(|c| c.restart_count == 1 && c.ready)
+            })
+        },
+    )
+    .await
+    .expect("first restart");
+    kill_agent(&pod.name_any());
+    let r = mcp.bash("echo \"[${MARK:-}]\"").await;
+    assert!(is_error(&r), "{}", text(&r));
+    assert!(
+        text(&r).contains("keeps crashing") && text(&r).contains("next call starts a new sandbox"),
+        "{}",
+        text(&r)
+    );
+    wait_for(
+        w.ns.api::<Pod>(),
+        &pod.name_any(),
+        "the crash-looping pod is gone",
+        TIMEOUT,
+        is_deleted(&pod.uid().expect("uid")),
+    )
+    .await
+    .expect("pod deleted");
+    let next = mcp.bash("echo \"[${MARK:-}]\"").await;
+    assert!(!is_error(&next), "{}", text(&next));
+    assert_eq!(stdout(&next), "[]\n");
+    assert_eq!(structured(&next)["state_reset"], true, "{}", text(&next));
+    assert_ne!(w.one_pod("crashloop-1").await.uid(), pod.uid());
+    drop(server);
+    w.done().await;
+}
+
 /// A session pod left in phase Failed (as a kubelet leaves an evicted pod) is never routed
 /// to: it is deleted and the session starts afresh, saying its state was reset.
 #[tokio::test]
