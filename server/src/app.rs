@@ -23,8 +23,9 @@ use crate::sessions::kubernetes::KubeBackend;
 use crate::sessions::local::{find_agent_binary, LocalBackend};
 use crate::sessions::{Backend, SessionManager};
 
-/// Time given to open requests after SIGTERM (the pod's grace period is 30 s by default).
-pub const DRAIN: Duration = Duration::from_secs(25);
+/// Time given to open requests after the shutdown delay; delay (≤ 10 s) + drain fit in the
+/// pod's 30 s termination grace period.
+pub const DRAIN: Duration = Duration::from_secs(20);
 /// Log message printed once the listeners are bound (tests and tools wait for it).
 pub const READY_MESSAGE: &str = "cli-mcp-server ready";
 
@@ -159,7 +160,7 @@ async fn run_http(
         Some(files) => Some(tls::server_config(&files.cert, &files.key)?),
         None => None,
     };
-    let state = Arc::new(AppState { mcp, auth, metrics });
+    let state = Arc::new(AppState::new(mcp, auth, metrics));
     let listener = bind(settings.listen, "--listen").await?;
     let health = bind(settings.health_listen, "--health-listen").await?;
     let listen = listener.local_addr().context("listener has no address")?;
@@ -178,7 +179,7 @@ async fn run_http(
     let main = tokio::spawn(serve(listener, app, tls.clone(), stop.clone(), DRAIN));
     let health_task = tokio::spawn(serve(
         health,
-        health_router(state),
+        health_router(state.clone()),
         None,
         stop.clone(),
         Duration::from_secs(1),
@@ -192,6 +193,17 @@ async fn run_http(
         "{READY_MESSAGE}"
     );
     wait_for_signal().await;
+    // Lame duck: the endpoint goes out of the Service (readiness fails) while this replica
+    // still accepts, and keep-alive clients are told to reconnect (elsewhere).
+    let delay = settings.shutdown_delay;
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(?delay, "shutting down: /readyz fails and connections close after each response; still serving for the shutdown delay");
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = wait_for_signal() => tracing::info!("second signal: skipping the rest of the shutdown delay"),
+    }
     tracing::info!("shutting down: no new requests; open ones get {DRAIN:?}");
     stop.cancel();
     let _ = main.await;

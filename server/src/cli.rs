@@ -111,6 +111,12 @@ pub struct Flags {
     /// How long a new session may wait for its sandbox to become ready (seconds).
     #[arg(long, env = "CLI_MCP_START_TIMEOUT", default_value_t = 120)]
     pub start_timeout: u64,
+    /// After SIGTERM, seconds to keep serving while /readyz fails and every response closes
+    /// its connection, so the Service stops sending new connections here before the listener
+    /// closes (0: stop accepting at once). At most 10: the drain of open calls (20 s) follows,
+    /// and both must fit in the pod's 30 s termination grace period.
+    #[arg(long, env = "CLI_MCP_SHUTDOWN_DELAY", default_value_t = 5)]
+    pub shutdown_delay: u64,
 }
 
 /// Everything the server needs, validated.
@@ -130,6 +136,8 @@ pub struct Settings {
     pub limits: Limits,
     pub agent_binary: Option<PathBuf>,
     pub log_json: bool,
+    /// See `--shutdown-delay`.
+    pub shutdown_delay: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -320,6 +328,13 @@ impl Flags {
         if self.start_timeout == 0 {
             return Err(err("--start-timeout must be at least 1 second"));
         }
+        if self.shutdown_delay > 10 {
+            return Err(err(format!(
+                "--shutdown-delay {} is too long; use 0 to 10 seconds (the 20 s drain that \
+                 follows must fit in the pod's 30 s termination grace period)",
+                self.shutdown_delay
+            )));
+        }
 
         Ok(Settings {
             transport: self.transport,
@@ -344,6 +359,7 @@ impl Flags {
             },
             agent_binary: self.agent_binary,
             log_json: self.log_json,
+            shutdown_delay: Duration::from_secs(self.shutdown_delay),
         })
     }
 }
@@ -469,6 +485,7 @@ mod tests {
             (vec!["--max-sessions", "0"], "--max-sessions"),
             (vec!["--output-budget", "10"], "--output-budget"),
             (vec!["--tls-cert", "/c"], "--tls-key"),
+            (vec!["--shutdown-delay", "11"], "--shutdown-delay"),
         ] {
             let e = parse(&args).resolve(no_env).expect_err("invalid");
             assert!(e.to_string().contains(needle), "{args:?}: {e}");

@@ -4,6 +4,7 @@
 //! `DELETE /sessions/{id}`, `GET /sessions`, all behind the auth middleware. The health
 //! listener (plain HTTP, never authenticated): `/livez`, `/readyz`, `/metrics`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,6 +36,23 @@ pub struct AppState {
     /// `None` with `--auth none`.
     pub auth: Option<Arc<Authenticator>>,
     pub metrics: Arc<Metrics>,
+    /// Set on SIGTERM: /readyz fails and responses close their connections (lame duck).
+    pub draining: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(
+        mcp: Arc<McpState>,
+        auth: Option<Arc<Authenticator>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            mcp,
+            auth,
+            metrics,
+            draining: AtomicBool::new(false),
+        }
+    }
 }
 
 /// How the rmcp service is configured.
@@ -70,6 +88,10 @@ pub fn mcp_router(state: Arc<AppState>, opts: McpHttpOptions) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), jsonrpc_guard))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            close_when_draining,
+        ))
         .with_state(state)
 }
 
@@ -343,7 +365,24 @@ async fn not_found(req: Request) -> Response {
     )
 }
 
+/// While draining, every HTTP/1 response closes its connection: a keep-alive client then
+/// opens a new one, which the Service sends to a replica that is not going away. Without
+/// this, idle keep-alive connections were closed under clients writing their next request
+/// ("connection closed before message completed") during a rolling restart.
+async fn close_when_draining(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let http1 = req.version() <= axum::http::Version::HTTP_11;
+    let mut res = next.run(req).await;
+    if http1 && s.draining.load(Ordering::Relaxed) {
+        res.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
+}
+
 async fn readyz(State(s): State<Arc<AppState>>) -> Response {
+    if s.draining.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
     match s.mcp.sessions.backend().ready().await {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),

@@ -674,3 +674,62 @@ async fn sigterm_lets_the_running_call_finish_and_stops_the_agents() {
         "the session's agent (pid {pid}) was stopped with the server"
     );
 }
+
+/// SIGTERM starts a lame-duck phase: /readyz fails at once (the endpoint leaves the
+/// Service) while the MCP listener keeps serving, and each response closes its connection
+/// (keep-alive clients reconnect to another replica); after `--shutdown-delay` it drains and
+/// exits.
+#[tokio::test]
+async fn sigterm_first_fails_readiness_and_closes_connections_while_still_serving() {
+    let server = local_server(&["--shutdown-delay", "3"]).await;
+    let http = support::http();
+    let ready = http
+        .get(server.health_url("/readyz"))
+        .send()
+        .await
+        .expect("GET /readyz");
+    assert_eq!(ready.status(), 200);
+    let pid = server.child.id().expect("server pid");
+    let term = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+    assert!(term.success());
+
+    // Readiness fails first (bounded wait for the signal to be handled)...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http
+            .get(server.health_url("/readyz"))
+            .send()
+            .await
+            .expect("the health listener still answers during the shutdown delay");
+        if r.status() == 503 {
+            assert_eq!(r.text().await.expect("body"), "shutting down\n");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz never failed after SIGTERM"
+        );
+        tokio::task::yield_now().await;
+    }
+    // ...while calls are still served, each on a connection that is then closed.
+    let r = http
+        .post(server.url("/mcp"))
+        .header("x-session-id", "lame-duck")
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .send()
+        .await
+        .expect("served during the shutdown delay");
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..]),
+        "the response closes its connection"
+    );
+    let status = server.stop().await;
+    assert!(status.success(), "clean exit: {status}");
+}
