@@ -391,9 +391,10 @@ async fn a_100_mb_command_is_truncated_and_spilled() {
     env.finish(Some("b")).await;
 }
 
-/// The command the agent is killed under. Should the server send it again to the
-/// restarted agent (it retries once on a transport error), the marker file makes the second
-/// run return at once instead of sleeping.
+/// The command the agent is killed under. The server retries once after a broken
+/// connection, with the same request id; the agent's journal (its state dir survives the
+/// container restart) must answer that retry "interrupted" instead of running it again — if
+/// it ran again, the marker file would make it print `second-run`.
 const KILLED: &str = "if [ -e /workspace/.killed-once ]; then echo second-run; \
     else touch /workspace/.killed-once; sleep 31337; echo NEVER-PRINTED; fi";
 
@@ -454,6 +455,10 @@ async fn killing_the_agent_mid_command_is_reported_and_the_session_recovers() {
         "a clear error for the in-flight call: {status} {v}"
     );
     assert!(!v.to_string().contains("NEVER-PRINTED"), "{v}");
+    assert!(
+        !v.to_string().contains("second-run"),
+        "the interrupted command ran again on the restarted agent: {v}"
+    );
 
     // The kubelet restarts the agent (a call made before it is back fails with an error
     // naming the unreachable agent); once the pod is Ready again the session works.

@@ -348,21 +348,6 @@ async fn idle_session_is_collected_and_an_active_one_is_not() {
     env.finish(Some("i")).await;
 }
 
-/// Whether journey 5 requires that no call fails during the rolling restart.
-///
-/// Known gap, reported to the server's owner: on SIGTERM the server
-/// (`server/src/serve.rs::serve`) stops accepting and closes idle connections at once. A
-/// keep-alive client that writes its next request onto such a connection at that moment gets
-/// "connection closed before message completed" (`hyper::Error(IncompleteMessage)`, or a TLS
-/// `UnexpectedEof`), and a new connection routed by an EndpointSlice that does not yet show
-/// the pod terminating is reset. Measured: 11 calls of ~15000 in 9 of 17 runs. With a
-/// lame-duck phase in the server (for a few seconds after SIGTERM the listener stays open and
-/// every response says `Connection: close`, then the drain) it was 0 of ~9800 calls in 9
-/// runs. Until that lands the test tolerates such failures, but only those: no HTTP response
-/// at all, and the command never ran (it is in no server's audit log and not in the
-/// session's own record of what ran).
-const REQUIRE_NO_FAILED_CALL: bool = false;
-
 /// One caller of journey 5: calls its session in a loop until `stop`, recording every
 /// call's unique command and every failure.
 struct Caller {
@@ -551,10 +536,10 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
     for (_, cmd, e, took) in &failed {
         eprintln!("failed without running ({took:?}): {cmd:?}: {e}");
     }
-    assert!(
-        failed.is_empty() || !REQUIRE_NO_FAILED_CALL,
-        "calls lost in the rollout: {failed:#?}"
-    );
+    // The server's lame-duck phase on SIGTERM (docs/server.md, Shutdown) makes this zero:
+    // before it, about one call in two runs failed without an answer, on a keep-alive
+    // connection closed under it or a new connection to a stopping replica.
+    assert!(failed.is_empty(), "calls lost in the rollout: {failed:#?}");
 
     // Every successful call was served by one replica; old and new replicas served calls.
     let mut per_pod: BTreeMap<&String, usize> = BTreeMap::new();
