@@ -457,6 +457,12 @@ async fn deleting_the_hmac_secret_is_survived_and_reported() {
     let r = mcp.bash("keyed", "export KEPT=old-key").await;
     assert_eq!(r["isError"], false, "{r}");
     let old = hmac_key(&env, "h").await.expect("HMAC key");
+    let old_servers: BTreeSet<String> = env
+        .list::<Pod>(&server_selector("h"))
+        .await
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
     env.api::<Secret>()
         .delete("cli-mcp-h-hmac", &DeleteParams::default())
         .await
@@ -520,6 +526,23 @@ async fn deleting_the_hmac_secret_is_survived_and_reported() {
     .await;
     assert!(converged.is_ok(), "{converged:?}\n{}", env.logs("operator"));
     wait_replicas(&env, "h", 1).await;
+    // The replicas with the old key are gone (a keep-alive connection could still reach one
+    // while it shuts down).
+    wait_for_set(
+        env.api::<Pod>(),
+        &server_selector("h"),
+        "old server replicas gone",
+        TIMEOUT,
+        |ps: &[Pod]| {
+            ps.iter()
+                .all(|p| !p.uid().is_some_and(|u| old_servers.contains(&u)))
+                && ps.iter().any(pod_is_ready)
+        },
+    )
+    .await
+    .expect("server rolled");
+    drop(mcp);
+    let mcp = env.client("h").await;
 
     let next = mcp.bash("keyed", "echo \"[${KEPT:-}]\"").await;
     assert_eq!(next["isError"], false, "{next}");

@@ -254,6 +254,58 @@ async fn claims_a_premade_warm_pod() {
     w.done().await;
 }
 
+/// Warm pods made for another HMAC key (the key was rotated and this replica, or the pool,
+/// is outdated) would refuse this replica's `/assign`: they are left alone, not claimed and
+/// deleted, and the session starts on demand.
+#[tokio::test]
+async fn warm_pods_of_another_key_are_left_alone() {
+    let w = World::new("srv-otherkey").await;
+    let other = HmacKey::from_bytes(rand::random());
+    let suffix = PoolSuffix::from_random_bytes(rand::random());
+    let name = w.instance().pool_pod(&suffix);
+    let pod = build_sandbox_pod(
+        &w.cfg,
+        &SandboxRole::Pool {
+            suffix,
+            assign: other.assign_token(&name).commitment(),
+        },
+        &now(),
+    );
+    let created =
+        w.ns.api::<Pod>()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create warm pod");
+    wait_for_set(
+        w.ns.api::<Pod>(),
+        &w.instance().unassigned_selector(),
+        "the foreign warm pod Ready",
+        TIMEOUT,
+        |pods: &[Pod]| pods.len() == 1 && pods.iter().all(pod_is_ready),
+    )
+    .await
+    .expect("warm pod Ready");
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("otherkey-1"));
+    let r = mcp.bash("echo ok").await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["new_sandbox"], "cold", "{}", text(&r));
+    let still =
+        w.ns.api::<Pod>()
+            .get_opt(&name)
+            .await
+            .expect("get")
+            .expect("the foreign warm pod still exists");
+    assert_eq!(still.uid(), created.uid());
+    assert!(still.metadata.deletion_timestamp.is_none());
+    assert!(
+        !labels(&still).contains_key(label::SESSION_ID),
+        "not claimed"
+    );
+    drop(server);
+    w.done().await;
+}
+
 #[tokio::test]
 async fn fifty_new_sessions_against_twenty_warm_pods() {
     let w = World::new("srv-burst").await;

@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::{annotation, label, InstanceName};
-use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole, ENV_ASSIGN_SHA256};
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::wire::{AssignRequest, AGENT_PORT};
 use cli_mcp_api::SessionId;
@@ -378,6 +378,15 @@ impl KubeBackend {
             tracing::warn!(ready, hash = %self.cfg_hash,
                 "warm pods exist but none has this server's sandbox-hash; creating on demand (is the operator's sandbox config the same as --sandbox-config?)");
         }
+        // A pod made for another HMAC key would refuse this replica's /assign: leave it to
+        // the operator instead of claiming and then deleting it (while the key is rotated,
+        // the replica being replaced would otherwise burn the new pool).
+        let same_config = candidates.len();
+        candidates.retain(|p| self.assignable(p));
+        if candidates.is_empty() && same_config > 0 {
+            tracing::warn!(warm = same_config,
+                "warm pods exist but none was made for this replica's HMAC key (the key was rotated: this replica or the pool is outdated); creating on demand");
+        }
         tracing::debug!(total, ready, usable = candidates.len(), "warm pool");
         // Random order: concurrent claimers spread over the pool instead of all fighting
         // for the first pod.
@@ -388,6 +397,18 @@ impl KubeBackend {
             }
         }
         Ok(None)
+    }
+
+    /// Whether the pod's assign commitment (in its env) is this replica's key's.
+    fn assignable(&self, p: &Pod) -> bool {
+        let expected = self.key.assign_token(&p.name_any()).commitment().to_hex();
+        p.spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.env.as_ref())
+            .and_then(|env| env.iter().find(|e| e.name == ENV_ASSIGN_SHA256))
+            .and_then(|e| e.value.as_deref())
+            == Some(expected.as_str())
     }
 
     /// Claims one warm pod: guarded patch, then `/assign`. Deletes the pod on any failure
@@ -566,9 +587,9 @@ impl KubeBackend {
                 ))
             }
             Ok(Err(e)) => return Err(SessionError::Kubernetes(e.to_string())),
-            Ok(Ok(None)) => Err(format!("pod {name} was deleted while it was starting")),
+            Ok(Ok(None)) => return Err(deleted_while_starting(&name)),
             Ok(Ok(Some(p))) if p.uid() != uid || deleting(&p) => {
-                Err(format!("pod {name} was deleted while it was starting"))
+                return Err(deleted_while_starting(&name))
             }
             Ok(Ok(Some(p))) => match start_failure(&p) {
                 Some(reason) => Err(format!("pod {name} cannot start: {reason}")),
@@ -885,6 +906,15 @@ fn winner_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
 
 fn deleting(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_some()
+}
+
+/// A pod this call was waiting for was deleted by someone else: the operator (an instance
+/// being deleted, or a sandbox made by a server replica whose HMAC key or config is outdated,
+/// as happens while one is replaced) or an admin. Nothing is wrong with the sandbox image.
+fn deleted_while_starting(name: &str) -> SessionError {
+    SessionError::Sandbox(format!(
+        "pod {name} was deleted while it was starting (by the operator or an admin: while the instance's HMAC key or configuration changes, the operator removes sandboxes made by server replicas that are being replaced); retry the call"
+    ))
 }
 
 /// Whether the pod's agent has been up before: Ready now, or its container has restarted or
