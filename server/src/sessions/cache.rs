@@ -117,6 +117,41 @@ impl RouteCache {
         false
     }
 
+    /// The pod `uid` of `sid` is going away (seen by the pod watch): its live route becomes a
+    /// tombstone, and a session this replica never served gets one too, so whichever replica
+    /// serves the session next reports the reset. A live route to another (newer) pod is
+    /// kept. True when a live route was dropped.
+    pub fn tombstone(&self, sid: &SessionId, uid: &str) -> bool {
+        let mut slots = self.lock();
+        match slots.get(sid) {
+            Some(Slot::Live { route, .. }) if route.uid != uid => false,
+            Some(Slot::Live { .. }) => {
+                slots.insert(
+                    sid.clone(),
+                    Slot::Gone {
+                        uid: uid.to_owned(),
+                        at: Instant::now(),
+                    },
+                );
+                true
+            }
+            Some(Slot::Gone { .. }) => false,
+            None => {
+                if slots.len() >= self.capacity {
+                    Self::evict(&mut slots, self.capacity);
+                }
+                slots.insert(
+                    sid.clone(),
+                    Slot::Gone {
+                        uid: uid.to_owned(),
+                        at: Instant::now(),
+                    },
+                );
+                false
+            }
+        }
+    }
+
     /// Forgets `sid` entirely (the session was deleted on purpose).
     pub fn remove(&self, sid: &SessionId) {
         self.lock().remove(sid);
@@ -231,6 +266,22 @@ mod tests {
         assert_eq!(c.previous_uid(&sid("a")), Some("u1".into()));
         c.remove(&sid("a"));
         assert_eq!(c.previous_uid(&sid("a")), None);
+    }
+
+    #[test]
+    fn a_pod_going_away_leaves_a_tombstone_even_for_an_unknown_session() {
+        let c = RouteCache::new(10);
+        assert!(!c.tombstone(&sid("elsewhere"), "u1"));
+        assert_eq!(c.previous_uid(&sid("elsewhere")), Some("u1".into()));
+        assert!(c.get(&sid("elsewhere")).is_none());
+        c.insert(sid("a"), route("u2"));
+        assert!(
+            !c.tombstone(&sid("a"), "old"),
+            "a newer pod's route is kept"
+        );
+        assert!(c.get(&sid("a")).is_some());
+        assert!(c.tombstone(&sid("a"), "u2"));
+        assert_eq!(c.previous_uid(&sid("a")), Some("u2".into()));
     }
 
     #[test]

@@ -184,7 +184,9 @@ impl KubeBackend {
     }
 
     /// Drops the route of a session as soon as its pod is being deleted (by the idle GC, an
-    /// admin, another replica), so no call is sent to an address that is going away.
+    /// admin, another replica), so no call is sent to an address that is going away; and
+    /// remembers the pod as gone also for sessions this replica never served, so the next
+    /// call reports the reset whichever replica serves it.
     async fn watch_routes(self: Arc<Self>, stop: CancellationToken) {
         let cfg = watcher::Config::default().labels(&self.instance.assigned_selector());
         let stream = watcher::watcher(self.pods.clone(), cfg).default_backoff();
@@ -220,7 +222,7 @@ impl KubeBackend {
             return;
         };
         self.stamper.forget(&pod.name_any());
-        if self.cache.invalidate(&sid, &uid) {
+        if self.cache.tombstone(&sid, &uid) {
             tracing::info!(session = %sid, pod = %pod.name_any(),
                 "session pod is being deleted; route dropped");
         }
