@@ -215,6 +215,11 @@ pub struct PrivateCluster {
     pub test: TestCluster,
 }
 
+/// Environment variable with extra image mappings for [`private_cluster`],
+/// `PATTERN=PATH[,PATTERN=PATH...]` (like `cli-mcp-cluster up --image`), e.g. to run a
+/// fault test against a patched operator binary.
+pub const IMAGES_ENV: &str = "CLI_MCP_IMAGES";
+
 /// The cargo profile dir (`target/debug`) holding the project's binaries, found next to
 /// the test executable (`target/debug/deps/<test>`) or from `$CLI_MCP_CLUSTER_BIN`.
 pub fn binaries_dir() -> Result<PathBuf> {
@@ -224,10 +229,26 @@ pub fn binaries_dir() -> Result<PathBuf> {
 
 /// Start a private cluster with run dir `.run/e2e-private-<name>` in the workspace (its
 /// own pod subnet, ports and etcd; other clusters keep running). Images map to the binaries
-/// in [`binaries_dir`], as with `cli-mcp-cluster up`.
+/// in [`binaries_dir`], as with `cli-mcp-cluster up`, plus `$CLI_MCP_IMAGES`.
 pub async fn private_cluster(name: &str) -> Result<PrivateCluster> {
     let run_dir = workspace_root().join(format!(".run/e2e-private-{name}"));
-    let cfg = ClusterConfig::local(&binaries_dir()?, run_dir)?;
+    let mut cfg = ClusterConfig::local(&binaries_dir()?, run_dir)?;
+    if let Some(spec) = std::env::var_os(IMAGES_ENV) {
+        for item in spec
+            .to_string_lossy()
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+        {
+            let (pattern, path) = item.split_once('=').ok_or_else(|| {
+                Error::Prerequisite(format!(
+                    "${IMAGES_ENV}: {item:?} is not PATTERN=PATH (e.g. \
+                     cli-mcp-operator:*=/tmp/cli-mcp-operator)"
+                ))
+            })?;
+            cfg.images
+                .insert(pattern.trim().to_owned(), PathBuf::from(path.trim()));
+        }
+    }
     private_cluster_with(cfg).await
 }
 

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
-use cli_mcp_e2e::journey::{response, sandbox_selector, session_of, stdout, text, Env, Mcp};
+use cli_mcp_e2e::journey::{
+    container_pid, response, sandbox_selector, session_of, stdout, text, Env, Mcp,
+};
 use cli_mcp_e2e::testing::{pod_ip, private_cluster, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
@@ -273,7 +275,38 @@ async fn state(env: &Env) -> String {
                 .join("\n")
         })
         .unwrap_or_else(|e| e.to_string());
-    format!("instance status: {status}\npods:\n{pods}")
+    // The operator's TCP connections (from its network namespace) and its metrics: whether
+    // its watches are connected to the new apiserver, and whether it still reconciles.
+    let mut operator = String::new();
+    for p in env
+        .list::<Pod>("app.kubernetes.io/name=cli-mcp-operator")
+        .await
+    {
+        let pid = container_pid(&p);
+        let ss = std::process::Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-n", "ss", "-tnoi"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|e| e.to_string());
+        let metrics = match pod_ip(&p) {
+            Some(ip) => reqwest::get(format!("http://{ip}:8081/metrics"))
+                .await
+                .map(|r| r.text())
+                .map_err(|e| e.to_string()),
+            None => Err("no pod IP".into()),
+        };
+        let metrics = match metrics {
+            Ok(t) => t.await.unwrap_or_default(),
+            Err(e) => e,
+        };
+        let metrics: Vec<&str> = metrics.lines().filter(|l| !l.starts_with('#')).collect();
+        operator.push_str(&format!(
+            "operator pod {} (pid {pid}):\n{ss}\n{}\n",
+            p.name_any(),
+            metrics.join("\n")
+        ));
+    }
+    format!("instance status: {status}\npods:\n{pods}\n{operator}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
