@@ -814,13 +814,10 @@ async fn changing_the_sandbox_image_rolls_only_what_must_roll() {
 /// Journey 4 with two server replicas: a session whose sandbox was deleted under it (as the
 /// idle GC, an eviction or an admin do) is reported reset by whichever replica serves its
 /// next call, not only by the replica that served it before.
-// Ignored: fails today. The reset is remembered only in the route cache of the replica that
-// served the session (`server/src/sessions/kubernetes.rs`: `acquire_slow` reports a reset
-// only when `cache.previous_uid(sid)` is set); another replica says "new session: started a
-// fresh sandbox" with `state_reset: false`, although every replica's `watch_routes` sees the
-// pod go. Run it with `cargo test --test lifecycle -- --ignored`.
+// Every replica's route watch records a session pod's deletion, also for sessions it never
+// served (before, only the replica with a cached route knew, and another one answered "new
+// session" with `state_reset: false`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: a replacement is reported as a reset only by the replica that served the session before"]
 async fn a_replaced_sandbox_is_reported_by_any_replica() {
     let env = Env::install("j-reset2").await;
     env.dummy_kubeconfig("x").await;
