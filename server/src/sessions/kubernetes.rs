@@ -77,6 +77,8 @@ pub struct KubeBackend {
     admission: Admission,
     limits: Limits,
     metrics: Arc<Metrics>,
+    /// Set once the API answered; readiness stops depending on it after that.
+    reached_api: std::sync::atomic::AtomicBool,
 }
 
 /// Admission of new sessions against `--max-sessions` within this replica.
@@ -149,6 +151,7 @@ impl KubeBackend {
             locks: SessionLocks::default(),
             stamper: ActivityStamper::new(),
             admission: Admission::default(),
+            reached_api: std::sync::atomic::AtomicBool::new(false),
             limits,
             metrics,
         })
@@ -882,9 +885,20 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
+    /// Ready once the API has answered, and from then on: a replica serves existing
+    /// sessions from its route cache and cached auth decisions while the API is down, so
+    /// failing readiness on an API blip would take every replica out of the Service at once
+    /// for nothing. New sessions during an outage get a clear "retry shortly" error instead.
     async fn ready(&self) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
+        if self.reached_api.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         match tokio::time::timeout(Duration::from_secs(3), self.client.apiserver_version()).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                self.reached_api.store(true, Ordering::Relaxed);
+                Ok(())
+            }
             Ok(Err(e)) => Err(format!("the Kubernetes API is not reachable: {e}")),
             Err(_) => Err("the Kubernetes API did not answer within 3s".into()),
         }

@@ -98,7 +98,16 @@ impl SessionError {
 
 impl From<kube::Error> for SessionError {
     fn from(e: kube::Error) -> Self {
-        SessionError::Kubernetes(e.to_string())
+        match e {
+            // The API answered: its status says what is wrong (RBAC, a conflict, ...).
+            kube::Error::Api(_) => SessionError::Kubernetes(e.to_string()),
+            // It did not answer (restart, network): transient; sessions that already have a
+            // sandbox keep working meanwhile.
+            other => SessionError::Kubernetes(format!(
+                "it is unreachable right now ({other}); existing sessions keep working, new \
+                 ones need it: retry shortly"
+            )),
+        }
     }
 }
 
@@ -374,5 +383,22 @@ mod tests {
     fn request_ids_differ() {
         assert_ne!(request_id(), request_id());
         assert_eq!(request_id().len(), 16);
+    }
+
+    #[test]
+    fn an_unreachable_api_says_retry_and_an_api_answer_does_not() {
+        let down = SessionError::from(kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ))));
+        let msg = down.to_string();
+        assert!(
+            msg.starts_with("the Kubernetes API failed: it is unreachable right now"),
+            "{msg}"
+        );
+        assert!(msg.contains("retry shortly"), "{msg}");
+        let status = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
+        let msg = SessionError::from(kube::Error::Api(Box::new(status))).to_string();
+        assert!(msg.contains("forbidden") && !msg.contains("retry"), "{msg}");
     }
 }
