@@ -133,17 +133,18 @@ fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
     let health_url = format!("http://{}/healthz", agent.addr);
     let idle_rss = rss_kib(agent.child.id())?;
 
-    let exec = |cmd: &'static str| {
+    // `request_id` is what the server always sends: the agent journals the request in its
+    // state dir before running it (replay after a crash), so that row shows the journal's cost.
+    let exec_as = |cmd: &'static str, request_id: Option<String>| {
         let http = http.clone();
         let url = exec_url.clone();
         let tok = token.expose().to_owned();
         async move {
-            let r = http
-                .post(url)
-                .bearer_auth(tok)
-                .json(&json!({ "command": cmd }))
-                .send()
-                .await?;
+            let body = match request_id {
+                Some(id) => json!({ "command": cmd, "request_id": id }),
+                None => json!({ "command": cmd }),
+            };
+            let r = http.post(url).bearer_auth(tok).json(&body).send().await?;
             if !r.status().is_success() {
                 bail!("exec failed: {}", r.status());
             }
@@ -152,13 +153,19 @@ fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
         }
     };
 
-    let (exec_samples, health_samples) = rt.block_on(async {
+    let exec = |cmd: &'static str| exec_as(cmd, None);
+    let (exec_samples, journaled_samples, health_samples) = rt.block_on(async {
         exec("true").await?; // warm up: shell started, connection open
+                             // Interleaved, so a burst of load from other processes hits both alike.
         let mut e = Vec::with_capacity(n);
-        for _ in 0..n {
+        let mut j = Vec::with_capacity(n);
+        for i in 0..n {
             let t = Instant::now();
             exec("true").await?;
             e.push(t.elapsed());
+            let t = Instant::now();
+            exec_as("true", Some(format!("bench-{i}"))).await?;
+            j.push(t.elapsed());
         }
         let mut h = Vec::with_capacity(n);
         for _ in 0..n {
@@ -166,7 +173,7 @@ fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
             http.get(&health_url).send().await?.bytes().await?;
             h.push(t.elapsed());
         }
-        anyhow::Ok((e, h))
+        anyhow::Ok((e, j, h))
     })?;
     let rss_after_cmds = rss_kib(agent.child.id())?;
     rt.block_on(exec("head -c 10000000 /dev/zero | tr '\\0' x"))?;
@@ -185,7 +192,12 @@ fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
         }
     }
 
-    let (e, h, s) = (stats(exec_samples), stats(health_samples), stats(spawn));
+    let (e, j, h, s) = (
+        stats(exec_samples),
+        stats(journaled_samples),
+        stats(health_samples),
+        stats(spawn),
+    );
     println!("\n## agent ({n} iterations, loopback, release build)\n");
     println!("| what | median | p99 |");
     println!("|---|---|---|");
@@ -193,6 +205,11 @@ fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
         "| POST /exec `true` (persistent bash) | {} | {} |",
         ms(e.median),
         ms(e.p99)
+    );
+    println!(
+        "| POST /exec `true` with a request_id (journaled) | {} | {} |",
+        ms(j.median),
+        ms(j.p99)
     );
     println!(
         "| `bash -c true`, spawned fresh | {} | {} |",
