@@ -10,20 +10,20 @@
 //!
 //! Measures, never asserts: failures are counted and printed.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
 use cli_mcp_e2e::cluster::{ClusterConfig, KUBECONFIG_ENV};
-use cli_mcp_e2e::journey::{container_pid, response, sandbox_selector, session_of, Env};
+use cli_mcp_e2e::journey::{container_pid, sandbox_selector, session_of, Env, Mcp};
 use cli_mcp_e2e::testing::{
     cluster, pod_ip, private_cluster_with, wait_for, wait_for_set, workspace_root, PrivateCluster,
     TestCluster,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
 use crate::{mib, ms, rss_kib, stats, Stats};
@@ -53,56 +53,6 @@ pub struct ClusterArgs {
     /// Commands per session in the load phase.
     #[arg(long, default_value_t = 100)]
     pub commands: usize,
-}
-
-/// One MCP endpoint (the Service through the forward, or a pod IP) with the caller's token.
-#[derive(Clone)]
-struct Endpoint {
-    http: reqwest::Client,
-    base: String,
-    token: Arc<String>,
-}
-
-impl Endpoint {
-    /// A `bash` tool call; `Err` for a transport error, a non-200 status, a JSON-RPC error
-    /// or a tool result with `isError: true`.
-    async fn bash(&self, sid: &str, command: &str) -> Result<Value, String> {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "bash", "arguments": {"command": command}}});
-        let r = self
-            .http
-            .post(format!("{}/mcp", self.base))
-            .bearer_auth(self.token.as_str())
-            .header("x-session-id", sid)
-            .header("accept", "application/json, text/event-stream")
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| format!("transport: {e}"))?;
-        let status = r.status();
-        let text = r.text().await.map_err(|e| format!("body: {e}"))?;
-        if status != 200 {
-            return Err(format!("HTTP {status}: {text}"));
-        }
-        let v = response(&text);
-        if let Some(e) = v.get("error") {
-            return Err(format!("JSON-RPC error: {e}"));
-        }
-        let result = v["result"].clone();
-        if result["isError"] == true {
-            return Err(format!("tool error: {result}"));
-        }
-        Ok(result)
-    }
-
-    async fn delete(&self, sid: &str) {
-        let _ = self
-            .http
-            .delete(format!("{}/sessions/{sid}", self.base))
-            .bearer_auth(self.token.as_str())
-            .send()
-            .await;
-    }
 }
 
 fn default_bin_dir() -> anyhow::Result<PathBuf> {
@@ -229,7 +179,7 @@ struct Starts {
 
 /// `n` new sessions one after the other, each timed from its first call to that call's
 /// answer; then they are deleted.
-async fn starts(svc: &Endpoint, prefix: &str, n: usize) -> Starts {
+async fn starts(svc: &Mcp, prefix: &str, n: usize) -> Starts {
     let mut out = Starts {
         samples: Vec::new(),
         launches: Default::default(),
@@ -238,7 +188,7 @@ async fn starts(svc: &Endpoint, prefix: &str, n: usize) -> Starts {
     for i in 0..n {
         let sid = format!("{prefix}-{i}");
         let t = Instant::now();
-        match svc.bash(&sid, "true").await {
+        match svc.bash_ok(&sid, "true").await {
             Ok(r) => {
                 out.samples.push(t.elapsed());
                 let launch = r["structuredContent"]["new_sandbox"]
@@ -247,25 +197,26 @@ async fn starts(svc: &Endpoint, prefix: &str, n: usize) -> Starts {
                     .to_owned();
                 *out.launches.entry(launch).or_default() += 1;
             }
-            Err(e) => out.errors.push(e),
+            Err(e) => out.errors.push(e.to_string()),
         }
     }
     for i in 0..n {
-        svc.delete(&format!("{prefix}-{i}")).await;
+        // Best effort: the next phase waits until no session is left anyway.
+        let _ = svc.try_delete(&format!("{prefix}-{i}")).await;
     }
     out
 }
 
-async fn calls(ep: &Endpoint, sid: &str, n: usize) -> (Vec<Duration>, usize) {
+async fn calls(ep: &Mcp, sid: &str, n: usize) -> (Vec<Duration>, usize) {
     let mut samples = Vec::with_capacity(n);
     let mut errors = 0;
     // Warm up: the session exists, the connection is open.
     for _ in 0..10 {
-        let _ = ep.bash(sid, "true").await;
+        let _ = ep.bash_ok(sid, "true").await;
     }
     for _ in 0..n {
         let t = Instant::now();
-        match ep.bash(sid, "true").await {
+        match ep.bash_ok(sid, "true").await {
             Ok(_) => samples.push(t.elapsed()),
             Err(_) => errors += 1,
         }
@@ -290,31 +241,6 @@ async fn server_pod(env: &Env) -> anyhow::Result<(String, i32)> {
     Ok((pod_ip(p).context("server pod IP")?, container_pid(p)))
 }
 
-/// The same endpoint as `svc`, on the server pod's IP (TLS with the Service's name).
-async fn direct(env: &Env, svc: &Endpoint, ip: &str) -> anyhow::Result<Endpoint> {
-    let name = format!("cli-mcp-{INSTANCE}");
-    let ca = env
-        .api::<ConfigMap>()
-        .get(&format!("{name}-ca"))
-        .await?
-        .data
-        .unwrap_or_default()
-        .remove("ca.crt")
-        .context("ca.crt")?;
-    let host = format!("{name}.{}.svc", env.ns.name);
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(120))
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes())?)
-        .resolve(&host, format!("{ip}:8443").parse()?)
-        .build()?;
-    Ok(Endpoint {
-        http,
-        base: format!("https://{host}:8443"),
-        token: svc.token.clone(),
-    })
-}
-
 struct Load {
     start: Vec<Duration>,
     start_errors: Vec<String>,
@@ -325,12 +251,12 @@ struct Load {
 
 /// `sessions` sessions started concurrently, then each runs `commands` commands one after
 /// the other, all sessions at once.
-async fn load(svc: &Endpoint, sessions: usize, commands: usize) -> Load {
+async fn load(svc: &Mcp, sessions: usize, commands: usize) -> Load {
     let started = futures::future::join_all((0..sessions).map(|i| {
         let svc = svc.clone();
         async move {
             let t = Instant::now();
-            svc.bash(&format!("load-{i}"), "true")
+            svc.bash_ok(&format!("load-{i}"), "true")
                 .await
                 .map(|_| t.elapsed())
         }
@@ -346,7 +272,7 @@ async fn load(svc: &Endpoint, sessions: usize, commands: usize) -> Load {
     for r in started {
         match r {
             Ok(d) => out.start.push(d),
-            Err(e) => out.start_errors.push(e),
+            Err(e) => out.start_errors.push(e.to_string()),
         }
     }
     let t0 = Instant::now();
@@ -358,7 +284,7 @@ async fn load(svc: &Endpoint, sessions: usize, commands: usize) -> Load {
             let mut errors = Vec::new();
             for j in 0..commands {
                 let t = Instant::now();
-                match svc.bash(&sid, &format!("echo {i}-{j}")).await {
+                match svc.bash_ok(&sid, &format!("echo {i}-{j}")).await {
                     Ok(r) if r["structuredContent"]["stdout"] == format!("{i}-{j}\n") => {
                         ok.push(t.elapsed())
                     }
@@ -381,7 +307,7 @@ async fn load(svc: &Endpoint, sessions: usize, commands: usize) -> Load {
         }
     }
     for i in 0..sessions {
-        svc.delete(&format!("load-{i}")).await;
+        let _ = svc.try_delete(&format!("load-{i}")).await;
     }
     out
 }
@@ -421,12 +347,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     env.apply_cr(&cr).await;
     env.wait_ready(INSTANCE).await;
     converge_pool(&env, warm).await?;
-    let mcp = env.client(INSTANCE).await;
-    let svc = Endpoint {
-        http: mcp.http.clone(),
-        base: mcp.base.clone(),
-        token: Arc::new(mcp.token.clone()),
-    };
+    let svc = env.client(INSTANCE).await;
 
     eprintln!("bench: {} warm starts", args.starts);
     let warm_starts = starts(&svc, "warm", args.starts).await;
@@ -443,9 +364,10 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let (server_ip, server_pid) = server_pod(&env).await?;
     let rss_idle = rss_kib(server_pid as u32).unwrap_or(0);
     let (via_svc, svc_errors) = calls(&svc, "calls", args.calls).await;
-    let pod = direct(&env, &svc, &server_ip).await?;
+    // The same client on the server pod's IP (TLS still names the Service).
+    let pod = svc.via(SocketAddr::new(server_ip.parse()?, 8443), true);
     let (via_pod, pod_errors) = calls(&pod, "calls", args.calls).await;
-    svc.delete("calls").await;
+    let _ = svc.try_delete("calls").await;
     no_sessions(&env).await?;
 
     eprintln!(
@@ -565,7 +487,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     }
     eprintln!("bench: done in {:.0} s", t_all.elapsed().as_secs_f64());
 
-    drop(mcp);
+    drop(svc);
     match private {
         // The whole cluster goes; waiting for the finalizer of 100+ pods adds nothing.
         Some(pc) => tokio::task::spawn_blocking(move || drop(pc)).await?,

@@ -6,8 +6,10 @@
 //! never retries behind the caller's back.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cli_mcp_api::crd::{CliMcpInstance, CliMcpInstanceStatus};
@@ -474,21 +476,10 @@ subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
         let fwd = ServiceForward::start(self.c.client.clone(), n, &svc, 8443)
             .await
             .expect("forward");
-        let host = format!("{svc}.{n}.svc");
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(120))
-            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
-            .resolve(&host, fwd.local_addr())
-            .build()
-            .expect("client");
-        let base = format!("https://{host}:{}", fwd.local_addr().port());
-        Mcp {
-            http,
-            base,
-            token,
-            _fwd: fwd,
-        }
+        let to = fwd.local_addr();
+        let mut mcp = Mcp::new(format!("{svc}.{n}.svc"), ca, token, to, true);
+        mcp.fwd = Some(Arc::new(fwd));
+        mcp
     }
 
     pub async fn list<K>(&self, selector: &str) -> Vec<K>
@@ -549,11 +540,43 @@ subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
 }
 
 /// An MCP client (JSON-RPC over Streamable HTTP) of one instance.
+#[derive(Clone)]
 pub struct Mcp {
     pub http: reqwest::Client,
     pub base: String,
     pub token: String,
-    _fwd: ServiceForward,
+    /// The Service's DNS name, what the TLS certificate names.
+    host: String,
+    ca: String,
+    fwd: Option<Arc<ServiceForward>>,
+}
+
+/// Why a call brought no tool result.
+#[derive(Debug)]
+pub enum CallError {
+    /// No HTTP response at all (connection refused, reset, or closed before the answer):
+    /// the call may never have reached a server.
+    NoResponse(String),
+    /// An answer, but not a tool result: a client timeout, an HTTP status, a JSON-RPC error.
+    Answered(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NoResponse(m) | CallError::Answered(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Label selector of an instance's server pods.
+pub fn server_selector(instance: &str) -> String {
+    format!(
+        "{}={instance},{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_SERVER
+    )
 }
 
 /// Warnings of the harness (the forward's "no ready endpoints", watch errors) go to the
@@ -594,6 +617,110 @@ pub fn response(text: &str) -> Value {
 }
 
 impl Mcp {
+    /// A client for the instance whose Service is `host` (TLS name), reached at `to`;
+    /// `pooled: false` opens a connection per call.
+    fn new(host: String, ca: String, token: String, to: SocketAddr, pooled: bool) -> Mcp {
+        let mut b = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(120))
+            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
+            .resolve(&host, to);
+        if !pooled {
+            b = b.pool_max_idle_per_host(0);
+        }
+        Mcp {
+            http: b.build().expect("client"),
+            base: format!("https://{host}:{}", to.port()),
+            token,
+            host,
+            ca,
+            fwd: None,
+        }
+    }
+
+    /// The same instance and identity reached at `to`: a server pod's IP and port 8443
+    /// (bypassing the Service), or the forward again with a connection pool of its own
+    /// (the forward picks an endpoint per connection).
+    pub fn via(&self, to: SocketAddr, pooled: bool) -> Mcp {
+        let mut m = Mcp::new(
+            self.host.clone(),
+            self.ca.clone(),
+            self.token.clone(),
+            to,
+            pooled,
+        );
+        m.fwd = self.fwd.clone();
+        m
+    }
+
+    /// Where the loopback forward to the Service listens.
+    pub fn forward_addr(&self) -> SocketAddr {
+        self.fwd
+            .as_ref()
+            .expect("a client made by Env::client")
+            .local_addr()
+    }
+
+    /// The POST of one `bash` tool call, not sent yet (to race it against a fault).
+    pub fn post_bash(&self, sid: &str, command: &str) -> reqwest::RequestBuilder {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": command}}});
+        self.http
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(&self.token)
+            .header("x-session-id", sid)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body)
+    }
+
+    /// A `bash` tool call whose failure is returned: the tool result (with `isError` true or
+    /// false), or why there is none.
+    pub async fn try_bash(&self, sid: &str, command: &str) -> Result<Value, CallError> {
+        let r = self.post_bash(sid, command).send().await.map_err(|e| {
+            let detail = format!("transport: {}", error_chain(&e));
+            if e.is_timeout() {
+                CallError::Answered(detail)
+            } else {
+                CallError::NoResponse(detail)
+            }
+        })?;
+        let status = r.status();
+        let body = r.text().await.map_err(|e| {
+            CallError::Answered(format!(
+                "reading the response ({status}): {}",
+                error_chain(&e)
+            ))
+        })?;
+        if status != 200 {
+            return Err(CallError::Answered(format!("HTTP {status}: {body}")));
+        }
+        let v = response(&body);
+        match v.get("error") {
+            Some(e) => Err(CallError::Answered(format!("JSON-RPC error: {e}"))),
+            None => Ok(v["result"].clone()),
+        }
+    }
+
+    /// Like [`Mcp::try_bash`], with a tool error (`isError: true`) as an `Err` too.
+    pub async fn bash_ok(&self, sid: &str, command: &str) -> Result<Value, CallError> {
+        let result = self.try_bash(sid, command).await?;
+        if result["isError"] != false {
+            return Err(CallError::Answered(format!("tool error: {result}")));
+        }
+        Ok(result)
+    }
+
+    /// `DELETE /sessions/{sid}`; the status, or why there is none.
+    pub async fn try_delete(&self, sid: &str) -> Result<u16, CallError> {
+        self.http
+            .delete(format!("{}/sessions/{sid}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .map_err(|e| CallError::NoResponse(format!("transport: {}", error_chain(&e))))
+    }
+
     pub async fn rpc(&self, sid: &str, method: &str, params: Value) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
         let r = self
@@ -670,12 +797,7 @@ pub fn session_of(p: &Pod) -> Option<&str> {
 /// Sum of `cli_mcp_session_start_seconds_count{launch="<launch>"}` over the server pods,
 /// `None` when no server answered.
 pub async fn server_starts(env: &Env, instance: &str, launch: &str) -> Option<f64> {
-    let selector = format!(
-        "{}={instance},{}={}",
-        label::INSTANCE,
-        label::COMPONENT,
-        label::COMPONENT_SERVER
-    );
+    let selector = server_selector(instance);
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(5))

@@ -21,11 +21,9 @@ use std::time::{Duration, Instant};
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
-use cli_mcp_e2e::journey::{
-    container_pid, response, sandbox_selector, session_of, stdout, text, Env, Mcp,
-};
+use cli_mcp_e2e::journey::{container_pid, sandbox_selector, session_of, stdout, text, Env, Mcp};
 use cli_mcp_e2e::testing::{pod_ip, private_cluster, wait_for, wait_for_set, TIMEOUT};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
@@ -36,98 +34,25 @@ const DECISION_TTL: Duration = Duration::from_secs(10);
 const RECOVERY: Duration = Duration::from_secs(120);
 const INSTANCE: &str = "r";
 
-/// An MCP endpoint reached over TLS with the caller's token: the Service through the test's
-/// forward, or one server pod's IP directly.
-struct Endpoint {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-}
-
-impl Endpoint {
-    fn service(mcp: &Mcp) -> Endpoint {
-        Endpoint {
-            http: mcp.http.clone(),
-            base: mcp.base.clone(),
-            token: mcp.token.clone(),
-        }
-    }
-
-    /// The server pod at `ip` itself, with the Service's name for TLS.
-    async fn pod(env: &Env, ip: &str, token: &str) -> Endpoint {
-        let svc = format!("cli-mcp-{INSTANCE}");
-        let ca = env
-            .api::<ConfigMap>()
-            .get(&format!("{svc}-ca"))
-            .await
-            .expect("CA ConfigMap")
-            .data
-            .unwrap_or_default()
-            .remove("ca.crt")
-            .expect("ca.crt");
-        let host = format!("{svc}.{}.svc", env.ns.name);
-        let addr = format!("{ip}:8443").parse().expect("pod address");
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(60))
-            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
-            .resolve(&host, addr)
-            .build()
-            .expect("client");
-        Endpoint {
-            http,
-            base: format!("https://{host}:8443"),
-            token: token.to_owned(),
-        }
-    }
-
-    /// One `bash` tool call: the tool result, or what went wrong (transport error, HTTP
-    /// status and body, JSON-RPC error) as text.
-    async fn bash(&self, sid: &str, command: &str) -> Result<Value, String> {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "bash", "arguments": {"command": command}}});
-        let r = self
-            .http
-            .post(format!("{}/mcp", self.base))
-            .bearer_auth(&self.token)
-            .header("x-session-id", sid)
-            .header("accept", "application/json, text/event-stream")
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| format!("transport: {e}"))?;
-        let status = r.status();
-        let text = r.text().await.map_err(|e| format!("reading body: {e}"))?;
-        if status != 200 {
-            return Err(format!("HTTP {status}: {text}"));
-        }
-        let v = response(&text);
-        match v.get("error") {
-            Some(e) => Err(format!("JSON-RPC error: {e}")),
-            None => Ok(v["result"].clone()),
-        }
-    }
-
-    /// Like a user after an outage: retry until the call succeeds (tool result without
-    /// `isError`), at most `RECOVERY`, one second apart. Returns the result and the attempts.
-    async fn bash_retrying(&self, sid: &str, command: &str) -> (Value, u32) {
-        let deadline = Instant::now() + RECOVERY;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let last = match self.bash(sid, command).await {
-                Ok(r) if r["isError"] != true => return (r, attempts),
-                Ok(r) => format!("tool error: {r}"),
-                Err(e) => e,
-            };
-            assert!(
-                Instant::now() < deadline,
-                "{sid}: no success within {RECOVERY:?} ({attempts} attempts); last: {last}"
-            );
-            eprintln!("{sid}: attempt {attempts} failed, retrying: {last}");
-            // A user's retry interval, not synchronisation: nothing signals "ready again".
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+/// Like a user after an outage: retry until the call succeeds (tool result without
+/// `isError`), at most `RECOVERY`, one second apart. Returns the result and the attempts.
+async fn bash_retrying(mcp: &Mcp, sid: &str, command: &str) -> (Value, u32) {
+    let deadline = Instant::now() + RECOVERY;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let last = match mcp.try_bash(sid, command).await {
+            Ok(r) if r["isError"] != true => return (r, attempts),
+            Ok(r) => format!("tool error: {r}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{sid}: no success within {RECOVERY:?} ({attempts} attempts); last: {last}"
+        );
+        eprintln!("{sid}: attempt {attempts} failed, retrying: {last}");
+        // A user's retry interval, not synchronisation: nothing signals "ready again".
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -178,7 +103,7 @@ async fn refused(api: SocketAddr) -> Instant {
 }
 
 /// What a client sees while the API is down (see the module docs).
-async fn during_outage(env: &Env, direct: &Endpoint, server_ip: &str, authorised_at: Instant) {
+async fn during_outage(env: &Env, direct: &Mcp, server_ip: &str, authorised_at: Instant) {
     // 0. The replica stays in the Service: it can serve existing sessions without the API,
     // so an API blip must not take every replica out at once.
     let ready = reqwest::Client::builder()
@@ -199,7 +124,7 @@ async fn during_outage(env: &Env, direct: &Endpoint, server_ip: &str, authorised
     // 1. An existing session with a cached decision and a cached route needs no API.
     let margin = Duration::from_secs(3);
     if authorised_at.elapsed() + margin < DECISION_TTL {
-        let r = direct.bash("keep-1", PROBE).await;
+        let r = direct.try_bash("keep-1", PROBE).await;
         let r = r.unwrap_or_else(|e| {
             panic!(
                 "an existing session during the outage: {e}\nserver:\n{}",
@@ -212,7 +137,7 @@ async fn during_outage(env: &Env, direct: &Endpoint, server_ip: &str, authorised
 
         // 2. A new session needs the API (claim or create a pod): a clear error at once.
         let t0 = Instant::now();
-        let r = direct.bash("born-in-outage", "echo hi").await;
+        let r = direct.try_bash("born-in-outage", "echo hi").await;
         let took = t0.elapsed();
         let msg = match r {
             Ok(v) => {
@@ -222,7 +147,7 @@ async fn during_outage(env: &Env, direct: &Endpoint, server_ip: &str, authorised
                 );
                 text(&v)
             }
-            Err(e) => e,
+            Err(e) => e.to_string(),
         };
         assert!(
             msg.contains("Kubernetes API") && msg.contains("retry shortly"),
@@ -248,9 +173,11 @@ async fn during_outage(env: &Env, direct: &Endpoint, server_ip: &str, authorised
     // The point of this wait is the passing of time (the decision's TTL), not an event.
     tokio::time::sleep_until(expired.into()).await;
     let t0 = Instant::now();
-    let r = direct.bash("keep-1", PROBE).await;
+    let r = direct.try_bash("keep-1", PROBE).await;
     let took = t0.elapsed();
-    let e = r.expect_err("a call whose token cannot be checked must fail");
+    let e = r
+        .expect_err("a call whose token cannot be checked must fail")
+        .to_string();
     assert!(
         e.starts_with("HTTP 503") && e.contains("retry shortly"),
         "503 with a retry hint: {e}"
@@ -337,7 +264,6 @@ async fn sessions_survive_an_apiserver_restart() {
     env.apply_cr(&cr).await;
     env.wait_ready(INSTANCE).await;
     let mcp = env.client(INSTANCE).await;
-    let service = Endpoint::service(&mcp);
 
     let kept = ["keep-1", "keep-2"];
     for sid in kept {
@@ -361,10 +287,13 @@ async fn sessions_survive_an_apiserver_restart() {
         .await;
     assert_eq!(servers.len(), 1, "one server replica");
     let server_ip = pod_ip(&servers[0]).expect("server pod IP");
-    let direct = Endpoint::pod(&env, &server_ip, &mcp.token).await;
+    let direct = mcp.via(
+        SocketAddr::new(server_ip.parse().expect("server pod IP"), 8443),
+        true,
+    );
 
     // Right before the outage, so that the server's decision for this token is fresh.
-    let r = direct.bash("keep-1", PROBE).await.expect("direct call");
+    let r = direct.try_bash("keep-1", PROBE).await.expect("direct call");
     assert_eq!(stdout(&r), expected("keep-1"), "{r}");
     let authorised_at = Instant::now();
 
@@ -397,7 +326,7 @@ async fn sessions_survive_an_apiserver_restart() {
     // After: through the Service, retrying like a user, old sessions kept their state.
     let recovered = Instant::now();
     for sid in kept {
-        let (r, attempts) = service.bash_retrying(sid, PROBE).await;
+        let (r, attempts) = bash_retrying(&mcp, sid, PROBE).await;
         assert_eq!(stdout(&r), expected(sid), "{sid} kept its state: {r}");
         assert!(
             r["structuredContent"]["new_sandbox"].is_null()
@@ -406,7 +335,7 @@ async fn sessions_survive_an_apiserver_restart() {
         );
         eprintln!("{sid}: recovered after {attempts} attempt(s)");
     }
-    let (r, attempts) = service.bash_retrying("after-restart", "echo fresh").await;
+    let (r, attempts) = bash_retrying(&mcp, "after-restart", "echo fresh").await;
     assert_eq!(stdout(&r), "fresh\n", "{r}");
     eprintln!(
         "new session after the restart: {attempts} attempt(s); all recovered in {:?}",

@@ -14,7 +14,8 @@ use cli_mcp_api::sandbox::ENV_ASSIGN_SHA256;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::journey::{
-    container_pid, process_running, response, sandbox_selector, session_of, stdout, text, Env, Mcp,
+    container_pid, process_running, sandbox_selector, server_selector, session_of, stdout, text,
+    Env,
 };
 use cli_mcp_e2e::testing::{pod_ip, pod_is_ready, wait_for, wait_for_set, TIMEOUT};
 use futures::StreamExt;
@@ -39,39 +40,8 @@ async fn instance(prefix: &str, name: &str, warm: i64, edit: impl FnOnce(&mut Va
     env
 }
 
-fn server_selector(instance: &str) -> String {
-    format!(
-        "{}={instance},{}={}",
-        label::INSTANCE,
-        label::COMPONENT,
-        label::COMPONENT_SERVER
-    )
-}
-
 fn live(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()
-}
-
-/// A `bash` tool call whose transport failure is returned, not a panic.
-async fn try_bash(mcp: &Mcp, sid: &str, command: &str) -> Result<Value, String> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": command}}});
-    let r = mcp
-        .http
-        .post(format!("{}/mcp", mcp.base))
-        .bearer_auth(&mcp.token)
-        .header("x-session-id", sid)
-        .header("accept", "application/json, text/event-stream")
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let status = r.status();
-    let text = r.text().await.map_err(|e| format!("{e:?}"))?;
-    if status != 200 {
-        return Err(format!("HTTP {status}: {text}"));
-    }
-    Ok(response(&text))
 }
 
 /// Waits until `instance` reports `n` ready server replicas and a full warm pool.
@@ -177,7 +147,7 @@ async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
     let t0 = std::time::Instant::now();
     let calls = (0..200).map(|i| {
         let mcp = &mcp;
-        async move { try_bash(mcp, &format!("crowd-{i}"), "echo ok").await }
+        async move { mcp.try_bash(&format!("crowd-{i}"), "echo ok").await }
     });
     let results = futures::future::join_all(calls).await;
     let took = t0.elapsed();
@@ -186,11 +156,8 @@ async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
     let mut other = Vec::new();
     for r in &results {
         match r {
-            Ok(v) if v["result"]["isError"] == false && stdout(&v["result"]) == "ok\n" => ok += 1,
-            Ok(v)
-                if v["result"]["isError"] == true
-                    && text(&v["result"]).contains("already has 100 sessions") =>
-            {
+            Ok(v) if v["isError"] == false && stdout(v) == "ok\n" => ok += 1,
+            Ok(v) if v["isError"] == true && text(v).contains("already has 100 sessions") => {
                 limited += 1
             }
             other_result => other.push(format!("{other_result:?}")),
@@ -291,32 +258,8 @@ async fn killing_a_server_replica_mid_command_keeps_the_session() {
     assert_eq!(servers.len(), 2, "two server replicas");
     let victim = &servers[0];
     let ip: std::net::IpAddr = pod_ip(victim).expect("pod IP").parse().expect("IP");
-    let host = format!("cli-mcp-r.{}.svc", env.ns.name);
-    let ca = env
-        .api::<ConfigMap>()
-        .get("cli-mcp-r-ca")
-        .await
-        .expect("CA ConfigMap")
-        .data
-        .unwrap_or_default()
-        .remove("ca.crt")
-        .expect("ca.crt");
-    let direct = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(120))
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
-        .resolve(&host, std::net::SocketAddr::new(ip, 8443))
-        .build()
-        .expect("client");
-    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": LONG}}});
-    let call = direct
-        .post(format!("https://{host}:8443/mcp"))
-        .bearer_auth(&mcp.token)
-        .header("x-session-id", "kept")
-        .header("accept", "application/json, text/event-stream")
-        .json(&body)
-        .send();
+    let direct = mcp.via(std::net::SocketAddr::new(ip, 8443), true);
+    let call = direct.post_bash("kept", LONG).send();
     let server_pid = container_pid(victim);
     let kill = async {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -435,8 +378,7 @@ fn signed_with(p: &Pod, key: &HmacKey) -> bool {
 
 /// Whether a tool result is clear about the session: it ran with the session's state, or it
 /// says the state is fresh, or it is an error that says what failed.
-fn clear_about_state(v: &Value, with_state: &str) -> bool {
-    let r = &v["result"];
+fn clear_about_state(r: &Value, with_state: &str) -> bool {
     let t = text(r);
     let fresh = t.contains("session state was reset") || t.contains("new session");
     if r["isError"] == false {
@@ -469,10 +411,10 @@ async fn deleting_the_hmac_secret_is_survived_and_reported() {
         .expect("delete the HMAC Secret");
 
     // A call while the key changes: either the old state or a clear statement.
-    match try_bash(&mcp, "keyed", "echo \"[${KEPT:-}]\"").await {
+    match mcp.try_bash("keyed", "echo \"[${KEPT:-}]\"").await {
         Ok(v) => {
             assert!(clear_about_state(&v, "[old-key]"), "{v}");
-            eprintln!("call during the key change: {}", text(&v["result"]));
+            eprintln!("call during the key change: {}", text(&v));
         }
         // The forward may pick a server pod that is going away: a transport error is clear.
         Err(e) => eprintln!("call during the key change failed in transport: {e}"),

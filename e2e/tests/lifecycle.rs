@@ -4,13 +4,14 @@
 //! namespace, the CR applied as the user, MCP over TLS through a loopback Service forward.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
-use cli_mcp_e2e::journey::{response, sandbox_selector, session_of, stdout, text, Env, Mcp};
+use cli_mcp_e2e::journey::{
+    sandbox_selector, server_selector, session_of, stdout, text, CallError, Env, Mcp,
+};
 use cli_mcp_e2e::testing::{pod_is_ready, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
@@ -22,15 +23,6 @@ use sha2::{Digest, Sha256};
 
 /// The annotation `kubectl rollout restart` puts on the pod template.
 const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
-
-fn server_selector(instance: &str) -> String {
-    format!(
-        "{}={instance},{}={}",
-        label::INSTANCE,
-        label::COMPONENT,
-        label::COMPONENT_SERVER
-    )
-}
 
 fn terminating(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_some()
@@ -73,97 +65,6 @@ async fn kubectl(env: &Env, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Why a call failed.
-#[derive(Debug)]
-enum CallError {
-    /// No HTTP response arrived (connect failed, or the connection closed before a response
-    /// head): the server may or may not have received the request.
-    NoResponse(String),
-    /// An HTTP error status, a JSON-RPC error or a tool error.
-    Answered(String),
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::NoResponse(d) => write!(f, "no response: {d}"),
-            CallError::Answered(d) => write!(f, "answered with an error: {d}"),
-        }
-    }
-}
-
-/// A `bash` call that reports every failure as `Err` instead of panicking, so a test can
-/// count and classify them.
-async fn try_bash(
-    http: &reqwest::Client,
-    mcp: &Mcp,
-    sid: &str,
-    cmd: &str,
-) -> Result<Value, CallError> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": cmd}}});
-    let r = http
-        .post(format!("{}/mcp", mcp.base))
-        .bearer_auth(&mcp.token)
-        .header("x-session-id", sid)
-        .header("accept", "application/json, text/event-stream")
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| {
-            let detail = format!("sending the request: {e:?}");
-            if e.is_timeout() {
-                CallError::Answered(detail)
-            } else {
-                CallError::NoResponse(detail)
-            }
-        })?;
-    let status = r.status();
-    let body = r
-        .text()
-        .await
-        .map_err(|e| CallError::Answered(format!("reading the response ({status}): {e:?}")))?;
-    if status != 200 {
-        return Err(CallError::Answered(format!("HTTP {status}: {body}")));
-    }
-    let v = response(&body);
-    if let Some(e) = v.get("error") {
-        return Err(CallError::Answered(format!("JSON-RPC error: {e}")));
-    }
-    let result = v["result"].clone();
-    if result["isError"] != false {
-        return Err(CallError::Answered(format!("tool error: {result}")));
-    }
-    Ok(result)
-}
-
-/// Another HTTP client to the same forward as `mcp`: its own connection pool, so the
-/// forward (which picks an endpoint per connection) can send it to another replica.
-/// `pooled: false` opens a new connection for every call.
-async fn extra_client(env: &Env, mcp: &Mcp, instance: &str, pooled: bool) -> reqwest::Client {
-    let ca = env
-        .api::<ConfigMap>()
-        .get(&format!("cli-mcp-{instance}-ca"))
-        .await
-        .expect("CA ConfigMap")
-        .data
-        .unwrap_or_default()
-        .remove("ca.crt")
-        .expect("ca.crt");
-    let url = reqwest::Url::parse(&mcp.base).expect("base URL");
-    let host = url.host_str().expect("host").to_owned();
-    let addr = SocketAddr::from(([127, 0, 0, 1], url.port().expect("port")));
-    let mut b = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(120))
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
-        .resolve(&host, addr);
-    if !pooled {
-        b = b.pool_max_idle_per_host(0);
-    }
-    b.build().expect("client")
 }
 
 /// `command_sha256` (as in the server's audit log) of a command.
@@ -352,7 +253,9 @@ async fn idle_session_is_collected_and_an_active_one_is_not() {
 /// call's unique command and every failure.
 struct Caller {
     sid: String,
-    http: reqwest::Client,
+    /// Its own client: a connection pool of its own, so the forward (an endpoint per
+    /// connection) may send it to another replica than the others.
+    mcp: Mcp,
 }
 
 #[derive(Default, Debug)]
@@ -368,7 +271,7 @@ struct Tally {
 const RAN_FILE: &str = "/tmp/j5-ran";
 
 /// `phase` makes the tags of one phase distinct from another's.
-async fn call_until(mcp: &Mcp, c: &Caller, phase: &str, stop: &AtomicBool, min: usize) -> Tally {
+async fn call_until(c: &Caller, phase: &str, stop: &AtomicBool, min: usize) -> Tally {
     let mut t = Tally::default();
     let mut n = 0;
     while n < min || !stop.load(Ordering::Relaxed) {
@@ -376,7 +279,7 @@ async fn call_until(mcp: &Mcp, c: &Caller, phase: &str, stop: &AtomicBool, min: 
         let cmd = format!("echo {tag} >> {RAN_FILE}; echo {tag}; echo \"[$J5_VAR]\"; pwd");
         n += 1;
         let started = Instant::now();
-        match try_bash(&c.http, mcp, &c.sid, &cmd).await {
+        match c.mcp.bash_ok(&c.sid, &cmd).await {
             Ok(r) => {
                 let want = format!("{tag}\n[{}]\n/tmp\n", c.sid);
                 assert_eq!(stdout(&r), want, "state survives: {r}");
@@ -435,7 +338,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
         assert_eq!(r["isError"], false, "{r}");
         callers.push(Caller {
             sid,
-            http: extra_client(&env, &mcp, "r", i < 2).await,
+            mcp: mcp.via(mcp.forward_addr(), i < 2),
         });
     }
     let sessions: BTreeMap<String, Option<String>> = {
@@ -456,7 +359,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
     assert_eq!(before_pods.len(), 3, "{before_pods:?}");
     let stop = AtomicBool::new(true);
     let warmup =
-        futures::future::join_all(callers.iter().map(|c| call_until(&mcp, c, "w", &stop, 6))).await;
+        futures::future::join_all(callers.iter().map(|c| call_until(c, "w", &stop, 6))).await;
     for t in &warmup {
         assert!(t.failed.is_empty(), "{:?}", t.failed);
     }
@@ -483,8 +386,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
         .unwrap_or_default();
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
-    let load =
-        futures::future::join_all(callers.iter().map(|c| call_until(&mcp, c, "r", &stop, 1)));
+    let load = futures::future::join_all(callers.iter().map(|c| call_until(c, "r", &stop, 1)));
     let restart = async {
         kubectl(&env, &["rollout", "restart", "deployment/cli-mcp-r"]).await;
         let done = wait_for_set(
@@ -839,12 +741,12 @@ async fn a_replaced_sandbox_is_reported_by_any_replica() {
     let mcp = env.client("x").await;
     // Two keep-alive clients: the forward gives consecutive connections consecutive
     // endpoints, so they are pinned to different replicas (checked below).
-    let a = extra_client(&env, &mcp, "x", true).await;
-    let b = extra_client(&env, &mcp, "x", true).await;
+    let a = mcp.via(mcp.forward_addr(), true);
+    let b = mcp.via(mcp.forward_addr(), true);
     let pin_a = "echo pin-a";
     let pin_b = "echo pin-b";
-    try_bash(&a, &mcp, "pin-a", pin_a).await.expect("pin a");
-    try_bash(&b, &mcp, "pin-b", pin_b).await.expect("pin b");
+    a.bash_ok("pin-a", pin_a).await.expect("pin a");
+    b.bash_ok("pin-b", pin_b).await.expect("pin b");
     let audited = audited_calls(&env);
     let (ra, rb) = (
         &audited[&command_hash(pin_a)].0,
@@ -852,7 +754,8 @@ async fn a_replaced_sandbox_is_reported_by_any_replica() {
     );
     assert_ne!(ra, rb, "the two clients reach different replicas");
 
-    let r = try_bash(&a, &mcp, "moved", "cd /tmp && export MOVED=1")
+    let r = a
+        .bash_ok("moved", "cd /tmp && export MOVED=1")
         .await
         .expect("state");
     assert_eq!(r["isError"], false, "{r}");
@@ -873,7 +776,7 @@ async fn a_replaced_sandbox_is_reported_by_any_replica() {
 
     // The other replica serves the next call.
     let cmd = "pwd; echo \"[${MOVED:-}]\"";
-    let again = try_bash(&b, &mcp, "moved", cmd).await.expect("next call");
+    let again = b.bash_ok("moved", cmd).await.expect("next call");
     assert_eq!(&audited_calls(&env)[&command_hash(cmd)].0, rb);
     assert!(stdout(&again).ends_with("[]\n"), "{again}");
     let sc = &again["structuredContent"];
