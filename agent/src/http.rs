@@ -330,6 +330,13 @@ async fn exec(
         let result = runner.shell.run(&req.command, timeout, abort).await;
         match (&result, slot) {
             (Ok(resp), Some(slot)) => runner.journal.finish(slot, resp),
+            // Sent to bash, then the result was lost: it may have run, so a retry is
+            // answered "effects unknown" (also after an agent restart), never run again.
+            (Err(e), Some(slot)) if e.command_may_have_run() => {
+                let lost = runner.shell.lost_after_send(e);
+                runner.journal.finish(slot, &lost);
+            }
+            // Certainly never reached bash: a retry may run it.
             (Err(_), Some(slot)) => runner.journal.forget(slot),
             (_, None) => {}
         }

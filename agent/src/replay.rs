@@ -10,10 +10,25 @@
 //! records: a retry matching an in-progress record of the previous process is answered
 //! "interrupted by an agent restart" and not run; a completed one is replayed.
 //!
+//! A command that fails after it was sent to bash (its output cannot be read, or the shell
+//! cannot be replaced after it) may have run: its record is not forgotten but completed
+//! with an "effects unknown" answer, so a retry is not run either. Only a command that
+//! certainly never reached bash is forgotten, so that a retry runs it.
+//!
 //! The directory is writable by the sandbox user, so a record file is hostile input: it is
 //! opened without following links or blocking, read only if it is a regular file under a
 //! size cap, parsed strictly, and ignored (with a log line) when it is anything else. A
-//! record answers only the request whose id hashes to the hash it holds.
+//! record answers only the request whose id hashes to the hash it holds, and a response
+//! whose stdout or stderr is longer than a live one can be (the output budget plus room for
+//! markers and notes) is not replayed, so a forged record cannot bypass truncation.
+//! `dir_is_ours` (a real directory, not a link) is checked once, at open; after that the
+//! paths are used as they are, each file opened with `O_NOFOLLOW`.
+//!
+//! None of this stops the shell user from forging or deleting its own session's records:
+//! the user that runs the caller's commands can write here, and there are no keyed
+//! checksums. That user is the caller's own principal, so a forged record only lies to the
+//! caller about commands it ran itself; a deleted record re-opens the run-twice window: a
+//! retry after an agent crash runs the command again.
 //!
 //! Files are rewritten in place, not through a temp file and a rename: on ext4 (a
 //! disk-backed emptyDir) replacing a file by rename forces its data out to disk
@@ -53,6 +68,26 @@ const REQUEST_CAP: u64 = 4096;
 
 /// Largest response file read: two streams at the output budget, each possibly base64 or
 /// JSON-escaped (up to 6 bytes per byte for control characters), plus room for the rest.
+/// Most bytes a live response adds to a stream on top of the output budget: the truncation
+/// marker (with the spill path) and the agent's notes. Far more than they take.
+const STREAM_SLACK: usize = 16 * 1024;
+
+/// True when each stream of `resp` is no longer than a live response can make it (the
+/// output budget plus markers and notes). A longer one was not written by this agent with
+/// this budget (a forged record, or one from an agent with a larger budget): replaying it
+/// would bypass truncation.
+fn within_output_budget(resp: &ExecResponse, output_budget: usize) -> bool {
+    use cli_mcp_api::wire::Encoding;
+    let max = output_budget.saturating_add(STREAM_SLACK);
+    let raw_len = |text: &str, enc: Encoding| match enc {
+        Encoding::Utf8 => text.len(),
+        // Decoded base64 is 3 bytes per 4 characters.
+        Encoding::Base64 => text.len() / 4 * 3,
+    };
+    raw_len(&resp.stdout, resp.stdout_encoding) <= max
+        && raw_len(&resp.stderr, resp.stderr_encoding) <= max
+}
+
 fn response_cap(output_budget: usize) -> u64 {
     (output_budget as u64)
         .saturating_mul(12)
@@ -110,6 +145,7 @@ struct ResponseHeader {
 
 pub struct Journal {
     dir: PathBuf,
+    output_budget: usize,
     response_cap: u64,
     slots: [Option<Record>; RECORDS_KEPT],
     next_seq: u64,
@@ -137,6 +173,7 @@ impl Journal {
     pub fn open(state_dir: &Path, output_budget: usize) -> Self {
         let mut journal = Self {
             dir: state_dir.join("replay"),
+            output_budget,
             response_cap: response_cap(output_budget),
             slots: Default::default(),
             next_seq: 1,
@@ -256,7 +293,10 @@ impl Journal {
         self.write(&self.response_path(slot), &bytes);
     }
 
-    /// Drops the record in `slot` (the command could not be run), so a retry runs it.
+    /// Drops the record in `slot`, so a retry runs the command. Only for a command that
+    /// certainly never reached bash ([`crate::shell::ShellError::command_may_have_run`] is
+    /// false); one that may have run is [`Journal::finish`]ed with an "effects unknown"
+    /// answer instead, or a retry would run it a second time.
     pub fn forget(&mut self, slot: usize) {
         if let Some(s) = self.slots.get_mut(slot) {
             *s = None;
@@ -295,7 +335,13 @@ impl Journal {
         }
         let path = self.response_path(slot);
         let state = match read_response(&path, self.response_cap, &request) {
-            Ok(Some(resp)) => State::Done(resp),
+            Ok(Some(resp)) if within_output_budget(&resp, self.output_budget) => State::Done(resp),
+            Ok(Some(_)) => {
+                // The shell user can write here: never replay more than a live answer holds.
+                tracing::warn!(path = %path.display(),
+                    "ignoring a replay response whose output is over the output budget");
+                State::Interrupted
+            }
             Ok(None) => State::Interrupted,
             Err(why) => {
                 // The request stands: an unreadable response means "effects unknown".
@@ -643,6 +689,37 @@ mod tests {
             j.lookup("a", &sha256_hex("echo a")),
             Lookup::Unknown
         ));
+    }
+
+    #[test]
+    fn a_forged_response_over_the_output_budget_is_not_replayed() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let budget = 1024;
+        let mut j = Journal::open(d.path(), budget);
+        // Well-formed, checksum and all, but more output than a live answer could hold.
+        let big = "x".repeat(budget + STREAM_SLACK + 1);
+        let s = j.begin("a", &sha256_hex("true"));
+        j.finish(s, &response(&big));
+        let mut b64 = response("");
+        b64.stderr = "QUFB".repeat((budget + STREAM_SLACK) / 3 + 1);
+        b64.stderr_encoding = cli_mcp_api::wire::Encoding::Base64;
+        let s = j.begin("b", &sha256_hex("true"));
+        j.finish(s, &b64);
+        // At the limit: replayed.
+        let fits = "y".repeat(budget + STREAM_SLACK);
+        let s = j.begin("c", &sha256_hex("true"));
+        j.finish(s, &response(&fits));
+        let j = Journal::open(d.path(), budget);
+        for id in ["a", "b"] {
+            assert!(
+                matches!(
+                    j.lookup(id, &sha256_hex("true")),
+                    Lookup::Interrupted { .. }
+                ),
+                "{id}"
+            );
+        }
+        assert!(matches!(j.lookup("c", &sha256_hex("true")), Lookup::Done(r) if r.stdout == fits));
     }
 
     #[test]

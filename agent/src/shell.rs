@@ -103,6 +103,17 @@ pub enum ShellError {
     Files { dir: PathBuf, source: io::Error },
     #[error("the shell stopped reading commands twice in a row; giving up on this command")]
     Unresponsive,
+    /// Failed after the command was handed to bash: it may have run, in part or in full.
+    #[error("{0}; this happened after the command was sent to the shell, so it may have run")]
+    AfterSend(Box<ShellError>),
+}
+
+impl ShellError {
+    /// False only when the command certainly never reached bash (a retry may run it);
+    /// true when it was sent and may have run, so a retry must not run it again.
+    pub fn command_may_have_run(&self) -> bool {
+        matches!(self, Self::AfterSend(_))
+    }
 }
 
 /// Why the caller of [`Shell::run`] asks a command to stop early.
@@ -229,6 +240,30 @@ impl Shell {
         }
     }
 
+    /// The answer kept for a request whose command was sent to bash but whose result was
+    /// lost to `error` (its output could not be read, or the shell could not be replaced
+    /// after it). A retry gets this answer: the command may have run, so it is not run again.
+    pub fn lost_after_send(&self, error: &ShellError) -> ExecResponse {
+        let stderr = format!(
+            "[cli-mcp-agent: this command was sent to the shell, but its result was lost: \
+             {error}. The command was not run again. Whether it finished, partly ran or never \
+             started is unknown: check its effects before running it again.]\n"
+        );
+        ExecResponse {
+            stdout: String::new(),
+            stderr,
+            stdout_encoding: Default::default(),
+            stderr_encoding: Default::default(),
+            exit_code: EXIT_INTERRUPTED,
+            duration_ms: 0,
+            timed_out: false,
+            truncated: false,
+            total_bytes: 0,
+            cwd: self.opts.workdir.display().to_string(),
+            shell_restarted: false,
+        }
+    }
+
     /// Recreates the restart marker if it is missing: one `lstat` per call. Never follows
     /// or truncates anything a command put in its place.
     fn keep_marker(&self) {
@@ -269,6 +304,8 @@ impl Shell {
             dir: dir.clone(),
             source,
         };
+        // Every error once the command line went to bash: it may have run.
+        let after_send = |e| ShellError::AfterSend(Box::new(e));
         if fs::create_dir(&dir).is_err() {
             // The state dir is writable by the sandbox user: repair it (off the hot path,
             // only when a command broke it) and try once more.
@@ -339,7 +376,7 @@ impl Shell {
                          (working directory, variables and functions were reset)"
                     ));
                 }
-                self.restart().await?;
+                self.restart().await.map_err(after_send)?;
                 (code, self.opts.workdir.display().to_string())
             }
             Ended::Stopped(_) => {
@@ -351,7 +388,7 @@ impl Shell {
                      restarted: working directory, variables and functions were reset"
                         .into(),
                 );
-                self.restart().await?;
+                self.restart().await.map_err(after_send)?;
                 (EXIT_TIMEOUT, self.opts.workdir.display().to_string())
             }
         };
@@ -384,13 +421,13 @@ impl Shell {
             budget,
             &spill_dir.join(format!("{}.stdout", self.seq)),
         )
-        .map_err(files_err)?;
+        .map_err(|e| after_send(files_err(e)))?;
         let mut err = output::capture(
             &dir.join("err"),
             budget,
             &spill_dir.join(format!("{}.stderr", self.seq)),
         )
-        .map_err(files_err)?;
+        .map_err(|e| after_send(files_err(e)))?;
         let _ = fs::remove_dir_all(&dir);
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
         // restart before the next command must still be reported.

@@ -253,3 +253,51 @@ async fn hostile_record_files_are_ignored_safely() {
         "the agent read a huge file"
     );
 }
+
+/// The agent fails after the command ran (here: its stdout file cannot be read, because the
+/// command replaced it with a Unix socket, which `open` refuses even for root). The command
+/// may have run, so its record is kept: the retry is answered "effects unknown", also after
+/// an agent restart, and never runs it a second time.
+#[tokio::test]
+async fn a_command_whose_result_was_lost_after_it_ran_is_not_run_again() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("runs");
+    let cmd = format!(
+        "echo $$ >> {m}; out=$(readlink /proc/$$/fd/1); rm -f \"$out\"; \
+         /usr/bin/perl -MIO::Socket::UNIX -e \
+         'IO::Socket::UNIX->new(Local => $ARGV[0], Listen => 1) or die \"$!\"' \"$out\"",
+        m = marker.display()
+    );
+    let body = json!({"command": cmd, "request_id": "lost-1"});
+
+    let mut a = Agent::start_with(opts(state.path()));
+    let (status, err) = a
+        .post("/exec", Some(session_token().expose()), body.clone())
+        .await;
+    assert_eq!((status, s(&err, "code")), (500, "internal"), "{err}");
+    assert!(s(&err, "error").contains("may have run"), "{err}");
+    assert_eq!(runs(&marker), 1);
+
+    let check = |v: &Value| {
+        assert_eq!(runs(&marker), 1, "the retry ran the command again: {v}");
+        assert_eq!(v["exit_code"], 130, "{v}");
+        assert!(
+            s(v, "stderr").contains("result was lost")
+                && s(v, "stderr").contains("was not run again")
+                && s(v, "stderr").contains("unknown"),
+            "{v}"
+        );
+    };
+    let retry = a.exec_with(body.clone()).await;
+    check(&retry);
+    // The shell still works.
+    assert_eq!(s(&a.exec("echo ok").await, "stdout"), "ok\n");
+
+    // The answer is on disk: a restarted agent gives it too.
+    a.crash();
+    let b = Agent::start_with(opts(state.path()));
+    let after_restart = b.exec_with(body).await;
+    check(&after_restart);
+    assert_eq!(after_restart, retry);
+}
