@@ -299,24 +299,30 @@ pub async fn reconcile(
     // and an expectation is dropped after EXPECTATION_TTL: creating from the cache alone
     // then creates pods that already exist. Before creating, a (consistent) list of the
     // instance's unassigned sandboxes decides how many are really missing.
+    // A failed list only holds back the creates: the deletes below still run.
     if the_plan.create > 0 {
-        let live: Vec<Arc<Pod>> = api
+        match api
             .list(&ListParams::default().labels(&cfg.instance.unassigned_selector()))
-            .await?
-            .items
-            .into_iter()
-            .map(Arc::new)
-            .collect();
-        the_plan.create = ctx.pool.with(uid, |exp, _| {
-            observe(exp, &live, now);
-            let inp = PlanInputs {
-                desired,
-                hash: &hash,
-                key,
-                may_create: true,
-            };
-            plan(&live, exp, &inp).create
-        });
+            .await
+        {
+            Ok(list) => {
+                let live: Vec<Arc<Pod>> = list.items.into_iter().map(Arc::new).collect();
+                the_plan.create = ctx.pool.with(uid, |exp, _| {
+                    observe(exp, &live, now);
+                    let inp = PlanInputs {
+                        desired,
+                        hash: &hash,
+                        key,
+                        may_create: true,
+                    };
+                    plan(&live, exp, &inp).create
+                });
+            }
+            Err(e) => {
+                the_plan.create = 0;
+                first_err = Some(e.into());
+            }
+        }
     }
 
     // Deletes first: they free slots and never race a claim (see `delete_unclaimed`).

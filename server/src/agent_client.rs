@@ -58,6 +58,12 @@ impl AgentError {
         }
     }
 
+    /// True when the request reached the agent and the connection broke before its answer:
+    /// the command may have run (and may still be running there).
+    pub fn may_have_run(&self) -> bool {
+        matches!(self, AgentError::Transport { .. })
+    }
+
     /// True when the request certainly did not reach the agent (safe to send again).
     pub fn not_sent(&self) -> bool {
         matches!(self, AgentError::Connect { .. })

@@ -23,8 +23,8 @@ use crate::sessions::kubernetes::KubeBackend;
 use crate::sessions::local::{find_agent_binary, LocalBackend};
 use crate::sessions::{Backend, SessionManager};
 
-/// Time given to open requests after the shutdown delay; delay (≤ 10 s) + drain fit in the
-/// pod's 30 s termination grace period.
+/// Time given to open requests after the shutdown delay; delay (≤ 5 s) + drain fit in the
+/// pod's 30 s termination grace period with a 5 s margin.
 pub const DRAIN: Duration = Duration::from_secs(20);
 /// Log message printed once the listeners are bound (tests and tools wait for it).
 pub const READY_MESSAGE: &str = "cli-mcp-server ready";

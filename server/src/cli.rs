@@ -113,8 +113,8 @@ pub struct Flags {
     pub start_timeout: u64,
     /// After SIGTERM, seconds to keep serving while /readyz fails and every response closes
     /// its connection, so the Service stops sending new connections here before the listener
-    /// closes (0: stop accepting at once). At most 10: the drain of open calls (20 s) follows,
-    /// and both must fit in the pod's 30 s termination grace period.
+    /// closes (0: stop accepting at once). At most 5: the drain of open calls (20 s) follows,
+    /// and both must fit, with a margin, in the pod's 30 s termination grace period.
     #[arg(long, env = "CLI_MCP_SHUTDOWN_DELAY", default_value_t = 5)]
     pub shutdown_delay: u64,
 }
@@ -328,10 +328,10 @@ impl Flags {
         if self.start_timeout == 0 {
             return Err(err("--start-timeout must be at least 1 second"));
         }
-        if self.shutdown_delay > 10 {
+        if self.shutdown_delay > 5 {
             return Err(err(format!(
-                "--shutdown-delay {} is too long; use 0 to 10 seconds (the 20 s drain that \
-                 follows must fit in the pod's 30 s termination grace period)",
+                "--shutdown-delay {} is too long; use 0 to 5 seconds (the 20 s drain that \
+                 follows must fit, with a margin, in the pod's 30 s termination grace period)",
                 self.shutdown_delay
             )));
         }
@@ -485,7 +485,7 @@ mod tests {
             (vec!["--max-sessions", "0"], "--max-sessions"),
             (vec!["--output-budget", "10"], "--output-budget"),
             (vec!["--tls-cert", "/c"], "--tls-key"),
-            (vec!["--shutdown-delay", "11"], "--shutdown-delay"),
+            (vec!["--shutdown-delay", "6"], "--shutdown-delay"),
         ] {
             let e = parse(&args).resolve(no_env).expect_err("invalid");
             assert!(e.to_string().contains(needle), "{args:?}: {e}");

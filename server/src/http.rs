@@ -292,9 +292,10 @@ fn session_error_response(e: &SessionError) -> Response {
         SessionError::SessionLimit { .. } => (StatusCode::TOO_MANY_REQUESTS, "session_limit"),
         SessionError::Busy => (StatusCode::CONFLICT, "busy"),
         SessionError::Kubernetes(_) => (StatusCode::SERVICE_UNAVAILABLE, "kubernetes_api"),
-        SessionError::Sandbox(_) | SessionError::Restarting(_) | SessionError::Agent(_) => {
-            (StatusCode::BAD_GATEWAY, "sandbox")
-        }
+        SessionError::Sandbox(_)
+        | SessionError::Restarting(_)
+        | SessionError::Interrupted(_)
+        | SessionError::Agent(_) => (StatusCode::BAD_GATEWAY, "sandbox"),
     };
     error_response(status, code, e.to_string())
 }

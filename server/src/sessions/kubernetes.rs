@@ -77,9 +77,12 @@ pub struct KubeBackend {
     admission: Admission,
     limits: Limits,
     metrics: Arc<Metrics>,
-    /// Set once the API answered; readiness stops depending on it after that.
-    reached_api: std::sync::atomic::AtomicBool,
+    /// What readiness knows of the API (see [`ApiHealth`]).
+    api_health: std::sync::Mutex<ApiHealth>,
 }
+
+/// Longest a new session waits to be admitted (the gate, then the list of sessions).
+const ADMISSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Admission of new sessions against `--max-sessions` within this replica.
 ///
@@ -151,7 +154,7 @@ impl KubeBackend {
             locks: SessionLocks::default(),
             stamper: ActivityStamper::new(),
             admission: Admission::default(),
-            reached_api: std::sync::atomic::AtomicBool::new(false),
+            api_health: std::sync::Mutex::new(ApiHealth::default()),
             limits,
             metrics,
         })
@@ -333,7 +336,17 @@ impl KubeBackend {
     /// Admits one new session under `--max-sessions` (see [`Admission`]); the reservation
     /// must be held until the session's pod is written or the start gave up.
     async fn admit(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
-        let _gate = self.admission.gate.lock().await;
+        // Bounded: new sessions queue behind one list at a time, so a slow (not down) API
+        // must not stack them up for minutes.
+        let slow = || {
+            SessionError::Kubernetes(format!(
+                "counting the instance's sessions took over {}s; retry shortly",
+                ADMISSION_TIMEOUT.as_secs()
+            ))
+        };
+        let _gate = tokio::time::timeout(ADMISSION_TIMEOUT, self.admission.gate.lock())
+            .await
+            .map_err(|_| slow())?;
         let pending: Vec<String> = self
             .admission
             .pending
@@ -342,7 +355,9 @@ impl KubeBackend {
             .iter()
             .map(|s| s.as_str().to_owned())
             .collect();
-        let mut sessions = self.live_sessions().await?;
+        let mut sessions = tokio::time::timeout(ADMISSION_TIMEOUT, self.live_sessions())
+            .await
+            .map_err(|_| slow())??;
         sessions.extend(pending);
         if sessions.len() >= self.limits.max_sessions {
             return Err(SessionError::SessionLimit {
@@ -885,26 +900,62 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
-    /// Ready once the API has answered, and from then on: a replica serves existing
-    /// sessions from its route cache and cached auth decisions while the API is down, so
-    /// failing readiness on an API blip would take every replica out of the Service at once
-    /// for nothing. New sessions during an outage get a clear "retry shortly" error instead.
+    /// See [`ApiHealth`]: an API blip must not take every replica out of the Service.
     async fn ready(&self) -> Result<(), String> {
-        use std::sync::atomic::Ordering;
-        if self.reached_api.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        match tokio::time::timeout(Duration::from_secs(3), self.client.apiserver_version()).await {
-            Ok(Ok(_)) => {
-                self.reached_api.store(true, Ordering::Relaxed);
-                Ok(())
-            }
-            Ok(Err(e)) => Err(format!("the Kubernetes API is not reachable: {e}")),
-            Err(_) => Err("the Kubernetes API did not answer within 3s".into()),
-        }
+        let probe =
+            match tokio::time::timeout(Duration::from_secs(3), self.client.apiserver_version())
+                .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("the Kubernetes API is not reachable: {e}")),
+                Err(_) => Err("the Kubernetes API did not answer within 3s".to_owned()),
+            };
+        self.api_health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(probe, Instant::now())
     }
 
     async fn shutdown(&self) {}
+}
+
+/// Readiness as seen from the API's answers to readiness probes.
+///
+/// Not ready until the API has answered once (the replica can do nothing without it). After
+/// that a replica serves existing sessions from its route cache and cached auth decisions,
+/// so an outage shorter than [`API_OUTAGE_GRACE`] keeps it ready: otherwise an API blip takes
+/// every replica out of the Service at once, for nothing. New sessions meanwhile get a clear
+/// "retry shortly" error. A longer outage (this replica's own path to the API broken, say)
+/// makes it unready, so callers go to replicas that can still start sessions.
+#[derive(Debug, Default)]
+pub struct ApiHealth {
+    reached: bool,
+    down_since: Option<Instant>,
+}
+
+/// How long readiness survives an API outage once the API has answered.
+pub const API_OUTAGE_GRACE: Duration = Duration::from_secs(120);
+
+impl ApiHealth {
+    pub fn observe(&mut self, probe: Result<(), String>, now: Instant) -> Result<(), String> {
+        match probe {
+            Ok(()) => {
+                self.reached = true;
+                self.down_since = None;
+                Ok(())
+            }
+            Err(e) if !self.reached => Err(e),
+            Err(e) => {
+                let since = *self.down_since.get_or_insert(now);
+                let down = now.saturating_duration_since(since);
+                if down < API_OUTAGE_GRACE {
+                    Ok(())
+                } else {
+                    Err(format!("{e} (for {}s)", down.as_secs()))
+                }
+            }
+        }
+    }
 }
 
 /// Order of preference among pods of one session: oldest first, then by name. Every replica
@@ -1091,5 +1142,29 @@ mod tests {
         let p: Pod =
             serde_json::from_value(json!({"status": {"podIP": "10.244.1.7"}})).expect("pod");
         assert_eq!(endpoint_of(&p).as_deref(), Some("http://10.244.1.7:8090"));
+    }
+
+    #[test]
+    fn readiness_survives_a_short_api_outage_but_not_a_long_one() {
+        let t0 = Instant::now();
+        let down = || Err::<(), String>("the Kubernetes API is not reachable: refused".into());
+        let mut h = ApiHealth::default();
+        assert!(h.observe(down(), t0).is_err(), "never reached: not ready");
+        assert!(h.observe(Ok(()), t0).is_ok());
+        assert!(h.observe(down(), t0).is_ok(), "a blip keeps it ready");
+        let later = t0 + API_OUTAGE_GRACE - Duration::from_secs(1);
+        assert!(h.observe(down(), later).is_ok());
+        let e = h
+            .observe(down(), t0 + API_OUTAGE_GRACE)
+            .expect_err("a long outage makes it unready");
+        assert!(e.contains("not reachable") && e.contains("for 120s"), "{e}");
+        assert!(
+            h.observe(Ok(()), t0 + API_OUTAGE_GRACE).is_ok(),
+            "recovers at once"
+        );
+        assert!(
+            h.observe(down(), t0 + API_OUTAGE_GRACE * 2).is_ok(),
+            "a new outage starts a new grace"
+        );
     }
 }

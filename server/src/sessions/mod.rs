@@ -77,6 +77,8 @@ pub enum SessionError {
     Restarting(String),
     #[error("the Kubernetes API failed: {0}")]
     Kubernetes(String),
+    #[error("the session's sandbox went away while this command was running ({0}); the session now has a fresh sandbox (working directory, variables and functions were reset). The command was not run again: whether it finished, partly ran or never started is unknown, so check its effects before running it again")]
+    Interrupted(String),
     #[error("{0}")]
     Agent(AgentError),
     #[error("another command of this session is still running; wait for it to finish, or use a separate session id for parallel work")]
@@ -88,7 +90,9 @@ impl SessionError {
         match self {
             SessionError::Forbidden(_) => ErrorKind::Forbidden,
             SessionError::SessionLimit { .. } => ErrorKind::SessionLimit,
-            SessionError::Sandbox(_) | SessionError::Restarting(_) => ErrorKind::Sandbox,
+            SessionError::Sandbox(_)
+            | SessionError::Restarting(_)
+            | SessionError::Interrupted(_) => ErrorKind::Sandbox,
             SessionError::Kubernetes(_) => ErrorKind::KubernetesApi,
             SessionError::Agent(_) => ErrorKind::Agent,
             SessionError::Busy => ErrorKind::Busy,
@@ -99,14 +103,17 @@ impl SessionError {
 impl From<kube::Error> for SessionError {
     fn from(e: kube::Error) -> Self {
         match e {
-            // The API answered: its status says what is wrong (RBAC, a conflict, ...).
-            kube::Error::Api(_) => SessionError::Kubernetes(e.to_string()),
             // It did not answer (restart, network): transient; sessions that already have a
             // sandbox keep working meanwhile.
-            other => SessionError::Kubernetes(format!(
-                "it is unreachable right now ({other}); existing sessions keep working, new \
-                 ones need it: retry shortly"
-            )),
+            kube::Error::Service(_) | kube::Error::HyperError(_) => {
+                SessionError::Kubernetes(format!(
+                    "it is unreachable right now ({e}); existing sessions keep working, new \
+                     ones need it: retry shortly"
+                ))
+            }
+            // An answer (RBAC, a conflict, ...), or a problem of this server's own (a body it
+            // cannot parse, its credentials): shown as it is.
+            other => SessionError::Kubernetes(other.to_string()),
         }
     }
 }
@@ -172,8 +179,9 @@ impl SessionManager {
 
     /// Runs `command` in the session's sandbox. On a transport error or a 401/503 from the
     /// sandbox, the route is invalidated and rediscovered once; a retry on the same sandbox
-    /// reuses the request id, so the agent answers it from its replay memory instead of
-    /// running the command twice.
+    /// reuses the request id, so the agent answers it from its journal instead of running
+    /// the command twice. A command that may have run on a sandbox that was then replaced
+    /// is not sent to the replacement: the caller is told its effects are unknown.
     pub async fn exec(
         &self,
         sid: &SessionId,
@@ -195,6 +203,15 @@ impl SessionManager {
                     "sandbox did not answer; rediscovering the session once");
                 self.backend.invalidate(sid, &sandbox);
                 let again = self.backend.acquire(sid, caller).await?;
+                // The same request id protects a retry only on the same sandbox (its agent
+                // journals requests); a replacement pod has no record of it and would run
+                // the command a second time.
+                if again.uid != sandbox.uid && e.may_have_run() {
+                    return Err(SessionError::Interrupted(format!(
+                        "{} was replaced by {}",
+                        sandbox.name, again.name
+                    )));
+                }
                 replaced |= again.replaced || again.uid != sandbox.uid;
                 let started = sandbox.started.or(again.started);
                 sandbox = Sandbox { started, ..again };
@@ -400,5 +417,108 @@ mod tests {
         let status = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
         let msg = SessionError::from(kube::Error::Api(Box::new(status))).to_string();
         assert!(msg.contains("forbidden") && !msg.contains("retry"), "{msg}");
+    }
+
+    /// First `acquire`: sandbox "a" at `a`; later ones: "b" at `b` (the pod was replaced).
+    struct Swapper {
+        calls: Mutex<usize>,
+        a: String,
+        b: String,
+    }
+
+    #[async_trait]
+    impl Backend for Swapper {
+        async fn acquire(&self, sid: &SessionId, _: &Caller) -> Result<Sandbox, SessionError> {
+            let mut n = self.calls.lock().expect("lock");
+            *n += 1;
+            let (name, endpoint) = if *n == 1 {
+                ("a", &self.a)
+            } else {
+                ("b", &self.b)
+            };
+            Ok(Sandbox {
+                endpoint: endpoint.clone(),
+                token: cli_mcp_api::token::HmacKey::from_bytes([1; 32]).session_token(sid),
+                name: name.into(),
+                uid: name.into(),
+                started: None,
+                replaced: false,
+            })
+        }
+        fn invalidate(&self, _: &SessionId, _: &Sandbox) {}
+        fn activity(&self, _: &SessionId, _: &Sandbox, _: Activity) {}
+        async fn delete(&self, _: &SessionId, _: &Caller) -> Result<(), SessionError> {
+            Ok(())
+        }
+        async fn list(&self, _: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
+            Ok(vec![])
+        }
+        async fn ready(&self) -> Result<(), String> {
+            Ok(())
+        }
+        async fn shutdown(&self) {}
+    }
+
+    #[tokio::test]
+    async fn a_command_that_may_have_run_is_not_sent_to_a_replacement_sandbox() {
+        use tokio::io::AsyncReadExt;
+        // "a" takes the request and dies before answering (the pod went away mid-command).
+        let a = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let a_addr = a.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = a.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                drop(conn);
+            }
+        });
+        // "b" counts the requests it receives (it never answers).
+        let b = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let b_addr = b.local_addr().expect("addr");
+        let reached_b = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = reached_b.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = b.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let _keep = conn;
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        let mgr = SessionManager::new(
+            Arc::new(Swapper {
+                calls: Mutex::new(0),
+                a: format!("http://{a_addr}"),
+                b: format!("http://{b_addr}"),
+            }),
+            AgentClient::new(1024).expect("client"),
+            Arc::new(Metrics::new()),
+        );
+        let sid = SessionId::parse("s").expect("valid");
+        let r = mgr
+            .exec(
+                &sid,
+                &Caller::anonymous(),
+                "touch /x".into(),
+                Duration::from_secs(1),
+            )
+            .await;
+        let e = r.expect_err("the call must fail");
+        assert!(matches!(e, SessionError::Interrupted(_)), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("not run again") && msg.contains("reset"),
+            "{msg}"
+        );
+        assert_eq!(
+            reached_b.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the command was sent to the replacement sandbox"
+        );
     }
 }
