@@ -155,9 +155,10 @@ async fn idle_session_is_collected_and_an_active_one_is_not() {
     let mcp = env.client("i").await;
     const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+    // Taken before the call: its activity (stamped by the server while it runs) is later.
+    let idle_last_call = Instant::now();
     let r = mcp.bash("idle", "cd /tmp && export IDLE_VAR=kept-4").await;
     assert_eq!(r["isError"], false, "{r}");
-    let idle_last_call = Instant::now();
     let r = mcp.bash("busy", "cd /tmp && export BUSY_VAR=kept-4b").await;
     assert_eq!(r["isError"], false, "{r}");
     let busy_start = Instant::now();

@@ -47,6 +47,9 @@ pub struct IdlePlan {
     pub active: i32,
 }
 
+/// Resolution of the `last-activity` stamps (RFC 3339, whole seconds, truncated).
+pub const STAMP_RESOLUTION: Duration = Duration::from_secs(1);
+
 /// When the sandbox was last used.
 pub fn last_activity(p: &Pod) -> Option<Timestamp> {
     let ann = p.annotations();
@@ -85,6 +88,10 @@ pub fn plan(pods: &[Arc<Pod>], idle: Duration, now: Timestamp, key: Option<&Hmac
         };
         let age = now.duration_since(last);
         let age = Duration::try_from(age).unwrap_or(Duration::ZERO);
+        // The stamp is truncated to whole seconds: the activity may be up to a second later
+        // than it says, so a session is idle only once `idle` has passed since the end of that
+        // second (else it could be collected just before its idleTimeout).
+        let idle = idle + STAMP_RESOLUTION;
         if age >= idle {
             out.collect.push((p.clone(), CollectReason::Idle));
         } else {
@@ -176,7 +183,8 @@ mod tests {
         assert_eq!(p.collect.len(), 1);
         assert_eq!(p.collect[0].1, CollectReason::Idle);
         assert_eq!(p.active, 3);
-        assert_eq!(p.next_expiry, Some(Duration::from_secs(540)));
+        // 600 s after the end of the stamped second.
+        assert_eq!(p.next_expiry, Some(Duration::from_secs(541)));
     }
 
     #[test]
@@ -189,5 +197,30 @@ mod tests {
         assert_eq!(p.collect[0].1, CollectReason::StaleKey);
         let p = plan(&pods, Duration::from_secs(600), now, Some(&old));
         assert!(p.collect.is_empty());
+    }
+
+    #[test]
+    fn a_session_is_not_collected_within_its_stamped_second() {
+        let k = HmacKey::from_bytes([1; 32]);
+        // Stamped 00:00:00 (truncated): the activity may have been at 00:00:00.999.
+        let pods = vec![session("s", "2026-01-01T00:00:00Z", &k)];
+        let at = |t: &str| t.parse::<Timestamp>().expect("ts");
+        let p = plan(
+            &pods,
+            Duration::from_secs(60),
+            at("2026-01-01T00:01:00.500Z"),
+            Some(&k),
+        );
+        assert!(
+            p.collect.is_empty(),
+            "collected before idleTimeout had surely passed"
+        );
+        let p = plan(
+            &pods,
+            Duration::from_secs(60),
+            at("2026-01-01T00:01:01Z"),
+            Some(&k),
+        );
+        assert_eq!(p.collect.len(), 1);
     }
 }

@@ -97,8 +97,12 @@ impl AgentClient {
             .no_proxy()
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(4)
+            // A connection per request: on a pooled connection whose agent died while it
+            // was idle, the next request fails *after* being written, which looks exactly
+            // like an agent dying mid-command. Only a fresh connection tells "nothing ran"
+            // (refused) from "it may have run" (broken after sending), and the server must
+            // never send a command that may have run to a replacement sandbox.
+            .pool_max_idle_per_host(0)
             .build()?;
         let per_stream = output_budget.max(cli_mcp_api::wire::DEFAULT_OUTPUT_BUDGET);
         Ok(Self {
