@@ -70,6 +70,11 @@ pub mod annotation {
     pub const SANDBOX_HASH: &str = "cli-mcp.redhat.com/sandbox-hash";
     pub const TOKEN_SHA256: &str = "cli-mcp.redhat.com/token-sha256";
     pub const OWNER: &str = "cli-mcp.redhat.com/owner";
+    /// Set by the server just before it deletes a sandbox that holds no session state worth
+    /// reporting (ended by `DELETE /sessions/{id}`, a duplicate that lost, a pod that never
+    /// started or never accepted its session), so other replicas do not report its
+    /// disappearance as a reset of the session's state.
+    pub const RETIRED: &str = "cli-mcp.redhat.com/retired";
 }
 
 /// Longest instance name: `cli-mcp-<n>-kubeconfig` must stay a 63-character DNS-1123 label.

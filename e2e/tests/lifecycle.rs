@@ -783,6 +783,31 @@ async fn a_replaced_sandbox_is_reported_by_any_replica() {
     let sc = &again["structuredContent"];
     assert_eq!(sc["state_reset"], true, "the reset is reported: {again}");
     assert!(text(&again).contains("reset"), "{again}");
+
+    // A session ended on purpose (DELETE through replica A) is not a reset when it is used
+    // again through replica B: B saw the pod go, but it was retired, not lost.
+    let r = a.bash_ok("ended", "export ENDED=1").await.expect("ended");
+    assert_eq!(r["isError"], false, "{r}");
+    let ended = session_pod(&env, "ended").await;
+    assert_eq!(a.try_delete("ended").await.expect("DELETE"), 204);
+    wait_for(
+        env.api::<Pod>(),
+        &ended.name_any(),
+        "ended session pod gone",
+        TIMEOUT,
+        |p: Option<&Pod>| p.is_none(),
+    )
+    .await
+    .expect("gone");
+    let cmd = "echo \"[${ENDED:-}]\"";
+    let fresh = b.bash_ok("ended", cmd).await.expect("a new session");
+    assert_eq!(&audited_calls(&env)[&command_hash(cmd)].0, rb);
+    assert_eq!(stdout(&fresh), "[]\n", "{fresh}");
+    assert_ne!(
+        fresh["structuredContent"]["state_reset"], true,
+        "an ended session is not reported as reset: {fresh}"
+    );
+    assert!(text(&fresh).contains("new session"), "{fresh}");
     drop(mcp);
     env.finish(Some("x")).await;
 }

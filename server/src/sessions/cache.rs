@@ -119,9 +119,10 @@ impl RouteCache {
 
     /// The pod `uid` of `sid` is going away (seen by the pod watch): its live route becomes a
     /// tombstone, and a session this replica never served gets one too, so whichever replica
-    /// serves the session next reports the reset. A live route to another (newer) pod is
-    /// kept. True when a live route was dropped.
-    pub fn tombstone(&self, sid: &SessionId, uid: &str) -> bool {
+    /// serves the session next reports the reset — unless the pod was `retired` (ended on
+    /// purpose or never held state: nothing to report). A live route to another (newer) pod
+    /// is kept. True when a live route was dropped.
+    pub fn tombstone(&self, sid: &SessionId, uid: &str, retired: bool) -> bool {
         let mut slots = self.lock();
         match slots.get(sid) {
             Some(Slot::Live { route, .. }) if route.uid != uid => false,
@@ -136,6 +137,7 @@ impl RouteCache {
                 true
             }
             Some(Slot::Gone { .. }) => false,
+            None if retired => false,
             None => {
                 if slots.len() >= self.capacity {
                     Self::evict(&mut slots, self.capacity);
@@ -271,16 +273,22 @@ mod tests {
     #[test]
     fn a_pod_going_away_leaves_a_tombstone_even_for_an_unknown_session() {
         let c = RouteCache::new(10);
-        assert!(!c.tombstone(&sid("elsewhere"), "u1"));
+        assert!(!c.tombstone(&sid("elsewhere"), "u1", false));
         assert_eq!(c.previous_uid(&sid("elsewhere")), Some("u1".into()));
+        // A retired pod (session ended on purpose, a duplicate, never started) held no
+        // state to report.
+        assert!(!c.tombstone(&sid("ended"), "u9", true));
+        assert_eq!(c.previous_uid(&sid("ended")), None);
         assert!(c.get(&sid("elsewhere")).is_none());
         c.insert(sid("a"), route("u2"));
         assert!(
-            !c.tombstone(&sid("a"), "old"),
+            !c.tombstone(&sid("a"), "old", false),
             "a newer pod's route is kept"
         );
         assert!(c.get(&sid("a")).is_some());
-        assert!(c.tombstone(&sid("a"), "u2"));
+        // A live route to a retired pod still becomes a tombstone: this replica may have
+        // run commands in it (a duplicate that lost).
+        assert!(c.tombstone(&sid("a"), "u2", true));
         assert_eq!(c.previous_uid(&sid("a")), Some("u2".into()));
     }
 

@@ -228,7 +228,8 @@ impl KubeBackend {
             return;
         };
         self.stamper.forget(&pod.name_any());
-        if self.cache.tombstone(&sid, &uid) {
+        let retired = pod.annotations().contains_key(annotation::RETIRED);
+        if self.cache.tombstone(&sid, &uid, retired) {
             tracing::info!(session = %sid, pod = %pod.name_any(),
                 "session pod is being deleted; route dropped");
         }
@@ -310,10 +311,33 @@ impl KubeBackend {
             for loser in &pods[1..] {
                 tracing::info!(pod = %loser.name_any(), winner = %pods[0].name_any(),
                     "two sandboxes for one session; deleting the loser");
-                self.delete_pod(loser).await;
+                self.retire_pod(loser, "duplicate").await;
             }
         }
         pods.into_iter().next()
+    }
+
+    /// Deletes a sandbox whose disappearance is not a reset of its session's state (see
+    /// `annotation::RETIRED`): marked first, so every replica's pod watch sees why.
+    async fn retire_pod(&self, pod: &Pod, why: &str) {
+        let patch = json!({"metadata": {"annotations": {annotation::RETIRED: why}}});
+        match self
+            .pods
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => return,
+            // Deleting it anyway: at worst another replica reports a reset that was not one.
+            Err(e) => {
+                tracing::warn!(pod = %pod.name_any(), error = %e, "cannot mark sandbox pod retired")
+            }
+        }
+        self.delete_pod(pod).await;
     }
 
     async fn delete_pod(&self, pod: &Pod) {
@@ -492,7 +516,7 @@ impl KubeBackend {
             Err(e) => {
                 tracing::warn!(pod = %name, session = %sid, error = %e,
                     "claimed warm pod did not accept /assign; deleting it and trying the next");
-                self.delete_pod(&claimed).await;
+                self.retire_pod(&claimed, "not-assigned").await;
                 Ok(None)
             }
         }
@@ -617,7 +641,7 @@ impl KubeBackend {
             },
         };
         let msg = outcome.err().unwrap_or_default();
-        self.delete_pod(&pod).await;
+        self.retire_pod(&pod, "never-started").await;
         Err(SessionError::Sandbox(format!(
             "{msg}; it was deleted, and the next call starts a new sandbox (check the instance's sandbox image and resources)"
         )))
@@ -865,7 +889,7 @@ impl Backend for KubeBackend {
         }
         for pod in list.items.iter().filter(|p| !deleting(p)) {
             tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
-            self.delete_pod(pod).await;
+            self.retire_pod(pod, "session-ended").await;
         }
         self.cache.remove(sid);
         Ok(())
