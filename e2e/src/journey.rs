@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cli_mcp_api::crd::{CliMcpInstance, CliMcpInstanceStatus};
 use cli_mcp_api::names::label;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::testing::{
-    cluster, pod_ip, wait_for, workspace_root, TestCluster, TestNamespace, TIMEOUT,
+    cluster, pod_ip, wait_for, wait_for_set, workspace_root, TestCluster, TestNamespace, TIMEOUT,
 };
 use crate::ServiceForward;
 
@@ -497,6 +497,36 @@ subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
             .items
     }
 
+    /// Waits until nothing labelled with `instance` is left in the namespace, of any kind
+    /// the operator or the server makes, and its ClusterRoleBinding is gone too.
+    pub async fn assert_nothing_left(&self, instance: &str) {
+        let sel = format!("{}={instance}", label::INSTANCE);
+        macro_rules! all_gone {
+            ($k:ty) => {
+                wait_for_set(
+                    self.api::<$k>(),
+                    &sel,
+                    concat!("no ", stringify!($k), " left"),
+                    TIMEOUT,
+                    |v: &[$k]| v.is_empty(),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{}", self.logs("operator")));
+            };
+        }
+        all_gone!(Pod);
+        all_gone!(Deployment);
+        all_gone!(ReplicaSet);
+        all_gone!(Service);
+        all_gone!(NetworkPolicy);
+        all_gone!(Secret);
+        all_gone!(ConfigMap);
+        all_gone!(ServiceAccount);
+        all_gone!(Role);
+        all_gone!(RoleBinding);
+        assert!(self.cluster_bindings(instance).await.is_empty());
+    }
+
     /// The instance's ClusterRoleBindings (instance label, subject in this namespace).
     pub async fn cluster_bindings(&self, instance: &str) -> Vec<ClusterRoleBinding> {
         Api::<ClusterRoleBinding>::all(self.c.client.clone())
@@ -833,6 +863,24 @@ pub fn container_pid(p: &Pod) -> i32 {
     id.strip_prefix("cli-mcp://")
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("unexpected containerID {id}"))
+}
+
+/// SIGKILLs host process `pid` as soon as a process with exactly `argv` runs (the command
+/// under test has started), polling `/proc` (no event says so) for at most `within`.
+pub async fn kill_when_running(argv: &[&str], pid: i32, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !process_running(argv) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{argv:?} never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap_or_else(|e| panic!("kill {pid}: {e}"));
 }
 
 /// Whether a process with exactly this argv runs on the host.

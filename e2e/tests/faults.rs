@@ -14,15 +14,13 @@ use cli_mcp_api::sandbox::ENV_ASSIGN_SHA256;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::journey::{
-    container_pid, process_running, sandbox_selector, server_selector, session_of, stdout, text,
-    Env,
+    container_pid, kill_when_running, process_running, sandbox_selector, server_selector,
+    session_of, stdout, text, Env,
 };
 use cli_mcp_e2e::testing::{pod_ip, pod_is_ready, wait_for, wait_for_set, TIMEOUT};
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, EvictParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
@@ -58,35 +56,6 @@ async fn wait_replicas(env: &Env, instance: &str, n: i32) {
     )
     .await;
     assert!(r.is_ok(), "{r:?}\n{}", env.logs("operator"));
-}
-
-/// Every object labelled with the instance is gone, the cluster-scoped binding included.
-async fn assert_nothing_left(env: &Env, instance: &str) {
-    let sel = format!("{}={instance}", label::INSTANCE);
-    macro_rules! all_gone {
-        ($k:ty) => {
-            wait_for_set(
-                env.api::<$k>(),
-                &sel,
-                concat!("no ", stringify!($k), " left"),
-                TIMEOUT,
-                |v: &[$k]| v.is_empty(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
-        };
-    }
-    all_gone!(Pod);
-    all_gone!(Deployment);
-    all_gone!(ReplicaSet);
-    all_gone!(Service);
-    all_gone!(NetworkPolicy);
-    all_gone!(Secret);
-    all_gone!(ConfigMap);
-    all_gone!(ServiceAccount);
-    all_gone!(Role);
-    all_gone!(RoleBinding);
-    assert!(env.cluster_bindings(instance).await.is_empty());
 }
 
 /// Largest number of live session pods seen at once, from a watch started now.
@@ -261,21 +230,7 @@ async fn killing_a_server_replica_mid_command_keeps_the_session() {
     let direct = mcp.via(std::net::SocketAddr::new(ip, 8443), true);
     let call = direct.post_bash("kept", LONG).send();
     let server_pid = container_pid(victim);
-    let kill = async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while !process_running(&["sleep", "31338"]) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the command never started"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(server_pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill the server");
-    };
+    let kill = kill_when_running(&["sleep", "31338"], server_pid, Duration::from_secs(60));
     let (resp, ()) = tokio::join!(call, kill);
     match resp {
         Err(e) => assert!(
@@ -711,6 +666,6 @@ async fn restarting_the_operator_during_pool_fill_and_teardown() {
     )
     .await;
     assert!(gone.is_ok(), "{gone:?}\n{}", env.logs("operator"));
-    assert_nothing_left(&env, "o").await;
+    env.assert_nothing_left("o").await;
     env.finish(None).await;
 }

@@ -10,14 +10,11 @@ use std::time::Duration;
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
 use cli_mcp_e2e::journey::{
-    container_pid, process_running, response, sandbox_selector, server_starts, session_of, stdout,
-    text, Env,
+    container_pid, kill_when_running, response, sandbox_selector, server_starts, session_of,
+    stdout, text, Env,
 };
 use cli_mcp_e2e::testing::{wait_for, wait_for_set, TIMEOUT};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use kube::ResourceExt;
 use serde_json::json;
@@ -324,30 +321,7 @@ async fn deleting_the_cr_with_live_sessions_removes_everything() {
     .await;
     assert!(gone.is_ok(), "{gone:?}\n{}", env.logs("operator"));
 
-    macro_rules! all_gone {
-        ($k:ty) => {
-            wait_for_set(
-                env.api::<$k>(),
-                &sel,
-                concat!("no ", stringify!($k), " left"),
-                TIMEOUT,
-                |v: &[$k]| v.is_empty(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        };
-    }
-    all_gone!(Pod);
-    all_gone!(Deployment);
-    all_gone!(k8s_openapi::api::apps::v1::ReplicaSet);
-    all_gone!(Service);
-    all_gone!(NetworkPolicy);
-    all_gone!(Secret);
-    all_gone!(ConfigMap);
-    all_gone!(ServiceAccount);
-    all_gone!(Role);
-    all_gone!(RoleBinding);
-    assert!(env.cluster_bindings("t").await.is_empty());
+    env.assert_nothing_left("t").await;
     drop(mcp);
     env.finish(None).await;
 }
@@ -414,31 +388,8 @@ async fn killing_the_agent_mid_command_is_reported_and_the_session_recovers() {
         .expect("session pod");
     let agent = container_pid(&pod);
 
-    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": KILLED}}});
-    let call = mcp
-        .http
-        .post(format!("{}/mcp", mcp.base))
-        .bearer_auth(&mcp.token)
-        .header("x-session-id", "victim")
-        .header("accept", "application/json, text/event-stream")
-        .json(&body)
-        .send();
-    let kill = async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !process_running(&["sleep", "31337"]) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the command never started"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(agent),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill the agent");
-    };
+    let call = mcp.post_bash("victim", KILLED).send();
+    let kill = kill_when_running(&["sleep", "31337"], agent, Duration::from_secs(30));
     let (resp, ()) = tokio::join!(call, kill);
     let resp = resp.expect("the in-flight call gets an HTTP answer");
     let status = resp.status().as_u16();
