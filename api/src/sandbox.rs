@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::names::{annotation, label, InstanceName, PoolSuffix};
-use crate::token::Commitment;
+use crate::token::{Commitment, HmacKey};
 use crate::wire::AGENT_PORT;
 use crate::SessionId;
 
@@ -377,6 +377,23 @@ fn mount(name: &str, path: &str) -> VolumeMount {
     }
 }
 
+/// Whether `pod` was made to be assigned under `key`: its `ASSIGN_SHA256` is the commitment
+/// of `key.assign_token(<pod name>)`. A pool pod made under another key refuses this key's
+/// `/assign` (the operator replaces it; a server skips it).
+pub fn made_for_key(pod: &Pod, key: &HmacKey) -> bool {
+    let expected = key
+        .assign_token(&pod.metadata.name.clone().unwrap_or_default())
+        .commitment()
+        .to_hex();
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.env.as_ref())
+        .and_then(|env| env.iter().find(|e| e.name == ENV_ASSIGN_SHA256))
+        .and_then(|e| e.value.as_deref())
+        == Some(expected.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,6 +459,10 @@ mod tests {
         assert_eq!(ann[annotation::SANDBOX_HASH], cfg().hash());
         assert_eq!(env_value(&pod, ENV_TOKEN_SHA256), Some(commitment));
         assert_eq!(env_value(&pod, ENV_ASSIGN_SHA256), None);
+        assert!(
+            !made_for_key(&pod, &key()),
+            "a session pod takes no /assign"
+        );
         assert!(m
             .name
             .as_deref()
@@ -470,6 +491,8 @@ mod tests {
         assert!(!ann.contains_key(annotation::TOKEN_SHA256));
         assert!(!ann.contains_key(annotation::LAST_ACTIVITY));
         assert_eq!(env_value(&pod, ENV_ASSIGN_SHA256), Some(assign.to_hex()));
+        assert!(made_for_key(&pod, &key()));
+        assert!(!made_for_key(&pod, &HmacKey::from_bytes([9; 32])));
         assert_eq!(env_value(&pod, ENV_TOKEN_SHA256), None);
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
-use cli_mcp_api::sandbox::ENV_ASSIGN_SHA256;
+use cli_mcp_api::sandbox::made_for_key;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::journey::{
@@ -314,20 +314,7 @@ fn signed_with(p: &Pod, key: &HmacKey) -> bool {
                 .get(cli_mcp_api::names::annotation::TOKEN_SHA256)
                 .is_some_and(|c| *c == key.session_token(&sid).commitment().to_hex())
         }
-        None => {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.containers.first())
-                .and_then(|c| c.env.as_ref())
-                .and_then(|env| env.iter().find(|e| e.name == ENV_ASSIGN_SHA256))
-                .and_then(|e| e.value.as_deref())
-                == Some(
-                    key.assign_token(&p.name_any())
-                        .commitment()
-                        .to_hex()
-                        .as_str(),
-                )
-        }
+        None => made_for_key(p, key),
     }
 }
 

@@ -22,7 +22,7 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
-use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole, ENV_ASSIGN_SHA256};
+use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxConfig, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 
 use crate::context::{Context, PoolExpectations};
@@ -139,16 +139,6 @@ pub fn failing_state(p: &Pod) -> Option<(String, String)> {
     })
 }
 
-fn env_value(p: &Pod, name: &str) -> Option<String> {
-    p.spec
-        .as_ref()?
-        .containers
-        .iter()
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == name)
-        .and_then(|e| e.value.clone())
-}
-
 /// True when the pod was built from another config or key than the current one.
 pub fn is_stale(p: &Pod, hash: &str, key: Option<&HmacKey>) -> bool {
     if p.annotations()
@@ -158,13 +148,7 @@ pub fn is_stale(p: &Pod, hash: &str, key: Option<&HmacKey>) -> bool {
     {
         return true;
     }
-    match key {
-        Some(key) => {
-            let expected = key.assign_token(&p.name_any()).commitment().to_hex();
-            env_value(p, ENV_ASSIGN_SHA256).as_deref() != Some(expected.as_str())
-        }
-        None => false,
-    }
+    key.is_some_and(|key| !made_for_key(p, key))
 }
 
 /// Sandbox pods of one instance from the scope-wide cache.

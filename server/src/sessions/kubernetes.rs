@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::{annotation, label, InstanceName};
-use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole, ENV_ASSIGN_SHA256};
+use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxConfig, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::wire::{AssignRequest, AGENT_PORT};
 use cli_mcp_api::SessionId;
@@ -426,7 +426,7 @@ impl KubeBackend {
         // the operator instead of claiming and then deleting it (while the key is rotated,
         // the replica being replaced would otherwise burn the new pool).
         let same_config = candidates.len();
-        candidates.retain(|p| self.assignable(p));
+        candidates.retain(|p| made_for_key(p, &self.key));
         if candidates.is_empty() && same_config > 0 {
             tracing::warn!(warm = same_config,
                 "warm pods exist but none was made for this replica's HMAC key (the key was rotated: this replica or the pool is outdated); creating on demand");
@@ -441,18 +441,6 @@ impl KubeBackend {
             }
         }
         Ok(None)
-    }
-
-    /// Whether the pod's assign commitment (in its env) is this replica's key's.
-    fn assignable(&self, p: &Pod) -> bool {
-        let expected = self.key.assign_token(&p.name_any()).commitment().to_hex();
-        p.spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .and_then(|c| c.env.as_ref())
-            .and_then(|env| env.iter().find(|e| e.name == ENV_ASSIGN_SHA256))
-            .and_then(|e| e.value.as_deref())
-            == Some(expected.as_str())
     }
 
     /// Claims one warm pod: guarded patch, then `/assign`. Deletes the pod on any failure
