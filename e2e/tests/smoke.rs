@@ -451,7 +451,16 @@ async fn deleted_pod_has_no_process_and_no_network_namespace_left() {
         inode, host_inode,
         "the pod runs in its own network namespace"
     );
-    let in_ns = pids_in_netns(inode);
+    // Ready means the shell started (no probes), not that it has forked its `sleep` yet:
+    // poll /proc (no event says so), bounded.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let in_ns = loop {
+        let in_ns = pids_in_netns(inode);
+        if in_ns.len() >= 2 || Instant::now() > deadline {
+            break in_ns;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(
         in_ns.len() >= 2,
         "the shell and its sleep child run in the pod netns: {in_ns:?}"
