@@ -7,10 +7,12 @@
 //! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
 //! - [`testing`]: one shared cluster per test run, namespaces per test, watch-based waits.
 //! - [`journey`]: the operator installed as a user would, instances, an MCP client over TLS.
+//! - [`load`]: a bounded CPU load for tests that must hold on a busy machine.
 
 pub mod cluster;
 pub mod error;
 pub mod journey;
+pub mod load;
 pub mod net;
 pub mod pki;
 pub mod portforward;

@@ -1,4 +1,4 @@
-//! Faults end to end (issue 6, docs/e2e.md): what a user sees through the real MCP endpoint
+//! Faults end to end (docs/e2e.md): what a user sees through the real MCP endpoint
 //! (operator installed from `config/default`, server and sandboxes as pods) when a part of
 //! the system fails. "Nothing lost" is asserted each time: the caller gets a clear result or
 //! error, no object is orphaned, and no session is silently swapped (a session whose sandbox
@@ -17,6 +17,7 @@ use cli_mcp_e2e::journey::{
     container_pid, kill_when_running, process_running, sandbox_selector, server_selector,
     session_of, stdout, text, Env,
 };
+use cli_mcp_e2e::load::CpuLoad;
 use cli_mcp_e2e::testing::{pod_ip, pod_is_ready, wait_for, wait_for_set, TIMEOUT};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -106,13 +107,27 @@ impl SessionPodPeak {
 /// tool result, and no more than 100 session pods ever exist.
 #[tokio::test]
 async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
-    let env = instance("f-limit", "m", 5, |cr| {
+    burst_against_the_limit("f-limit", None).await;
+}
+
+/// The same burst with every CPU of the machine busy: admission must not depend on how fast
+/// the API answers.
+#[tokio::test]
+async fn two_hundred_new_sessions_against_a_limit_of_one_hundred_with_the_cpus_busy() {
+    burst_against_the_limit("f-limit-load", Some(Duration::from_secs(300))).await;
+}
+
+/// 200 new sessions at once against `maxSessions: 100`, with the CPUs busy for at most
+/// `load` while the burst runs.
+async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
+    let env = instance(prefix, "m", 5, |cr| {
         cr["spec"]["sandbox"]["maxSessions"] = json!(100);
         cr["spec"]["replicas"] = json!(1);
     })
     .await;
     let mcp = env.client("m").await;
     let peak = SessionPodPeak::start(&env, "m");
+    let busy = load.map(CpuLoad::start);
     let t0 = std::time::Instant::now();
     let calls = (0..200).map(|i| {
         let mcp = &mcp;
@@ -120,6 +135,7 @@ async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
     });
     let results = futures::future::join_all(calls).await;
     let took = t0.elapsed();
+    drop(busy);
     let mut ok = 0;
     let mut limited = 0;
     let mut other = Vec::new();
@@ -134,7 +150,8 @@ async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
     }
     assert!(
         other.is_empty(),
-        "neither a session nor the limit error: {other:#?}"
+        "neither a session nor the limit error ({} of 200; {ok} started, {limited} refused, in {took:?}): {other:#?}",
+        other.len()
     );
     assert_eq!((ok, limited), (100, 100), "started vs refused");
     let sessions: Vec<Pod> = env
@@ -149,7 +166,8 @@ async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
         peak <= 100,
         "at most 100 session pods at any time, saw {peak}"
     );
-    eprintln!("200 new sessions against maxSessions 100: {took:?}, peak {peak} session pods");
+    let busy = if load.is_some() { ", CPUs busy" } else { "" };
+    eprintln!("200 new sessions against maxSessions 100{busy}: {took:?}, peak {peak} session pods");
     drop(mcp);
     env.finish(Some("m")).await;
 }

@@ -34,6 +34,7 @@ use cli_mcp_api::wire::{AssignRequest, AGENT_PORT};
 use cli_mcp_api::SessionId;
 
 use super::activity::ActivityStamper;
+use super::admission::{Admission, LimitReached, PodView, Refusal, Reservation};
 use super::cache::{Route, RouteCache, SessionLocks};
 use super::{now_rfc3339, owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
 use crate::agent_client::AgentClient;
@@ -74,6 +75,7 @@ pub struct KubeBackend {
     cache: RouteCache,
     locks: SessionLocks,
     stamper: Arc<ActivityStamper>,
+    /// Admission of new sessions under `--max-sessions`, fed by the pod watch.
     admission: Admission,
     limits: Limits,
     metrics: Arc<Metrics>,
@@ -81,39 +83,9 @@ pub struct KubeBackend {
     api_health: std::sync::Mutex<ApiHealth>,
 }
 
-/// Longest a new session waits to be admitted (the gate, then the list of sessions).
-const ADMISSION_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Admission of new sessions against `--max-sessions` within this replica.
-///
-/// Counting the sessions and then starting one is not atomic: concurrent new sessions all see
-/// the same count and all start. So a new session first takes `gate`, snapshots the sessions
-/// this replica is starting (`pending`), lists the assigned pods, counts the union of both by
-/// session id, and joins `pending` before it leaves the gate. It leaves `pending` only after
-/// its pod was written (claimed or created) or it gave up. A session that left `pending` did
-/// so after its write, hence before the next snapshot and the list that follows it: every
-/// admitted session is counted by every later admission, once. The gate covers one list
-/// call, never the claim, the create or the wait for Ready.
-#[derive(Default)]
-struct Admission {
-    gate: tokio::sync::Mutex<()>,
-    pending: Arc<std::sync::Mutex<HashSet<SessionId>>>,
-}
-
-/// A place in `Admission::pending`, given back when dropped (also when the call is dropped).
-struct Reservation {
-    pending: Arc<std::sync::Mutex<HashSet<SessionId>>>,
-    sid: SessionId,
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.sid);
-    }
-}
+/// Longest a new session waits for the LIST that admission counts from while its pod watch
+/// cannot be trusted (see [`Admission`]).
+const ADMISSION_LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for KubeBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -153,7 +125,7 @@ impl KubeBackend {
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
             stamper: ActivityStamper::new(),
-            admission: Admission::default(),
+            admission: Admission::new(limits.max_sessions),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
             limits,
             metrics,
@@ -176,7 +148,7 @@ impl KubeBackend {
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                if let Err(e) = me.live_sessions().await {
+                if let Err(e) = me.refresh_gauge().await {
                     tracing::debug!(error = %e, "cannot refresh sessions_active");
                 }
             }
@@ -189,7 +161,8 @@ impl KubeBackend {
         ]
     }
 
-    /// Drops the route of a session as soon as its pod is being deleted (by the idle GC, an
+    /// Feeds admission's view of the instance's sessions (see [`Admission`]), and drops the
+    /// route of a session as soon as its pod is being deleted (by the idle GC, an
     /// admin, another replica), so no call is sent to an address that is going away; and
     /// remembers the pod as gone also for sessions this replica never served, so the next
     /// call reports the reset whichever replica serves it.
@@ -206,14 +179,28 @@ impl KubeBackend {
                 },
             };
             match event {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))
-                    if deleting(&p) || is_terminal(&p) =>
-                {
+                Ok(watcher::Event::Init) => self.admission.relist_started(Instant::now()),
+                Ok(watcher::Event::InitApply(p)) => {
+                    self.admission.relisted(pod_view(&p));
+                    if deleting(&p) || is_terminal(&p) {
+                        self.pod_going(&p)
+                    }
+                }
+                Ok(watcher::Event::InitDone) => self.admission.relist_done(),
+                Ok(watcher::Event::Apply(p)) => {
+                    self.admission.applied(pod_view(&p));
+                    if deleting(&p) || is_terminal(&p) {
+                        self.pod_going(&p)
+                    }
+                }
+                Ok(watcher::Event::Delete(p)) => {
+                    self.admission.deleted(pod_view(&p));
                     self.pod_going(&p)
                 }
-                Ok(watcher::Event::Delete(p)) => self.pod_going(&p),
-                Ok(_) => {}
-                Err(e) => tracing::debug!(error = %e, "sandbox pod watch error (retrying)"),
+                Err(e) => {
+                    self.admission.watch_failed();
+                    tracing::debug!(error = %e, "sandbox pod watch error (retrying)")
+                }
             }
         }
     }
@@ -252,20 +239,33 @@ impl KubeBackend {
         }
     }
 
-    /// Session ids of the assigned, not-terminating pods; updates the gauge.
-    async fn live_sessions(&self) -> Result<HashSet<String>, SessionError> {
+    /// Session ids of the assigned, not-terminating pods, from a LIST; updates the gauge.
+    async fn live_sessions(&self) -> Result<HashSet<SessionId>, SessionError> {
         let list = self
             .pods
             .list_metadata(&ListParams::default().labels(&self.instance.assigned_selector()))
             .await?;
-        let live: HashSet<String> = list
+        let live: HashSet<SessionId> = list
             .items
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(|p| p.metadata.labels?.remove(label::SESSION_ID))
+            .filter_map(|s| SessionId::parse(&s).ok())
             .collect();
         self.metrics.sessions_active.set(live.len() as i64);
         Ok(live)
+    }
+
+    /// Refreshes the `sessions_active` gauge: from the pod watch's view, or a LIST while that
+    /// view cannot be trusted.
+    async fn refresh_gauge(&self) -> Result<(), SessionError> {
+        match self.admission.live_sessions() {
+            Some(n) => {
+                self.metrics.sessions_active.set(n as i64);
+                Ok(())
+            }
+            None => self.live_sessions().await.map(drop),
+        }
     }
 
     /// Session pods by label, duplicates resolved, pods of an old key removed.
@@ -357,46 +357,26 @@ impl KubeBackend {
         }
     }
 
-    /// Admits one new session under `--max-sessions` (see [`Admission`]); the reservation
-    /// must be held until the session's pod is written or the start gave up.
+    /// Admits one new session under `--max-sessions` (see [`Admission`]): from the pod
+    /// watch's view, or from a LIST while that view cannot be trusted. The reservation must be
+    /// held until the session's pod is written ([`Reservation::written`]) or the start gave
+    /// up.
     async fn admit(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
-        // Bounded: new sessions queue behind one list at a time, so a slow (not down) API
-        // must not stack them up for minutes.
-        let slow = || {
-            SessionError::Kubernetes(format!(
-                "counting the instance's sessions took over {}s; retry shortly",
-                ADMISSION_TIMEOUT.as_secs()
-            ))
-        };
-        let _gate = tokio::time::timeout(ADMISSION_TIMEOUT, self.admission.gate.lock())
-            .await
-            .map_err(|_| slow())?;
-        let pending: Vec<String> = self
-            .admission
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|s| s.as_str().to_owned())
-            .collect();
-        let mut sessions = tokio::time::timeout(ADMISSION_TIMEOUT, self.live_sessions())
-            .await
-            .map_err(|_| slow())??;
-        sessions.extend(pending);
-        if sessions.len() >= self.limits.max_sessions {
-            return Err(SessionError::SessionLimit {
-                max: self.limits.max_sessions,
-            });
+        let limit = |LimitReached { max }| SessionError::SessionLimit { max };
+        match self.admission.reserve(sid) {
+            Ok(r) => return Ok(r),
+            Err(Refusal::Limit(l)) => return Err(limit(l)),
+            Err(Refusal::NotSynced) => {}
         }
-        self.admission
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(sid.clone());
-        Ok(Reservation {
-            pending: self.admission.pending.clone(),
-            sid: sid.clone(),
-        })
+        let listed = tokio::time::timeout(ADMISSION_LIST_TIMEOUT, self.live_sessions())
+            .await
+            .map_err(|_| {
+                SessionError::Kubernetes(format!(
+                    "counting the instance's sessions took over {}s; retry shortly",
+                    ADMISSION_LIST_TIMEOUT.as_secs()
+                ))
+            })??;
+        self.admission.reserve_listed(sid, &listed).map_err(limit)
     }
 
     /// Tries the warm pool; `None` when no pod could be claimed.
@@ -749,16 +729,23 @@ impl KubeBackend {
         })
     }
 
-    /// Claims a warm pod, else creates one; returns it Ready.
+    /// Claims a warm pod, else creates one; returns it Ready. The reservation is handed on
+    /// as soon as the pod is written.
     async fn start_new(
         &self,
         sid: &SessionId,
         caller: &Caller,
+        reservation: &Reservation,
     ) -> Result<(Pod, Launch), SessionError> {
+        let written = |p: &Pod| reservation.written(&p.uid().unwrap_or_else(|| p.name_any()));
         match self.claim_warm(sid, caller).await? {
-            Some(p) => Ok((p, Launch::Warm)),
+            Some(p) => {
+                written(&p);
+                Ok((p, Launch::Warm))
+            }
             None => {
                 let p = self.create_cold(sid, caller).await?;
+                written(&p);
                 Ok((self.wait_ready(p).await?, Launch::Cold))
             }
         }
@@ -795,8 +782,8 @@ impl KubeBackend {
             Found::Nothing => {}
         }
 
-        let _reservation = self.admit(sid).await?;
-        let pod = match self.start_new(sid, caller).await {
+        let reservation = self.admit(sid).await?;
+        let pod = match self.start_new(sid, caller, &reservation).await {
             Ok((pod, launch)) => (self.converge(sid, pod).await?, launch),
             Err(e) => {
                 // Another replica may have given the session its pod meanwhile (and deleted
@@ -981,6 +968,18 @@ fn winner_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
         (None, None) => std::cmp::Ordering::Equal,
     }
     .then_with(|| a.name_any().cmp(&b.name_any()))
+}
+
+/// What admission needs of an assigned pod.
+fn pod_view(p: &Pod) -> PodView {
+    PodView {
+        key: p.uid().unwrap_or_else(|| p.name_any()),
+        session: p
+            .labels()
+            .get(label::SESSION_ID)
+            .and_then(|s| SessionId::parse(s).ok()),
+        terminating: deleting(p),
+    }
 }
 
 fn deleting(p: &Pod) -> bool {

@@ -6,6 +6,7 @@
 //! stopped answering, and work out whether the session's state was reset.
 
 pub mod activity;
+pub mod admission;
 pub mod cache;
 pub mod kubernetes;
 pub mod local;
