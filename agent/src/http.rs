@@ -22,7 +22,7 @@ use cli_mcp_api::wire::{
 };
 
 use crate::assignment::{AssignError, Assignment, AuthError};
-use crate::replay::{sha256_hex, Journal, Lookup};
+use crate::runner::{Job, RunError, Runner};
 use crate::shell::{Shell, StopReason};
 
 /// Limits applied to every `/exec`.
@@ -36,12 +36,6 @@ pub struct Limits {
 /// How long a caller may take to send its body once its headers are accepted.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The shell plus the journal of the last requests, for `request_id` replay.
-pub struct Runner {
-    pub shell: Shell,
-    journal: Journal,
-}
-
 pub struct AgentState {
     assignment: Mutex<Assignment>,
     runner: Arc<tokio::sync::Mutex<Runner>>,
@@ -53,10 +47,9 @@ pub struct AgentState {
 impl AgentState {
     pub fn new(assignment: Assignment, shell: Shell, limits: Limits) -> Arc<Self> {
         let (abort_tx, _) = watch::channel(false);
-        let journal = Journal::open(&shell.options().state_dir, shell.options().output_budget);
         Arc::new(Self {
             assignment: Mutex::new(assignment),
-            runner: Arc::new(tokio::sync::Mutex::new(Runner { shell, journal })),
+            runner: Arc::new(tokio::sync::Mutex::new(Runner::new(shell))),
             limits,
             shutting_down: AtomicBool::new(false),
             abort_tx,
@@ -269,8 +262,7 @@ async fn exec(
     }
 
     // Wait for the shell within this call's own timeout.
-    let Ok(mut runner) = tokio::time::timeout(timeout, state.runner.clone().lock_owned()).await
-    else {
+    let Ok(runner) = tokio::time::timeout(timeout, state.runner.clone().lock_owned()).await else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             ErrorCode::Busy,
@@ -279,31 +271,11 @@ async fn exec(
     };
     // A caller that waited for the lock may have waited through SIGTERM.
     state.refuse_if_shutting_down()?;
-    let command_sha256 = sha256_hex(&req.command);
-    // Enough to correlate audit lines without logging what may be a secret.
-    let command_hash = command_sha256[..16].to_owned();
-    if let Some(id) = &req.request_id {
-        match runner.journal.lookup(id, &command_sha256) {
-            Lookup::Unknown => {}
-            Lookup::OtherCommand => {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    ErrorCode::BadRequest,
-                    "request_id was already used for a different command; use a new request_id",
-                ))
-            }
-            Lookup::Done(resp) => return Ok(Json(resp.clone())),
-            Lookup::Interrupted { slot, started } => {
-                let resp = runner.shell.interrupted_by_restart(started);
-                runner.journal.settle(slot, &resp);
-                tracing::warn!(
-                    command_sha256 = %command_hash,
-                    "retry of a command interrupted by an agent restart; not run again"
-                );
-                return Ok(Json(resp));
-            }
-        }
-    }
+    let job = Job {
+        command: req.command,
+        request_id: req.request_id,
+        timeout,
+    };
 
     // The command runs in its own task: if this handler is dropped (the client went away),
     // `cancel_tx` drops with it and the task interrupts the command and cleans up.
@@ -321,43 +293,18 @@ async fn exec(
     };
     let task = tokio::spawn(async move {
         let mut runner = runner;
-        // On disk before the command runs: if this process dies meanwhile, a retry on the
-        // restarted agent learns that the command was interrupted instead of running it again.
-        let slot = req
-            .request_id
-            .as_deref()
-            .map(|id| runner.journal.begin(id, &command_sha256));
-        let result = runner.shell.run(&req.command, timeout, abort).await;
-        match (&result, slot) {
-            (Ok(resp), Some(slot)) => runner.journal.finish(slot, resp),
-            // Sent to bash, then the result was lost: it may have run, so a retry is
-            // answered "effects unknown" (also after an agent restart), never run again.
-            (Err(e), Some(slot)) if e.command_may_have_run() => {
-                let lost = runner.shell.lost_after_send(e);
-                runner.journal.finish(slot, &lost);
-            }
-            // Certainly never reached bash: a retry may run it.
-            (Err(_), Some(slot)) => runner.journal.forget(slot),
-            (_, None) => {}
-        }
-        if let Ok(resp) = &result {
-            tracing::info!(
-                command_sha256 = %command_hash,
-                exit_code = resp.exit_code,
-                duration_ms = resp.duration_ms,
-                bytes = resp.total_bytes,
-                timed_out = resp.timed_out,
-                shell_restarted = resp.shell_restarted,
-                "exec"
-            );
-        }
-        result
+        runner.run_once(&job, abort).await
     });
     let joined = task.await;
     drop(cancel_tx);
     match joined {
         Ok(Ok(resp)) => Ok(Json(resp)),
-        Ok(Err(e)) => {
+        Ok(Err(e @ RunError::RequestIdReused)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::BadRequest,
+            e.to_string(),
+        )),
+        Ok(Err(RunError::Shell(e))) => {
             tracing::error!(error = %e, "exec failed");
             Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,

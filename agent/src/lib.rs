@@ -6,7 +6,8 @@
 //! - [`procs`] and [`reaper`] find, kill and reap the processes a command leaves behind.
 //! - [`assignment`] holds who may run commands (token commitments) and recovers it after a
 //!   container restart.
-//! - [`replay`] remembers the last requests, on disk too, so a retry is never run twice.
+//! - [`replay`] remembers the last requests, on disk too; [`runner`] consults it so that a
+//!   retry is never run twice.
 //! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`listener`] caps connections.
 
 // One audited `unsafe` block: `setsid` in the child before exec (shell::new_session).
@@ -20,4 +21,8 @@ pub mod output;
 pub mod procs;
 pub mod reaper;
 pub mod replay;
+pub mod runner;
 pub mod shell;
+
+#[cfg(test)]
+mod test_support;

@@ -90,7 +90,7 @@ async fn run() -> anyhow::Result<()> {
     }
     if let Ok(mut runner) = tokio::time::timeout(flags.kill_grace() * 3, state.idle_runner()).await
     {
-        runner.shell.kill().await;
+        runner.kill_shell().await;
     }
     // Whatever is left (a command still running past the deadline, escaped orphans) goes
     // with us, also when we are not PID 1 of a container.

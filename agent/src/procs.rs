@@ -213,6 +213,7 @@ mod tests {
 
     #[test]
     fn children_of_a_single_threaded_shell_are_listed() {
+        let _serial = crate::test_support::PROCESSES.blocking_lock();
         use std::io::BufRead;
         // `children` is per thread; bash (like the agent's shell) has only its main thread.
         use std::os::unix::process::CommandExt;
