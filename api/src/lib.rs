@@ -3,7 +3,9 @@
 //! Everything two of our binaries must agree on lives here, so it is written once:
 //! object names and label keys ([`names`]), the session identifier ([`SessionId`]), the token
 //! scheme ([`token`]), the agent's JSON wire types ([`wire`]) and — with the default `k8s`
-//! feature — the sandbox pod builder used by both pod writers ([`sandbox`]).
+//! feature — the sandbox pod builder used by both pod writers ([`sandbox`]), what a pod's
+//! observed state means ([`pod_state`]) and the activity stamp the server writes and the
+//! operator's idle GC reads ([`activity`]).
 //!
 //! The agent depends on this crate without the `k8s` feature, so it stays free of kube.
 
@@ -15,7 +17,11 @@ pub mod token;
 pub mod wire;
 
 #[cfg(feature = "k8s")]
+pub mod activity;
+#[cfg(feature = "k8s")]
 pub mod crd;
+#[cfg(feature = "k8s")]
+pub mod pod_state;
 #[cfg(feature = "k8s")]
 pub mod sandbox;
 

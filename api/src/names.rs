@@ -162,6 +162,17 @@ impl InstanceName {
     pub fn selector(&self) -> String {
         format!("{}={}", label::INSTANCE, self.0)
     }
+    /// Label selector of this instance's server pods (the Deployment's pod selector, also
+    /// published as `status.selector` for the scale subresource).
+    pub fn server_selector(&self) -> String {
+        format!(
+            "{}={},{}={}",
+            label::INSTANCE,
+            self.0,
+            label::COMPONENT,
+            label::COMPONENT_SERVER
+        )
+    }
     /// Label selector of this instance's sandbox pods.
     pub fn sandbox_selector(&self) -> String {
         format!(
@@ -253,6 +264,10 @@ mod tests {
         assert_eq!(
             n.session_selector(&sid),
             "cli-mcp.redhat.com/instance=demo,cli-mcp.redhat.com/component=sandbox,cli-mcp.redhat.com/session-id=abc"
+        );
+        assert_eq!(
+            n.server_selector(),
+            "cli-mcp.redhat.com/instance=demo,cli-mcp.redhat.com/component=server"
         );
         assert_eq!(
             n.unassigned_selector(),

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_api::names::label;
+use cli_mcp_api::names::InstanceName;
+use cli_mcp_api::pod_state;
 use cli_mcp_e2e::cluster::{ClusterConfig, KUBECONFIG_ENV};
 use cli_mcp_e2e::journey::{container_pid, sandbox_selector, session_of, Env, Mcp};
 use cli_mcp_e2e::testing::{
@@ -227,16 +228,11 @@ async fn calls(ep: &Mcp, sid: &str, n: usize) -> (Vec<Duration>, usize) {
 /// The instance's one server pod: its IP, and its host pid (for RSS).
 async fn server_pod(env: &Env) -> anyhow::Result<(String, i32)> {
     let pods = env
-        .list::<Pod>(&format!(
-            "{}={INSTANCE},{}={}",
-            label::INSTANCE,
-            label::COMPONENT,
-            label::COMPONENT_SERVER
-        ))
+        .list::<Pod>(&InstanceName::parse(INSTANCE)?.server_selector())
         .await;
     let p = pods
         .iter()
-        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .find(|p| !pod_state::is_deleting(p))
         .context("no server pod")?;
     Ok((pod_ip(p).context("server pod IP")?, container_pid(p)))
 }

@@ -443,10 +443,7 @@ where
 
 /// True when the pod has condition Ready=True.
 pub fn pod_is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    cli_mcp_api::pod_state::is_ready(pod)
 }
 
 /// The pod's IP, once it has one.

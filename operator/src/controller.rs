@@ -561,13 +561,7 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         image: Some(inp.sandbox.image.clone()),
         endpoint: Some(inp.endpoint()),
         ca_config_map: tls.ca_config_map.clone(),
-        selector: Some(format!(
-            "{}={},{}={}",
-            label::INSTANCE,
-            inp.name,
-            label::COMPONENT,
-            label::COMPONENT_SERVER
-        )),
+        selector: Some(inp.name.server_selector()),
     };
     write_status(ctx, &cr, &obs).await?;
 

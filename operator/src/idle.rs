@@ -14,13 +14,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, ResourceExt};
 
-use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::activity::{last_activity, STAMP_RESOLUTION};
+use cli_mcp_api::names::annotation;
+use cli_mcp_api::pod_state::{is_assigned, is_deleting, session_of};
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 use crate::context::Context;
 use crate::error::Result;
-use crate::pool::{is_assigned, is_status, is_terminating};
+use crate::pool::is_status;
 
 /// Why an assigned sandbox is collected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,24 +49,8 @@ pub struct IdlePlan {
     pub active: i32,
 }
 
-/// Resolution of the `last-activity` stamps (RFC 3339, whole seconds, truncated).
-pub const STAMP_RESOLUTION: Duration = Duration::from_secs(1);
-
-/// When the sandbox was last used.
-pub fn last_activity(p: &Pod) -> Option<Timestamp> {
-    let ann = p.annotations();
-    ann.get(annotation::LAST_ACTIVITY)
-        .or_else(|| ann.get(annotation::CREATED_AT))
-        .and_then(|s| s.parse::<Timestamp>().ok())
-        .or_else(|| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-}
-
 fn has_stale_token(p: &Pod, key: &HmacKey) -> bool {
-    let Some(sid) = p
-        .labels()
-        .get(label::SESSION_ID)
-        .and_then(|s| SessionId::parse(s).ok())
-    else {
+    let Some(sid) = session_of(p).and_then(|s| SessionId::parse(s).ok()) else {
         return false;
     };
     match p.annotations().get(annotation::TOKEN_SHA256) {
@@ -76,7 +62,7 @@ fn has_stale_token(p: &Pod, key: &HmacKey) -> bool {
 /// Decides which assigned sandboxes to collect. Pure.
 pub fn plan(pods: &[Arc<Pod>], idle: Duration, now: Timestamp, key: Option<&HmacKey>) -> IdlePlan {
     let mut out = IdlePlan::default();
-    for p in pods.iter().filter(|p| is_assigned(p) && !is_terminating(p)) {
+    for p in pods.iter().filter(|p| is_assigned(p) && !is_deleting(p)) {
         if key.is_some_and(|k| has_stale_token(p, k)) {
             out.collect.push((p.clone(), CollectReason::StaleKey));
             continue;
@@ -130,7 +116,7 @@ pub async fn collect(
                 ctx.metrics.session_collected(reason.as_str());
                 tracing::info!(
                     pod = %pod.name_any(),
-                    session = %pod.labels().get(label::SESSION_ID).cloned().unwrap_or_default(),
+                    session = session_of(pod).unwrap_or_default(),
                     reason = reason.as_str(),
                     "collected sandbox"
                 );

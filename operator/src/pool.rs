@@ -21,7 +21,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
+use cli_mcp_api::activity;
 use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
+use cli_mcp_api::pod_state::{self, is_assigned, is_deleting, is_ready, is_terminal};
 use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxConfig, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 
@@ -32,17 +34,6 @@ use crate::error::Result;
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
 /// Most creates sent in one reconcile (the rest follow on the next one).
 pub const MAX_CREATES_PER_RECONCILE: usize = 50;
-
-/// Container waiting reasons that mean "this pod will not become Ready by itself soon".
-const FAILING_REASONS: &[&str] = &[
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CrashLoopBackOff",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-];
 
 /// Why a pool pod is deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,48 +86,13 @@ pub struct PlanInputs<'a> {
     pub may_create: bool,
 }
 
-pub fn is_assigned(p: &Pod) -> bool {
-    p.labels().contains_key(label::SESSION_ID)
-}
-
-pub fn is_terminating(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_some()
-}
-
-pub fn pod_is_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn phase(p: &Pod) -> Option<&str> {
-    p.status.as_ref().and_then(|s| s.phase.as_deref())
-}
-
 /// Why a pod is not making progress, if it is stuck: the scheduler cannot place it, or a
-/// container waits in an image-pull, crash-loop or configuration error.
+/// container waits for something only a fix can change.
 pub fn failing_state(p: &Pod) -> Option<(String, String)> {
-    let status = p.status.as_ref()?;
-    let unschedulable = status.conditions.iter().flatten().find(|c| {
-        c.type_ == "PodScheduled"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("Unschedulable")
-    });
-    if let Some(c) = unschedulable {
-        return Some((
-            "Unschedulable".to_owned(),
-            c.message.clone().unwrap_or_default(),
-        ));
+    if let Some(message) = pod_state::unschedulable(p) {
+        return Some(("Unschedulable".to_owned(), message));
     }
-    let statuses = status.container_statuses.as_ref()?;
-    statuses.iter().find_map(|cs| {
-        let w = cs.state.as_ref()?.waiting.as_ref()?;
-        let reason = w.reason.as_deref()?;
-        FAILING_REASONS
-            .contains(&reason)
-            .then(|| (reason.to_owned(), w.message.clone().unwrap_or_default()))
-    })
+    pod_state::cannot_start(p).map(|c| (c.reason, c.message))
 }
 
 /// True when the pod was built from another config or key than the current one.
@@ -172,7 +128,7 @@ pub fn observe(exp: &mut PoolExpectations, pods: &[Arc<Pod>], now: Instant) {
     exp.deletes.retain(|uid, at| {
         let still_live = pods
             .iter()
-            .any(|p| p.uid().as_deref() == Some(uid.as_str()) && !is_terminating(p));
+            .any(|p| p.uid().as_deref() == Some(uid.as_str()) && !is_deleting(p));
         still_live && now.duration_since(*at) < EXPECTATION_TTL
     });
 }
@@ -182,13 +138,13 @@ pub fn plan(pods: &[Arc<Pod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> 
     let mut out = Plan::default();
     let mut occupying: Vec<Arc<Pod>> = Vec::new();
     for p in pods {
-        if is_assigned(p) || is_terminating(p) {
+        if is_assigned(p) || is_deleting(p) {
             continue;
         }
         if p.uid().is_some_and(|u| exp.deletes.contains_key(&u)) {
             continue;
         }
-        if matches!(phase(p), Some("Failed") | Some("Succeeded")) {
+        if is_terminal(p) {
             out.delete.push((p.clone(), DeleteReason::Dead));
             continue;
         }
@@ -203,7 +159,7 @@ pub fn plan(pods: &[Arc<Pod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> 
                 reason,
                 message,
             });
-        } else if pod_is_ready(p) {
+        } else if is_ready(p) {
             out.ready += 1;
         }
         occupying.push(p.clone());
@@ -220,7 +176,7 @@ pub fn plan(pods: &[Arc<Pod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> 
         occupying.sort_by_key(|p| {
             (
                 failing_state(p).is_none(),
-                pod_is_ready(p),
+                is_ready(p),
                 p.metadata.creation_timestamp.clone().map(|t| t.0),
                 p.name_any(),
             )
@@ -335,7 +291,11 @@ pub async fn reconcile(
                 let suffix = PoolSuffix::from_random_bytes(rand::random());
                 let name = cfg.instance.pool_pod(&suffix);
                 let assign = key.assign_token(&name).commitment();
-                build_sandbox_pod(cfg, &SandboxRole::Pool { suffix, assign }, &rfc3339_now())
+                build_sandbox_pod(
+                    cfg,
+                    &SandboxRole::Pool { suffix, assign },
+                    &activity::stamp_now(),
+                )
             })
             .collect();
         ctx.pool.with(uid, |exp, _| {
@@ -399,7 +359,7 @@ pub async fn delete_unclaimed(api: &Api<Pod>, pod: &Pod) -> Result<Option<String
     let Some(fresh) = api.get_opt(&pod.name_any()).await? else {
         return Ok(None);
     };
-    if fresh.uid() != pod.uid() || is_assigned(&fresh) || is_terminating(&fresh) {
+    if fresh.uid() != pod.uid() || is_assigned(&fresh) || is_deleting(&fresh) {
         return Ok(None);
     }
     let dp = DeleteParams {
@@ -419,13 +379,6 @@ pub async fn delete_unclaimed(api: &Api<Pod>, pod: &Pod) -> Result<Option<String
 
 pub fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
-}
-
-pub fn rfc3339_now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)
-        .map(|t| t.to_string())
-        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now().to_string())
 }
 
 #[cfg(test)]

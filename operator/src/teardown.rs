@@ -14,21 +14,11 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_api::names::{label, FIELD_MANAGER};
+use cli_mcp_api::names::FIELD_MANAGER;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pool::is_status;
-
-fn server_selector(n: &cli_mcp_api::names::InstanceName) -> String {
-    format!(
-        "{}={},{}={}",
-        label::INSTANCE,
-        n,
-        label::COMPONENT,
-        label::COMPONENT_SERVER
-    )
-}
 
 /// True once the teardown has run longer than allowed: remaining pods are left to the
 /// garbage collector (they carry owner references) rather than blocking deletion forever.
@@ -88,7 +78,7 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let server_pods = pods
-        .list_metadata(&ListParams::default().labels(&server_selector(&name)))
+        .list_metadata(&ListParams::default().labels(&name.server_selector()))
         .await?;
     if !server_pods.items.is_empty() && !give_up {
         return Err(Error::Waiting(format!(

@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::pod_state;
 
 use crate::children::INSTANCE_NAMESPACE_LABEL;
 use crate::context::{Scope, Stores};
@@ -70,7 +71,7 @@ where
 pub fn pod_fingerprint(p: &Pod) -> u64 {
     let mut h = DefaultHasher::new();
     p.labels().hash(&mut h);
-    p.metadata.deletion_timestamp.is_some().hash(&mut h);
+    pod_state::is_deleting(p).hash(&mut h);
     for key in [annotation::SANDBOX_HASH, annotation::TOKEN_SHA256] {
         p.annotations().get(key).hash(&mut h);
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label, InstanceName};
+use cli_mcp_api::pod_state::{is_assigned, is_deleting};
 use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::testing::{cluster, wait_for, wait_for_set};
@@ -357,10 +358,7 @@ async fn pool_shrinks_without_deleting_concurrently_claimed_pods() {
         &sandbox_selector("shrink"),
         "only claimed pods left",
         TIMEOUT,
-        |ps: &[Pod]| {
-            ps.iter()
-                .all(|p| p.labels().contains_key(label::SESSION_ID))
-        },
+        |ps: &[Pod]| ps.iter().all(is_assigned),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
@@ -368,7 +366,7 @@ async fn pool_shrinks_without_deleting_concurrently_claimed_pods() {
     for uid in &won {
         assert!(left_uids.contains(uid), "claimed pod {uid:?} was deleted");
     }
-    assert!(left.iter().all(|p| p.metadata.deletion_timestamp.is_none()));
+    assert!(left.iter().all(|p| !is_deleting(p)));
     finish(ns, "shrink", &op).await;
 }
 
@@ -410,7 +408,7 @@ async fn image_change_replaces_unassigned_pods_only() {
                             .and_then(|s| s.containers[0].image.as_deref())
                             == Some("cli-mcp-agent:v2")
                 })
-                && ps.iter().all(|p| p.metadata.deletion_timestamp.is_none())
+                && ps.iter().all(|p| !is_deleting(p))
         },
     )
     .await
@@ -480,9 +478,7 @@ async fn idle_session_is_collected_and_active_one_is_not() {
         &stale.name_any(),
         "idle session collected",
         TIMEOUT,
-        |p: Option<&Pod>| {
-            p.is_none_or(|p| p.metadata.deletion_timestamp.is_some() && p.uid() == stale.uid())
-        },
+        |p: Option<&Pod>| p.is_none_or(|p| is_deleting(p) && p.uid() == stale.uid()),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
@@ -491,10 +487,7 @@ async fn idle_session_is_collected_and_active_one_is_not() {
         .get(&active.name_any())
         .await
         .expect("active session exists");
-    assert!(
-        a.metadata.deletion_timestamp.is_none(),
-        "active session kept"
-    );
+    assert!(!is_deleting(&a), "active session kept");
     let o = wait_for(
         ns.api::<CliMcpInstance>(),
         "idle",
@@ -611,7 +604,7 @@ async fn teardown_survives_an_operator_restart() {
         &held.name_any(),
         "held pod terminating",
         TIMEOUT,
-        |p: Option<&Pod>| p.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        |p: Option<&Pod>| p.is_some_and(is_deleting),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
@@ -710,7 +703,7 @@ async fn deleted_hmac_secret_gives_a_new_key_rolls_the_server_and_replaces_the_p
         &live.name_any(),
         "old-key session collected",
         TIMEOUT,
-        |p: Option<&Pod>| p.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        |p: Option<&Pod>| p.is_none_or(is_deleting),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));

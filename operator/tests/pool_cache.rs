@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use cli_mcp_api::names::InstanceName;
+use cli_mcp_api::pod_state;
 use cli_mcp_api::sandbox::SandboxConfig;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_e2e::testing::cluster;
@@ -72,7 +73,7 @@ async fn a_stale_cache_never_creates_pods_that_already_exist() {
             .expect("list pods")
             .items
             .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| !pod_state::is_deleting(p))
             .count()
     };
 
