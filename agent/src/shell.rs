@@ -34,7 +34,7 @@ use tokio::sync::watch;
 
 use cli_mcp_api::wire::{encode_stream, ExecResponse};
 
-use crate::output::{self, SPILLS_KEPT};
+use crate::output::{self, Captured, SPILLS_KEPT};
 use crate::procs;
 use crate::reaper::{ExitCode, Reaper};
 
@@ -144,6 +144,115 @@ enum Ended {
     ShellExited(ExitCode),
     /// Timeout or interruption before either of the above.
     Stopped(Stop),
+}
+
+/// One command's directory: `cmd` holds the command, `out` and `err` its output.
+struct CommandFiles {
+    dir: PathBuf,
+    /// Tags the command's status record; also part of the directory's name.
+    nonce: String,
+    seq: u64,
+}
+
+impl CommandFiles {
+    fn line(&self) -> String {
+        command_line(&self.dir, &self.nonce)
+    }
+
+    fn error(&self, source: io::Error) -> ShellError {
+        ShellError::Files {
+            dir: self.dir.clone(),
+            source,
+        }
+    }
+}
+
+/// What a response says about the shell beyond the command's own output: `[cli-mcp-agent:
+/// …]` lines at the end of stderr, and whether the shell state was reset.
+struct Notes {
+    lines: Vec<String>,
+    shell_restarted: bool,
+}
+
+impl Notes {
+    /// Starts with a reset that happened outside any command (an agent restart), if any.
+    fn new(pending_reset: Option<String>) -> Self {
+        Self {
+            shell_restarted: pending_reset.is_some(),
+            lines: pending_reset.into_iter().collect(),
+        }
+    }
+
+    fn note(&mut self, line: impl Into<String>) {
+        self.lines.push(line.into());
+    }
+
+    /// The shell was replaced, for the reason `line` gives.
+    fn reset(&mut self, line: impl Into<String>) {
+        self.note(line);
+        self.shell_restarted = true;
+    }
+
+    /// Puts why the command stopped early first, and returns the exit code that reports it.
+    fn stopped(&mut self, stop: Stop, timeout: Duration) -> i32 {
+        let (line, code) = match stop {
+            Stop::Timeout => (
+                format!(
+                    "command timed out after {} and was killed",
+                    human_duration(timeout)
+                ),
+                EXIT_TIMEOUT,
+            ),
+            Stop::Aborted(reason) => {
+                let why = match reason {
+                    StopReason::CallerGone => "the caller went away",
+                    StopReason::Shutdown => "the sandbox agent is shutting down",
+                };
+                (format!("command interrupted: {why}"), EXIT_INTERRUPTED)
+            }
+        };
+        self.lines.insert(0, line);
+        code
+    }
+
+    /// Appends the notes to `stderr`, each on a line of its own; returns whether the shell
+    /// was reset.
+    fn append_to(self, stderr: &mut Vec<u8>) -> bool {
+        for line in &self.lines {
+            if !stderr.is_empty() && !stderr.ends_with(b"\n") {
+                stderr.push(b'\n');
+            }
+            let _ = writeln!(stderr, "[cli-mcp-agent: {line}]");
+        }
+        self.shell_restarted
+    }
+}
+
+/// How a command ended, as the response reports it.
+struct Outcome {
+    exit_code: i32,
+    cwd: String,
+    timed_out: bool,
+    shell_restarted: bool,
+    started: Instant,
+}
+
+fn response(out: Captured, err: Captured, outcome: Outcome) -> ExecResponse {
+    let (stdout, stdout_encoding) = encode_stream(out.bytes);
+    let (stderr, stderr_encoding) = encode_stream(err.bytes);
+    ExecResponse {
+        stdout,
+        stderr,
+        stdout_encoding,
+        stderr_encoding,
+        exit_code: outcome.exit_code,
+        duration_ms: u64::try_from(outcome.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        timed_out: outcome.timed_out,
+        truncated: out.truncated || err.truncated,
+        total_bytes: out.total + err.total,
+        cwd: outcome.cwd,
+        shell_restarted: outcome.shell_restarted,
+    }
 }
 
 struct Bash {
@@ -287,45 +396,80 @@ impl Shell {
     ) -> Result<ExecResponse, ShellError> {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
-        tokio::pin!(abort);
         self.keep_marker();
-        let mut notes: Vec<String> = self.pending_reset.take().into_iter().collect();
-        let mut restarted = !notes.is_empty();
+        let mut notes = Notes::new(self.pending_reset.take());
+        let files = self.write_command(command)?;
+        let before = self.send(&files.line(), &mut notes).await?;
+        let (ended, stop) = self.await_end(&files.nonce, &before, deadline, abort).await;
 
-        self.seq += 1;
-        // An unguessable, freshly created directory, so nothing can be planted in advance.
-        let nonce = random_hex();
-        let dir = self
-            .opts
-            .state_dir
-            .join("cmd")
-            .join(format!("{}-{}", self.seq, &nonce[..16]));
-        let files_err = |source| ShellError::Files {
-            dir: dir.clone(),
-            source,
-        };
-        // Every error once the command line went to bash: it may have run.
+        // Every error from here on comes after the command line went to bash: it may have run.
         let after_send = |e| ShellError::AfterSend(Box::new(e));
-        if fs::create_dir(&dir).is_err() {
+        let (status, cwd) = self
+            .status_and_cwd(ended, stop, &mut notes)
+            .await
+            .map_err(after_send)?;
+        let exit_code = match stop {
+            Some(stop) => notes.stopped(stop, timeout),
+            None => status,
+        };
+        let (out, mut err) = self.collect_output(&files).map_err(after_send)?;
+        self.clean_up(&files, out.spill.is_some() || err.spill.is_some());
+        if out.replaced || err.replaced {
+            notes.note(
+                "the command replaced its output file with something that is not a regular \
+                 file; that output was not read",
+            );
+        }
+        let shell_restarted = notes.append_to(&mut err.bytes);
+        Ok(response(
+            out,
+            err,
+            Outcome {
+                exit_code,
+                cwd,
+                timed_out: stop == Some(Stop::Timeout),
+                shell_restarted,
+                started,
+            },
+        ))
+    }
+
+    /// Writes `command` into a fresh, unguessable directory, so nothing can be planted there
+    /// in advance.
+    fn write_command(&mut self, command: &str) -> Result<CommandFiles, ShellError> {
+        self.seq += 1;
+        let nonce = random_hex();
+        let files = CommandFiles {
+            dir: self
+                .opts
+                .state_dir
+                .join("cmd")
+                .join(format!("{}-{}", self.seq, &nonce[..16])),
+            nonce,
+            seq: self.seq,
+        };
+        if fs::create_dir(&files.dir).is_err() {
             // The state dir is writable by the sandbox user: repair it (off the hot path,
             // only when a command broke it) and try once more.
             self.ensure_dirs();
-            fs::create_dir(&dir).map_err(files_err)?;
+            fs::create_dir(&files.dir).map_err(|e| files.error(e))?;
         }
-        write_new_file(&dir.join("cmd"), command.as_bytes()).map_err(files_err)?;
-        let line = command_line(&dir, &nonce);
+        write_new_file(&files.dir.join("cmd"), command.as_bytes()).map_err(|e| files.error(e))?;
+        Ok(files)
+    }
 
-        // Send the command; a shell that died since the last call is replaced first.
+    /// Hands `line` to bash; a shell that died since the last call, or that does not take
+    /// the line, is replaced first. Returns the job groups that existed before the command,
+    /// which an interrupt spares.
+    async fn send(&mut self, line: &str, notes: &mut Notes) -> Result<BTreeSet<i32>, ShellError> {
         let mut attempts = 0;
-        let before = loop {
+        loop {
             if self.shell_gone() {
                 if self.bash.is_some() {
-                    notes.push(
+                    notes.reset(
                         "the shell had exited since the last command; a new shell was started \
-                         (working directory, variables and functions were reset)"
-                            .into(),
+                         (working directory, variables and functions were reset)",
                     );
-                    restarted = true;
                 }
                 self.restart().await?;
             }
@@ -338,132 +482,102 @@ impl Shell {
             if let Ok(Ok(())) =
                 tokio::time::timeout(grace, bash.stdin.write_all(line.as_bytes())).await
             {
-                break before;
+                return Ok(before);
             }
             attempts += 1;
             if attempts >= 2 {
                 return Err(ShellError::Unresponsive);
             }
-            notes.push(
+            notes.reset(
                 "the shell did not accept the command, so it was restarted (working directory, \
-                 variables and functions were reset)"
-                    .into(),
+                 variables and functions were reset)",
             );
-            restarted = true;
             self.restart().await?;
-        };
+        }
+    }
 
-        let mut ended = self.wait(&[&nonce], deadline, abort.as_mut()).await;
-        let stop = match ended {
-            Ended::Stopped(stop) => {
-                ended = self.interrupt(&nonce, &before).await;
-                if matches!(ended, Ended::Reported { .. }) && !self.settle().await {
-                    // bash answered the interrupt but then stopped taking input.
-                    ended = Ended::Stopped(stop);
-                }
-                Some(stop)
-            }
-            _ => None,
+    /// Waits for the command to end. One that outlives `deadline` or is aborted is
+    /// interrupted; the reason comes back with how it ended.
+    async fn await_end(
+        &mut self,
+        nonce: &str,
+        before: &BTreeSet<i32>,
+        deadline: tokio::time::Instant,
+        abort: impl Future<Output = StopReason>,
+    ) -> (Ended, Option<Stop>) {
+        tokio::pin!(abort);
+        let stop = match self.wait(&[nonce], deadline, abort.as_mut()).await {
+            Ended::Stopped(stop) => stop,
+            ended => return (ended, None),
         };
+        let mut ended = self.interrupt(nonce, before).await;
+        if matches!(ended, Ended::Reported { .. }) && !self.settle().await {
+            // bash answered the interrupt but then stopped taking input.
+            ended = Ended::Stopped(stop);
+        }
+        (ended, Some(stop))
+    }
 
-        let (exit_code, cwd) = match ended {
-            Ended::Reported { status, cwd } => (status, cwd),
+    /// The command's exit status and the shell's working directory after it. A shell that
+    /// exited, or that still did not stop when interrupted, is replaced: the directory is
+    /// then the start directory again.
+    async fn status_and_cwd(
+        &mut self,
+        ended: Ended,
+        stop: Option<Stop>,
+        notes: &mut Notes,
+    ) -> Result<(i32, String), ShellError> {
+        let status = match ended {
+            Ended::Reported { status, cwd } => return Ok((status, cwd)),
             Ended::ShellExited(code) => {
-                restarted = true;
-                if stop.is_none() {
-                    notes.push(format!(
+                // A stopped command already has its note; the shell's exit is part of it.
+                match stop {
+                    None => notes.reset(format!(
                         "the shell exited with status {code}; a new shell was started \
                          (working directory, variables and functions were reset)"
-                    ));
+                    )),
+                    Some(_) => notes.shell_restarted = true,
                 }
-                self.restart().await.map_err(after_send)?;
-                (code, self.opts.workdir.display().to_string())
+                code
             }
             Ended::Stopped(_) => {
                 // Still no answer after killing the command's processes: the shell itself
-                // is busy (a builtin loop) or no longer ours. Replace it.
-                restarted = true;
-                notes.push(
+                // is busy (a builtin loop) or no longer ours.
+                notes.reset(
                     "the shell itself did not stop (a loop of shell builtins?), so it was \
-                     restarted: working directory, variables and functions were reset"
-                        .into(),
-                );
-                self.restart().await.map_err(after_send)?;
-                (EXIT_TIMEOUT, self.opts.workdir.display().to_string())
-            }
-        };
-        let exit_code = match stop {
-            Some(Stop::Timeout) => {
-                notes.insert(
-                    0,
-                    format!(
-                        "command timed out after {} and was killed",
-                        human_duration(timeout)
-                    ),
+                     restarted: working directory, variables and functions were reset",
                 );
                 EXIT_TIMEOUT
             }
-            Some(Stop::Aborted(reason)) => {
-                let why = match reason {
-                    StopReason::CallerGone => "the caller went away",
-                    StopReason::Shutdown => "the sandbox agent is shutting down",
-                };
-                notes.insert(0, format!("command interrupted: {why}"));
-                EXIT_INTERRUPTED
-            }
-            None => exit_code,
         };
+        self.restart().await?;
+        Ok((status, self.opts.workdir.display().to_string()))
+    }
 
+    /// Reads the command's stdout and stderr within the output budget; what is cut is kept
+    /// whole in a spill file.
+    fn collect_output(&self, files: &CommandFiles) -> Result<(Captured, Captured), ShellError> {
         let spill_dir = self.opts.state_dir.join("spill");
-        let budget = self.opts.output_budget;
-        let out = output::capture(
-            &dir.join("out"),
-            budget,
-            &spill_dir.join(format!("{}.stdout", self.seq)),
-        )
-        .map_err(|e| after_send(files_err(e)))?;
-        let mut err = output::capture(
-            &dir.join("err"),
-            budget,
-            &spill_dir.join(format!("{}.stderr", self.seq)),
-        )
-        .map_err(|e| after_send(files_err(e)))?;
-        let _ = fs::remove_dir_all(&dir);
+        let capture = |stream: &str, suffix: &str| {
+            output::capture(
+                &files.dir.join(stream),
+                self.opts.output_budget,
+                &spill_dir.join(format!("{}.{suffix}", files.seq)),
+            )
+            .map_err(|e| files.error(e))
+        };
+        Ok((capture("out", "stdout")?, capture("err", "stderr")?))
+    }
+
+    /// Removes the command's directory and restores what the command may have removed.
+    fn clean_up(&self, files: &CommandFiles, spilled: bool) {
+        let _ = fs::remove_dir_all(&files.dir);
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
         // restart before the next command must still be reported.
         self.keep_marker();
-        if out.spill.is_some() || err.spill.is_some() {
-            output::prune_spills(&spill_dir, SPILLS_KEPT);
+        if spilled {
+            output::prune_spills(&self.opts.state_dir.join("spill"), SPILLS_KEPT);
         }
-        if out.replaced || err.replaced {
-            notes.push(
-                "the command replaced its output file with something that is not a regular \
-                 file; that output was not read"
-                    .into(),
-            );
-        }
-        for note in &notes {
-            if !err.bytes.is_empty() && !err.bytes.ends_with(b"\n") {
-                err.bytes.push(b'\n');
-            }
-            let _ = writeln!(err.bytes, "[cli-mcp-agent: {note}]");
-        }
-
-        let (stdout, stdout_encoding) = encode_stream(out.bytes);
-        let (stderr, stderr_encoding) = encode_stream(err.bytes);
-        Ok(ExecResponse {
-            stdout,
-            stderr,
-            stdout_encoding,
-            stderr_encoding,
-            exit_code,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            timed_out: stop == Some(Stop::Timeout),
-            truncated: out.truncated || err.truncated,
-            total_bytes: out.total + err.total,
-            cwd,
-            shell_restarted: restarted,
-        })
     }
 
     /// Kills the shell and everything it started (agent shutdown).
