@@ -22,7 +22,7 @@ use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::wire::ENV_TOKEN_SHA256;
 use cli_mcp_api::SessionId;
 
-use super::cache::SessionLocks;
+use super::locks::SessionLocks;
 use super::{now_rfc3339, owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
 use crate::auth::Caller;
 use crate::cli::Limits;

@@ -5,11 +5,9 @@
 //! part of a call: send the command to the agent, rediscover once when a cached sandbox
 //! stopped answering, and work out whether the session's state was reset.
 
-pub mod activity;
-pub mod admission;
-pub mod cache;
 pub mod kubernetes;
 pub mod local;
+pub mod locks;
 
 use std::sync::Arc;
 use std::time::Duration;

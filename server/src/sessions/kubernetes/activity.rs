@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::annotation;
 
-use super::{now_rfc3339, Activity};
+use crate::sessions::{now_rfc3339, Activity};
 
 /// Shortest time between two stamps of one pod.
 pub const MIN_GAP: Duration = Duration::from_secs(2);
@@ -126,10 +126,7 @@ impl ActivityStamper {
         self.lock().remove(pod);
     }
 
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }

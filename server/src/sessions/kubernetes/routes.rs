@@ -1,4 +1,4 @@
-//! The per-replica route cache (session → sandbox) and the per-session start locks.
+//! The per-replica route cache: session → sandbox.
 //!
 //! The cache is only an accelerator: Kubernetes labels are the truth, and a replica that
 //! lost its cache finds every session again by label. It also remembers the sandbox a
@@ -159,19 +159,9 @@ impl RouteCache {
         self.lock().remove(sid);
     }
 
-    pub fn live_len(&self) -> usize {
-        self.lock()
-            .values()
-            .filter(|s| matches!(s, Slot::Live { .. }))
-            .count()
-    }
-
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
     }
 
     fn evict(slots: &mut HashMap<SessionId, Slot>, capacity: usize) {
@@ -187,51 +177,6 @@ impl RouteCache {
         for (_, k) in stamps.into_iter().take(drop) {
             slots.remove(&k);
         }
-    }
-}
-
-/// Serialises the slow path (lookup, claim, create) per session, so one replica never starts
-/// two sandboxes for one session. Striped: memory stays fixed whatever the number of
-/// sessions; two sessions sharing a stripe only wait for each other while starting.
-pub struct SessionLocks {
-    stripes: Vec<tokio::sync::Mutex<()>>,
-}
-
-impl std::fmt::Debug for SessionLocks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SessionLocks({})", self.stripes.len())
-    }
-}
-
-impl Default for SessionLocks {
-    fn default() -> Self {
-        Self::new(256)
-    }
-}
-
-impl SessionLocks {
-    pub fn new(stripes: usize) -> Self {
-        Self {
-            stripes: (0..stripes.max(1))
-                .map(|_| tokio::sync::Mutex::new(()))
-                .collect(),
-        }
-    }
-
-    fn stripe(&self, sid: &SessionId) -> &tokio::sync::Mutex<()> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        sid.hash(&mut h);
-        &self.stripes[(h.finish() % self.stripes.len() as u64) as usize]
-    }
-
-    pub async fn lock(&self, sid: &SessionId) -> tokio::sync::MutexGuard<'_, ()> {
-        self.stripe(sid).lock().await
-    }
-
-    /// The lock if it is free right now.
-    pub fn try_lock(&self, sid: &SessionId) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        self.stripe(sid).try_lock().ok()
     }
 }
 
@@ -301,14 +246,5 @@ mod tests {
         }
         // The most recent one survives.
         assert!(c.get(&sid("s999")).is_some());
-    }
-
-    #[tokio::test]
-    async fn locks_serialise_one_session() {
-        let l = SessionLocks::new(4);
-        let g = l.lock(&sid("x")).await;
-        assert!(l.try_lock(&sid("x")).is_none(), "held while starting");
-        drop(g);
-        assert!(l.try_lock(&sid("x")).is_some());
     }
 }

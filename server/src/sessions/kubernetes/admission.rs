@@ -22,9 +22,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use cli_mcp_api::names::label;
 use cli_mcp_api::SessionId;
+use kube::api::ListParams;
+
+use super::KubeBackend;
+use crate::sessions::SessionError;
 
 /// The instance already has `max` sessions.
 #[derive(Debug, PartialEq, Eq)]
@@ -288,6 +293,63 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.admission.lock().pending.remove(&self.sid);
+    }
+}
+
+/// Longest a new session waits for the LIST that admission counts from while its pod watch
+/// cannot be trusted (see [`Admission`]).
+pub(super) const ADMISSION_LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl KubeBackend {
+    /// Admits one new session under `--max-sessions` (see [`Admission`]): from the pod
+    /// watch's view, or from a LIST while that view cannot be trusted. The reservation must be
+    /// held until the session's pod is written ([`Reservation::written`]) or the start gave
+    /// up.
+    pub(super) async fn admit(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
+        let limit = |LimitReached { max }| SessionError::SessionLimit { max };
+        match self.admission.reserve(sid) {
+            Ok(r) => return Ok(r),
+            Err(Refusal::Limit(l)) => return Err(limit(l)),
+            Err(Refusal::NotSynced) => {}
+        }
+        let listed = tokio::time::timeout(ADMISSION_LIST_TIMEOUT, self.live_sessions())
+            .await
+            .map_err(|_| {
+                SessionError::Kubernetes(format!(
+                    "counting the instance's sessions took over {}s; retry shortly",
+                    ADMISSION_LIST_TIMEOUT.as_secs()
+                ))
+            })??;
+        self.admission.reserve_listed(sid, &listed).map_err(limit)
+    }
+
+    /// Session ids of the assigned, not-terminating pods, from a LIST; updates the gauge.
+    pub(super) async fn live_sessions(&self) -> Result<HashSet<SessionId>, SessionError> {
+        let list = self
+            .pods
+            .list_metadata(&ListParams::default().labels(&self.instance.assigned_selector()))
+            .await?;
+        let live: HashSet<SessionId> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.labels?.remove(label::SESSION_ID))
+            .filter_map(|s| SessionId::parse(&s).ok())
+            .collect();
+        self.metrics.sessions_active.set(live.len() as i64);
+        Ok(live)
+    }
+
+    /// Refreshes the `sessions_active` gauge: from the pod watch's view, or a LIST while that
+    /// view cannot be trusted.
+    pub(super) async fn refresh_gauge(&self) -> Result<(), SessionError> {
+        match self.admission.live_sessions() {
+            Some(n) => {
+                self.metrics.sessions_active.set(n as i64);
+                Ok(())
+            }
+            None => self.live_sessions().await.map(drop),
+        }
     }
 }
 

@@ -1,0 +1,136 @@
+//! Finding a session's pod by label (duplicates resolved the same way by every replica; pods
+//! of an old HMAC key and pods that terminated for good removed), and adopting a pod that
+//! already exists, found or started by another replica: the one place that checks the
+//! caller may use it.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::ResourceExt;
+
+use cli_mcp_api::names::annotation;
+use cli_mcp_api::SessionId;
+
+use super::pods::{annotation_of, deleting, has_run, is_terminal};
+use super::KubeBackend;
+use crate::auth::Caller;
+use crate::sessions::{owner_allows, SessionError};
+
+/// What the label lookup found.
+pub(super) enum Found {
+    Pod(Box<Pod>),
+    /// A pod made with another HMAC key (the instance key was rotated): deleted.
+    Stale,
+    Nothing,
+}
+
+impl KubeBackend {
+    /// A pod that already exists for the session (found by label, or started by another
+    /// replica at the same time as this one), once the caller may use it and its agent
+    /// answers.
+    pub(super) async fn adopt(
+        &self,
+        pod: Pod,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Pod, SessionError> {
+        if !owner_allows(annotation_of(&pod, annotation::OWNER), caller) {
+            return Err(SessionError::Forbidden(sid.clone()));
+        }
+        // A pod that has run before and stopped answering is restarting its agent (the
+        // kubelet may already report CrashLoopBackOff for the pause between restarts, which
+        // for a new pod would mean it cannot start).
+        let pod = if has_run(&pod) {
+            pod
+        } else {
+            self.wait_ready(pod).await?
+        };
+        self.await_agent(pod, sid).await
+    }
+
+    /// Session pods by label, duplicates resolved, pods of an old key removed.
+    pub(super) async fn find(&self, sid: &SessionId) -> Result<Found, SessionError> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
+            .await?;
+        let (dead, live): (Vec<Pod>, Vec<Pod>) = list
+            .items
+            .into_iter()
+            .filter(|p| !deleting(p))
+            .partition(is_terminal);
+        // A Failed or Succeeded pod (a kubelet eviction leaves the pod object in phase
+        // Failed) never runs again: remove it, and the session starts afresh.
+        for pod in &dead {
+            tracing::warn!(session = %sid, pod = %pod.name_any(),
+                phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default(),
+                "session pod has terminated for good; deleting it and starting a new sandbox");
+            self.delete_pod(pod).await;
+        }
+        let Some(winner) = self.resolve_duplicates(live).await else {
+            return Ok(if dead.is_empty() {
+                Found::Nothing
+            } else {
+                Found::Stale
+            });
+        };
+        let expected = self.key.session_token(sid).commitment().to_hex();
+        if annotation_of(&winner, annotation::TOKEN_SHA256) != Some(expected.as_str()) {
+            tracing::warn!(session = %sid, pod = %winner.name_any(),
+                "session pod was made with another HMAC key (the instance key changed); replacing it");
+            self.delete_pod(&winner).await;
+            return Ok(Found::Stale);
+        }
+        Ok(Found::Pod(Box::new(winner)))
+    }
+
+    /// Picks the winner among pods of one session and deletes the others.
+    pub(super) async fn resolve_duplicates(&self, mut pods: Vec<Pod>) -> Option<Pod> {
+        if pods.len() > 1 {
+            pods.sort_by(winner_order);
+            for loser in &pods[1..] {
+                tracing::info!(pod = %loser.name_any(), winner = %pods[0].name_any(),
+                    "two sandboxes for one session; deleting the loser");
+                self.retire_pod(loser, "duplicate").await;
+            }
+        }
+        pods.into_iter().next()
+    }
+}
+
+/// Order of preference among pods of one session: oldest first, then by name. Every replica
+/// computes the same order from the same objects.
+pub(super) fn winner_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
+    let ts = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    match (ts(a), ts(b)) {
+        (Some(x), Some(y)) => x.cmp(&y),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    }
+    .then_with(|| a.name_any().cmp(&b.name_any()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn pod(name: &str, created: Option<&str>) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.creation_timestamp = created.map(|t| Time(t.parse().expect("timestamp")));
+        p
+    }
+
+    #[test]
+    fn the_oldest_pod_wins_then_the_name() {
+        let mut pods = [
+            pod("b", Some("2026-01-01T00:00:02Z")),
+            pod("c", Some("2026-01-01T00:00:01Z")),
+            pod("a", Some("2026-01-01T00:00:02Z")),
+        ];
+        pods.sort_by(winner_order);
+        let names: Vec<_> = pods.iter().map(|p| p.name_any()).collect();
+        assert_eq!(names, ["c", "a", "b"]);
+    }
+}

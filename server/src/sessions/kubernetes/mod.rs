@@ -1,0 +1,317 @@
+//! The `kubernetes` backend: a session is a sandbox pod of the instance, found by its
+//! `session-id` label.
+//!
+//! Finding a session's pod: the route cache → a label lookup → claiming a warm
+//! pool pod → creating a pod on demand with the shared builder, then waiting for Ready with
+//! a watch. Every step is safe against other replicas doing the same at the same time:
+//! - a claim is a JSON merge patch guarded by the listed `resourceVersion`, so exactly one
+//!   claimer wins a pod (409 → next pod); a claimed pod whose `/assign` fails is deleted, so
+//!   no pod is ever left half-assigned;
+//! - an on-demand pod has a deterministic name, so two creators meet in `AlreadyExists` and
+//!   adopt the one pod;
+//! - when a claim and a create race, both replicas see two pods for the session and pick the
+//!   same winner (oldest `creationTimestamp`, then name); the loser is deleted.
+//!
+//! The modules follow those steps: [`lookup`] (by label, and adopting a pod that exists),
+//! [`admission`] (`--max-sessions`, from the pod [`watch`]), [`start`] (warm claim, cold
+//! create, wait for Ready), [`agent_wait`] (an existing pod whose agent restarts),
+//! [`api_health`] (readiness through API outages), [`routes`] (the route cache) and
+//! [`activity`] (the idle clock's stamps).
+
+mod activity;
+mod admission;
+mod agent_wait;
+mod api_health;
+mod lookup;
+mod pods;
+mod routes;
+mod start;
+mod watch;
+
+pub use api_health::{ApiHealth, API_OUTAGE_GRACE};
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+use cli_mcp_api::names::{annotation, label, InstanceName};
+use cli_mcp_api::sandbox::SandboxConfig;
+use cli_mcp_api::token::HmacKey;
+use cli_mcp_api::SessionId;
+
+use super::locks::SessionLocks;
+use super::{owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
+use crate::agent_client::AgentClient;
+use crate::auth::Caller;
+use crate::cli::Limits;
+use crate::metrics::{Launch, Metrics};
+use activity::ActivityStamper;
+use admission::Admission;
+use lookup::Found;
+use pods::{annotation_of, deleting, endpoint_of, has_launch, is_ready};
+use routes::{Route, RouteCache};
+
+/// How often the `sessions_active` gauge is refreshed from the API.
+const GAUGE_REFRESH: Duration = Duration::from_secs(15);
+
+pub struct KubeBackend {
+    pods: Api<Pod>,
+    client: kube::Client,
+    cfg: SandboxConfig,
+    cfg_hash: String,
+    instance: InstanceName,
+    key: HmacKey,
+    agent: AgentClient,
+    cache: RouteCache,
+    locks: SessionLocks,
+    stamper: Arc<ActivityStamper>,
+    /// Admission of new sessions under `--max-sessions`, fed by the pod watch.
+    admission: Admission,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    /// What readiness knows of the API (see [`ApiHealth`]).
+    api_health: std::sync::Mutex<ApiHealth>,
+}
+
+impl std::fmt::Debug for KubeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeBackend")
+            .field("instance", &self.instance)
+            .field("namespace", &self.cfg.namespace)
+            .finish()
+    }
+}
+
+impl KubeBackend {
+    pub fn new(
+        client: kube::Client,
+        cfg: SandboxConfig,
+        key: HmacKey,
+        agent: AgentClient,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let pods = Api::<Pod>::namespaced(client.clone(), &cfg.namespace);
+        Arc::new(Self {
+            pods,
+            client,
+            cfg_hash: cfg.hash(),
+            instance: cfg.instance.clone(),
+            cfg,
+            key,
+            agent,
+            cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
+            locks: SessionLocks::default(),
+            stamper: ActivityStamper::new(),
+            admission: Admission::new(limits.max_sessions),
+            api_health: std::sync::Mutex::new(ApiHealth::default()),
+            limits,
+            metrics,
+        })
+    }
+
+    /// Background work: `last-activity` stamping and the `sessions_active` gauge.
+    pub fn spawn_background(
+        self: &Arc<Self>,
+        stop: CancellationToken,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let stamper = self.stamper.clone().run(self.pods.clone(), stop.clone());
+        let me = self.clone();
+        let gauge_stop = stop.clone();
+        let gauge = async move {
+            let stop = gauge_stop;
+            let mut tick = tokio::time::interval(GAUGE_REFRESH);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                if let Err(e) = me.refresh_gauge().await {
+                    tracing::debug!(error = %e, "cannot refresh sessions_active");
+                }
+            }
+        };
+        let routes = self.clone().watch_routes(stop.clone());
+        vec![
+            tokio::spawn(stamper),
+            tokio::spawn(gauge),
+            tokio::spawn(routes),
+        ]
+    }
+
+    fn sandbox(
+        &self,
+        sid: &SessionId,
+        route: &Route,
+        started: Option<Launch>,
+        replaced: bool,
+    ) -> Sandbox {
+        Sandbox {
+            endpoint: route.endpoint.clone(),
+            token: self.key.session_token(sid),
+            name: route.pod.clone(),
+            uid: route.uid.clone(),
+            started,
+            replaced,
+        }
+    }
+
+    fn route_of(&self, pod: &Pod) -> Result<Route, SessionError> {
+        let endpoint = endpoint_of(pod)
+            .ok_or_else(|| SessionError::Sandbox(format!("pod {} has no IP", pod.name_any())))?;
+        Ok(Route {
+            pod: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+            endpoint,
+            owner: annotation_of(pod, annotation::OWNER).map(str::to_owned),
+            launch: match pod.labels().get(label::LAUNCH).map(String::as_str) {
+                Some(label::LAUNCH_WARM) => Some(Launch::Warm),
+                Some(label::LAUNCH_COLD) => Some(Launch::Cold),
+                _ => None,
+            },
+        })
+    }
+
+    /// The session's pod, found, adopted or started; what the route cache did not know.
+    async fn acquire_slow(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Sandbox, SessionError> {
+        let t0 = Instant::now();
+        let previous = self.cache.previous_uid(sid);
+        let stale = match self.find(sid).await? {
+            Found::Pod(pod) => {
+                let pod = self.adopt(*pod, sid, caller).await?;
+                let route = self.route_of(&pod)?;
+                let replaced = previous.is_some_and(|p| p != route.uid);
+                self.cache.insert(sid.clone(), route.clone());
+                return Ok(self.sandbox(sid, &route, None, replaced));
+            }
+            Found::Stale => true,
+            Found::Nothing => false,
+        };
+
+        let reservation = self.admit(sid).await?;
+        let (pod, launch) = match self.start_new(sid, caller, &reservation).await {
+            Ok((pod, launch)) => (self.converge(sid, pod, caller).await?, launch),
+            // Another replica may have given the session its pod meanwhile (and deleted ours
+            // as the loser): use that one.
+            Err(e) => match self.find(sid).await? {
+                Found::Pod(p) => {
+                    tracing::info!(session = %sid, pod = %p.name_any(), error = %e,
+                        "another replica started this session; using its pod");
+                    let launch = if has_launch(&p, label::LAUNCH_WARM) {
+                        Launch::Warm
+                    } else {
+                        Launch::Cold
+                    };
+                    (self.adopt(*p, sid, caller).await?, launch)
+                }
+                _ => return Err(e),
+            },
+        };
+        let route = self.route_of(&pod)?;
+        self.metrics.started(launch, t0.elapsed());
+        tracing::info!(session = %sid, pod = %route.pod, launch = launch.as_str(),
+            took_ms = t0.elapsed().as_millis() as u64, "session sandbox started");
+        self.cache.insert(sid.clone(), route.clone());
+        Ok(self.sandbox(sid, &route, Some(launch), previous.is_some() || stale))
+    }
+}
+
+#[async_trait]
+impl Backend for KubeBackend {
+    async fn acquire(&self, sid: &SessionId, caller: &Caller) -> Result<Sandbox, SessionError> {
+        let cached = |this: &Self| -> Option<Result<Sandbox, SessionError>> {
+            let route = this.cache.get(sid)?;
+            Some(if owner_allows(route.owner.as_deref(), caller) {
+                Ok(this.sandbox(sid, &route, None, false))
+            } else {
+                Err(SessionError::Forbidden(sid.clone()))
+            })
+        };
+        if let Some(hit) = cached(self) {
+            return hit;
+        }
+        let _guard = self.locks.lock(sid).await;
+        if let Some(hit) = cached(self) {
+            return hit;
+        }
+        self.acquire_slow(sid, caller).await
+    }
+
+    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {
+        self.cache.invalidate(sid, &sandbox.uid);
+    }
+
+    fn activity(&self, _sid: &SessionId, sandbox: &Sandbox, event: Activity) {
+        self.stamper.record(&sandbox.name, &sandbox.uid, event);
+    }
+
+    async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError> {
+        let _guard = self.locks.lock(sid).await;
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
+            .await?;
+        if list
+            .items
+            .iter()
+            .any(|p| !owner_allows(annotation_of(p, annotation::OWNER), caller))
+        {
+            return Err(SessionError::Forbidden(sid.clone()));
+        }
+        for pod in list.items.iter().filter(|p| !deleting(p)) {
+            tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
+            self.retire_pod(pod, "session-ended").await;
+        }
+        self.cache.remove(sid);
+        Ok(())
+    }
+
+    async fn list(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&self.instance.assigned_selector()))
+            .await?;
+        let mut out: Vec<SessionSummary> = list
+            .items
+            .iter()
+            .filter(|p| !deleting(p))
+            .filter(|p| owner_allows(annotation_of(p, annotation::OWNER), caller))
+            .filter_map(|p| {
+                Some(SessionSummary {
+                    session_id: p.labels().get(label::SESSION_ID)?.clone(),
+                    sandbox: p.name_any(),
+                    launch: p.labels().get(label::LAUNCH).cloned(),
+                    created_at: annotation_of(p, annotation::CREATED_AT).map(str::to_owned),
+                    last_activity: annotation_of(p, annotation::LAST_ACTIVITY).map(str::to_owned),
+                    ready: is_ready(p),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            a.session_id
+                .cmp(&b.session_id)
+                .then(a.sandbox.cmp(&b.sandbox))
+        });
+        Ok(out)
+    }
+
+    /// See [`ApiHealth`]: an API blip must not take every replica out of the Service.
+    async fn ready(&self) -> Result<(), String> {
+        let probe = api_health::probe(&self.client).await;
+        self.api_health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(probe, Instant::now())
+    }
+
+    async fn shutdown(&self) {}
+}

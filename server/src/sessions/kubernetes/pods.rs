@@ -1,0 +1,219 @@
+//! Small facts about sandbox pods that only this backend needs, and removing one.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::wire::AGENT_PORT;
+
+use super::KubeBackend;
+use crate::sessions::SessionError;
+
+/// Container waiting reasons that mean the sandbox will not start on its own soon.
+pub(super) const FATAL_WAITING: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+];
+
+impl KubeBackend {
+    /// Deletes a sandbox whose disappearance is not a reset of its session's state (see
+    /// `annotation::RETIRED`): marked first, so every replica's pod watch sees why.
+    pub(super) async fn retire_pod(&self, pod: &Pod, why: &str) {
+        let patch = json!({"metadata": {"annotations": {annotation::RETIRED: why}}});
+        match self
+            .pods
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => return,
+            // Deleting it anyway: at worst another replica reports a reset that was not one.
+            Err(e) => {
+                tracing::warn!(pod = %pod.name_any(), error = %e, "cannot mark sandbox pod retired")
+            }
+        }
+        self.delete_pod(pod).await;
+    }
+
+    pub(super) async fn delete_pod(&self, pod: &Pod) {
+        let name = pod.name_any();
+        self.stamper.forget(&name);
+        let mut dp = DeleteParams::default();
+        if let Some(uid) = pod.uid() {
+            dp = dp.preconditions(kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            });
+        }
+        match self.pods.delete(&name, &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+            Err(e) => tracing::warn!(pod = %name, error = %e, "cannot delete sandbox pod"),
+        }
+    }
+}
+
+pub(super) fn deleting(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_some()
+}
+
+/// A pod this call was waiting for was deleted by someone else: the operator (an instance
+/// being deleted, or a sandbox made by a server replica whose HMAC key or config is outdated,
+/// as happens while one is replaced) or an admin. Nothing is wrong with the sandbox image.
+pub(super) fn deleted_while_starting(name: &str) -> SessionError {
+    SessionError::Sandbox(format!(
+        "pod {name} was deleted while it was starting (by the operator or an admin: while the instance's HMAC key or configuration changes, the operator removes sandboxes made by server replicas that are being replaced); retry the call"
+    ))
+}
+
+/// Whether the pod's agent has been up before: Ready now, or its container has restarted or
+/// has exited at least once.
+pub(super) fn has_run(p: &Pod) -> bool {
+    is_ready(p)
+        || p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.restart_count > 0
+                        || c.last_state
+                            .as_ref()
+                            .is_some_and(|l| l.terminated.is_some())
+                })
+            })
+}
+
+/// Phase Failed or Succeeded: the pod's containers never run again.
+pub(super) fn is_terminal(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    )
+}
+
+pub(super) fn has_session(p: &Pod) -> bool {
+    p.labels().contains_key(label::SESSION_ID)
+}
+
+pub(super) fn has_launch(p: &Pod, launch: &str) -> bool {
+    p.labels().get(label::LAUNCH).map(String::as_str) == Some(launch)
+}
+
+pub(super) fn annotation_of<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
+    p.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+pub(super) fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub(super) fn pod_ip(p: &Pod) -> Option<&str> {
+    p.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .filter(|ip| !ip.is_empty())
+}
+
+pub(super) fn endpoint_of(p: &Pod) -> Option<String> {
+    let ip = pod_ip(p)?;
+    Some(match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) => format!("http://[{v6}]:{AGENT_PORT}"),
+        _ => format!("http://{ip}:{AGENT_PORT}"),
+    })
+}
+
+/// Why a pod will not become ready by itself, if it will not.
+pub(super) fn start_failure(p: &Pod) -> Option<String> {
+    let status = p.status.as_ref()?;
+    if let Some(phase @ ("Failed" | "Succeeded")) = status.phase.as_deref() {
+        return Some(format!("the pod is {phase}"));
+    }
+    status.container_statuses.iter().flatten().find_map(|cs| {
+        let w = cs.state.as_ref()?.waiting.as_ref()?;
+        let reason = w.reason.as_deref()?;
+        FATAL_WAITING.contains(&reason).then(|| {
+            format!(
+                "container {} is {reason}: {}",
+                cs.name,
+                w.message.as_deref().unwrap_or("")
+            )
+        })
+    })
+}
+
+/// Phase and conditions of a pod that is not ready, for a timeout message.
+pub(super) fn pending_reason(p: &Pod) -> String {
+    let Some(status) = p.status.as_ref() else {
+        return String::new();
+    };
+    let mut parts = vec![format!(
+        "phase {}",
+        status.phase.as_deref().unwrap_or("unknown")
+    )];
+    for c in status.conditions.iter().flatten() {
+        if c.status != "True" {
+            if let Some(m) = c.message.as_deref().filter(|m| !m.is_empty()) {
+                parts.push(format!("{}: {m}", c.type_));
+            }
+        }
+    }
+    format!(" ({})", parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_failures_are_recognised() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": "agent", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ErrImagePull", "message": "no such image"}}
+            }]}
+        }))
+        .expect("pod");
+        let why = start_failure(&p).expect("fatal");
+        assert!(
+            why.contains("ErrImagePull") && why.contains("no such image"),
+            "{why}"
+        );
+        let ok: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": "agent", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}
+            }]}
+        }))
+        .expect("pod");
+        assert_eq!(start_failure(&ok), None);
+    }
+
+    #[test]
+    fn endpoints_bracket_ipv6() {
+        let p: Pod = serde_json::from_value(json!({"status": {"podIP": "fd00::5"}})).expect("pod");
+        assert_eq!(endpoint_of(&p).as_deref(), Some("http://[fd00::5]:8090"));
+        let p: Pod =
+            serde_json::from_value(json!({"status": {"podIP": "10.244.1.7"}})).expect("pod");
+        assert_eq!(endpoint_of(&p).as_deref(), Some("http://10.244.1.7:8090"));
+    }
+}

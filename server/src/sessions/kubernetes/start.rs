@@ -1,0 +1,337 @@
+//! Starting a session's sandbox: claim a warm pool pod (guarded patch, then `/assign`), else
+//! create the session's own pod (deterministic name, so concurrent creators adopt one pod),
+//! wait for it to be Ready, and converge with other replicas that did the same.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::ResourceExt;
+use rand::seq::SliceRandom;
+use serde_json::json;
+
+use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxRole};
+use cli_mcp_api::wire::AssignRequest;
+use cli_mcp_api::SessionId;
+
+use super::admission::Reservation;
+use super::pods::{
+    annotation_of, deleted_while_starting, deleting, endpoint_of, has_launch, has_session,
+    is_ready, pending_reason, pod_ip, start_failure,
+};
+use super::KubeBackend;
+use crate::auth::Caller;
+use crate::metrics::Launch;
+use crate::sessions::{now_rfc3339, SessionError};
+
+/// A warm pod is retried after a 409 at most this many times (the 409 may come from a
+/// status update, not from another claimer).
+pub(super) const CLAIM_ATTEMPTS_PER_POD: usize = 2;
+
+impl KubeBackend {
+    /// Claims a warm pod, else creates one; returns it Ready. The reservation is handed on
+    /// as soon as the pod is written.
+    pub(super) async fn start_new(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        reservation: &Reservation,
+    ) -> Result<(Pod, Launch), SessionError> {
+        let written = |p: &Pod| reservation.written(&p.uid().unwrap_or_else(|| p.name_any()));
+        match self.claim_warm(sid, caller).await? {
+            Some(p) => {
+                written(&p);
+                Ok((p, Launch::Warm))
+            }
+            None => {
+                let p = self.create_cold(sid, caller).await?;
+                written(&p);
+                Ok((self.wait_ready(p).await?, Launch::Cold))
+            }
+        }
+    }
+
+    /// Tries the warm pool; `None` when no pod could be claimed.
+    pub(super) async fn claim_warm(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Option<Pod>, SessionError> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&self.instance.unassigned_selector()))
+            .await?;
+        let total = list.items.len();
+        let mut candidates: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| !deleting(p) && is_ready(p) && pod_ip(p).is_some())
+            .collect();
+        let ready = candidates.len();
+        candidates
+            .retain(|p| annotation_of(p, annotation::SANDBOX_HASH) == Some(self.cfg_hash.as_str()));
+        if candidates.is_empty() && ready > 0 {
+            tracing::warn!(ready, hash = %self.cfg_hash,
+                "warm pods exist but none has this server's sandbox-hash; creating on demand (is the operator's sandbox config the same as --sandbox-config?)");
+        }
+        // A pod made for another HMAC key would refuse this replica's /assign: leave it to
+        // the operator instead of claiming and then deleting it (while the key is rotated,
+        // the replica being replaced would otherwise burn the new pool).
+        let same_config = candidates.len();
+        candidates.retain(|p| made_for_key(p, &self.key));
+        if candidates.is_empty() && same_config > 0 {
+            tracing::warn!(warm = same_config,
+                "warm pods exist but none was made for this replica's HMAC key (the key was rotated: this replica or the pool is outdated); creating on demand");
+        }
+        tracing::debug!(total, ready, usable = candidates.len(), "warm pool");
+        // Random order: concurrent claimers spread over the pool instead of all fighting
+        // for the first pod.
+        candidates.shuffle(&mut rand::rng());
+        for pod in candidates {
+            if let Some(claimed) = self.try_claim(pod, sid, caller).await? {
+                return Ok(Some(claimed));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Claims one warm pod: guarded patch, then `/assign`. Deletes the pod on any failure
+    /// after the patch, so it is never left half-assigned.
+    pub(super) async fn try_claim(
+        &self,
+        mut pod: Pod,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Option<Pod>, SessionError> {
+        let name = pod.name_any();
+        let token = self.key.session_token(sid).commitment().to_hex();
+        let mut claimed = None;
+        for attempt in 0..CLAIM_ATTEMPTS_PER_POD {
+            // Without a resourceVersion the patch would not be guarded.
+            let Some(rv) = pod.resource_version() else {
+                return Ok(None);
+            };
+            let mut annotations = serde_json::Map::new();
+            annotations.insert(annotation::TOKEN_SHA256.into(), json!(token));
+            annotations.insert(annotation::LAST_ACTIVITY.into(), json!(now_rfc3339()));
+            if let Some(owner) = &caller.owner {
+                annotations.insert(annotation::OWNER.into(), json!(owner));
+            }
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": rv,
+                    "labels": { label::SESSION_ID: sid.as_str(), label::LAUNCH: label::LAUNCH_WARM },
+                    "annotations": annotations,
+                }
+            });
+            match self
+                .pods
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(p) => {
+                    claimed = Some(p);
+                    break;
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(None),
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    // Lost to another claimer, or the pod changed (status update): look again.
+                    self.metrics.claim_conflicts.inc();
+                    if attempt + 1 == CLAIM_ATTEMPTS_PER_POD {
+                        return Ok(None);
+                    }
+                    match self.pods.get_opt(&name).await? {
+                        Some(p) if !deleting(&p) && is_ready(&p) && !has_session(&p) => pod = p,
+                        _ => return Ok(None),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some(claimed) = claimed else {
+            return Ok(None);
+        };
+        match self.assign(&claimed, sid).await {
+            Ok(()) => Ok(Some(claimed)),
+            Err(e) => {
+                tracing::warn!(pod = %name, session = %sid, error = %e,
+                    "claimed warm pod did not accept /assign; deleting it and trying the next");
+                self.retire_pod(&claimed, "not-assigned").await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// `POST /assign` on a warm pod (idempotent in the agent: a repeat of the same
+    /// assignment succeeds).
+    pub(super) async fn assign(&self, pod: &Pod, sid: &SessionId) -> Result<(), String> {
+        let endpoint = endpoint_of(pod).ok_or("the pod has no IP")?;
+        let req = AssignRequest {
+            session_id: sid.clone(),
+            token_sha256: self.key.session_token(sid).commitment().to_hex(),
+        };
+        self.agent
+            .assign(&endpoint, &self.key.assign_token(&pod.name_any()), &req)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Creates the session's own pod, or adopts it when another replica created it first.
+    pub(super) async fn create_cold(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Pod, SessionError> {
+        let pod = build_sandbox_pod(
+            &self.cfg,
+            &SandboxRole::Session {
+                sid: sid.clone(),
+                token: self.key.session_token(sid).commitment(),
+                owner: caller.owner.clone(),
+            },
+            &now_rfc3339(),
+        );
+        let name = pod.name_any();
+        for _ in 0..3 {
+            match self.pods.create(&PostParams::default(), &pod).await {
+                Ok(p) => return Ok(p),
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                    match self.pods.get_opt(&name).await? {
+                        // Gone in between: create again.
+                        None => continue,
+                        // The previous pod of this session is still terminating: wait for it.
+                        Some(old) if deleting(&old) => {
+                            self.wait_gone(&old).await?;
+                            continue;
+                        }
+                        // Another replica created it: adopt.
+                        Some(existing) => return Ok(existing),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(SessionError::Sandbox(format!(
+            "pod {name} kept being replaced while it was created; retry the call"
+        )))
+    }
+
+    pub(super) async fn wait_gone(&self, pod: &Pod) -> Result<(), SessionError> {
+        let name = pod.name_any();
+        let uid = pod.uid();
+        let cond = move |p: Option<&Pod>| p.is_none_or(|p| p.uid() != uid);
+        tokio::time::timeout(
+            self.limits.start_timeout,
+            await_condition(self.pods.clone(), &name, cond),
+        )
+        .await
+        .map_err(|_| {
+            SessionError::Sandbox(format!(
+                "the previous pod {name} of this session is still terminating after {:?}",
+                self.limits.start_timeout
+            ))
+        })?
+        .map_err(|e| SessionError::Kubernetes(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Waits (watch, not polling) until `pod` is Ready with an IP. A pod that cannot start
+    /// is deleted, so the next call starts a fresh one.
+    pub(super) async fn wait_ready(&self, pod: Pod) -> Result<Pod, SessionError> {
+        if is_ready(&pod) && pod_ip(&pod).is_some() {
+            return Ok(pod);
+        }
+        let name = pod.name_any();
+        let uid = pod.uid();
+        let want = uid.clone();
+        let cond = move |p: Option<&Pod>| match p {
+            None => true,
+            Some(p) => {
+                p.uid() != want
+                    || deleting(p)
+                    || (is_ready(p) && pod_ip(p).is_some())
+                    || start_failure(p).is_some()
+            }
+        };
+        let waited = tokio::time::timeout(
+            self.limits.start_timeout,
+            await_condition(self.pods.clone(), &name, cond),
+        )
+        .await;
+        let outcome: Result<(), String> = match waited {
+            Err(_) => {
+                let why = self
+                    .pods
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|p| pending_reason(&p))
+                    .unwrap_or_default();
+                Err(format!(
+                    "pod {name} did not become ready within {:?}{why}",
+                    self.limits.start_timeout
+                ))
+            }
+            Ok(Err(e)) => return Err(SessionError::Kubernetes(e.to_string())),
+            Ok(Ok(None)) => return Err(deleted_while_starting(&name)),
+            Ok(Ok(Some(p))) if p.uid() != uid || deleting(&p) => {
+                return Err(deleted_while_starting(&name))
+            }
+            Ok(Ok(Some(p))) => match start_failure(&p) {
+                Some(reason) => Err(format!("pod {name} cannot start: {reason}")),
+                None => return Ok(p),
+            },
+        };
+        let msg = outcome.err().unwrap_or_default();
+        self.retire_pod(&pod, "never-started").await;
+        Err(SessionError::Sandbox(format!(
+            "{msg}; it was deleted, and the next call starts a new sandbox (check the instance's sandbox image and resources)"
+        )))
+    }
+
+    /// After a claim or create: if another replica gave the session a second pod at the same
+    /// time, every replica keeps the same one.
+    pub(super) async fn converge(
+        &self,
+        sid: &SessionId,
+        ours: Pod,
+        caller: &Caller,
+    ) -> Result<Pod, SessionError> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
+            .await?;
+        let live: Vec<Pod> = list.items.into_iter().filter(|p| !deleting(p)).collect();
+        if live.len() <= 1 {
+            return Ok(ours);
+        }
+        let Some(winner) = self.resolve_duplicates(live).await else {
+            return Ok(ours);
+        };
+        if winner.uid() == ours.uid() {
+            return Ok(ours);
+        }
+        self.adopt(winner, sid, caller).await
+    }
+
+    /// A claimed warm pod found by label may not have had its `/assign` yet (its claimer is
+    /// still on the way): assign it ourselves; the agent accepts a repeat of the same
+    /// assignment.
+    pub(super) async fn ensure_assigned(
+        &self,
+        pod: &Pod,
+        sid: &SessionId,
+    ) -> Result<(), SessionError> {
+        if !has_launch(pod, label::LAUNCH_WARM) || !is_ready(pod) {
+            return Ok(());
+        }
+        self.assign(pod, sid).await.map_err(|e| {
+            SessionError::Sandbox(format!(
+                "pod {} did not accept /assign: {e}",
+                pod.name_any()
+            ))
+        })
+    }
+}

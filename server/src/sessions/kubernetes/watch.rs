@@ -1,0 +1,93 @@
+//! The replica's watch of the instance's assigned sandbox pods: it feeds admission's view of
+//! the sessions, and drops the route of a session as soon as its pod is going.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use tokio_util::sync::CancellationToken;
+
+use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::SessionId;
+
+use super::admission::PodView;
+use super::pods::{deleting, is_terminal};
+use super::KubeBackend;
+
+impl KubeBackend {
+    /// Feeds admission's view of the instance's sessions (see [`Admission`]), and drops the
+    /// route of a session as soon as its pod is being deleted (by the idle GC, an
+    /// admin, another replica), so no call is sent to an address that is going away; and
+    /// remembers the pod as gone also for sessions this replica never served, so the next
+    /// call reports the reset whichever replica serves it.
+    pub(super) async fn watch_routes(self: Arc<Self>, stop: CancellationToken) {
+        let cfg = watcher::Config::default().labels(&self.instance.assigned_selector());
+        let stream = watcher::watcher(self.pods.clone(), cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => break,
+                e = stream.next() => match e {
+                    Some(e) => e,
+                    None => break,
+                },
+            };
+            match event {
+                Ok(watcher::Event::Init) => self.admission.relist_started(Instant::now()),
+                Ok(watcher::Event::InitApply(p)) => {
+                    self.admission.relisted(pod_view(&p));
+                    if deleting(&p) || is_terminal(&p) {
+                        self.pod_going(&p)
+                    }
+                }
+                Ok(watcher::Event::InitDone) => self.admission.relist_done(),
+                Ok(watcher::Event::Apply(p)) => {
+                    self.admission.applied(pod_view(&p));
+                    if deleting(&p) || is_terminal(&p) {
+                        self.pod_going(&p)
+                    }
+                }
+                Ok(watcher::Event::Delete(p)) => {
+                    self.admission.deleted(pod_view(&p));
+                    self.pod_going(&p)
+                }
+                Err(e) => {
+                    self.admission.watch_failed();
+                    tracing::debug!(error = %e, "sandbox pod watch error (retrying)")
+                }
+            }
+        }
+    }
+
+    pub(super) fn pod_going(&self, pod: &Pod) {
+        let (Some(sid), Some(uid)) = (
+            pod.labels()
+                .get(label::SESSION_ID)
+                .and_then(|s| SessionId::parse(s).ok()),
+            pod.uid(),
+        ) else {
+            return;
+        };
+        self.stamper.forget(&pod.name_any());
+        let retired = pod.annotations().contains_key(annotation::RETIRED);
+        if self.cache.tombstone(&sid, &uid, retired) {
+            tracing::info!(session = %sid, pod = %pod.name_any(),
+                "session pod is being deleted; route dropped");
+        }
+    }
+}
+
+/// What admission needs of an assigned pod.
+pub(super) fn pod_view(p: &Pod) -> PodView {
+    PodView {
+        key: p.uid().unwrap_or_else(|| p.name_any()),
+        session: p
+            .labels()
+            .get(label::SESSION_ID)
+            .and_then(|s| SessionId::parse(s).ok()),
+        terminating: deleting(p),
+    }
+}
