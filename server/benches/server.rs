@@ -180,7 +180,7 @@ impl Server {
         ])
         .args(args)
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("RUST_LOG", "warn,cli_mcp_server::app=info")
+        .env("RUST_LOG", "warn,cli_mcp_server::run=info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

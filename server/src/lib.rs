@@ -1,20 +1,21 @@
-//! `cli-mcp-server`: the MCP server of cli-mcp (SPEC §4).
+//! `cli-mcp-server`: the MCP server of cli-mcp: the `bash` tool over MCP, each session
+//! routed to its own sandbox (docs/server.md).
 //!
 //! - [`cli`]: flags and their resolution into [`cli::Settings`].
 //! - [`mcp`]: the `bash` tool handler; [`render`] turns an agent answer into a tool result.
 //! - [`http`]: routes (`/mcp`, `/sessions`, health, metrics) and the auth middleware;
 //!   [`serve`]: the accept loop (TLS, header limits, graceful shutdown).
-//! - [`sessions`]: the [`sessions::Backend`] trait with the `kubernetes` and `local`
-//!   backends, the route cache and the `last-activity` stamper.
+//! - [`sessions`]: the [`sessions::Backend`] trait with the `kubernetes` backend (lookup,
+//!   admission, start, agent wait, API health, route cache, `last-activity` stamps) and the
+//!   `local` one.
 //! - [`agent_client`]: the sandbox agent's HTTP client (bounded bodies).
 //! - [`auth`]: TokenReview + SubjectAccessReview, TLS config.
 //! - [`metrics`], [`audit`]: Prometheus metrics and the audit log line.
-//! - [`app`]: wiring and lifecycle.
+//! - [`run`]: wiring and lifecycle (`main.rs` → [`cli`] → [`run`]).
 
 #![forbid(unsafe_code)]
 
 pub mod agent_client;
-pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod cli;
@@ -22,5 +23,6 @@ pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod render;
+pub mod run;
 pub mod serve;
 pub mod sessions;

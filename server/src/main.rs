@@ -1,4 +1,4 @@
-//! `cli-mcp-server`: flags, logging, then [`cli_mcp_server::app::run`].
+//! `cli-mcp-server`: flags, logging, then [`cli_mcp_server::run::run`].
 
 use clap::Parser as _;
 
@@ -17,7 +17,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    match cli_mcp_server::app::run(settings).await {
+    match cli_mcp_server::run::run(settings).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
+use cli_mcp_api::pod_state::is_deleting;
 use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_e2e::testing::{
@@ -154,13 +155,7 @@ impl World {
             &sel,
             "exactly one pod for the session",
             TIMEOUT,
-            |pods: &[Pod]| {
-                pods.iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .count()
-                    == 1
-                    && pods.len() == 1
-            },
+            |pods: &[Pod]| pods.iter().filter(|p| !is_deleting(p)).count() == 1 && pods.len() == 1,
         )
         .await
         .expect("one pod per session");
@@ -297,7 +292,7 @@ async fn warm_pods_of_another_key_are_left_alone() {
             .expect("get")
             .expect("the foreign warm pod still exists");
     assert_eq!(still.uid(), created.uid());
-    assert!(still.metadata.deletion_timestamp.is_none());
+    assert!(!is_deleting(&still));
     assert!(
         !labels(&still).contains_key(label::SESSION_ID),
         "not claimed"

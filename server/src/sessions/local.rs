@@ -18,12 +18,13 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{ChildStderr, Command};
 use tokio::sync::watch;
 
+use cli_mcp_api::activity::stamp_now;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::wire::ENV_TOKEN_SHA256;
 use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
-use super::{now_rfc3339, owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
+use super::{owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
 use crate::auth::Caller;
 use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
@@ -274,7 +275,7 @@ impl LocalBackend {
             }
         };
         tokio::spawn(forward_log(lines, sid.clone()));
-        let now = now_rfc3339();
+        let now = stamp_now();
         Ok(LocalAgent {
             pid,
             uid: format!("local-{uid}"),
@@ -400,7 +401,7 @@ impl Backend for LocalBackend {
     fn activity(&self, sid: &SessionId, sandbox: &Sandbox, _event: Activity) {
         let sessions = self.lock();
         if let Some(a) = sessions.get(sid).filter(|a| a.uid == sandbox.uid) {
-            *a.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = now_rfc3339();
+            *a.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = stamp_now();
         }
     }
 

@@ -304,13 +304,6 @@ pub fn owner_allows(pod_owner: Option<&str>, caller: &Caller) -> bool {
     }
 }
 
-/// RFC 3339 UTC, second precision (what the annotations carry).
-pub fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,13 +379,6 @@ mod tests {
         assert!(!owner_allows(None, &alice));
         assert!(!owner_allows(Some("x"), &alice));
         assert!(owner_allows(alice.owner.as_deref(), &alice));
-    }
-
-    #[test]
-    fn timestamps_are_rfc3339_seconds() {
-        let t = now_rfc3339();
-        assert_eq!(t.len(), 20, "{t}");
-        assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T', "{t}");
     }
 
     #[test]

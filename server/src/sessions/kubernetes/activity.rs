@@ -18,9 +18,10 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use cli_mcp_api::activity::stamp_now;
 use cli_mcp_api::names::annotation;
 
-use crate::sessions::{now_rfc3339, Activity};
+use crate::sessions::Activity;
 
 /// Shortest time between two stamps of one pod.
 pub const MIN_GAP: Duration = Duration::from_secs(2);
@@ -89,7 +90,7 @@ impl ActivityStamper {
             Activity::Start => e.in_flight += 1,
             Activity::End => e.in_flight = e.in_flight.saturating_sub(1),
         }
-        e.pending = Some(now_rfc3339());
+        e.pending = Some(stamp_now());
         e.touched = now;
         drop(entries);
         self.wake.notify_one();
@@ -104,7 +105,7 @@ impl ActivityStamper {
             let gap_ok = since.is_none_or(|s| s >= MIN_GAP);
             let refresh = e.in_flight > 0 && since.is_none_or(|s| s >= IN_FLIGHT_REFRESH);
             if gap_ok && (e.pending.is_some() || refresh) {
-                let at = e.pending.take().unwrap_or_else(now_rfc3339);
+                let at = e.pending.take().unwrap_or_else(stamp_now);
                 e.last_write = Some(now);
                 out.push(Stamp {
                     pod: pod.clone(),

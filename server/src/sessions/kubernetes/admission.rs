@@ -332,6 +332,7 @@ impl KubeBackend {
         let live: HashSet<SessionId> = list
             .items
             .into_iter()
+            // A metadata-only list: no Pod to ask `pod_state` about.
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(|p| p.metadata.labels?.remove(label::SESSION_ID))
             .filter_map(|s| SessionId::parse(&s).ok())

@@ -7,10 +7,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use cli_mcp_api::pod_state::{is_deleting, is_terminal};
 use cli_mcp_api::wire::AGENT_PORT;
 use cli_mcp_api::SessionId;
 
-use super::pods::{deleting, is_terminal, pod_ip, start_failure};
+use super::pods::{pod_ip, start_failure};
 use super::KubeBackend;
 use crate::sessions::SessionError;
 
@@ -58,7 +59,7 @@ impl KubeBackend {
             pause = (pause * 2).min(Duration::from_secs(1));
             // The pod may have been deleted or have failed meanwhile, or got a new IP.
             match self.pods.get_opt(&name).await? {
-                Some(p) if p.uid() == pod.uid() && !deleting(&p) && !is_terminal(&p) => pod = p,
+                Some(p) if p.uid() == pod.uid() && !is_deleting(&p) && !is_terminal(&p) => pod = p,
                 _ => {
                     return Err(SessionError::Sandbox(format!(
                         "pod {name} went away while its agent was restarting; the next call starts a new sandbox"

@@ -8,9 +8,10 @@ use kube::api::ListParams;
 use kube::ResourceExt;
 
 use cli_mcp_api::names::annotation;
+use cli_mcp_api::pod_state::{is_deleting, is_terminal};
 use cli_mcp_api::SessionId;
 
-use super::pods::{annotation_of, deleting, has_run, is_terminal};
+use super::pods::{annotation_of, has_run};
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::sessions::{owner_allows, SessionError};
@@ -56,7 +57,7 @@ impl KubeBackend {
         let (dead, live): (Vec<Pod>, Vec<Pod>) = list
             .items
             .into_iter()
-            .filter(|p| !deleting(p))
+            .filter(|p| !is_deleting(p))
             .partition(is_terminal);
         // A Failed or Succeeded pod (a kubelet eviction leaves the pod object in phase
         // Failed) never runs again: remove it, and the session starts afresh.

@@ -52,8 +52,9 @@ use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
 use activity::ActivityStamper;
 use admission::Admission;
+use cli_mcp_api::pod_state::{is_deleting, is_ready};
 use lookup::Found;
-use pods::{annotation_of, deleting, endpoint_of, has_launch, is_ready};
+use pods::{annotation_of, endpoint_of, has_launch};
 use routes::{Route, RouteCache};
 
 /// How often the `sessions_active` gauge is refreshed from the API.
@@ -267,7 +268,7 @@ impl Backend for KubeBackend {
         {
             return Err(SessionError::Forbidden(sid.clone()));
         }
-        for pod in list.items.iter().filter(|p| !deleting(p)) {
+        for pod in list.items.iter().filter(|p| !is_deleting(p)) {
             tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
             self.retire_pod(pod, "session-ended").await;
         }
@@ -283,7 +284,7 @@ impl Backend for KubeBackend {
         let mut out: Vec<SessionSummary> = list
             .items
             .iter()
-            .filter(|p| !deleting(p))
+            .filter(|p| !is_deleting(p))
             .filter(|p| owner_allows(annotation_of(p, annotation::OWNER), caller))
             .filter_map(|p| {
                 Some(SessionSummary {

@@ -6,21 +6,11 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::pod_state::{cannot_start, is_ready, is_terminal, phase};
 use cli_mcp_api::wire::AGENT_PORT;
 
 use super::KubeBackend;
 use crate::sessions::SessionError;
-
-/// Container waiting reasons that mean the sandbox will not start on its own soon.
-pub(super) const FATAL_WAITING: &[&str] = &[
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-    "CrashLoopBackOff",
-];
 
 impl KubeBackend {
     /// Deletes a sandbox whose disappearance is not a reset of its session's state (see
@@ -64,10 +54,6 @@ impl KubeBackend {
     }
 }
 
-pub(super) fn deleting(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_some()
-}
-
 /// A pod this call was waiting for was deleted by someone else: the operator (an instance
 /// being deleted, or a sandbox made by a server replica whose HMAC key or config is outdated,
 /// as happens while one is replaced) or an admin. Nothing is wrong with the sandbox image.
@@ -94,18 +80,6 @@ pub(super) fn has_run(p: &Pod) -> bool {
             })
 }
 
-/// Phase Failed or Succeeded: the pod's containers never run again.
-pub(super) fn is_terminal(p: &Pod) -> bool {
-    matches!(
-        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Failed" | "Succeeded")
-    )
-}
-
-pub(super) fn has_session(p: &Pod) -> bool {
-    p.labels().contains_key(label::SESSION_ID)
-}
-
 pub(super) fn has_launch(p: &Pod, launch: &str) -> bool {
     p.labels().get(label::LAUNCH).map(String::as_str) == Some(launch)
 }
@@ -116,13 +90,6 @@ pub(super) fn annotation_of<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
-}
-
-pub(super) fn is_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 pub(super) fn pod_ip(p: &Pod) -> Option<&str> {
@@ -142,21 +109,10 @@ pub(super) fn endpoint_of(p: &Pod) -> Option<String> {
 
 /// Why a pod will not become ready by itself, if it will not.
 pub(super) fn start_failure(p: &Pod) -> Option<String> {
-    let status = p.status.as_ref()?;
-    if let Some(phase @ ("Failed" | "Succeeded")) = status.phase.as_deref() {
-        return Some(format!("the pod is {phase}"));
+    if is_terminal(p) {
+        return Some(format!("the pod is {}", phase(p).unwrap_or_default()));
     }
-    status.container_statuses.iter().flatten().find_map(|cs| {
-        let w = cs.state.as_ref()?.waiting.as_ref()?;
-        let reason = w.reason.as_deref()?;
-        FATAL_WAITING.contains(&reason).then(|| {
-            format!(
-                "container {} is {reason}: {}",
-                cs.name,
-                w.message.as_deref().unwrap_or("")
-            )
-        })
-    })
+    cannot_start(p).map(|c| format!("container {} is {}: {}", c.container, c.reason, c.message))
 }
 
 /// Phase and conditions of a pod that is not ready, for a timeout message.

@@ -9,20 +9,22 @@ use kube::ResourceExt;
 use rand::seq::SliceRandom;
 use serde_json::json;
 
+use cli_mcp_api::activity::stamp_now;
 use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::pod_state::{is_assigned, is_deleting, is_ready};
 use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxRole};
 use cli_mcp_api::wire::AssignRequest;
 use cli_mcp_api::SessionId;
 
 use super::admission::Reservation;
 use super::pods::{
-    annotation_of, deleted_while_starting, deleting, endpoint_of, has_launch, has_session,
-    is_ready, pending_reason, pod_ip, start_failure,
+    annotation_of, deleted_while_starting, endpoint_of, has_launch, pending_reason, pod_ip,
+    start_failure,
 };
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::metrics::Launch;
-use crate::sessions::{now_rfc3339, SessionError};
+use crate::sessions::SessionError;
 
 /// A warm pod is retried after a 409 at most this many times (the 409 may come from a
 /// status update, not from another claimer).
@@ -65,7 +67,7 @@ impl KubeBackend {
         let mut candidates: Vec<Pod> = list
             .items
             .into_iter()
-            .filter(|p| !deleting(p) && is_ready(p) && pod_ip(p).is_some())
+            .filter(|p| !is_deleting(p) && is_ready(p) && pod_ip(p).is_some())
             .collect();
         let ready = candidates.len();
         candidates
@@ -113,7 +115,7 @@ impl KubeBackend {
             };
             let mut annotations = serde_json::Map::new();
             annotations.insert(annotation::TOKEN_SHA256.into(), json!(token));
-            annotations.insert(annotation::LAST_ACTIVITY.into(), json!(now_rfc3339()));
+            annotations.insert(annotation::LAST_ACTIVITY.into(), json!(stamp_now()));
             if let Some(owner) = &caller.owner {
                 annotations.insert(annotation::OWNER.into(), json!(owner));
             }
@@ -141,7 +143,7 @@ impl KubeBackend {
                         return Ok(None);
                     }
                     match self.pods.get_opt(&name).await? {
-                        Some(p) if !deleting(&p) && is_ready(&p) && !has_session(&p) => pod = p,
+                        Some(p) if !is_deleting(&p) && is_ready(&p) && !is_assigned(&p) => pod = p,
                         _ => return Ok(None),
                     }
                 }
@@ -190,7 +192,7 @@ impl KubeBackend {
                 token: self.key.session_token(sid).commitment(),
                 owner: caller.owner.clone(),
             },
-            &now_rfc3339(),
+            &stamp_now(),
         );
         let name = pod.name_any();
         for _ in 0..3 {
@@ -201,7 +203,7 @@ impl KubeBackend {
                         // Gone in between: create again.
                         None => continue,
                         // The previous pod of this session is still terminating: wait for it.
-                        Some(old) if deleting(&old) => {
+                        Some(old) if is_deleting(&old) => {
                             self.wait_gone(&old).await?;
                             continue;
                         }
@@ -249,7 +251,7 @@ impl KubeBackend {
             None => true,
             Some(p) => {
                 p.uid() != want
-                    || deleting(p)
+                    || is_deleting(p)
                     || (is_ready(p) && pod_ip(p).is_some())
                     || start_failure(p).is_some()
             }
@@ -276,7 +278,7 @@ impl KubeBackend {
             }
             Ok(Err(e)) => return Err(SessionError::Kubernetes(e.to_string())),
             Ok(Ok(None)) => return Err(deleted_while_starting(&name)),
-            Ok(Ok(Some(p))) if p.uid() != uid || deleting(&p) => {
+            Ok(Ok(Some(p))) if p.uid() != uid || is_deleting(&p) => {
                 return Err(deleted_while_starting(&name))
             }
             Ok(Ok(Some(p))) => match start_failure(&p) {
@@ -303,7 +305,7 @@ impl KubeBackend {
             .pods
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
-        let live: Vec<Pod> = list.items.into_iter().filter(|p| !deleting(p)).collect();
+        let live: Vec<Pod> = list.items.into_iter().filter(|p| !is_deleting(p)).collect();
         if live.len() <= 1 {
             return Ok(ours);
         }

@@ -11,10 +11,11 @@ use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::pod_state::{is_deleting, is_terminal};
 use cli_mcp_api::SessionId;
 
 use super::admission::PodView;
-use super::pods::{deleting, is_terminal};
+
 use super::KubeBackend;
 
 impl KubeBackend {
@@ -39,14 +40,14 @@ impl KubeBackend {
                 Ok(watcher::Event::Init) => self.admission.relist_started(Instant::now()),
                 Ok(watcher::Event::InitApply(p)) => {
                     self.admission.relisted(pod_view(&p));
-                    if deleting(&p) || is_terminal(&p) {
+                    if is_deleting(&p) || is_terminal(&p) {
                         self.pod_going(&p)
                     }
                 }
                 Ok(watcher::Event::InitDone) => self.admission.relist_done(),
                 Ok(watcher::Event::Apply(p)) => {
                     self.admission.applied(pod_view(&p));
-                    if deleting(&p) || is_terminal(&p) {
+                    if is_deleting(&p) || is_terminal(&p) {
                         self.pod_going(&p)
                     }
                 }
@@ -88,6 +89,6 @@ pub(super) fn pod_view(p: &Pod) -> PodView {
             .labels()
             .get(label::SESSION_ID)
             .and_then(|s| SessionId::parse(s).ok()),
-        terminating: deleting(p),
+        terminating: is_deleting(p),
     }
 }
