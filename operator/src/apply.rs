@@ -1,18 +1,25 @@
 //! Server-side apply of desired children, with one field manager, skipping requests that
-//! cannot change anything (see [`crate::context::ApplyCache`]).
+//! cannot change anything (see [`crate::context::ApplyCache`]). [`apply_all`] applies the
+//! whole desired set of an instance.
 
 use std::fmt::Debug;
 
+use futures::future::BoxFuture;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::FIELD_MANAGER;
 
-use crate::context::Context;
+use crate::children::Desired;
+use crate::context::{Context, Stores};
 use crate::error::Result;
 
 /// Cache key of an object: `Kind/namespace/name`.
@@ -69,16 +76,73 @@ pub async fn apply<K: Child>(
     Ok(true)
 }
 
-/// Applies `desired` and, on failure, adds `Kind name: error` to `errors` (so the other
-/// children are still tried and the first failure is reported).
-pub async fn apply_noting<K: Child>(
-    ctx: &Context,
-    api: &Api<K>,
-    store: &Store<K>,
-    desired: &K,
-    errors: &mut Vec<String>,
-) {
-    if let Err(e) = apply(ctx, api, store, desired).await {
-        errors.push(format!("{} {}: {e}", K::kind(&()), desired.name_any()));
+/// A kind of child the operator owns: where its reflector store is and how it is addressed.
+pub trait Owned: Child {
+    fn store(stores: &Stores) -> &Store<Self>;
+    fn api(client: Client, namespace: &str) -> Api<Self>;
+}
+
+macro_rules! namespaced {
+    ($($kind:ty => $store:ident),* $(,)?) => {$(
+        impl Owned for $kind {
+            fn store(stores: &Stores) -> &Store<Self> {
+                &stores.$store
+            }
+            fn api(client: Client, namespace: &str) -> Api<Self> {
+                Api::namespaced(client, namespace)
+            }
+        }
+    )*};
+}
+
+namespaced! {
+    ServiceAccount => service_accounts,
+    Role => roles,
+    RoleBinding => role_bindings,
+    Service => services,
+    NetworkPolicy => network_policies,
+    ConfigMap => config_maps,
+    Deployment => deployments,
+}
+
+impl Owned for ClusterRoleBinding {
+    fn store(stores: &Stores) -> &Store<Self> {
+        &stores.cluster_role_bindings
     }
+    fn api(client: Client, _namespace: &str) -> Api<Self> {
+        Api::all(client)
+    }
+}
+
+/// One desired child of any kind, so the whole desired set can be applied in one loop.
+pub trait Applicable: Send + Sync {
+    /// `Kind name`.
+    fn describe(&self) -> String;
+    /// [`apply`] with the kind's store and scope; `namespace` is the instance's.
+    fn apply<'a>(&'a self, ctx: &'a Context, namespace: &'a str) -> BoxFuture<'a, Result<bool>>;
+}
+
+impl<K: Owned> Applicable for K {
+    fn describe(&self) -> String {
+        format!("{} {}", K::kind(&()), self.name_any())
+    }
+
+    fn apply<'a>(&'a self, ctx: &'a Context, namespace: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let api = K::api(ctx.client.clone(), namespace);
+            apply(ctx, &api, K::store(&ctx.stores), self).await
+        })
+    }
+}
+
+/// Applies every desired child in order. A failure does not stop the others; the first one
+/// is returned as `Kind name: error` for the status.
+pub async fn apply_all(ctx: &Context, namespace: &str, desired: &Desired) -> Option<String> {
+    let mut first = None;
+    for child in desired.children() {
+        if let Err(e) = child.apply(ctx, namespace).await {
+            first.get_or_insert_with(|| format!("{}: {e}", child.describe()));
+        }
+    }
+    first
 }

@@ -8,9 +8,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
-use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
 
 use cli_mcp_api::crd::CliMcpInstance;
 
@@ -95,6 +95,14 @@ pub struct Stores {
     pub role_bindings: Store<RoleBinding>,
     pub network_policies: Store<NetworkPolicy>,
     pub cluster_role_bindings: Store<ClusterRoleBinding>,
+}
+
+/// An object from a reflector store.
+pub fn cached<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.get(&ObjectRef::new(name).within(ns))
 }
 
 /// Hash of the last applied desired object and the resourceVersion the apiserver returned.
@@ -207,6 +215,20 @@ pub struct Context {
 }
 
 impl Context {
+    /// Publishes an Event on the instance. Events are best effort: a failure is only logged.
+    pub async fn publish(&self, cr: &CliMcpInstance, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &cr.object_ref(&())).await {
+            tracing::debug!("publishing event {reason}: {e}");
+        }
+    }
+
     pub fn new(
         client: Client,
         config: Arc<OperatorConfig>,

@@ -2,9 +2,11 @@
 //! Service, RBAC, Secrets, NetworkPolicy), keeps the warm pool of sandboxes, collects idle
 //! sessions and tears everything down when the instance is deleted.
 //!
-//! Layout: [`controller`] is the one reconcile entry; [`children`] holds pure builders of
-//! every owned object; [`apply`] writes them with server-side apply (and skips writes that
-//! cannot change anything); [`pool`], [`idle`] and [`teardown`] are the sandbox lifecycle;
+//! Layout: [`controller`] is the one reconcile entry, a pipeline of named steps;
+//! [`resolve`] finds what the children need in the cluster (Secrets, API server peers);
+//! [`children`] holds pure builders of every owned object and the whole desired set;
+//! [`apply`] writes them with server-side apply (and skips writes that cannot change
+//! anything); [`pool`], [`idle`] and [`teardown`] are the sandbox lifecycle;
 //! [`status`] computes the status from what was observed; [`watch`] wires the watches;
 //! [`leader`], [`metrics`] and [`telemetry`] are process plumbing for `main.rs`.
 
@@ -21,6 +23,7 @@ pub mod idle;
 pub mod leader;
 pub mod metrics;
 pub mod pool;
+pub mod resolve;
 pub mod run;
 pub mod status;
 pub mod teardown;

@@ -32,22 +32,25 @@ pub fn server_args(inp: &Inputs) -> Vec<String> {
         a.push(k.to_owned());
         a.push(v);
     };
-    flag("--listen", format!("0.0.0.0:{}", inp.mcp_port()));
+    flag("--listen", format!("0.0.0.0:{}", inp.spec.mcp_port()));
     flag("--health-listen", format!("0.0.0.0:{HEALTH_PORT}"));
     flag("--transport", "http".into());
     flag("--backend", "kubernetes".into());
-    flag("--auth", inp.auth.flag().into());
-    if inp.auth == AuthMode::Kubernetes {
+    flag("--auth", inp.spec.auth.flag().into());
+    if inp.spec.auth == AuthMode::Kubernetes {
         flag("--tls-cert", format!("{TLS_DIR}/tls.crt"));
         flag("--tls-key", format!("{TLS_DIR}/tls.key"));
     }
-    flag("--instance", inp.name.to_string());
-    flag("--namespace", inp.namespace.clone());
+    flag("--instance", inp.spec.name.to_string());
+    flag("--namespace", inp.spec.namespace.clone());
     flag("--hmac-key-file", format!("{HMAC_DIR}/key"));
-    flag("--max-sessions", inp.max_sessions.to_string());
-    flag("--default-timeout", inp.default_timeout_secs.to_string());
-    flag("--max-timeout", inp.max_timeout_secs.to_string());
-    flag("--output-budget", inp.output_budget.to_string());
+    flag("--max-sessions", inp.spec.max_sessions.to_string());
+    flag(
+        "--default-timeout",
+        inp.spec.default_timeout_secs.to_string(),
+    );
+    flag("--max-timeout", inp.spec.max_timeout_secs.to_string());
+    flag("--output-budget", inp.spec.output_budget.to_string());
     a.push("--log-json".into());
     a
 }
@@ -99,7 +102,7 @@ fn http_probe(path: &str, period: i32, failure: i32) -> Probe {
 /// The server Deployment.
 pub fn deployment(inp: &Inputs) -> Deployment {
     let mut volumes = vec![
-        secret_volume("hmac", &inp.name.hmac_secret(), &["key"]),
+        secret_volume("hmac", &inp.spec.name.hmac_secret(), &["key"]),
         Volume {
             name: "tmp".into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -109,10 +112,10 @@ pub fn deployment(inp: &Inputs) -> Deployment {
     let mut mounts = vec![mount("hmac", HMAC_DIR, true), mount("tmp", "/tmp", false)];
     let mut annotations =
         BTreeMap::from([(HMAC_VERSION_ANNOTATION.to_owned(), inp.hmac_version.clone())]);
-    if inp.auth == AuthMode::Kubernetes {
+    if inp.spec.auth == AuthMode::Kubernetes {
         volumes.push(secret_volume(
             "tls",
-            &inp.tls_secret,
+            &inp.spec.tls_secret,
             &["tls.crt", "tls.key"],
         ));
         mounts.push(mount("tls", TLS_DIR, true));
@@ -121,15 +124,15 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         }
     }
     // Serialising a SandboxConfig cannot fail (plain data, string map keys).
-    let sandbox_json = serde_json::to_string(&inp.sandbox).unwrap_or_default();
-    let mcp_port_name = match inp.auth {
+    let sandbox_json = serde_json::to_string(&inp.spec.sandbox).unwrap_or_default();
+    let mcp_port_name = match inp.spec.auth {
         AuthMode::Kubernetes => "https",
         AuthMode::None => "http",
     };
     let container = Container {
         name: CONTAINER.into(),
-        image: Some(inp.server_image.clone()),
-        image_pull_policy: inp.server_pull_policy.clone(),
+        image: Some(inp.spec.server_image.clone()),
+        image_pull_policy: inp.spec.server_pull_policy.clone(),
         args: Some(server_args(inp)),
         env: Some(vec![
             EnvVar {
@@ -146,7 +149,7 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         ports: Some(vec![
             ContainerPort {
                 name: Some(mcp_port_name.into()),
-                container_port: inp.mcp_port(),
+                container_port: inp.spec.mcp_port(),
                 protocol: Some("TCP".into()),
                 ..Default::default()
             },
@@ -159,7 +162,7 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         ]),
         liveness_probe: Some(http_probe("/livez", 10, 3)),
         readiness_probe: Some(http_probe("/readyz", 2, 3)),
-        resources: Some(inp.server_resources.clone()),
+        resources: Some(inp.spec.server_resources.clone()),
         volume_mounts: Some(mounts),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
@@ -175,11 +178,13 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let selector = inp.selector(label::COMPONENT_SERVER);
+    let selector = inp.spec.selector(label::COMPONENT_SERVER);
     Deployment {
-        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.server(), label::COMPONENT_SERVER),
         spec: DeploymentSpec {
-            replicas: Some(inp.replicas),
+            replicas: Some(inp.spec.replicas),
             revision_history_limit: Some(3),
             selector: LabelSelector {
                 match_labels: Some(selector),
@@ -194,12 +199,12 @@ pub fn deployment(inp: &Inputs) -> Deployment {
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(inp.labels(label::COMPONENT_SERVER)),
+                    labels: Some(inp.spec.labels(label::COMPONENT_SERVER)),
                     annotations: Some(annotations),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    service_account_name: Some(inp.name.server()),
+                    service_account_name: Some(inp.spec.name.server()),
                     automount_service_account_token: Some(true),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(30),
@@ -298,7 +303,7 @@ mod tests {
                 .expect("sandbox config"),
         )
         .expect("valid SandboxConfig JSON");
-        assert_eq!(cfg, inp.sandbox);
+        assert_eq!(cfg, inp.spec.sandbox);
         assert_eq!(cfg.owner.as_ref().map(|o| o.uid.as_str()), Some("uid-1"));
 
         let mut other = inp.clone();

@@ -1,19 +1,28 @@
 //! Pure builders of every object an instance owns. Each takes [`Inputs`] and returns the
-//! desired object with only the fields the operator owns set, ready for server-side apply.
+//! desired object with only the fields the operator owns set, ready for server-side apply;
+//! [`build_all`] returns the whole desired set.
+//!
+//! A new child is one builder, one field in [`Desired`] (listed in [`Desired::children`]),
+//! and — for a new kind — an [`crate::apply::Owned`] entry, a store and watch in
+//! [`crate::watch`] and an RBAC rule in the packaging.
 
 pub mod deployment;
+mod inputs;
 pub mod networkpolicy;
 pub mod rbac;
 pub mod secrets;
 pub mod service;
 
-use std::collections::BTreeMap;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use cli_mcp_api::names::label;
 
-use cli_mcp_api::crd::{AuthMode, CliMcpInstance};
-use cli_mcp_api::names::{label, InstanceName};
-use cli_mcp_api::sandbox::SandboxConfig;
+use crate::apply::Applicable;
+
+pub use inputs::{ApiServerPeers, Inputs, Spec};
 
 /// Pod-template annotation carrying a hash of the HMAC key: a new key rolls the server.
 pub const HMAC_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/hmac-version";
@@ -31,148 +40,66 @@ pub const HEALTH_PORT: i32 = 8081;
 pub const HMAC_DIR: &str = "/var/run/cli-mcp/hmac";
 pub const TLS_DIR: &str = "/var/run/cli-mcp/tls";
 
-/// Everything the builders need, resolved by the controller.
+/// Every object the operator applies for one instance.
 #[derive(Debug, Clone)]
-pub struct Inputs {
-    pub name: InstanceName,
-    pub namespace: String,
-    pub owner: OwnerReference,
-    pub replicas: i32,
-    pub auth: AuthMode,
-    pub server_image: String,
-    pub server_pull_policy: Option<String>,
-    pub server_resources: k8s_openapi::api::core::v1::ResourceRequirements,
-    pub sandbox: SandboxConfig,
-    pub max_sessions: i32,
-    pub default_timeout_secs: u64,
-    pub max_timeout_secs: u64,
-    pub output_budget: i64,
-    /// Secret with tls.crt/tls.key (auth Kubernetes only).
-    pub tls_secret: String,
-    /// Hash of the HMAC key; stamped on the pod template.
-    pub hmac_version: String,
-    /// Hash of the serving certificate, when there is one.
-    pub tls_version: Option<String>,
-    /// Extra egress rules of the sandbox NetworkPolicy.
-    pub extra_egress: Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>,
-    /// Addresses and ports of the Kubernetes API server (for sandbox egress).
-    pub api_server: ApiServerPeers,
+pub struct Desired {
+    pub server_service_account: ServiceAccount,
+    pub sandbox_service_account: ServiceAccount,
+    pub server_role: Role,
+    pub server_role_binding: RoleBinding,
+    pub auth_delegator_binding: ClusterRoleBinding,
+    pub service: Service,
+    pub network_policy: NetworkPolicy,
+    /// Only when the operator generated the CA.
+    pub ca_config_map: Option<ConfigMap>,
+    pub deployment: Deployment,
 }
 
-/// Where the Kubernetes API server is, as the sandbox network sees it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ApiServerPeers {
-    /// IPs (endpoint addresses and the `kubernetes` Service IP).
-    pub ips: Vec<String>,
-    /// TCP ports (endpoint ports and the Service port).
-    pub ports: Vec<i32>,
+impl Desired {
+    /// The children in apply order: the Deployment last, so its pods find their
+    /// ServiceAccount, permissions and Secrets in place.
+    pub fn children(&self) -> Vec<&dyn Applicable> {
+        let mut out: Vec<&dyn Applicable> = vec![
+            &self.server_service_account,
+            &self.sandbox_service_account,
+            &self.server_role,
+            &self.server_role_binding,
+            &self.auth_delegator_binding,
+            &self.service,
+            &self.network_policy,
+        ];
+        if let Some(cm) = &self.ca_config_map {
+            out.push(cm);
+        }
+        out.push(&self.deployment);
+        out
+    }
 }
 
-impl Inputs {
-    /// Resolves the inputs from the CR and what the controller looked up.
-    pub fn from_cr(
-        cr: &CliMcpInstance,
-        server_image: &str,
-        default_sandbox_image: Option<&str>,
-        hmac_version: String,
-        tls_version: Option<String>,
-        api_server: ApiServerPeers,
-    ) -> Result<Self, cli_mcp_api::crd::CrdError> {
-        let sandbox = cr.sandbox_config(default_sandbox_image)?;
-        let (default_timeout_secs, max_timeout_secs) = cr.spec.sandbox.command_timeouts()?;
-        let owner = sandbox
-            .owner
-            .clone()
-            .ok_or(cli_mcp_api::crd::CrdError::Missing("metadata.uid"))?;
-        Ok(Self {
-            name: cr.instance_name()?,
-            namespace: sandbox.namespace.clone(),
-            owner,
-            replicas: cr.spec.replicas,
-            auth: cr.spec.server.auth,
-            server_image: server_image.to_owned(),
-            server_pull_policy: cr
-                .spec
-                .server
-                .image_pull_policy
-                .map(|p| p.as_str().to_owned()),
-            server_resources: cr.spec.server.resources.clone(),
-            sandbox,
-            max_sessions: cr.spec.sandbox.max_sessions,
-            default_timeout_secs,
-            max_timeout_secs,
-            output_budget: cr.spec.sandbox.output_budget_bytes,
-            tls_secret: cr.tls_secret()?,
-            hmac_version,
-            tls_version,
-            extra_egress: cr.spec.network_policy.extra_egress.clone(),
-            api_server,
-        })
-    }
-
-    /// Common labels of every object of this instance, plus the component.
-    pub fn labels(&self, component: &str) -> BTreeMap<String, String> {
-        let n = self.name.to_string();
-        BTreeMap::from([
-            (label::INSTANCE.to_owned(), n.clone()),
-            (label::COMPONENT.to_owned(), component.to_owned()),
-            (label::APP_NAME.to_owned(), format!("cli-mcp-{component}")),
-            (label::APP_INSTANCE.to_owned(), n),
-            (label::APP_COMPONENT.to_owned(), component.to_owned()),
-            (label::APP_PART_OF.to_owned(), label::PART_OF.to_owned()),
-            (
-                label::APP_MANAGED_BY.to_owned(),
-                label::MANAGED_BY.to_owned(),
-            ),
-        ])
-    }
-
-    /// The two labels that select this instance's pods of `component` (stable: selectors are
-    /// immutable on Deployments).
-    pub fn selector(&self, component: &str) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            (label::INSTANCE.to_owned(), self.name.to_string()),
-            (label::COMPONENT.to_owned(), component.to_owned()),
-        ])
-    }
-
-    /// Metadata of a namespaced child owned by the CR.
-    pub fn meta(&self, name: String, component: &str) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(name),
-            namespace: Some(self.namespace.clone()),
-            labels: Some(self.labels(component)),
-            owner_references: Some(vec![self.owner.clone()]),
-            ..Default::default()
-        }
-    }
-
-    /// Port the MCP endpoint listens on.
-    pub fn mcp_port(&self) -> i32 {
-        match self.auth {
-            AuthMode::Kubernetes => MCP_TLS_PORT,
-            AuthMode::None => MCP_PLAIN_PORT,
-        }
-    }
-
-    /// The in-cluster URL of the MCP endpoint.
-    pub fn endpoint(&self) -> String {
-        let scheme = match self.auth {
-            AuthMode::Kubernetes => "https",
-            AuthMode::None => "http",
-        };
-        format!(
-            "{scheme}://{}.{}.svc:{}/mcp",
-            self.name.server(),
-            self.namespace,
-            self.mcp_port()
-        )
+/// The whole desired set of one instance. Pure.
+pub fn build_all(inp: &Inputs) -> Desired {
+    Desired {
+        server_service_account: rbac::server_service_account(inp),
+        sandbox_service_account: rbac::sandbox_service_account(inp),
+        server_role: rbac::server_role(inp),
+        server_role_binding: rbac::server_role_binding(inp),
+        auth_delegator_binding: rbac::auth_delegator_binding(inp),
+        service: service::service(inp),
+        network_policy: networkpolicy::network_policy(inp),
+        ca_config_map: inp
+            .ca_config_map_name()
+            .zip(inp.ca_pem.as_ref())
+            .map(|(name, pem)| {
+                secrets::ca_config_map(inp.spec.meta(name, label::COMPONENT_SERVER), pem)
+            }),
+        deployment: deployment::deployment(inp),
     }
 }
 
 #[cfg(test)]
 pub(crate) mod test_support {
     use super::*;
+    use cli_mcp_api::crd::CliMcpInstance;
 
     pub fn cr(spec: serde_json::Value) -> CliMcpInstance {
         serde_json::from_value(serde_json::json!({
@@ -185,17 +112,159 @@ pub(crate) mod test_support {
     }
 
     pub fn inputs(spec: serde_json::Value) -> Inputs {
-        Inputs::from_cr(
-            &cr(spec),
-            "cli-mcp-server:dev",
-            Some("cli-mcp-agent:dev"),
-            "hv1".into(),
-            Some("tv1".into()),
-            ApiServerPeers {
+        Inputs {
+            spec: Spec::read(&cr(spec), "cli-mcp-server:dev", Some("cli-mcp-agent:dev"))
+                .expect("spec"),
+            hmac_version: "hv1".into(),
+            tls_version: Some("tv1".into()),
+            ca_pem: Some("-----BEGIN CERTIFICATE-----\nca\n".into()),
+            api_server: ApiServerPeers {
                 ips: vec!["10.0.0.1".into()],
                 ports: vec![6443],
             },
-        )
-        .expect("inputs")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::inputs;
+    use super::*;
+    use kube::ResourceExt;
+    use std::collections::BTreeMap;
+
+    /// The whole desired set: every kind and name in apply order, and the fields that tie
+    /// the children together (owner, labels, selectors, the names they refer to).
+    #[test]
+    fn build_all_is_the_whole_desired_set() {
+        let d = build_all(&inputs(serde_json::json!({"replicas": 2})));
+        let described: Vec<String> = d.children().iter().map(|c| c.describe()).collect();
+        assert_eq!(
+            described,
+            [
+                "ServiceAccount cli-mcp-demo",
+                "ServiceAccount cli-mcp-demo-sandbox",
+                "Role cli-mcp-demo",
+                "RoleBinding cli-mcp-demo",
+                "ClusterRoleBinding cli-mcp-ns1-demo-auth-delegator-08c69f66",
+                "Service cli-mcp-demo",
+                "NetworkPolicy cli-mcp-demo-sandbox",
+                "ConfigMap cli-mcp-demo-ca",
+                "Deployment cli-mcp-demo",
+            ]
+        );
+
+        // Namespaced children: in the CR's namespace, owned by it, labelled as managed.
+        let metas = [
+            (&d.server_service_account.metadata, "server"),
+            (&d.sandbox_service_account.metadata, "sandbox"),
+            (&d.server_role.metadata, "server"),
+            (&d.server_role_binding.metadata, "server"),
+            (&d.service.metadata, "server"),
+            (&d.network_policy.metadata, "sandbox"),
+            (&d.deployment.metadata, "server"),
+        ];
+        let ca = d.ca_config_map.as_ref().expect("CA ConfigMap");
+        for (m, component) in metas.into_iter().chain([(&ca.metadata, "server")]) {
+            assert_eq!(m.namespace.as_deref(), Some("ns1"), "{:?}", m.name);
+            let owners = m.owner_references.as_ref().expect("owner");
+            assert_eq!(owners.len(), 1);
+            assert_eq!(owners[0].uid, "uid-1");
+            assert_eq!(owners[0].controller, Some(true));
+            let l = m.labels.as_ref().expect("labels");
+            assert_eq!(l[label::INSTANCE], "demo");
+            assert_eq!(l[label::COMPONENT], component, "{:?}", m.name);
+            assert_eq!(l[label::APP_MANAGED_BY], label::MANAGED_BY);
+        }
+
+        // The cluster-scoped binding cannot be owned: labels map it back to the instance.
+        let crb = &d.auth_delegator_binding;
+        assert!(crb.metadata.owner_references.is_none());
+        assert_eq!(crb.labels()[INSTANCE_NAMESPACE_LABEL], "ns1");
+        assert_eq!(crb.role_ref.name, "system:auth-delegator");
+        let server_sa = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+            subjects
+                .as_ref()
+                .map(|s| (s[0].name.clone(), s[0].namespace.clone()))
+        };
+        let sa = Some(("cli-mcp-demo".to_owned(), Some("ns1".to_owned())));
+        assert_eq!(server_sa(&crb.subjects), sa);
+        assert_eq!(server_sa(&d.server_role_binding.subjects), sa);
+        assert_eq!(d.server_role_binding.role_ref.name, "cli-mcp-demo");
+        assert_eq!(
+            d.sandbox_service_account.automount_service_account_token,
+            Some(false)
+        );
+
+        // Service, Deployment and NetworkPolicy agree on the server pods' labels.
+        let server_pods = BTreeMap::from([
+            (label::INSTANCE.to_owned(), "demo".to_owned()),
+            (label::COMPONENT.to_owned(), "server".to_owned()),
+        ]);
+        let svc = d.service.spec.as_ref().expect("service spec");
+        assert_eq!(svc.selector.as_ref(), Some(&server_pods));
+        assert_eq!(svc.ports.as_ref().map(|p| p[0].port), Some(8443));
+        let dep = &d.deployment.spec;
+        assert_eq!(dep.replicas, Some(2));
+        assert_eq!(dep.selector.match_labels.as_ref(), Some(&server_pods));
+        let np = d.network_policy.spec.as_ref().expect("policy spec");
+        let from = np.ingress.as_ref().expect("ingress")[0]
+            .from
+            .as_ref()
+            .expect("from");
+        assert_eq!(
+            from[0]
+                .pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref()),
+            Some(&server_pods)
+        );
+        assert_eq!(
+            np.pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .map(|l| l[label::COMPONENT].as_str()),
+            Some("sandbox")
+        );
+
+        // The pod template carries the versions that roll the server and mounts what the
+        // other children name.
+        let tpl = &dep.template;
+        let ann = tpl.metadata.as_ref().and_then(|m| m.annotations.as_ref());
+        assert_eq!(
+            ann.map(|a| a[HMAC_VERSION_ANNOTATION].as_str()),
+            Some("hv1")
+        );
+        assert_eq!(ann.map(|a| a[TLS_VERSION_ANNOTATION].as_str()), Some("tv1"));
+        let pod = tpl.spec.as_ref().expect("pod spec");
+        assert_eq!(pod.service_account_name.as_deref(), Some("cli-mcp-demo"));
+        let secrets: Vec<_> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+            .collect();
+        assert_eq!(secrets, ["cli-mcp-demo-hmac", "cli-mcp-demo-tls"]);
+        assert!(ca
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key(secrets::CA_CRT)));
+    }
+
+    #[test]
+    fn without_auth_there_is_no_ca_to_publish() {
+        let mut inp = inputs(serde_json::json!({"server": {"auth": "None"}}));
+        inp.ca_pem = None;
+        inp.tls_version = None;
+        let d = build_all(&inp);
+        assert!(d.ca_config_map.is_none());
+        assert!(!d
+            .children()
+            .iter()
+            .any(|c| c.describe().starts_with("ConfigMap")));
+        assert_eq!(
+            d.service.spec.and_then(|s| s.ports).map(|p| p[0].port),
+            Some(8080)
+        );
     }
 }

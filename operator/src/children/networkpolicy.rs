@@ -101,12 +101,14 @@ fn api_server_rule(inp: &Inputs) -> Option<NetworkPolicyEgressRule> {
 }
 
 pub fn network_policy(inp: &Inputs) -> NetworkPolicy {
-    let n = inp.name.to_string();
+    let n = inp.spec.name.to_string();
     let mut egress = vec![dns_rule()];
     egress.extend(api_server_rule(inp));
-    egress.extend(inp.extra_egress.iter().cloned());
+    egress.extend(inp.spec.extra_egress.iter().cloned());
     NetworkPolicy {
-        metadata: inp.meta(inp.name.sandbox(), label::COMPONENT_SANDBOX),
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.sandbox(), label::COMPONENT_SANDBOX),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(selector(&[
                 (label::INSTANCE, &n),

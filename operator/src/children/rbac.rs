@@ -16,7 +16,9 @@ use super::{Inputs, INSTANCE_NAMESPACE_LABEL};
 /// The server's ServiceAccount (its token is used for the API and for TokenReviews).
 pub fn server_service_account(inp: &Inputs) -> ServiceAccount {
     ServiceAccount {
-        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.server(), label::COMPONENT_SERVER),
         ..Default::default()
     }
 }
@@ -25,7 +27,9 @@ pub fn server_service_account(inp: &Inputs) -> ServiceAccount {
 /// kubeconfig the admin gives them.
 pub fn sandbox_service_account(inp: &Inputs) -> ServiceAccount {
     ServiceAccount {
-        metadata: inp.meta(inp.name.sandbox(), label::COMPONENT_SANDBOX),
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.sandbox(), label::COMPONENT_SANDBOX),
         automount_service_account_token: Some(false),
         ..Default::default()
     }
@@ -35,7 +39,9 @@ pub fn sandbox_service_account(inp: &Inputs) -> ServiceAccount {
 /// from the mounted HMAC key and pods carry only commitments.
 pub fn server_role(inp: &Inputs) -> Role {
     Role {
-        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.server(), label::COMPONENT_SERVER),
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["pods".into()]),
@@ -51,19 +57,21 @@ pub fn server_role(inp: &Inputs) -> Role {
 fn server_subject(inp: &Inputs) -> Subject {
     Subject {
         kind: "ServiceAccount".into(),
-        name: inp.name.server(),
-        namespace: Some(inp.namespace.clone()),
+        name: inp.spec.name.server(),
+        namespace: Some(inp.spec.namespace.clone()),
         ..Default::default()
     }
 }
 
 pub fn server_role_binding(inp: &Inputs) -> RoleBinding {
     RoleBinding {
-        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.server(), label::COMPONENT_SERVER),
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
-            name: inp.name.server(),
+            name: inp.spec.name.server(),
         },
         subjects: Some(vec![server_subject(inp)]),
     }
@@ -72,15 +80,18 @@ pub fn server_role_binding(inp: &Inputs) -> RoleBinding {
 /// Labels of the per-instance ClusterRoleBinding (it cannot have an owner reference to a
 /// namespaced CR, so the finalizer removes it; the labels map it back to the instance).
 pub fn cluster_binding_labels(inp: &Inputs) -> BTreeMap<String, String> {
-    let mut l = inp.labels(label::COMPONENT_SERVER);
-    l.insert(INSTANCE_NAMESPACE_LABEL.to_owned(), inp.namespace.clone());
+    let mut l = inp.spec.labels(label::COMPONENT_SERVER);
+    l.insert(
+        INSTANCE_NAMESPACE_LABEL.to_owned(),
+        inp.spec.namespace.clone(),
+    );
     l
 }
 
 pub fn auth_delegator_binding(inp: &Inputs) -> ClusterRoleBinding {
     ClusterRoleBinding {
         metadata: ObjectMeta {
-            name: Some(inp.name.auth_delegator_binding(&inp.namespace)),
+            name: Some(inp.spec.name.auth_delegator_binding(&inp.spec.namespace)),
             labels: Some(cluster_binding_labels(inp)),
             ..Default::default()
         },

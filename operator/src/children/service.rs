@@ -9,19 +9,21 @@ use cli_mcp_api::names::label;
 use super::{Inputs, HEALTH_PORT};
 
 pub fn service(inp: &Inputs) -> Service {
-    let mcp_name = match inp.auth {
+    let mcp_name = match inp.spec.auth {
         AuthMode::Kubernetes => "https",
         AuthMode::None => "http",
     };
     Service {
-        metadata: inp.meta(inp.name.server(), label::COMPONENT_SERVER),
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.server(), label::COMPONENT_SERVER),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".into()),
-            selector: Some(inp.selector(label::COMPONENT_SERVER)),
+            selector: Some(inp.spec.selector(label::COMPONENT_SERVER)),
             ports: Some(vec![
                 ServicePort {
                     name: Some(mcp_name.into()),
-                    port: inp.mcp_port(),
+                    port: inp.spec.mcp_port(),
                     target_port: Some(IntOrString::String(mcp_name.into())),
                     protocol: Some("TCP".into()),
                     ..Default::default()

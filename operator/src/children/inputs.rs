@@ -1,0 +1,177 @@
+//! What the builders are built from. [`Spec`] is the CR read once — the only place that reads
+//! `cr.spec` — and [`Inputs`] is that spec plus what the controller resolved from the cluster
+//! (Secret versions, the generated CA, the API server's addresses). Both are complete when
+//! made: nothing is filled in later.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::networking::v1::NetworkPolicyEgressRule;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use cli_mcp_api::crd::{AuthMode, CliMcpInstance, CrdError};
+use cli_mcp_api::names::{label, InstanceName};
+use cli_mcp_api::sandbox::SandboxConfig;
+
+use super::{secrets, MCP_PLAIN_PORT, MCP_TLS_PORT};
+
+/// What one `CliMcpInstance` asks for, with the operator's defaults applied.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub name: InstanceName,
+    pub namespace: String,
+    /// Controller reference to the CR, on every namespaced child and sandbox.
+    pub owner: OwnerReference,
+    pub replicas: i32,
+    pub auth: AuthMode,
+    pub server_image: String,
+    pub server_pull_policy: Option<String>,
+    pub server_resources: ResourceRequirements,
+    pub sandbox: SandboxConfig,
+    pub warm_pool_size: i32,
+    pub idle_timeout: Duration,
+    pub max_sessions: i32,
+    pub default_timeout_secs: u64,
+    pub max_timeout_secs: u64,
+    pub output_budget: i64,
+    /// Secret with tls.crt/tls.key (auth Kubernetes only).
+    pub tls_secret: String,
+    /// The admin named the TLS Secret (`spec.server.tlsSecretName`): it is only checked,
+    /// never generated.
+    pub custom_tls: bool,
+    /// Secret with the sandboxes' kubeconfig (required).
+    pub kubeconfig_secret: String,
+    /// Extra egress rules of the sandbox NetworkPolicy.
+    pub extra_egress: Vec<NetworkPolicyEgressRule>,
+}
+
+impl Spec {
+    /// Reads the CR. Fails only for objects that bypassed admission (or when no sandbox image
+    /// is set anywhere).
+    pub fn read(
+        cr: &CliMcpInstance,
+        server_image: &str,
+        default_sandbox_image: Option<&str>,
+    ) -> Result<Self, CrdError> {
+        let sandbox = cr.sandbox_config(default_sandbox_image)?;
+        let s = &cr.spec;
+        let (default_timeout_secs, max_timeout_secs) = s.sandbox.command_timeouts()?;
+        let owner = sandbox
+            .owner
+            .clone()
+            .ok_or(CrdError::Missing("metadata.uid"))?;
+        Ok(Self {
+            name: cr.instance_name()?,
+            namespace: sandbox.namespace.clone(),
+            owner,
+            replicas: s.replicas,
+            auth: s.server.auth,
+            server_image: server_image.to_owned(),
+            server_pull_policy: s.server.image_pull_policy.map(|p| p.as_str().to_owned()),
+            server_resources: s.server.resources.clone(),
+            warm_pool_size: s.sandbox.warm_pool_size,
+            idle_timeout: s.sandbox.idle_timeout()?,
+            max_sessions: s.sandbox.max_sessions,
+            default_timeout_secs,
+            max_timeout_secs,
+            output_budget: s.sandbox.output_budget_bytes,
+            tls_secret: cr.tls_secret()?,
+            custom_tls: s.server.tls_secret_name.is_some(),
+            kubeconfig_secret: cr.kubeconfig_secret()?,
+            extra_egress: s.network_policy.extra_egress.clone(),
+            sandbox,
+        })
+    }
+
+    /// Common labels of every object of this instance, plus the component.
+    pub fn labels(&self, component: &str) -> BTreeMap<String, String> {
+        let n = self.name.to_string();
+        BTreeMap::from([
+            (label::INSTANCE.to_owned(), n.clone()),
+            (label::COMPONENT.to_owned(), component.to_owned()),
+            (label::APP_NAME.to_owned(), format!("cli-mcp-{component}")),
+            (label::APP_INSTANCE.to_owned(), n),
+            (label::APP_COMPONENT.to_owned(), component.to_owned()),
+            (label::APP_PART_OF.to_owned(), label::PART_OF.to_owned()),
+            (
+                label::APP_MANAGED_BY.to_owned(),
+                label::MANAGED_BY.to_owned(),
+            ),
+        ])
+    }
+
+    /// The two labels that select this instance's pods of `component` (stable: selectors are
+    /// immutable on Deployments).
+    pub fn selector(&self, component: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (label::INSTANCE.to_owned(), self.name.to_string()),
+            (label::COMPONENT.to_owned(), component.to_owned()),
+        ])
+    }
+
+    /// Metadata of a namespaced child owned by the CR.
+    pub fn meta(&self, name: String, component: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels(component)),
+            owner_references: Some(vec![self.owner.clone()]),
+            ..Default::default()
+        }
+    }
+
+    /// Port the MCP endpoint listens on.
+    pub fn mcp_port(&self) -> i32 {
+        match self.auth {
+            AuthMode::Kubernetes => MCP_TLS_PORT,
+            AuthMode::None => MCP_PLAIN_PORT,
+        }
+    }
+
+    /// The in-cluster URL of the MCP endpoint.
+    pub fn endpoint(&self) -> String {
+        let scheme = match self.auth {
+            AuthMode::Kubernetes => "https",
+            AuthMode::None => "http",
+        };
+        format!(
+            "{scheme}://{}.{}.svc:{}/mcp",
+            self.name.server(),
+            self.namespace,
+            self.mcp_port()
+        )
+    }
+}
+
+/// Where the Kubernetes API server is, as the sandbox network sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiServerPeers {
+    /// IPs (endpoint addresses and the `kubernetes` Service IP).
+    pub ips: Vec<String>,
+    /// TCP ports (endpoint ports and the Service port).
+    pub ports: Vec<i32>,
+}
+
+/// Everything the builders need.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    pub spec: Spec,
+    /// Hash of the HMAC key; stamped on the pod template so a new key rolls the server.
+    pub hmac_version: String,
+    /// Hash of the serving certificate, when there is one.
+    pub tls_version: Option<String>,
+    /// The generated CA (PEM), published in the CA ConfigMap.
+    pub ca_pem: Option<String>,
+    /// Addresses and ports of the Kubernetes API server (for sandbox egress).
+    pub api_server: ApiServerPeers,
+}
+
+impl Inputs {
+    /// Name of the ConfigMap that publishes the CA, when there is a CA to publish.
+    pub fn ca_config_map_name(&self) -> Option<String> {
+        self.ca_pem
+            .as_ref()
+            .map(|_| secrets::ca_config_map_name(&self.spec.name))
+    }
+}

@@ -1,0 +1,327 @@
+//! The first step of a reconcile: everything the desired children depend on that is not in
+//! the CR. The generate-once Secrets (HMAC key, and the CA + serving certificate unless the
+//! admin gives one) are created here if absent — created, never applied, so an existing
+//! Secret is never overwritten — the admin's Secrets are checked, and the API server's
+//! addresses are looked up for the sandbox NetworkPolicy.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ListParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+
+use cli_mcp_api::crd::{AuthMode, CliMcpInstance};
+use cli_mcp_api::names::label;
+use cli_mcp_api::sandbox::KUBECONFIG_KEY;
+use cli_mcp_api::token::HmacKey;
+
+use crate::children::{secrets, ApiServerPeers, Inputs, Spec};
+use crate::context::{cached, Context};
+use crate::error::Result;
+use crate::pool::is_status;
+
+/// How long the API server addresses are cached.
+const API_PEERS_TTL: Duration = Duration::from_secs(300);
+
+/// What the cluster holds for one instance.
+pub struct Resolved {
+    /// The instance's HMAC key, when its Secret holds a valid one.
+    pub key: Option<HmacKey>,
+    /// Hash of the HMAC Secret's value.
+    pub hmac_version: String,
+    /// Hash of the serving certificate (auth Kubernetes).
+    pub tls_version: Option<String>,
+    /// The generated CA; `None` with an admin's certificate or without auth.
+    pub ca_pem: Option<String>,
+    /// Required Secrets that do not exist (`name (what it is for)`).
+    pub missing: Vec<String>,
+    /// Required Secrets whose keys are missing or unusable.
+    pub invalid: Vec<String>,
+    pub api_server: ApiServerPeers,
+}
+
+impl Resolved {
+    /// Why no sandbox can start (so the pool creates none), if a Secret is missing or bad.
+    pub fn blocked(&self) -> Option<String> {
+        if !self.missing.is_empty() {
+            Some(format!("missing Secrets: {}", self.missing.join(", ")))
+        } else if !self.invalid.is_empty() {
+            Some(self.invalid.join("; "))
+        } else {
+            None
+        }
+    }
+
+    /// The builders' inputs: the spec plus what was resolved.
+    pub fn inputs(&self, spec: Spec) -> Inputs {
+        Inputs {
+            spec,
+            hmac_version: self.hmac_version.clone(),
+            tls_version: self.tls_version.clone(),
+            ca_pem: self.ca_pem.clone(),
+            api_server: self.api_server.clone(),
+        }
+    }
+}
+
+/// A required Secret that is missing or unusable.
+enum Problem {
+    Missing(String),
+    Invalid(String),
+}
+
+#[derive(Default)]
+struct TlsState {
+    version: Option<String>,
+    problem: Option<Problem>,
+    ca_pem: Option<String>,
+}
+
+/// Resolves everything of `spec` that lives in the cluster.
+pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<Resolved> {
+    let api_server = api_server_peers(ctx).await;
+    let (key, hmac_version, key_problem) = ensure_hmac(ctx, cr, spec).await?;
+    let tls = ensure_tls(ctx, cr, spec).await?;
+    let kubeconfig = check_kubeconfig(ctx, spec).await?;
+    let mut missing = Vec::new();
+    let mut invalid = Vec::new();
+    for p in [key_problem, tls.problem, kubeconfig].into_iter().flatten() {
+        match p {
+            Problem::Missing(m) => missing.push(m),
+            Problem::Invalid(m) => invalid.push(m),
+        }
+    }
+    Ok(Resolved {
+        key,
+        hmac_version,
+        tls_version: tls.version,
+        ca_pem: tls.ca_pem,
+        missing,
+        invalid,
+        api_server,
+    })
+}
+
+/// Reads a Secret from the managed-Secret cache, falling back to the API.
+async fn read_secret(ctx: &Context, ns: &str, name: &str) -> Result<Option<Secret>> {
+    if let Some(s) = cached(&ctx.stores.secrets, ns, name) {
+        return Ok(Some((*s).clone()));
+    }
+    Ok(Api::<Secret>::namespaced(ctx.client.clone(), ns)
+        .get_opt(name)
+        .await?)
+}
+
+/// Creates `secret` unless it exists; never overwrites. Returns the stored Secret and
+/// whether this call created it.
+async fn create_once(ctx: &Context, ns: &str, secret: &Secret) -> Result<(Secret, bool)> {
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+    match api.create(&PostParams::default(), secret).await {
+        Ok(s) => {
+            ctx.metrics.api_write("Secret", "create");
+            Ok((s, true))
+        }
+        Err(e) if is_status(&e, 409) => {
+            let name = secret.name_any();
+            let s = api.get(&name).await?;
+            Ok((s, false))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn ensure_hmac(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    spec: &Spec,
+) -> Result<(Option<HmacKey>, String, Option<Problem>)> {
+    let name = spec.name.hmac_secret();
+    let secret = match read_secret(ctx, &spec.namespace, &name).await? {
+        Some(s) => s,
+        None => {
+            let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+            let (s, created) = create_once(
+                ctx,
+                &spec.namespace,
+                &secrets::hmac_secret(meta, &secrets::generate_hmac_key()),
+            )
+            .await?;
+            if created {
+                ctx.publish(
+                    cr,
+                    EventType::Normal,
+                    "HmacKeyGenerated",
+                    format!("generated a new HMAC key in Secret {name}; the server rolls and warm sandboxes are replaced"),
+                )
+                .await;
+            }
+            s
+        }
+    };
+    let raw = secrets::secret_value(&secret, secrets::HMAC_KEY);
+    let version = secrets::version_of(&[raw.unwrap_or_default()]);
+    let parsed = raw
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .map(|t| HmacKey::from_hex(&t));
+    Ok(match parsed {
+        Some(Ok(key)) => (Some(key), version, None),
+        Some(Err(e)) => (
+            None,
+            version,
+            Some(Problem::Invalid(format!(
+                "Secret {name} key '{}': {e}",
+                secrets::HMAC_KEY
+            ))),
+        ),
+        None => (
+            None,
+            version,
+            Some(Problem::Invalid(format!(
+                "Secret {name} has no key '{}'; delete the Secret and the operator generates a new one",
+                secrets::HMAC_KEY
+            ))),
+        ),
+    })
+}
+
+fn tls_keys_problem(name: &str, s: &Secret) -> Option<Problem> {
+    let missing: Vec<&str> = [secrets::TLS_CRT, secrets::TLS_KEY]
+        .into_iter()
+        .filter(|k| secrets::secret_value(s, k).is_none())
+        .collect();
+    (!missing.is_empty())
+        .then(|| Problem::Invalid(format!("Secret {name} lacks {}", missing.join(" and "))))
+}
+
+fn tls_version(s: &Secret) -> String {
+    secrets::version_of(&[
+        secrets::secret_value(s, secrets::TLS_CRT).unwrap_or_default(),
+        secrets::secret_value(s, secrets::TLS_KEY).unwrap_or_default(),
+    ])
+}
+
+async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<TlsState> {
+    if spec.auth == AuthMode::None {
+        return Ok(TlsState::default());
+    }
+    let name = spec.tls_secret.clone();
+    if spec.custom_tls {
+        // Admin-provided: only checked, never written. It is not labelled as ours, so it is
+        // not in the managed-Secret cache.
+        let secret = Api::<Secret>::namespaced(ctx.client.clone(), &spec.namespace)
+            .get_opt(&name)
+            .await?;
+        return Ok(match secret {
+            None => TlsState {
+                problem: Some(Problem::Missing(format!(
+                    "{name} (spec.server.tlsSecretName)"
+                ))),
+                ..Default::default()
+            },
+            Some(s) => TlsState {
+                version: Some(tls_version(&s)),
+                problem: tls_keys_problem(&name, &s),
+                ..Default::default()
+            },
+        });
+    }
+    let secret = match read_secret(ctx, &spec.namespace, &name).await? {
+        Some(s) => s,
+        None => {
+            let m = secrets::generate_tls(&spec.name.server(), &spec.namespace)?;
+            let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+            let (s, created) =
+                create_once(ctx, &spec.namespace, &secrets::tls_secret(meta, &m)).await?;
+            if created {
+                ctx.publish(
+                    cr,
+                    EventType::Normal,
+                    "CertificateGenerated",
+                    format!(
+                        "generated a CA and a serving certificate into Secret {name}; the CA is in ConfigMap {}",
+                        secrets::ca_config_map_name(&spec.name)
+                    ),
+                )
+                .await;
+            }
+            s
+        }
+    };
+    Ok(TlsState {
+        version: Some(tls_version(&secret)),
+        problem: tls_keys_problem(&name, &secret),
+        ca_pem: secrets::secret_value(&secret, secrets::CA_CRT)
+            .map(|b| String::from_utf8_lossy(b).into_owned()),
+    })
+}
+
+async fn check_kubeconfig(ctx: &Context, spec: &Spec) -> Result<Option<Problem>> {
+    let name = &spec.kubeconfig_secret;
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &spec.namespace)
+        .get_opt(name)
+        .await?;
+    Ok(match secret {
+        None => Some(Problem::Missing(format!(
+            "{name} (the sandbox kubeconfig, key '{KUBECONFIG_KEY}'; see config/samples)"
+        ))),
+        Some(s) if secrets::secret_value(&s, KUBECONFIG_KEY).is_none() => Some(Problem::Invalid(
+            format!("Secret {name} has no key '{KUBECONFIG_KEY}'"),
+        )),
+        Some(_) => None,
+    })
+}
+
+/// The API server's addresses as pods see them: `default/kubernetes` Service IP and its
+/// EndpointSlice addresses. Cached; a lookup failure (e.g. RBAC) yields what was found.
+pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
+    if let Ok(guard) = ctx.api_peers.lock() {
+        if let Some((at, peers)) = guard.as_ref() {
+            if at.elapsed() < API_PEERS_TTL {
+                return peers.clone();
+            }
+        }
+    }
+    let mut peers = ApiServerPeers::default();
+    match Api::<Service>::namespaced(ctx.client.clone(), "default")
+        .get_opt("kubernetes")
+        .await
+    {
+        Ok(Some(svc)) => {
+            if let Some(spec) = svc.spec {
+                peers.ips.extend(spec.cluster_ip.filter(|ip| ip != "None"));
+                peers
+                    .ports
+                    .extend(spec.ports.into_iter().flatten().map(|p| p.port));
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::debug!("reading Service default/kubernetes: {e}"),
+    }
+    let lp = ListParams::default().labels("kubernetes.io/service-name=kubernetes");
+    match Api::<EndpointSlice>::namespaced(ctx.client.clone(), "default")
+        .list(&lp)
+        .await
+    {
+        Ok(list) => {
+            for slice in list.items {
+                for ep in slice.endpoints.into_iter().flatten() {
+                    peers.ips.extend(ep.addresses);
+                }
+                peers
+                    .ports
+                    .extend(slice.ports.into_iter().flatten().filter_map(|p| p.port));
+            }
+        }
+        Err(e) => tracing::debug!("listing EndpointSlices of default/kubernetes: {e}"),
+    }
+    peers.ips.sort();
+    peers.ips.dedup();
+    peers.ports.sort_unstable();
+    peers.ports.dedup();
+    if let Ok(mut guard) = ctx.api_peers.lock() {
+        *guard = Some((Instant::now(), peers.clone()));
+    }
+    peers
+}
