@@ -8,9 +8,11 @@
 //!   container restart.
 //! - [`replay`] remembers the last requests, on disk too; [`runner`] consults it so that a
 //!   retry is never run twice.
+//! - `state_files` opens files in the state dir, which commands can tamper with.
 //! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`listener`] caps connections.
 
-// One audited `unsafe` block: `setsid` in the child before exec (shell::new_session).
+// `unsafe` only where audited: the child's set-up before exec (`shell::bash::prepare_child`)
+// and borrowing inherited descriptors (`procs::cloexec_inherited_fds`).
 #![deny(unsafe_code)]
 
 pub mod assignment;
@@ -23,6 +25,7 @@ pub mod reaper;
 pub mod replay;
 pub mod runner;
 pub mod shell;
+mod state_files;
 
 #[cfg(test)]
 mod test_support;

@@ -44,55 +44,22 @@
 //!   the request reads as in progress: the answer is "effects unknown", never a second run
 //!   and never a response stitched from two writes.
 
-use std::fs;
-use std::io::{self, Read};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+mod record;
 
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
 use sha2::{Digest, Sha256};
 
 use cli_mcp_api::wire::ExecResponse;
 
+use crate::state_files::write_in_place;
+use record::{encode_response, read_response, response_cap, within_output_budget, RequestFile};
+
 /// Requests remembered. More than one, so a retry still finds its record when another
 /// caller's command ran in between.
 pub const RECORDS_KEPT: usize = 4;
-
-/// Format version written in every file; others are ignored.
-const VERSION: u32 = 1;
-
-/// Largest request file read (ours are about 250 bytes; a page is what is written whole).
-const REQUEST_CAP: u64 = 4096;
-
-/// Largest response file read: two streams at the output budget, each possibly base64 or
-/// JSON-escaped (up to 6 bytes per byte for control characters), plus room for the rest.
-/// Most bytes a live response adds to a stream on top of the output budget: the truncation
-/// marker (with the spill path) and the agent's notes. Far more than they take.
-const STREAM_SLACK: usize = 16 * 1024;
-
-/// True when each stream of `resp` is no longer than a live response can make it (the
-/// output budget plus markers and notes). A longer one was not written by this agent with
-/// this budget (a forged record, or one from an agent with a larger budget): replaying it
-/// would bypass truncation.
-fn within_output_budget(resp: &ExecResponse, output_budget: usize) -> bool {
-    use cli_mcp_api::wire::Encoding;
-    let max = output_budget.saturating_add(STREAM_SLACK);
-    let raw_len = |text: &str, enc: Encoding| match enc {
-        Encoding::Utf8 => text.len(),
-        // Decoded base64 is 3 bytes per 4 characters.
-        Encoding::Base64 => text.len() / 4 * 3,
-    };
-    raw_len(&resp.stdout, resp.stdout_encoding) <= max
-        && raw_len(&resp.stderr, resp.stderr_encoding) <= max
-}
-
-fn response_cap(output_budget: usize) -> u64 {
-    (output_budget as u64)
-        .saturating_mul(12)
-        .saturating_add(64 * 1024)
-}
 
 /// What the journal knows about a request.
 pub enum Lookup<'a> {
@@ -121,28 +88,6 @@ struct Record {
     state: State,
 }
 
-/// `<slot>.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RequestFile {
-    v: u32,
-    seq: u64,
-    request_sha256: String,
-    command_sha256: String,
-    started_unix_ms: u64,
-}
-
-/// First line of `<slot>.response`; the response JSON follows.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ResponseHeader {
-    v: u32,
-    seq: u64,
-    request_sha256: String,
-    len: u64,
-    sha256: String,
-}
-
 pub struct Journal {
     dir: PathBuf,
     output_budget: usize,
@@ -154,16 +99,6 @@ pub struct Journal {
 /// Full SHA-256 of `s`, lowercase hex.
 pub fn sha256_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
-}
-
-fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 impl Journal {
@@ -233,7 +168,7 @@ impl Journal {
             State::Running => Lookup::Unknown,
             State::Interrupted => Lookup::Interrupted {
                 slot,
-                started: UNIX_EPOCH + std::time::Duration::from_millis(rec.request.started_unix_ms),
+                started: rec.request.started(),
             },
             State::Done(resp) => Lookup::Done(resp),
         }
@@ -246,13 +181,7 @@ impl Journal {
         let seq = self.next_seq;
         self.next_seq = seq.wrapping_add(1);
         let slot = (seq % RECORDS_KEPT as u64) as usize;
-        let request = RequestFile {
-            v: VERSION,
-            seq,
-            request_sha256: sha256_hex(request_id),
-            command_sha256: command_sha256.to_owned(),
-            started_unix_ms: unix_ms(SystemTime::now()),
-        };
+        let request = RequestFile::new(seq, sha256_hex(request_id), command_sha256.to_owned());
         match serde_json::to_vec(&request) {
             Ok(bytes) => self.write(&self.request_path(slot), &bytes),
             Err(e) => tracing::warn!(error = %e, "cannot encode a replay record"),
@@ -270,27 +199,9 @@ impl Journal {
             return;
         };
         rec.state = State::Done(response.clone());
-        let (seq, request_sha256) = (rec.request.seq, rec.request.request_sha256.clone());
-        let body = match serde_json::to_vec(response) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot encode a replay response");
-                return;
-            }
-        };
-        let header = ResponseHeader {
-            v: VERSION,
-            seq,
-            request_sha256,
-            len: body.len() as u64,
-            sha256: hex::encode(Sha256::digest(&body)),
-        };
-        let Ok(mut bytes) = serde_json::to_vec(&header) else {
-            return;
-        };
-        bytes.push(b'\n');
-        bytes.extend_from_slice(&body);
-        self.write(&self.response_path(slot), &bytes);
+        if let Some(bytes) = encode_response(&rec.request, response) {
+            self.write(&self.response_path(slot), &bytes);
+        }
     }
 
     /// Drops the record in `slot`, so a retry runs the command. Only for a command that
@@ -322,17 +233,9 @@ impl Journal {
 
     fn load(&self, slot: usize) -> Result<Option<Record>, (PathBuf, String)> {
         let path = self.request_path(slot);
-        let Some(bytes) = read_capped(&path, REQUEST_CAP).map_err(|why| (path.clone(), why))?
-        else {
+        let Some(request) = RequestFile::read(&path).map_err(|why| (path.clone(), why))? else {
             return Ok(None);
         };
-        let request: RequestFile = first_json_value(&bytes).map_err(|why| (path.clone(), why))?;
-        if request.v != VERSION
-            || !is_sha256_hex(&request.request_sha256)
-            || !is_sha256_hex(&request.command_sha256)
-        {
-            return Err((path, "not a request record of this version".into()));
-        }
         let path = self.response_path(slot);
         let state = match read_response(&path, self.response_cap, &request) {
             Ok(Some(resp)) if within_output_budget(&resp, self.output_budget) => State::Done(resp),
@@ -391,118 +294,9 @@ impl Journal {
     }
 }
 
-/// Writes `bytes` at the start of `path` and cuts the file to their length. Never follows a
-/// link, never blocks on a FIFO, and refuses anything but a regular file with one name.
-fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .mode(0o600)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() || meta.nlink() != 1 {
-        return Err(io::Error::other("not a regular file of its own"));
-    }
-    file.write_all_at(bytes, 0)?;
-    file.set_len(bytes.len() as u64)
-}
-
-/// Reads a whole file of at most `cap` bytes. `Ok(None)`: no file. `Err`: the file is not
-/// one we could have written (a link, a FIFO, too large); the reason is for the log.
-fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
-    let mut file = match fs::File::options()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-            return Err("it is a symbolic link".into())
-        }
-        Err(e) => return Err(format!("cannot open it: {e}")),
-    };
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot stat it: {e}"))?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let what = if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file"
-        };
-        return Err(format!("it is {what}"));
-    }
-    if meta.len() > cap {
-        return Err(format!(
-            "it is {} bytes, over the {cap}-byte cap",
-            meta.len()
-        ));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    // The file may grow after the stat: never read past the cap.
-    (&mut file)
-        .take(cap + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read it: {e}"))?;
-    if bytes.len() as u64 > cap {
-        return Err(format!("it grew over the {cap}-byte cap"));
-    }
-    Ok(Some(bytes))
-}
-
-/// The first JSON value in `bytes`; what follows is ignored (the tail of a longer earlier
-/// version, when the process died between the write and the cut).
-fn first_json_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    match serde_json::Deserializer::from_slice(bytes)
-        .into_iter::<T>()
-        .next()
-    {
-        Some(Ok(v)) => Ok(v),
-        Some(Err(e)) => Err(format!("not a replay record: {e}")),
-        None => Err("empty".into()),
-    }
-}
-
-/// The response recorded for `request`, if its file is whole and belongs to it.
-fn read_response(
-    path: &Path,
-    cap: u64,
-    request: &RequestFile,
-) -> Result<Option<ExecResponse>, String> {
-    let Some(bytes) = read_capped(path, cap)? else {
-        return Ok(None);
-    };
-    let Some(nl) = bytes.iter().position(|b| *b == b'\n') else {
-        return Err("no header line".into());
-    };
-    let header: ResponseHeader =
-        serde_json::from_slice(&bytes[..nl]).map_err(|e| format!("not a response header: {e}"))?;
-    if header.v != VERSION
-        || header.seq != request.seq
-        || header.request_sha256 != request.request_sha256
-    {
-        // An older request's response left in the slot: not this one's.
-        return Ok(None);
-    }
-    let body = usize::try_from(header.len)
-        .ok()
-        .and_then(|len| bytes.get(nl + 1..)?.get(..len))
-        .ok_or("shorter than its header says (a cut write)")?;
-    if hex::encode(Sha256::digest(body)) != header.sha256 {
-        return Err("its checksum does not match (a cut write)".into());
-    }
-    serde_json::from_slice(body)
-        .map(Some)
-        .map_err(|e| format!("not a response: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::record::STREAM_SLACK;
     use super::*;
 
     fn response(stdout: &str) -> ExecResponse {

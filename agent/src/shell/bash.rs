@@ -1,0 +1,160 @@
+//! The bash process behind a [`super::Shell`]: how it is started, fed lines, waited on and
+//! killed.
+
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::pin::Pin;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
+use tokio::sync::watch;
+
+use super::framing::StatusPipe;
+use super::interrupt::{Stop, StopReason};
+use super::{ShellError, ShellOptions};
+use crate::procs;
+use crate::reaper::{ExitCode, Reaper};
+
+/// Sent once to every new shell: `set -m` puts each job in its own process group; history
+/// and `!` expansion are off so `echo "hi!"` means what it says; no prompts.
+const INIT_SCRIPT: &str = "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\n";
+
+/// What the wait for a command ended with.
+pub(super) enum Ended {
+    /// bash reported `status` and `cwd` on the status pipe.
+    Reported { status: i32, cwd: String },
+    /// The shell process exited (or was replaced through `exec` and then exited).
+    ShellExited(ExitCode),
+    /// Timeout or interruption before either of the above.
+    Stopped(Stop),
+}
+
+pub(super) struct Bash {
+    pub pid: i32,
+    stdin: pipe::Sender,
+    pub status: StatusPipe,
+    exited: watch::Receiver<Option<ExitCode>>,
+}
+
+impl Bash {
+    /// Starts an interactive bash with the status pipe as its fd 3 and sends it the init
+    /// script.
+    pub async fn spawn(opts: &ShellOptions, reaper: &Reaper) -> Result<Self, ShellError> {
+        let spawn_err = |source| ShellError::Spawn {
+            shell: opts.shell.clone(),
+            source,
+        };
+        let (status_tx, status_rx) = pipe::pipe().map_err(spawn_err)?;
+        let status_w: OwnedFd = status_tx.into_blocking_fd().map_err(spawn_err)?;
+        let mut cmd = Command::new(&opts.shell);
+        cmd.args(["--noprofile", "--norc", "--noediting", "-i"])
+            .env_clear()
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&opts.workdir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        prepare_child(&mut cmd, status_w.as_raw_fd());
+        let (mut child, exited) = reaper.spawn(&mut cmd).map_err(spawn_err)?;
+        // Our copy of the write end must go, so that EOF on the pipe means "shell gone".
+        drop(status_w);
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| spawn_err(io::Error::other("no stdin pipe")))?;
+        let mut stdin = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(spawn_err)?;
+        stdin
+            .write_all(INIT_SCRIPT.as_bytes())
+            .await
+            .map_err(spawn_err)?;
+        Ok(Self {
+            pid: child.id() as i32,
+            stdin,
+            status: StatusPipe::new(status_rx),
+            exited,
+        })
+    }
+
+    /// The process exited, or the status pipe hit EOF: whatever is there is not our shell.
+    pub fn gone(&self) -> bool {
+        self.status.closed || self.exited.borrow().is_some()
+    }
+
+    /// Writes `line` to bash's stdin; false if that failed or took longer than `limit` (a
+    /// stopped shell with a full stdin pipe would block the write forever).
+    pub async fn send_line(&mut self, line: &str, limit: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(limit, self.stdin.write_all(line.as_bytes())).await,
+            Ok(Ok(()))
+        )
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(self.pid), sig);
+    }
+
+    /// Waits for a status record tagged with one of `nonces`, the shell's death, the
+    /// deadline or `abort`.
+    pub async fn wait(
+        &mut self,
+        nonces: &[&str],
+        deadline: tokio::time::Instant,
+        mut abort: Pin<&mut impl Future<Output = StopReason>>,
+    ) -> Ended {
+        loop {
+            if let Some(code) = *self.exited.borrow() {
+                return Ended::ShellExited(code);
+            }
+            tokio::select! {
+                rec = self.status.next_record(), if !self.status.closed => match rec {
+                    Some(rec) if nonces.contains(&rec.nonce.as_str()) => {
+                        return Ended::Reported { status: rec.status, cwd: rec.cwd }
+                    }
+                    Some(_) => continue, // a stale record of an interrupted command
+                    None => self.status.closed = true,
+                },
+                _ = self.exited.changed() => {
+                    let code = (*self.exited.borrow()).unwrap_or(-1);
+                    return Ended::ShellExited(code);
+                }
+                _ = tokio::time::sleep_until(deadline) => return Ended::Stopped(Stop::Timeout),
+                reason = &mut abort => return Ended::Stopped(Stop::Aborted(reason)),
+            }
+        }
+    }
+
+    /// SIGKILLs the shell and every process it started, then waits (bounded) until it is
+    /// reaped.
+    pub async fn kill_everything(mut self, grace: Duration) {
+        let groups = procs::all_groups(&procs::snapshot(), self.pid);
+        procs::signal_groups(&groups, Signal::SIGKILL);
+        self.signal(Signal::SIGKILL);
+        let _ = tokio::time::timeout(grace, self.exited.wait_for(Option::is_some)).await;
+    }
+}
+
+/// In the child, before exec: a new session (an interactive bash must never see the agent's
+/// controlling terminal, or it would take it over) and the status pipe as fd 3. bash's
+/// stderr is /dev/null, so nothing it prints at startup can land on the status pipe.
+#[allow(unsafe_code)]
+fn prepare_child(cmd: &mut Command, status_fd: RawFd) {
+    // SAFETY: the closure runs in the forked child before exec and calls only setsid(2) and
+    // dup2(2), both async-signal-safe; it touches no memory shared with the parent.
+    // `status_fd` stays open in the parent until after spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            // dup2 clears close-on-exec on the new descriptor, so bash keeps fd 3.
+            if nix::libc::dup2(status_fd, 3) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,185 @@
+//! The lines the agent writes to bash and the records bash writes back on the status pipe.
+//!
+//! After each command bash writes `\0<nonce> <status> <cwd>\0` to fd 3, a pipe only the agent
+//! reads, with a fresh nonce per command. Command output goes to files and is never parsed,
+//! so nothing a command prints can end it early or change its result.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+
+/// Most bytes kept from the status pipe while looking for a record. Records are tiny (a
+/// nonce, a status and a path); anything longer is junk someone wrote on the pipe.
+const STATUS_BUF_MAX: usize = 16 * 1024;
+
+/// A status record: the nonce it was tagged with, an exit status and a working directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Record {
+    pub nonce: String,
+    pub status: i32,
+    pub cwd: String,
+}
+
+/// The line that runs one command file. Only our paths and nonce appear in it.
+pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
+    let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
+    format!(
+        ". {} </dev/null >{} 2>{} 3>&-; builtin printf '\\0%s %s %s\\0' {nonce} \"$?\" \"$PWD\" >&3\n",
+        q("cmd"),
+        q("out"),
+        q("err"),
+    )
+}
+
+/// A line that only reports `status` under `nonce`: bash answers it once it is back at
+/// its top level and reading lines again.
+pub(super) fn sync_line(nonce: &str, status: i32) -> String {
+    format!("builtin printf '\\0%s %s %s\\0' {nonce} {status} \"$PWD\" >&3\n")
+}
+
+/// The agent's end of the status pipe.
+pub(super) struct StatusPipe {
+    rx: pipe::Receiver,
+    buf: Vec<u8>,
+    /// How much of `buf` is known to hold no NUL.
+    scanned: usize,
+    /// EOF: the process on the other side is no longer our shell.
+    pub closed: bool,
+}
+
+impl StatusPipe {
+    pub fn new(rx: pipe::Receiver) -> Self {
+        Self {
+            rx,
+            buf: Vec::new(),
+            scanned: 0,
+            closed: false,
+        }
+    }
+
+    /// Reads the next record; `None` on EOF. Records are NUL-delimited on both sides so
+    /// anything bash printed on the pipe before its init script ran (startup warnings, a
+    /// first prompt) is a segment of its own that matches no nonce.
+    pub async fn next_record(&mut self) -> Option<Record> {
+        loop {
+            // Only bytes not yet searched are searched, so a flood stays linear.
+            while let Some(off) = self.buf[self.scanned..].iter().position(|b| *b == 0) {
+                let end = self.scanned + off;
+                let segment: Vec<u8> = self.buf.drain(..=end).collect();
+                self.scanned = 0;
+                if let Some(rec) = parse_record(&segment[..segment.len() - 1]) {
+                    return Some(rec);
+                }
+            }
+            self.scanned = self.buf.len();
+            if self.buf.len() > STATUS_BUF_MAX {
+                // No record is this long: drop the junk (keep a tail that may start one).
+                let keep = 256;
+                self.buf.drain(..self.buf.len() - keep);
+                self.scanned = self.buf.len();
+            }
+            let mut chunk = [0u8; 4096];
+            match self.rx.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+}
+
+/// Parses `<nonce> <status> <cwd>`; anything else (empty segments, junk) is `None`.
+fn parse_record(segment: &[u8]) -> Option<Record> {
+    let text = String::from_utf8_lossy(segment);
+    let mut parts = text.splitn(3, ' ');
+    let nonce = parts.next()?;
+    if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let status = parts.next()?.parse().ok()?;
+    let cwd = parts.next()?.to_owned();
+    Some(Record {
+        nonce: nonce.to_owned(),
+        status,
+        cwd,
+    })
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// 128 random bits as 32 hex digits: nonces and directory names nobody can guess.
+pub(super) fn random_hex() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    fn record(nonce: &str, status: i32, cwd: &str) -> Record {
+        Record {
+            nonce: nonce.to_owned(),
+            status,
+            cwd: cwd.to_owned(),
+        }
+    }
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(sh_quote("/a b/c'd"), r"'/a b/c'\''d'");
+    }
+
+    #[test]
+    fn command_line_names_only_our_files() {
+        let l = command_line(Path::new("/s/cmd/1"), "abc");
+        assert_eq!(
+            l,
+            ". '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; builtin printf '\\0%s %s %s\\0' abc \"$?\" \"$PWD\" >&3\n"
+        );
+    }
+
+    #[test]
+    fn records_parse_and_junk_is_ignored() {
+        let n = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            parse_record(format!("{n} 3 /a b").as_bytes()),
+            Some(record(n, 3, "/a b"))
+        );
+        assert_eq!(parse_record(b"bash-5.2# exec 3>&2"), None);
+        assert_eq!(parse_record(b""), None);
+        assert_eq!(parse_record(format!("{n} x /").as_bytes()), None);
+    }
+
+    #[tokio::test]
+    async fn a_flood_on_the_status_pipe_stays_bounded_and_records_still_parse() {
+        let (mut tx, rx) = pipe::pipe().expect("pipe");
+        let nonce = "0123456789abcdef0123456789abcdef";
+        let writer = tokio::spawn(async move {
+            let junk = vec![b'A'; 64 * 1024];
+            for _ in 0..64 {
+                tx.write_all(&junk).await.expect("write junk");
+            }
+            tx.write_all(format!("\0{nonce} 5 /w\0").as_bytes())
+                .await
+                .expect("write record");
+        });
+        let mut status = StatusPipe::new(rx);
+        let rec = status.next_record().await;
+        writer.await.expect("join");
+        assert_eq!(rec, Some(record(nonce, 5, "/w")));
+        assert!(
+            status.buf.capacity() < 4 * STATUS_BUF_MAX,
+            "buffer grew to {}",
+            status.buf.capacity()
+        );
+    }
+}

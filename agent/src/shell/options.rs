@@ -1,0 +1,52 @@
+//! What the shell is started with: binary, directories, budget, and the environment.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Environment every command sees on top of the agent's own: nothing may wait for a human.
+const NON_INTERACTIVE_ENV: &[(&str, &str)] = &[
+    ("PAGER", "cat"),
+    ("GIT_PAGER", "cat"),
+    ("MANPAGER", "cat"),
+    ("SYSTEMD_PAGER", ""),
+    ("TERM", "dumb"),
+    ("GIT_TERMINAL_PROMPT", "0"),
+    ("DEBIAN_FRONTEND", "noninteractive"),
+];
+
+/// Variables of the agent that must never reach bash.
+const HIDDEN_ENV: &[&str] = &[
+    cli_mcp_api::wire::ENV_TOKEN_SHA256,
+    cli_mcp_api::wire::ENV_ASSIGN_SHA256,
+];
+
+#[derive(Debug, Clone)]
+pub struct ShellOptions {
+    pub shell: PathBuf,
+    pub workdir: PathBuf,
+    pub state_dir: PathBuf,
+    pub env: Vec<(OsString, OsString)>,
+    pub output_budget: usize,
+    pub kill_grace: Duration,
+}
+
+impl ShellOptions {
+    /// The environment bash gets: the agent's, minus auth material, plus the
+    /// non-interactive defaults.
+    pub fn inherit_env() -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| {
+                !HIDDEN_ENV.iter().any(|h| k == h)
+                    && !k.to_string_lossy().starts_with("CLI_MCP_AGENT_")
+            })
+            .filter(|(k, _)| !NON_INTERACTIVE_ENV.iter().any(|(n, _)| k == n))
+            .collect();
+        env.extend(
+            NON_INTERACTIVE_ENV
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        env
+    }
+}

@@ -1,0 +1,84 @@
+//! Files in the state dir, which the shell user can write to: nothing there is trusted.
+//! Links are never followed, a FIFO never blocks a read or a write, and nothing but a
+//! regular file of its own is read or written through.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Creates `path` (which must not exist, and is never followed if it is a link) with
+/// `bytes`.
+pub fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+/// Writes `bytes` at the start of `path` and cuts the file to their length. Never follows a
+/// link, never blocks on a FIFO, and refuses anything but a regular file with one name.
+pub fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .mode(0o600)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.nlink() != 1 {
+        return Err(io::Error::other("not a regular file of its own"));
+    }
+    file.write_all_at(bytes, 0)?;
+    file.set_len(bytes.len() as u64)
+}
+
+/// Reads a whole file of at most `cap` bytes. `Ok(None)`: no file. `Err`: the file is not
+/// one we could have written (a link, a FIFO, too large); the reason is for the log.
+pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    let mut file = match fs::File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err("it is a symbolic link".into())
+        }
+        Err(e) => return Err(format!("cannot open it: {e}")),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat it: {e}"))?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!("it is {what}"));
+    }
+    if meta.len() > cap {
+        return Err(format!(
+            "it is {} bytes, over the {cap}-byte cap",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The file may grow after the stat: never read past the cap.
+    (&mut file)
+        .take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.len() as u64 > cap {
+        return Err(format!("it grew over the {cap}-byte cap"));
+    }
+    Ok(Some(bytes))
+}
