@@ -16,7 +16,7 @@
 #![deny(unsafe_code)]
 
 pub mod assignment;
-pub mod config;
+pub mod cli;
 pub mod http;
 pub mod listener;
 pub mod output;

@@ -9,7 +9,7 @@ use clap::Parser as _;
 use tokio::signal::unix::{signal, SignalKind};
 
 use cli_mcp_agent::assignment::Assignment;
-use cli_mcp_agent::config::Flags;
+use cli_mcp_agent::cli::Flags;
 use cli_mcp_agent::http::{router, AgentState, Limits};
 use cli_mcp_agent::listener::LimitedListener;
 use cli_mcp_agent::reaper::Reaper;
