@@ -2,10 +2,17 @@
 //! holder runs controllers; a standby waits and takes over when the holder's lease expires
 //! (or at once when it releases the lease on a clean shutdown).
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use kube::Client;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use crate::context::OperatorConfig;
+use crate::metrics::Metrics;
+use crate::run::{mark_leader, run_controllers, shutdown_signal, Ended};
 
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -36,4 +43,53 @@ pub async fn start(client: Client, cfg: &LeaderConfig) -> Result<Election, Lease
         .await?;
     let (is_leader, task) = manager.watch().await;
     Ok(Election { is_leader, task })
+}
+
+impl Election {
+    /// Dropping the receiver makes the lease manager release the lease, so a standby takes
+    /// over at once instead of waiting for expiry.
+    async fn release(self) {
+        drop(self.is_leader);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+/// With leader election: waits for the lease, runs the controllers while it is held, and
+/// stops them on a shutdown signal (releasing the lease) or when the lease is lost. Fails
+/// only if the election cannot start.
+pub async fn run_elected(
+    client: Client,
+    config: Arc<OperatorConfig>,
+    metrics: Arc<Metrics>,
+    leader: &watch::Sender<bool>,
+    lease: &LeaderConfig,
+) -> Result<Ended, LeaseManagerError> {
+    let mut election = start(client.clone(), lease).await?;
+    tracing::info!(lease = %lease.lease_name, namespace = %lease.namespace, "waiting for the leader lease");
+    let won = tokio::select! {
+        r = election.is_leader.wait_for(|l| *l) => r.is_ok(),
+        _ = shutdown_signal() => false,
+    };
+    if !won {
+        election.release().await;
+        return Ok(Ended::Stopped);
+    }
+    tracing::info!("acquired the leader lease");
+    mark_leader(leader, &metrics);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut runner = tokio::spawn(run_controllers(client, config, metrics.clone(), stop_rx));
+    let lost = tokio::select! {
+        _ = shutdown_signal() => false,
+        _ = election.is_leader.wait_for(|l| !*l) => true,
+        _ = &mut runner => false,
+    };
+    let _ = stop_tx.send(true);
+    metrics.leader.set(0);
+    if lost {
+        // No waiting for the controllers: they must not reconcile one more time.
+        return Ok(Ended::LostLease);
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(20), runner).await;
+    election.release().await;
+    Ok(Ended::Stopped)
 }

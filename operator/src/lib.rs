@@ -8,12 +8,14 @@
 //! [`apply`] writes them with server-side apply (and skips writes that cannot change
 //! anything); [`pool`], [`idle`] and [`teardown`] are the sandbox lifecycle;
 //! [`status`] computes the status from what was observed; [`watch`] wires the watches;
-//! [`leader`], [`metrics`] and [`telemetry`] are process plumbing for `main.rs`.
+//! [`cli`], [`run`], [`leader`], [`metrics`] and [`telemetry`] are the process around them
+//! (`main.rs` only wires them together).
 
 #![forbid(unsafe_code)]
 
 pub mod apply;
 pub mod children;
+pub mod cli;
 pub mod context;
 pub mod controller;
 pub mod crdgen;

@@ -1,4 +1,5 @@
-//! Runs one controller per watch scope until shutdown.
+//! Runs one controller per watch scope until shutdown, and the process lifecycle around it
+//! when there is no leader election (see [`crate::leader::run_elected`] for the other case).
 
 use std::sync::Arc;
 
@@ -84,4 +85,51 @@ pub async fn run_controllers(
     });
     futures::future::join_all(runs).await;
     metrics.set_ready(false);
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Shut down by a signal (or the controllers ended).
+    Stopped,
+    /// Another process holds the lease now: this one must not reconcile any more.
+    LostLease,
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+}
+
+/// Reports this process as the one that reconciles (`/readyz`, the `leader` gauge).
+pub fn mark_leader(leader: &watch::Sender<bool>, metrics: &Metrics) {
+    let _ = leader.send(true);
+    metrics.leader.set(1);
+}
+
+/// Without leader election: runs the controllers until a shutdown signal.
+pub async fn run_until_signal(
+    client: Client,
+    config: Arc<OperatorConfig>,
+    metrics: Arc<Metrics>,
+    leader: &watch::Sender<bool>,
+) -> Ended {
+    mark_leader(leader, &metrics);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let runner = tokio::spawn(run_controllers(client, config, metrics, stop_rx));
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    let _ = runner.await;
+    Ended::Stopped
 }

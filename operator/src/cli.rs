@@ -1,0 +1,164 @@
+//! The operator's command line: flags, their env vars, and the configuration they make.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::context::{OperatorConfig, Scope};
+use crate::leader::LeaderConfig;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cli-mcp-operator",
+    version,
+    about = "Kubernetes operator for CliMcpInstance"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Address of /metrics, /livez and /readyz.
+    #[arg(long, env = "CLI_MCP_HEALTH_LISTEN", default_value = "0.0.0.0:8081")]
+    pub health_listen: SocketAddr,
+
+    /// Namespaces to watch (comma list); empty = the whole cluster.
+    #[arg(long, env = "WATCH_NAMESPACE", default_value = "")]
+    pub watch_namespace: String,
+
+    /// Image of the MCP server.
+    #[arg(long, env = "RELATED_IMAGE_SERVER")]
+    pub server_image: Option<String>,
+
+    /// Default sandbox image (spec.sandbox.image overrides it).
+    #[arg(long, env = "RELATED_IMAGE_SANDBOX")]
+    pub sandbox_image: Option<String>,
+
+    /// Run leader election on a Lease (disable only for a single replica).
+    #[arg(long, env = "CLI_MCP_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the Lease (default: the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    #[arg(long, env = "CLI_MCP_LEASE_NAME", default_value = "cli-mcp-operator")]
+    pub lease_name: String,
+
+    /// Lease duration in seconds: how long a dead leader blocks a standby.
+    #[arg(long, env = "CLI_MCP_LEASE_DURATION", default_value_t = 15)]
+    pub lease_duration: u64,
+
+    /// Seconds before expiry at which the leader renews.
+    #[arg(long, env = "CLI_MCP_LEASE_GRACE", default_value_t = 5)]
+    pub lease_grace: u64,
+
+    /// Identity in the Lease and in Events (default: hostname-pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Log JSON lines.
+    #[arg(long, env = "CLI_MCP_LOG_JSON", default_value_t = false)]
+    pub log_json: bool,
+
+    /// Seconds a teardown waits for pods before releasing the CR anyway.
+    #[arg(long, env = "CLI_MCP_TEARDOWN_TIMEOUT", default_value_t = 600)]
+    pub teardown_timeout: u64,
+
+    /// Seconds between periodic re-checks of every instance.
+    #[arg(long, env = "CLI_MCP_RESYNC", default_value_t = 600)]
+    pub resync: u64,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the CustomResourceDefinition YAML.
+    Crdgen,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no server image: set RELATED_IMAGE_SERVER (or --server-image)")]
+pub struct NoServerImage;
+
+impl Args {
+    /// The process configuration. The server image has no default: a Deployment rendered
+    /// without one could never start.
+    pub fn operator_config(&self) -> Result<OperatorConfig, NoServerImage> {
+        let server_image = self
+            .server_image
+            .clone()
+            .filter(|s| !s.is_empty())
+            .ok_or(NoServerImage)?;
+        let mut config = OperatorConfig::new(
+            server_image,
+            self.sandbox_image.clone().filter(|s| !s.is_empty()),
+        );
+        config.scope = Scope::parse(Some(&self.watch_namespace));
+        config.teardown_timeout = Duration::from_secs(self.teardown_timeout);
+        // A resync below 10 s would be a busy loop over every instance.
+        config.resync = Duration::from_secs(self.resync.max(10));
+        config.identity = self.identity();
+        Ok(config)
+    }
+
+    /// The Lease to elect a leader on; `default_namespace` is the client's (in a cluster,
+    /// the operator's own).
+    pub fn lease_config(&self, default_namespace: &str) -> LeaderConfig {
+        LeaderConfig {
+            namespace: self
+                .leader_election_namespace
+                .clone()
+                .unwrap_or_else(|| default_namespace.to_owned()),
+            lease_name: self.lease_name.clone(),
+            identity: self.identity(),
+            duration: self.lease_duration,
+            grace: self.lease_grace,
+        }
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "operator".into());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_make_the_config() {
+        let args = Args::try_parse_from([
+            "cli-mcp-operator",
+            "--server-image",
+            "srv:1",
+            "--watch-namespace",
+            "b, a",
+            "--resync",
+            "1",
+            "--identity",
+            "op-1",
+            "--leader-election-namespace",
+            "ops",
+        ])
+        .expect("flags parse");
+        let c = args.operator_config().expect("config");
+        assert_eq!(c.server_image, "srv:1");
+        assert_eq!(c.scope, Scope::Namespaces(vec!["a".into(), "b".into()]));
+        assert_eq!(c.resync, Duration::from_secs(10));
+        assert_eq!(c.identity, "op-1");
+        let lease = args.lease_config("default");
+        assert_eq!(
+            (lease.namespace.as_str(), lease.identity.as_str()),
+            ("ops", "op-1")
+        );
+
+        let empty =
+            Args::try_parse_from(["cli-mcp-operator", "--server-image", ""]).expect("flags parse");
+        assert!(empty.operator_config().is_err());
+    }
+}
