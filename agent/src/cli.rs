@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Parser;
 
 use cli_mcp_api::wire::{DEFAULT_OUTPUT_BUDGET, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS};
@@ -65,5 +66,18 @@ pub struct Flags {
 impl Flags {
     pub fn kill_grace(&self) -> Duration {
         Duration::from_millis(self.kill_grace_ms)
+    }
+
+    /// `--workdir`, else `$HOME` if it is a directory, else the current directory.
+    pub fn resolve_workdir(&self) -> anyhow::Result<PathBuf> {
+        if let Some(dir) = &self.workdir {
+            return Ok(dir.clone());
+        }
+        if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
+            if home.is_dir() {
+                return Ok(home);
+            }
+        }
+        std::env::current_dir().context("cannot determine a working directory; pass --workdir")
     }
 }

@@ -10,6 +10,7 @@
 //!   retry is never run twice.
 //! - `state_files` opens files in the state dir, which commands can tamper with.
 //! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`listener`] caps connections.
+//! - [`cli`] holds the flags; [`run`] starts, serves and shuts down the agent.
 
 // `unsafe` only where audited: the child's set-up before exec (`shell::bash::prepare_child`)
 // and borrowing inherited descriptors (`procs::cloexec_inherited_fds`).
@@ -23,6 +24,7 @@ pub mod output;
 pub mod procs;
 pub mod reaper;
 pub mod replay;
+pub mod run;
 pub mod runner;
 pub mod shell;
 mod state_files;

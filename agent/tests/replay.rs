@@ -1,5 +1,5 @@
 //! A retried request is never run twice, even across an agent crash: the replay journal in
-//! the state dir (see `agent/src/replay.rs`). Real agents, real bash, real HTTP, SIGKILL.
+//! the state dir (see `agent/src/replay/`). Real agents, real bash, real HTTP, SIGKILL.
 
 mod support;
 

@@ -119,8 +119,7 @@ impl Shell {
     }
 
     /// The answer to a retry of a command that was running when a previous agent process
-    /// died (see [`report::interrupted_by_restart`]). It carries the state reset, so the next
-    /// command does not report it again.
+    /// died. It carries the state reset, so the next command does not report it again.
     pub fn interrupted_by_restart(&mut self, started: SystemTime) -> ExecResponse {
         self.pending_reset = None;
         report::interrupted_by_restart(&self.opts.workdir, started)

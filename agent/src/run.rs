@@ -1,0 +1,132 @@
+//! The agent's life: start-up (assignment, shell, listener), serving, and a bounded,
+//! graceful shutdown on SIGTERM/SIGINT.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::watch;
+
+use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
+
+use crate::assignment::Assignment;
+use crate::cli::Flags;
+use crate::http::{router, AgentState, Limits};
+use crate::listener::LimitedListener;
+use crate::procs;
+use crate::reaper::Reaper;
+use crate::shell::{Shell, ShellOptions};
+
+/// Serves until SIGTERM/SIGINT, then drains and kills everything the shell started.
+pub async fn run(flags: Flags) -> anyhow::Result<()> {
+    let state = start(&flags)?;
+    // Before anything is announced: a SIGTERM that arrives right after start must take the
+    // graceful path, not the default action.
+    let signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
+    let listener = tokio::net::TcpListener::bind(flags.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", flags.listen))?;
+    // The bound address (not the flag) so `--listen 127.0.0.1:0` callers learn the port.
+    let bound = listener
+        .local_addr()
+        .context("listener has no local address")?;
+    tracing::info!(listen = %bound, "cli-mcp-agent ready");
+    let drain = Duration::from_millis(flags.drain_timeout_ms);
+    let (stopping_tx, mut stopping) = watch::channel(false);
+    let server = axum::serve(
+        LimitedListener::new(listener, flags.max_connections),
+        router(state.clone()),
+    )
+    .with_graceful_shutdown(shutdown_signal(signals, state.clone(), drain, stopping_tx));
+    // Graceful shutdown waits for open connections; a peer that never finishes its request
+    // must not keep us past the pod's grace period, so the wait itself is bounded.
+    let hard_deadline = drain + 3 * flags.kill_grace() + Duration::from_secs(2);
+    tokio::select! {
+        served = server => served.context("HTTP server failed")?,
+        _ = async {
+            let _ = stopping.wait_for(|s| *s).await;
+            tokio::time::sleep(hard_deadline).await;
+        } => tracing::warn!("connections still open after the drain; closing them"),
+    }
+    stop(&state, flags.kill_grace()).await;
+    Ok(())
+}
+
+/// Who may run commands, and the shell they run in (not started until the first command).
+fn start(flags: &Flags) -> anyhow::Result<Arc<AgentState>> {
+    let annotations = std::fs::read_to_string(&flags.podinfo_annotations).ok();
+    let assignment = Assignment::from_sources(
+        std::env::var(ENV_TOKEN_SHA256).ok().as_deref(),
+        std::env::var(ENV_ASSIGN_SHA256).ok().as_deref(),
+        annotations.as_deref(),
+        &flags.podinfo_annotations.display().to_string(),
+    )?;
+    let reaper = Reaper::start().context("cannot install the SIGCHLD handler")?;
+    let shell = Shell::new(
+        ShellOptions {
+            shell: flags.shell.clone(),
+            workdir: flags.resolve_workdir()?,
+            state_dir: flags.state_dir.clone(),
+            env: ShellOptions::inherit_env(),
+            output_budget: flags.output_budget,
+            kill_grace: flags.kill_grace(),
+        },
+        reaper,
+    )?;
+    Ok(AgentState::new(
+        assignment,
+        shell,
+        Limits {
+            default_timeout: Duration::from_millis(flags.default_timeout_ms),
+            max_timeout: Duration::from_millis(flags.max_timeout_ms),
+            max_body_bytes: flags.max_body_bytes,
+        },
+    ))
+}
+
+/// Kills the shell once no command runs (bounded), then whatever is left.
+async fn stop(state: &AgentState, kill_grace: Duration) {
+    if let Ok(mut runner) = tokio::time::timeout(kill_grace * 3, state.idle_runner()).await {
+        runner.kill_shell().await;
+    }
+    // Whatever is left (a command still running past the deadline, escaped orphans) goes
+    // with us, also when we are not PID 1 of a container.
+    procs::kill_descendants_of_self();
+    tracing::info!("cli-mcp-agent stopped");
+}
+
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+}
+
+/// Resolves on SIGTERM/SIGINT: refuses new commands at once, and interrupts a running one
+/// if it has not finished within `drain`.
+async fn shutdown_signal(
+    mut signals: Signals,
+    state: Arc<AgentState>,
+    drain: Duration,
+    stopping: watch::Sender<bool>,
+) {
+    tokio::select! {
+        _ = signals.term.recv() => {}
+        _ = signals.int.recv() => {}
+    }
+    tracing::info!(drain_ms = drain.as_millis() as u64, "shutting down");
+    state.begin_shutdown();
+    stopping.send_replace(true);
+    tokio::spawn(async move {
+        tokio::time::sleep(drain).await;
+        state.abort_running();
+    });
+}
