@@ -6,7 +6,9 @@
 //!   larger than the number of sessions, then with `warmPoolSize: 0`;
 //! - `tools/call` of `true` on a live session through the Service, and the same call on the
 //!   server pod's IP (the forward's share is the difference);
-//! - N concurrent sessions each running M commands: throughput, errors, latency.
+//! - N concurrent sessions each running M commands: throughput, errors, latency;
+//! - admission: 200 new sessions at once against `maxSessions: 100`, how long a refused
+//!   one waits for its answer.
 //!
 //! Measures, never asserts: failures are counted and printed.
 
@@ -54,6 +56,9 @@ pub struct ClusterArgs {
     /// Commands per session in the load phase.
     #[arg(long, default_value_t = 100)]
     pub commands: usize,
+    /// `maxSessions` of the admission burst (twice as many new sessions are sent at once).
+    #[arg(long, default_value_t = 100)]
+    pub admission_limit: usize,
 }
 
 fn default_bin_dir() -> anyhow::Result<PathBuf> {
@@ -308,6 +313,64 @@ async fn load(svc: &Mcp, sessions: usize, commands: usize) -> Load {
     out
 }
 
+/// The admission burst: `2 × limit` new sessions at once against `maxSessions: limit`.
+struct Burst {
+    limit: usize,
+    refused: Vec<Duration>,
+    started: Vec<Duration>,
+    errors: Vec<String>,
+    wall: Duration,
+}
+
+/// Instance `admit` (`maxSessions: limit`, no warm pool): `2 × limit` new sessions at once,
+/// each timed from its first call to that call's answer, sorted by what they got: a session,
+/// or the limit error (admission's answer, nothing started).
+async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
+    const NAME: &str = "admit";
+    env.dummy_kubeconfig(NAME).await;
+    let mut cr = env.cr(NAME, 0);
+    cr["spec"]["sandbox"]["maxSessions"] = json!(limit);
+    cr["spec"]["replicas"] = json!(1);
+    env.apply_cr(&cr).await;
+    env.wait_ready(NAME).await;
+    let svc = env.client(NAME).await;
+    let t0 = Instant::now();
+    let answers = futures::future::join_all((0..2 * limit).map(|i| {
+        let svc = svc.clone();
+        async move {
+            let t = Instant::now();
+            let r = svc.try_bash(&format!("burst-{i}"), "true").await;
+            (t.elapsed(), r)
+        }
+    }))
+    .await;
+    let mut out = Burst {
+        limit,
+        refused: Vec::new(),
+        started: Vec::new(),
+        errors: Vec::new(),
+        wall: t0.elapsed(),
+    };
+    let full = format!("already has {limit} sessions");
+    for (took, r) in answers {
+        match r {
+            Ok(v) if v["isError"] == false => out.started.push(took),
+            Ok(v) if v["isError"] == true && v.to_string().contains(&full) => {
+                out.refused.push(took)
+            }
+            Ok(v) => out.errors.push(v.to_string()),
+            Err(e) => out.errors.push(e.to_string()),
+        }
+    }
+    drop(svc);
+    // Its sessions go with it (the operator's teardown); nothing waits for that.
+    env.api::<CliMcpInstance>()
+        .delete(NAME, &Default::default())
+        .await
+        .context("deleting instance admit")?;
+    Ok(out)
+}
+
 fn row(what: &str, s: &[Duration]) -> String {
     if s.is_empty() {
         return format!("| {what} | – | – |");
@@ -372,6 +435,14 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     );
     let l = load(&svc, args.sessions, args.commands).await;
     let rss_loaded = rss_kib(server_pid as u32).unwrap_or(0);
+    no_sessions(&env).await?;
+
+    eprintln!(
+        "bench: {} new sessions at once against maxSessions {}",
+        2 * args.admission_limit,
+        args.admission_limit
+    );
+    let b = burst(&env, args.admission_limit).await?;
 
     println!(
         "\n## cluster (local Kubernetes; operator and server as pods; {what}; through the \
@@ -443,6 +514,30 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             &l.ok
         )
     );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "admission burst: {} new sessions at once against `maxSessions: {}`, answer of a refused one (n={})",
+                2 * b.limit,
+                b.limit,
+                b.refused.len()
+            ),
+            &b.refused
+        )
+    );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "admission burst: first call of an admitted one, cold (n={}; {} errors; burst {:.1} s)",
+                b.started.len(),
+                b.errors.len(),
+                b.wall.as_secs_f64()
+            ),
+            &b.started
+        )
+    );
     let total = args.sessions * args.commands;
     println!();
     println!(
@@ -478,6 +573,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         &cold_starts.errors,
         &l.start_errors,
         &l.errors,
+        &b.errors,
     ] {
         first_errors(errors);
     }
