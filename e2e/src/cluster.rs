@@ -101,7 +101,7 @@ pub fn locate_control_plane(dir: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(dir) = dir.or_else(|| std::env::var_os(CONTROL_PLANE_BIN_ENV).map(PathBuf::from)) {
         return Ok(dir);
     }
-    let script = crate::testing::workspace_root().join("hack/build-control-plane.sh");
+    let script = crate::workspace::workspace_root().join("hack/build-control-plane.sh");
     let out = std::process::Command::new("bash")
         .arg(&script)
         .stderr(std::process::Stdio::inherit())

@@ -18,6 +18,7 @@ pub mod pki;
 pub mod portforward;
 pub mod process;
 pub mod testing;
+pub mod workspace;
 
 pub use cluster::{Cluster, ClusterConfig, ClusterInfo};
 pub use error::{Error, Result};

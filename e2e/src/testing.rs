@@ -34,6 +34,7 @@ use crate::cluster::{
 };
 use crate::error::{Error, Result};
 use crate::process::{isolate, log_tail};
+pub use crate::workspace::workspace_root;
 
 /// Environment variable overriding where the `cli-mcp-cluster` binary is.
 pub const CLUSTER_BIN_ENV: &str = "CLI_MCP_CLUSTER_BIN";
@@ -57,12 +58,6 @@ impl Debug for TestCluster {
             .field("info", &self.info)
             .finish()
     }
-}
-
-/// The workspace root (parent of this crate).
-pub fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
 /// The shared cluster of this test run (see the module docs).
