@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §4). Every label has a small, fixed set of values: no session ids,
+//! Prometheus metrics (docs/server.md lists them). Every label has a small, fixed set of values: no session ids,
 //! pod names or callers ever become labels.
 
 use std::time::Duration;
