@@ -1,0 +1,159 @@
+//! What an admitted spec means as values: the durations parsed, the Secret names with their
+//! defaults, and the [`SandboxConfig`] both pod writers build sandboxes from. Total for
+//! objects that came through admission; [`CrdError`] covers the rest.
+
+use std::time::Duration;
+
+use kube::{Resource, ResourceExt};
+
+use super::{CliMcpInstance, SandboxSpec};
+use crate::names::{InstanceName, InstanceNameError};
+use crate::sandbox::{allowed_sandbox_env, SandboxConfig};
+
+/// Why a CR cannot be turned into a sandbox configuration (the CRD's admission rules make
+/// these unreachable for objects that came through the apiserver).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CrdError {
+    #[error("the CliMcpInstance has no {0}; only objects read from the apiserver can be used")]
+    Missing(&'static str),
+    #[error(transparent)]
+    Name(#[from] InstanceNameError),
+    #[error("{field}: {value:?} is not a duration like 30m, 90s or 1h30m")]
+    Duration { field: &'static str, value: String },
+    #[error("no sandbox image: set spec.sandbox.image or the operator's RELATED_IMAGE_SANDBOX")]
+    NoImage,
+}
+
+/// Parses a Go-style duration (`1h30m`, `90s`, `500ms`, `1.5h`); only non-negative values.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return None;
+        }
+        let value: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += value * scale;
+    }
+    if !total.is_finite() || !(0.0..=1e12).contains(&total) {
+        return None;
+    }
+    Some(Duration::from_secs_f64(total))
+}
+
+impl SandboxSpec {
+    /// The idle timeout as a `Duration`.
+    pub fn idle_timeout(&self) -> Result<Duration, CrdError> {
+        parse_duration(&self.idle_timeout).ok_or_else(|| CrdError::Duration {
+            field: "spec.sandbox.idleTimeout",
+            value: self.idle_timeout.clone(),
+        })
+    }
+
+    /// `(default, max)` command timeouts in whole seconds (at least 1).
+    pub fn command_timeouts(&self) -> Result<(u64, u64), CrdError> {
+        let secs = |field, v: &String| {
+            parse_duration(v)
+                .map(|d| d.as_secs().max(1))
+                .ok_or_else(|| CrdError::Duration {
+                    field,
+                    value: v.clone(),
+                })
+        };
+        Ok((
+            secs(
+                "spec.sandbox.commandTimeout.default",
+                &self.command_timeout.default,
+            )?,
+            secs("spec.sandbox.commandTimeout.max", &self.command_timeout.max)?,
+        ))
+    }
+}
+
+impl CliMcpInstance {
+    /// The validated instance name.
+    pub fn instance_name(&self) -> Result<InstanceName, CrdError> {
+        let name = self
+            .metadata
+            .name
+            .as_deref()
+            .ok_or(CrdError::Missing("metadata.name"))?;
+        Ok(InstanceName::parse(name)?)
+    }
+
+    /// The sandbox image: `spec.sandbox.image`, else the operator default.
+    pub fn sandbox_image(&self, default_image: Option<&str>) -> Result<String, CrdError> {
+        self.spec
+            .sandbox
+            .image
+            .as_deref()
+            .or(default_image)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .ok_or(CrdError::NoImage)
+    }
+
+    /// The Secret holding the sandbox kubeconfig (key `kubeconfig`).
+    pub fn kubeconfig_secret(&self) -> Result<String, CrdError> {
+        Ok(match &self.spec.sandbox.kubeconfig_secret {
+            Some(s) => s.clone(),
+            None => self.instance_name()?.kubeconfig_secret(),
+        })
+    }
+
+    /// The Secret with the server's certificate (`tls.crt`, `tls.key`).
+    pub fn tls_secret(&self) -> Result<String, CrdError> {
+        Ok(match &self.spec.server.tls_secret_name {
+            Some(s) => s.clone(),
+            None => self.instance_name()?.tls_secret(),
+        })
+    }
+
+    /// The sandbox configuration both pod writers build pods from. Pure: the operator passes
+    /// it to the server as JSON, so warm and cold pods of one instance are identical.
+    /// `owner` is this CR's controller reference, so sandboxes are garbage-collected with it.
+    pub fn sandbox_config(&self, default_image: Option<&str>) -> Result<SandboxConfig, CrdError> {
+        let instance = self.instance_name()?;
+        let namespace = self
+            .namespace()
+            .ok_or(CrdError::Missing("metadata.namespace"))?;
+        let owner = self
+            .controller_owner_ref(&())
+            .ok_or(CrdError::Missing("metadata.uid"))?;
+        let sb = &self.spec.sandbox;
+        let mut cfg = SandboxConfig::new(instance, namespace, self.sandbox_image(default_image)?);
+        cfg.image_pull_policy = sb.image_pull_policy.map(|p| p.as_str().to_owned());
+        cfg.resources = sb.resources.clone();
+        // Admission rejects these; dropping them here too keeps the function total and covers
+        // objects stored before a rule existed.
+        cfg.env = sb
+            .env
+            .iter()
+            .filter(|e| allowed_sandbox_env(e))
+            .cloned()
+            .collect();
+        cfg.kubeconfig_secret = Some(self.kubeconfig_secret()?);
+        cfg.owner = Some(owner);
+        Ok(cfg)
+    }
+}
