@@ -145,7 +145,7 @@ impl InstanceName {
     }
     /// The pod of one session: `cli-mcp-<n>-s-<sid>-<h>`, `h` = 8 hex of sha256(`<n>/<sid>`).
     ///
-    /// SPEC §2 names it `cli-mcp-<n>-s-<sid>`, but that is ambiguous: instance `a` with
+    /// The product spec names it `cli-mcp-<n>-s-<sid>`, but that is ambiguous: instance `a` with
     /// session `s-b` and instance `a-s` with session `b` both give `cli-mcp-a-s-s-b`. The
     /// fixed-length suffix makes names of different instances differ (equal names would need
     /// equal lengths and a hash collision), while keeping the session id readable.

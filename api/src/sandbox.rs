@@ -54,7 +54,7 @@ pub const RESERVED_ENV: &[&str] = &[
 pub const RESERVED_ENV_PREFIXES: &[&str] = &["CLI_MCP_AGENT_", "BASH_FUNC_"];
 
 /// Whether an instance may set this env var on its sandboxes. Secrets never reach bash
-/// through the CR (SPEC §5): `secretKeyRef` is dropped here as well as refused at admission,
+/// through the CR: `secretKeyRef` is dropped here as well as refused at admission,
 /// so objects stored before the admission rule existed cannot carry one through.
 pub fn allowed_sandbox_env(e: &EnvVar) -> bool {
     !RESERVED_ENV.contains(&e.name.as_str())
@@ -89,7 +89,7 @@ pub struct SandboxConfig {
 }
 
 impl SandboxConfig {
-    /// Defaults from SPEC §5 for everything but the instance, namespace and image.
+    /// The product defaults for everything but the instance, namespace and image.
     pub fn new(
         instance: InstanceName,
         namespace: impl Into<String>,

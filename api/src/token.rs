@@ -1,4 +1,4 @@
-//! The token scheme (SPEC §2).
+//! The token scheme.
 //!
 //! One random key per instance derives every token, so nothing per-session is ever stored:
 //! `session_token = hex(HMAC-SHA256(key, "cli-mcp/v1/session/" + sid))` and
@@ -203,7 +203,7 @@ mod tests {
         assert!(!c.verify(&t.expose()[1..]));
         let parsed = Commitment::parse(&c.to_hex()).expect("roundtrip");
         assert_eq!(parsed, c);
-        // sha256_hex of the ASCII token, exactly as SPEC §2 says.
+        // sha256_hex of the ASCII token: the commitment is over the hex text, not the bytes.
         assert_eq!(
             c.to_hex(),
             hex::encode(Sha256::digest(t.expose().as_bytes()))

@@ -1,4 +1,4 @@
-//! JSON bodies of the agent's HTTP API (SPEC §2). Field names are the contract with every
+//! JSON bodies of the agent's HTTP API. Field names are the contract with every
 //! client, so the tests below pin the exact JSON.
 
 use base64::Engine as _;

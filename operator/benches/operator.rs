@@ -1,4 +1,4 @@
-//! `make bench` figures of the operator (issue 5 item 7), on the local Kubernetes:
+//! `make bench` figures of the operator, on the local Kubernetes:
 //! 1. time from applying a CliMcpInstance with `warmPoolSize: 20` to Ready (and to 20 Ready
 //!    warm pods);
 //! 2. operator RSS with 50 instances;

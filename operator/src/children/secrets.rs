@@ -27,7 +27,7 @@ pub fn ca_config_map_name(n: &InstanceName) -> String {
     format!("{}-ca", n.server())
 }
 
-/// 32 random bytes as 64 lowercase hex characters (SPEC §2).
+/// 32 random bytes as 64 lowercase hex characters, the form `HmacKey::from_hex` reads.
 pub fn generate_hmac_key() -> String {
     let bytes: [u8; 32] = rand::random();
     hex::encode(bytes)
