@@ -7,11 +7,19 @@
 //! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
 //! - [`testing`]: one shared cluster per test run, namespaces per test, watch-based waits.
 //! - [`journey`]: the operator installed as a user would, instances, an MCP client over TLS.
+//! - [`instance`]: `CliMcpInstance`s for tests: the object, its conditions and waits, its
+//!   Secrets, claiming its pool pods.
+//! - [`jsonrpc`], [`http`]: MCP requests and tool results; HTTP clients, `/metrics` sums.
+//! - [`child`]: the project's binaries on the host, started once they log they are ready.
 //! - [`load`]: a bounded CPU load for tests that must hold on a busy machine.
 
+pub mod child;
 pub mod cluster;
 pub mod error;
+pub mod http;
+pub mod instance;
 pub mod journey;
+pub mod jsonrpc;
 pub mod load;
 pub mod net;
 pub mod pki;

@@ -14,12 +14,15 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
+use cli_mcp_api::pod_state::is_ready;
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::wait::{await_condition, Condition};
@@ -309,6 +312,28 @@ impl TestCluster {
         })
     }
 
+    /// The last `tail` lines of container `container`'s log in each pod of `namespace`
+    /// (`usize::MAX`: all), for failure messages.
+    pub fn pod_logs(&self, namespace: &str, container: &str, tail: usize) -> String {
+        let pods = std::fs::read_dir(self.info.kubelet_state_dir.join("pods"))
+            .into_iter()
+            .flatten()
+            .flatten();
+        let mut text: Vec<String> = pods
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{namespace}_"))
+            })
+            .filter_map(|e| std::fs::read_to_string(e.path().join(format!("{container}.log"))).ok())
+            .collect();
+        text.iter_mut().for_each(|t| {
+            let lines: Vec<&str> = t.lines().collect();
+            *t = lines[lines.len().saturating_sub(tail)..].join("\n");
+        });
+        text.join("\n---\n")
+    }
+
     /// Contents of a container's log file, as written by the process kubelet.
     pub async fn container_log(
         &self,
@@ -374,6 +399,36 @@ where
     }
 }
 
+/// Watch one object until it is gone, at most `timeout`.
+pub async fn wait_gone<K>(api: Api<K>, name: &str, what: &str, timeout: Duration) -> Result<()>
+where
+    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
+{
+    wait_for(api, name, what, timeout, |o: Option<&K>| o.is_none())
+        .await
+        .map(|_| ())
+}
+
+/// Watch a Deployment until at least one of its replicas is ready, at most `timeout`.
+pub async fn wait_deployment_ready(
+    api: Api<Deployment>,
+    name: &str,
+    timeout: Duration,
+) -> Result<()> {
+    wait_for(
+        api,
+        name,
+        &format!("Deployment {name} available"),
+        timeout,
+        |d: Option<&Deployment>| {
+            d.and_then(|d| d.status.as_ref())
+                .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= 1)
+        },
+    )
+    .await
+    .map(|_| ())
+}
+
 /// Watch the objects matching `label_selector` until `pred` holds for the whole set, at
 /// most `timeout`. Returns the set at that moment.
 pub async fn wait_for_set<K>(
@@ -434,6 +489,52 @@ where
             elapsed: timeout,
         }),
     }
+}
+
+/// What a restarted container is waiting for in [`wait_restarted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterRestart {
+    /// Running again: the pod `Ready` and the container ready.
+    Ready,
+    /// Waiting to be started again: state `waiting`, reason `CrashLoopBackOff`.
+    BackingOff,
+}
+
+/// Watch pod `name` until its (first) container's `restartCount` is in `restarts` (`1..`:
+/// at least once; `1..=1`: exactly once) and it is as `then` says, at most [`TIMEOUT`].
+/// Returns the pod then.
+pub async fn wait_restarted(
+    api: Api<Pod>,
+    name: &str,
+    restarts: impl RangeBounds<i32> + Debug,
+    then: AfterRestart,
+) -> Result<Pod> {
+    let what = format!("pod {name}: container restarted {restarts:?} times, then {then:?}");
+    let cond = |p: Option<&Pod>| {
+        let Some(p) = p else { return false };
+        let Some(c) = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.first())
+        else {
+            return false;
+        };
+        restarts.contains(&c.restart_count)
+            && match then {
+                AfterRestart::Ready => is_ready(p) && c.ready,
+                AfterRestart::BackingOff => {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.waiting.as_ref())
+                        .and_then(|w| w.reason.as_deref())
+                        == Some("CrashLoopBackOff")
+                }
+            }
+    };
+    wait_for(api, name, &what, TIMEOUT, cond)
+        .await?
+        .ok_or_else(|| Error::Other(format!("pod {name} is gone while waiting for {what}")))
 }
 
 /// True when the pod has condition Ready=True.

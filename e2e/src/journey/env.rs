@@ -13,7 +13,6 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{pinned_kind, Scope};
@@ -23,9 +22,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::mcp::Mcp;
-use super::{small, SANDBOX_IMAGE, SERVER_IMAGE, USER};
+use super::USER;
+use crate::instance::{
+    self, delete_instance, is_ready_for_generation, small_resources, wait_instance,
+    DUMMY_KUBECONFIG, SANDBOX_IMAGE, SERVER_IMAGE,
+};
 use crate::testing::{
-    cluster, wait_for, wait_for_set, workspace_root, TestCluster, TestNamespace, TIMEOUT,
+    cluster, wait_deployment_ready, wait_for, wait_for_set, workspace_root, TestCluster,
+    TestNamespace, TIMEOUT,
 };
 use crate::ServiceForward;
 
@@ -40,6 +44,69 @@ pub fn tools() -> PathBuf {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     PathBuf::from(stdout.lines().last().expect("bin dir").trim())
+}
+
+/// The kustomization of an overlay of `config/default` (in `.run/<dir>/`) that installs
+/// the operator into `namespace`, watching only it, with the test images. `journey` adds
+/// what parallel journeys need: a name prefix for its cluster-wide RBAC, one replica, a 10m
+/// CPU request.
+pub fn operator_overlay(namespace: &str, journey: bool) -> String {
+    let n = namespace;
+    let (prefix, trim) = if journey {
+        (
+            format!("namePrefix: {n}-\n"),
+            "      - op: replace
+        path: /spec/replicas
+        value: 1
+      - op: replace
+        path: /spec/template/spec/containers/0/resources/requests/cpu
+        value: 10m
+",
+        )
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        r#"resources:
+  - ../../config/default
+namespace: {n}
+{prefix}images:
+  - name: cli-mcp-operator
+    newTag: e2e
+patches:
+  - target: {{kind: Deployment, name: cli-mcp-operator}}
+    patch: |-
+{trim}      - op: replace
+        path: /spec/template/spec/containers/0/env/0/value
+        value: {SERVER_IMAGE}
+      - op: replace
+        path: /spec/template/spec/containers/0/env/1/value
+        value: {SANDBOX_IMAGE}
+      - op: replace
+        path: /spec/template/spec/containers/0/env/2/value
+        value: {n}
+"#
+    )
+}
+
+/// `kustomize build` of `kustomization` written to `.run/<dir>/` in the workspace (kustomize
+/// takes only relative resource paths); the directory is removed afterwards.
+pub fn kustomize_build(dir: &str, kustomization: &str) -> String {
+    let dir = workspace_root().join(".run").join(dir);
+    std::fs::create_dir_all(&dir).expect("overlay dir");
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).expect("write overlay");
+    let out = Command::new(tools().join("kustomize"))
+        .arg("build")
+        .arg(&dir)
+        .output()
+        .expect("kustomize");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "kustomize build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
 }
 
 /// One test's world: its namespace, the operator installed into it, and what the install
@@ -108,67 +175,13 @@ impl Env {
 
     /// [`Env::install`] on a given cluster (e.g. a test's private cluster).
     pub async fn install_on(c: TestCluster, prefix: &str) -> Env {
-        let bin = tools();
         let ns = c.namespace(prefix).await.expect("namespace");
         let n = ns.name.clone();
-        let dir = workspace_root().join(format!(".run/journeys-{n}"));
-        std::fs::create_dir_all(&dir).expect("overlay dir");
-        let k = format!(
-            r#"resources:
-  - ../../config/default
-namespace: {n}
-namePrefix: {n}-
-images:
-  - name: cli-mcp-operator
-    newTag: e2e
-patches:
-  - target: {{kind: Deployment, name: cli-mcp-operator}}
-    patch: |-
-      - op: replace
-        path: /spec/replicas
-        value: 1
-      - op: replace
-        path: /spec/template/spec/containers/0/resources/requests/cpu
-        value: 10m
-      - op: replace
-        path: /spec/template/spec/containers/0/env/0/value
-        value: {SERVER_IMAGE}
-      - op: replace
-        path: /spec/template/spec/containers/0/env/1/value
-        value: {SANDBOX_IMAGE}
-      - op: replace
-        path: /spec/template/spec/containers/0/env/2/value
-        value: {n}
-"#
-        );
-        std::fs::write(dir.join("kustomization.yaml"), k).expect("write overlay");
-        let out = Command::new(bin.join("kustomize"))
-            .arg("build")
-            .arg(&dir)
-            .output()
-            .expect("kustomize");
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(
-            out.status.success(),
-            "kustomize build: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let yaml = String::from_utf8(out.stdout).expect("utf-8");
+        let yaml = kustomize_build(&format!("journeys-{n}"), &operator_overlay(&n, true));
         let outside = apply_yaml(&c, &n, &yaml, |_| {}).await;
         let env = Env { c, ns, outside };
         let op = format!("{n}-cli-mcp-operator");
-        let r = wait_for(
-            env.ns.api::<Deployment>(),
-            &op,
-            "operator Deployment available",
-            TIMEOUT,
-            |d: Option<&Deployment>| {
-                d.and_then(|d| d.status.as_ref())
-                    .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= 1)
-            },
-        )
-        .await;
-        if let Err(e) = r {
+        if let Err(e) = wait_deployment_ready(env.ns.api::<Deployment>(), &op, TIMEOUT).await {
             panic!("operator not ready: {e}\n{}", env.logs("operator"));
         }
         env
@@ -182,49 +195,19 @@ patches:
         self.ns.api::<K>()
     }
 
-    /// Container logs (`<container>.log`) of this namespace's pods, for failure messages.
+    /// Container logs (`<container>.log`) of this namespace's pods, the last 30 lines of
+    /// each, for failure messages.
     pub fn logs(&self, container: &str) -> String {
-        let pods = std::fs::read_dir(self.c.info.kubelet_state_dir.join("pods"))
-            .into_iter()
-            .flatten()
-            .flatten();
-        let mut text: Vec<String> = pods
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{}_", self.ns.name))
-            })
-            .filter_map(|e| std::fs::read_to_string(e.path().join(format!("{container}.log"))).ok())
-            .collect();
-        text.iter_mut().for_each(|t| {
-            let lines: Vec<&str> = t.lines().collect();
-            *t = lines[lines.len().saturating_sub(30)..].join("\n");
-        });
-        text.join("\n---\n")
+        self.c.pod_logs(&self.ns.name, container, 30)
     }
 
     /// A dummy sandbox kubeconfig Secret (journeys that do not use kubectl).
     pub async fn dummy_kubeconfig(&self, instance: &str) {
-        self.kubeconfig_secret(instance, "apiVersion: v1\nkind: Config\n")
-            .await;
+        self.kubeconfig_secret(instance, DUMMY_KUBECONFIG).await;
     }
 
     pub async fn kubeconfig_secret(&self, instance: &str, kubeconfig: &str) {
-        let s = Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some(format!("cli-mcp-{instance}-kubeconfig")),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([(
-                "kubeconfig".to_owned(),
-                ByteString(kubeconfig.as_bytes().to_vec()),
-            )])),
-            ..Default::default()
-        };
-        self.api::<Secret>()
-            .create(&PostParams::default(), &s)
-            .await
-            .expect("kubeconfig Secret");
+        instance::kubeconfig_secret(&self.ns, instance, kubeconfig).await;
     }
 
     /// The read-only investigation identity of config/samples/investigation-kubeconfig.yaml
@@ -297,8 +280,8 @@ patches:
                 .expect("JSON");
         v["metadata"]["name"] = json!(name);
         v["spec"]["sandbox"]["warmPoolSize"] = json!(warm);
-        v["spec"]["sandbox"]["resources"] = small();
-        v["spec"]["server"]["resources"] = small();
+        v["spec"]["sandbox"]["resources"] = small_resources();
+        v["spec"]["server"]["resources"] = small_resources();
         v
     }
 
@@ -314,34 +297,26 @@ patches:
     /// Waits until the instance is Ready for its generation with a full warm pool and its
     /// server replicas ready.
     pub async fn wait_ready(&self, name: &str) -> CliMcpInstance {
-        let r = wait_for(
+        let r = wait_instance(
             self.api::<CliMcpInstance>(),
             name,
             "instance Ready with a full pool",
             TIMEOUT,
-            |o: Option<&CliMcpInstance>| {
-                o.is_some_and(|o| {
-                    let Some(s) = o.status.as_ref() else {
-                        return false;
-                    };
-                    s.observed_generation == o.metadata.generation
-                        && s.conditions
-                            .iter()
-                            .any(|c| c.type_ == "Ready" && c.status == "True")
-                        && s.ready_replicas >= 1
-                        && s.warm_pool.ready == s.warm_pool.desired
-                })
+            |o| {
+                is_ready_for_generation(o)
+                    && o.status.as_ref().is_some_and(|s| {
+                        s.ready_replicas >= 1 && s.warm_pool.ready == s.warm_pool.desired
+                    })
             },
         )
         .await;
-        match r {
-            Ok(Some(o)) => o,
-            other => panic!(
-                "instance {name} not Ready: {other:?}\noperator:\n{}\nserver:\n{}",
+        r.unwrap_or_else(|e| {
+            panic!(
+                "instance {name} not Ready: {e}\noperator:\n{}\nserver:\n{}",
                 self.logs("operator"),
                 self.logs("server")
-            ),
-        }
+            )
+        })
     }
 
     /// The sample instance `name` with `warm` pool pods and a dummy kubeconfig Secret,
@@ -359,18 +334,11 @@ patches:
         what: &str,
         ok: impl Fn(&CliMcpInstanceStatus) -> bool,
     ) -> CliMcpInstance {
-        let r = wait_for(
-            self.api::<CliMcpInstance>(),
-            name,
-            what,
-            TIMEOUT,
-            |o: Option<&CliMcpInstance>| o.and_then(|o| o.status.as_ref()).is_some_and(&ok),
-        )
-        .await;
-        match r {
-            Ok(Some(o)) => o,
-            other => panic!("{name}: {what}: {other:?}\n{}", self.logs("operator")),
-        }
+        wait_instance(self.api::<CliMcpInstance>(), name, what, TIMEOUT, |o| {
+            o.status.as_ref().is_some_and(&ok)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {what}: {e}\n{}", self.logs("operator")))
     }
 
     /// resourceVersions of the instance's children other than pods (`Kind/name` → rv), to
@@ -535,16 +503,7 @@ subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
     /// objects and the namespace.
     pub async fn finish(self, instance: Option<&str>) {
         if let Some(name) = instance {
-            let api = self.api::<CliMcpInstance>();
-            let _ = api.delete(name, &DeleteParams::default()).await;
-            let r = wait_for(
-                api,
-                name,
-                "instance deleted",
-                TIMEOUT,
-                |o: Option<&CliMcpInstance>| o.is_none(),
-            )
-            .await;
+            let r = delete_instance(self.api::<CliMcpInstance>(), name, TIMEOUT).await;
             if let Err(e) = r {
                 panic!("instance not released: {e}\n{}", self.logs("operator"));
             }

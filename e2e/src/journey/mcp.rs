@@ -1,13 +1,12 @@
 //! [`Mcp`]: an MCP client (JSON-RPC over Streamable HTTP, TLS with the instance CA, a
 //! ServiceAccount token) of one instance, and readers of its tool results.
 
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde_json::{json, Value};
-
-use crate::ServiceForward;
+use crate::jsonrpc::{self, response};
+use crate::{http, ServiceForward};
 
 /// An MCP client (JSON-RPC over Streamable HTTP) of one instance.
 #[derive(Clone)]
@@ -51,17 +50,6 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The JSON-RPC response in a JSON body or in the data lines of an SSE stream.
-pub fn response(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("result").is_some() || v.get("error").is_some())
-            .unwrap_or(Value::Null)
-    })
-}
-
 impl Mcp {
     /// A client for the instance whose Service is `host` (TLS name), reached at `to`;
     /// `pooled: false` opens a connection per call.
@@ -72,11 +60,7 @@ impl Mcp {
         to: SocketAddr,
         pooled: bool,
     ) -> Mcp {
-        let mut b = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(120))
-            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
-            .resolve(&host, to);
+        let mut b = http::client(Some(&ca)).resolve(&host, to);
         if !pooled {
             b = b.pool_max_idle_per_host(0);
         }
@@ -113,16 +97,20 @@ impl Mcp {
             .local_addr()
     }
 
+    /// A POST to `/mcp` as session `sid` with the token, without a body.
+    fn post(&self, sid: &str) -> reqwest::RequestBuilder {
+        jsonrpc::post(
+            &self.http,
+            &format!("{}/mcp", self.base),
+            Some(sid),
+            Some(&self.token),
+        )
+    }
+
     /// The POST of one `bash` tool call, not sent yet (to race it against a fault).
     pub fn post_bash(&self, sid: &str, command: &str) -> reqwest::RequestBuilder {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "bash", "arguments": {"command": command}}});
-        self.http
-            .post(format!("{}/mcp", self.base))
-            .bearer_auth(&self.token)
-            .header("x-session-id", sid)
-            .header("accept", "application/json, text/event-stream")
-            .json(&body)
+        self.post(sid)
+            .json(&jsonrpc::bash(json!({ "command": command })))
     }
 
     /// A `bash` tool call whose failure is returned: the tool result (with `isError` true or
@@ -174,14 +162,9 @@ impl Mcp {
     }
 
     pub async fn rpc(&self, sid: &str, method: &str, params: Value) -> Value {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
         let r = self
-            .http
-            .post(format!("{}/mcp", self.base))
-            .bearer_auth(&self.token)
-            .header("x-session-id", sid)
-            .header("accept", "application/json, text/event-stream")
-            .json(&body)
+            .post(sid)
+            .json(&jsonrpc::request(method, params))
             .send()
             .await
             .unwrap_or_else(|e| panic!("POST /mcp {method}: {}", error_chain(&e)));
@@ -215,20 +198,4 @@ impl Mcp {
             .status()
             .as_u16()
     }
-}
-
-pub fn stdout(r: &Value) -> &str {
-    r["structuredContent"]["stdout"]
-        .as_str()
-        .unwrap_or_default()
-}
-
-pub fn text(r: &Value) -> String {
-    r["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
 }

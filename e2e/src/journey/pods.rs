@@ -3,59 +3,43 @@
 
 use std::time::Duration;
 
-use cli_mcp_api::names::label;
+use cli_mcp_api::names::InstanceName;
+pub use cli_mcp_api::pod_state::session_of;
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 
 use super::env::Env;
+use crate::http::{self, metric_sum};
 use crate::testing::pod_ip;
+
+fn instance_name(instance: &str) -> InstanceName {
+    InstanceName::parse(instance).unwrap_or_else(|e| panic!("instance name: {e}"))
+}
 
 /// Label selector of an instance's server pods.
 pub fn server_selector(instance: &str) -> String {
-    format!(
-        "{}={instance},{}={}",
-        label::INSTANCE,
-        label::COMPONENT,
-        label::COMPONENT_SERVER
-    )
+    instance_name(instance).server_selector()
 }
 
+/// Label selector of an instance's sandbox pods.
 pub fn sandbox_selector(instance: &str) -> String {
-    format!(
-        "{}={instance},{}={}",
-        label::INSTANCE,
-        label::COMPONENT,
-        label::COMPONENT_SANDBOX
-    )
-}
-
-pub fn session_of(p: &Pod) -> Option<&str> {
-    p.labels().get(label::SESSION_ID).map(String::as_str)
+    instance_name(instance).sandbox_selector()
 }
 
 /// Sum of `cli_mcp_session_start_seconds_count{launch="<launch>"}` over the server pods,
 /// `None` when no server answered.
 pub async fn server_starts(env: &Env, instance: &str, launch: &str) -> Option<f64> {
-    let selector = server_selector(instance);
-    let http = reqwest::Client::builder()
-        .no_proxy()
+    let client = http::client(None)
         .timeout(Duration::from_secs(5))
         .build()
         .ok()?;
+    let series = format!("cli_mcp_session_start_seconds_count{{launch=\"{launch}\"}}");
     let mut total = None;
-    for p in env.list::<Pod>(&selector).await {
+    for p in env.list::<Pod>(&server_selector(instance)).await {
         let Some(ip) = pod_ip(&p) else { continue };
-        let Ok(r) = http.get(format!("http://{ip}:8081/metrics")).send().await else {
+        let Some((_, body)) = http::get(&client, &format!("http://{ip}:8081/metrics")).await else {
             continue;
         };
-        let Ok(body) = r.text().await else { continue };
-        let key = format!("cli_mcp_session_start_seconds_count{{launch=\"{launch}\"}}");
-        let v: f64 = body
-            .lines()
-            .filter(|l| l.starts_with(&key))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
-        *total.get_or_insert(0.0) += v;
+        *total.get_or_insert(0.0) += metric_sum(&body, &series).unwrap_or(0.0);
     }
     total
 }
