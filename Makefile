@@ -7,18 +7,23 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run cluster test test-unit lint fmt build control-plane tools crdgen bench clean
+.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools crdgen bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-run: ## local Kubernetes + operator + sample instance until Ctrl-C; prints how to reach MCP
+run: ## host prereqs, local Kubernetes + operator + sample instance until Ctrl-C; prints how to reach MCP
 	hack/run.sh
 
-cluster: ## only the local Kubernetes, until Ctrl-C
+cluster: ## host prereqs, then only the local Kubernetes, until Ctrl-C
 	hack/cluster-up.sh
 
-test: lint control-plane tools build ## everything: lint, unit, integration and end-to-end tests on one local cluster
+# hack/run.sh and hack/cluster-up.sh call hack/prereqs.sh themselves; silent when nothing is missing.
+prereqs: ## install and set what the host lacks (apt packages, IPv4 forwarding, routes; root)
+	@hack/prereqs.sh $(PREREQS_FLAGS)
+
+test: PREREQS_FLAGS := --test
+test: prereqs lint control-plane tools build ## everything: lint, unit, integration and end-to-end tests on one local cluster
 	$(CARGO) test --workspace --no-run
 	$(CLUSTER) exec -- $(CARGO) test --workspace
 
@@ -42,7 +47,7 @@ control-plane: ## kube-apiserver, controller-manager, scheduler, etcd, kubectl f
 	  ln -sfn "$$bin/kubectl" $$link; echo "kubectl -> $$bin/kubectl (sandbox pods of the local cluster use it)"; \
 	else echo "keeping the existing $$link"; fi
 
-bench: control-plane tools build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
+bench: prereqs control-plane tools build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
 	$(CARGO) build --release -p cli-mcp-agent -p cli-mcp-server -p cli-mcp-operator -p cli-mcp-bench
 	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
 	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet
