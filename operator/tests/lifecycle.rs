@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label, InstanceName};
-use cli_mcp_api::pod_state::{is_assigned, is_deleting};
+use cli_mcp_api::pod_state::{is_assigned, is_deleting, is_ready};
 use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::testing::{cluster, wait_for, wait_for_set};
@@ -402,7 +402,7 @@ async fn image_change_replaces_unassigned_pods_only() {
             let free = unassigned(ps);
             free.len() == 3
                 && free.iter().all(|p| {
-                    ready(p)
+                    is_ready(p)
                         && p.spec
                             .as_ref()
                             .and_then(|s| s.containers[0].image.as_deref())

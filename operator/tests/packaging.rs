@@ -7,12 +7,14 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::Command;
 
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_e2e::journey::{apply_yaml, tools};
-use cli_mcp_e2e::testing::{cluster, wait_for, workspace_root, TestCluster, TestNamespace};
+use cli_mcp_e2e::instance::wait_instance;
+use cli_mcp_e2e::journey::{apply_yaml, kustomize_build, operator_overlay, tools};
+use cli_mcp_e2e::testing::{
+    cluster, wait_deployment_ready, wait_gone, workspace_root, TestCluster, TestNamespace,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -31,102 +33,41 @@ fn run(cmd: &mut Command) -> String {
 
 /// The deployed operator runs in the cluster and makes an instance Ready.
 async fn operator_works(c: &TestCluster, ns: TestNamespace, deployment: &str) {
-    let r = wait_for(
-        ns.api::<Deployment>(),
-        deployment,
-        "operator Deployment available",
-        TIMEOUT,
-        |d: Option<&Deployment>| {
-            d.and_then(|d| d.status.as_ref())
-                .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= 1)
-        },
-    )
-    .await;
+    let r = wait_deployment_ready(ns.api::<Deployment>(), deployment, TIMEOUT).await;
     if let Err(e) = r {
         panic!("operator did not become ready: {e}");
     }
     create_instance(&ns, "pkg", json!({"sandbox": {"warmPoolSize": 1}})).await;
-    let ok = wait_for(
-        ns.api::<CliMcpInstance>(),
-        "pkg",
-        "instance Ready",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| o.is_some_and(|o| is_true(o, "Ready")),
-    )
+    let api = ns.api::<CliMcpInstance>();
+    let ok = wait_instance(api.clone(), "pkg", "instance Ready", TIMEOUT, |o| {
+        is_true(o, "Ready")
+    })
     .await;
-    let logs = || {
-        let pods = std::fs::read_dir(c.info.kubelet_state_dir.join("pods"))
-            .into_iter()
-            .flatten()
-            .flatten();
-        pods.filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{}_", ns.name))
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("operator.log")).ok())
-        .collect::<Vec<_>>()
-        .join("\n---\n")
-    };
+    let logs = || c.pod_logs(&ns.name, "operator", usize::MAX);
     if let Err(e) = ok {
         panic!(
             "instance not Ready under the packaged operator: {e}\n{}",
             logs()
         );
     }
-    let api = ns.api::<CliMcpInstance>();
     api.delete("pkg", &DeleteParams::default())
         .await
         .expect("delete instance");
-    wait_for(
-        api,
-        "pkg",
-        "instance released",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| o.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("finalizer not released: {e}\n{}", logs()));
-}
-
-fn overlay(dir: &Path, ns: &str) {
-    // kustomize accepts only relative paths: the overlay lives under .run/ in the repo.
-    let k = format!(
-        r#"resources:
-  - ../../config/default
-namespace: {ns}
-images:
-  - name: cli-mcp-operator
-    newTag: e2e
-patches:
-  - target: {{kind: Deployment, name: cli-mcp-operator}}
-    patch: |-
-      - op: replace
-        path: /spec/template/spec/containers/0/env/0/value
-        value: {server}
-      - op: replace
-        path: /spec/template/spec/containers/0/env/1/value
-        value: {sandbox}
-      - op: replace
-        path: /spec/template/spec/containers/0/env/2/value
-        value: {ns}
-"#,
-        server = SERVER_IMAGE,
-        sandbox = SANDBOX_IMAGE,
-    );
-    std::fs::write(dir.join("kustomization.yaml"), k).expect("write overlay");
+    wait_gone(api, "pkg", "instance released", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("finalizer not released: {e}\n{}", logs()));
 }
 
 #[tokio::test]
 async fn kustomize_output_applies_and_its_operator_works() {
-    let bin = tools();
     let c = cluster().await.expect("cluster");
     let ns = c.namespace("kustomize").await.expect("namespace");
-    let dir = workspace_root().join(format!(".run/kustomize-{}", ns.name));
-    std::fs::create_dir_all(&dir).expect("overlay dir");
-    overlay(&dir, &ns.name);
-    let yaml = run(Command::new(bin.join("kustomize")).arg("build").arg(&dir));
-    let _ = std::fs::remove_dir_all(&dir);
+    // Only the images and the watched namespace change: the packaged RBAC, replicas and
+    // requests are what is tested.
+    let yaml = kustomize_build(
+        &format!("kustomize-{}", ns.name),
+        &operator_overlay(&ns.name, false),
+    );
     assert!(yaml.contains("kind: CustomResourceDefinition"));
     let outside = apply_yaml(&c, &ns.name, &yaml, |_| {}).await;
     operator_works(&c, ns.clone(), "cli-mcp-operator").await;
