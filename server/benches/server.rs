@@ -19,14 +19,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use cli_mcp_e2e::child::{start_logged, LocalServer};
+use cli_mcp_e2e::http::{self, metric_sum};
+use cli_mcp_e2e::jsonrpc;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const SERVER_BIN: &str = env!("CARGO_BIN_EXE_cli-mcp-server");
 /// Set in the environment of a server whose agents are stubs (inherited by the children).
 const STUB_ENV: &str = "BENCH_STUB_AGENT";
-const ACCEPT: &str = "application/json, text/event-stream";
 
 fn main() -> anyhow::Result<()> {
     if std::env::var_os(STUB_ENV).is_some() {
@@ -132,88 +133,39 @@ fn print_table(rows: &[Row]) {
 }
 
 fn client() -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .no_proxy()
+    Ok(http::client(None)
         .tcp_nodelay(true)
         .timeout(Duration::from_secs(300))
         .build()?)
 }
 
-/// Reads JSON log lines from `child`'s stderr until one has `message == ready`; returns it.
-async fn ready_line(child: &mut Child, ready: &str) -> anyhow::Result<Value> {
-    let stderr = child.stderr.take().context("no stderr pipe")?;
-    let mut lines = BufReader::new(stderr).lines();
-    let found = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if v["message"] == ready {
-                    return Some(v);
-                }
-            }
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()
-    .with_context(|| format!("no {ready:?} line"))?;
-    // Keep draining so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(found)
-}
+/// The server on loopback (`addr`, `health`, ...); SIGTERM on drop.
+struct Server(LocalServer);
 
-struct Server {
-    child: Child,
-    addr: String,
-    health: String,
+impl std::ops::Deref for Server {
+    type Target = LocalServer;
+    fn deref(&self) -> &LocalServer {
+        &self.0
+    }
 }
 
 impl Server {
     async fn start(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Server> {
-        let mut cmd = Command::new(SERVER_BIN);
-        cmd.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--health-listen",
-            "127.0.0.1:0",
-            "--log-json",
-        ])
-        .args(args)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("RUST_LOG", "warn,cli_mcp_server::run=info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().context("start cli-mcp-server")?;
-        let v = ready_line(&mut child, "cli-mcp-server ready").await?;
-        Ok(Server {
-            addr: v["listen"].as_str().unwrap_or_default().to_owned(),
-            health: v["health_listen"].as_str().unwrap_or_default().to_owned(),
-            child,
-        })
+        let bin = Path::new(SERVER_BIN);
+        let s = LocalServer::start(bin, args, env, "warn,cli_mcp_server::run=info").await?;
+        Ok(Server(s))
     }
 
     fn rss_kib(&self) -> anyhow::Result<u64> {
-        let pid = self.child.id().context("server exited")?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("no VmRSS")
+        let (rss, _) = self
+            .0
+            .rss_kib()
+            .context("no VmRSS (has the server exited?)")?;
+        Ok(rss)
     }
 
-    async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .arg(pid.to_string())
-                .status();
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
+    async fn stop(self) {
+        let _ = self.0.stop(Duration::from_secs(60)).await;
     }
 }
 
@@ -223,13 +175,9 @@ async fn call(
     sid: &str,
     command: &str,
 ) -> anyhow::Result<Value> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": command}}});
-    let resp = http
-        .post(url)
+    let body = jsonrpc::bash(json!({ "command": command }));
+    let resp = jsonrpc::post(http, url, Some(sid), None)
         .header("content-type", "application/json")
-        .header("accept", ACCEPT)
-        .header("x-session-id", sid)
         .body(body.to_string())
         .send()
         .await?;
@@ -277,8 +225,8 @@ async fn agent_only(agent: &Path, n: usize) -> anyhow::Result<Row> {
     let dir = tempfile::tempdir()?;
     let token = "bench-token";
     let commitment = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()));
-    let mut child = Command::new(agent)
-        .args(["--listen", "127.0.0.1:0", "--log-json", "--workdir"])
+    let mut cmd = Command::new(agent);
+    cmd.args(["--listen", "127.0.0.1:0", "--log-json", "--workdir"])
         .arg(dir.path())
         .arg("--state-dir")
         .arg(dir.path().join("state"))
@@ -288,12 +236,13 @@ async fn agent_only(agent: &Path, n: usize) -> anyhow::Result<Row> {
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("start agent")?;
-    let v = ready_line(&mut child, "cli-mcp-agent ready").await?;
-    let url = format!("http://{}/exec", v["listen"].as_str().unwrap_or_default());
+        .kill_on_drop(true);
+    let started = start_logged(cmd, "cli-mcp-agent ready", Duration::from_secs(30)).await?;
+    let mut child = started.child;
+    let url = format!(
+        "http://{}/exec",
+        started.ready["listen"].as_str().unwrap_or_default()
+    );
     let http = client()?;
     let exec = || async {
         let r = http
@@ -358,11 +307,9 @@ async fn rss(sessions: usize) -> anyhow::Result<Vec<Row>> {
         .await?
         .text()
         .await?;
-    let active = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("cli_mcp_sessions_active "))
-        .unwrap_or("?")
-        .to_owned();
+    let active = metric_sum(&metrics, "cli_mcp_sessions_active")
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| "?".into());
     let full = server.rss_kib()?;
     server.stop().await;
     let mib = |k: u64| format!("{:.1} MiB", k as f64 / 1024.0);
@@ -417,9 +364,10 @@ fn stub_agent() -> anyhow::Result<()> {
 mod cluster {
     use super::*;
     use cli_mcp_api::names::{InstanceName, PoolSuffix};
+    use cli_mcp_api::pod_state::is_ready;
     use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
     use cli_mcp_api::token::HmacKey;
-    use cli_mcp_e2e::testing::{self, pod_is_ready, wait_for_set};
+    use cli_mcp_e2e::testing::{self, wait_for_set};
     use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
     use kube::api::PostParams;
 
@@ -445,8 +393,7 @@ mod cluster {
             .await?;
         let mut cfg = SandboxConfig::new(instance.clone(), ns.name.clone(), "cli-mcp-agent:dev");
         cfg.termination_grace_period_seconds = 5;
-        cfg.resources = serde_json::from_value(json!({
-            "requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}))?;
+        cfg.resources = serde_json::from_value(cli_mcp_e2e::instance::small_resources())?;
         let key = HmacKey::from_bytes(rand::random());
         let dir = tempfile::tempdir()?;
         let key_file = dir.path().join("key");
@@ -492,7 +439,7 @@ mod cluster {
             &instance.unassigned_selector(),
             "warm pool Ready",
             Duration::from_secs(180),
-            |p: &[Pod]| p.len() == samples && p.iter().all(pod_is_ready),
+            |p: &[Pod]| p.len() == samples && p.iter().all(is_ready),
         )
         .await?;
         let mut warm = Vec::new();

@@ -1,18 +1,19 @@
 //! Test support: run the real `cli-mcp-server` binary, talk MCP to it over HTTP.
-#![allow(dead_code)]
+// Each test binary uses a part of this module.
+#![allow(dead_code, unused_imports)]
 
-use std::collections::VecDeque;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use cli_mcp_e2e::child::LocalServer;
+use cli_mcp_e2e::{http, jsonrpc};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+
+pub use cli_mcp_e2e::jsonrpc::{is_error, structured, text, ACCEPT};
 
 pub const SERVER_BIN: &str = env!("CARGO_BIN_EXE_cli-mcp-server");
-pub const ACCEPT: &str = "application/json, text/event-stream";
 
 /// `target/debug` (where cargo put the server binary).
 pub fn bin_dir() -> PathBuf {
@@ -66,174 +67,52 @@ pub fn ensure_built(cluster: bool) {
     });
 }
 
-/// A running server process; SIGTERM on drop.
-pub struct Server {
-    pub child: Child,
-    pub addr: String,
-    pub health: String,
-    pub log: Arc<Mutex<VecDeque<String>>>,
-    pub log_event: Arc<tokio::sync::Notify>,
-    pub scheme: &'static str,
+/// A running server process (`cli_mcp_e2e::child::LocalServer`: its address, health
+/// address, log, `url`, `health_url`, `log_text`); SIGTERM on drop.
+pub struct Server(LocalServer);
+
+impl Deref for Server {
+    type Target = LocalServer;
+    fn deref(&self) -> &LocalServer {
+        &self.0
+    }
 }
 
 impl Server {
     /// Starts the server with `args` (plus `--listen 127.0.0.1:0 --health-listen
     /// 127.0.0.1:0 --log-json`) and waits for its ready line.
     pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(SERVER_BIN);
-        cmd.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--health-listen",
-            "127.0.0.1:0",
-            "--log-json",
-        ])
-        .args(args)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("RUST_LOG", "info,rmcp=warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("start cli-mcp-server");
-        let stderr = child.stderr.take().expect("stderr pipe");
-        let log = Arc::new(Mutex::new(VecDeque::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel::<(String, String)>();
-        let log2 = log.clone();
-        let log_event = Arc::new(tokio::sync::Notify::new());
-        let event2 = log_event.clone();
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    if v["message"] == "cli-mcp-server ready" {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send((
-                                v["listen"].as_str().unwrap_or_default().to_owned(),
-                                v["health_listen"].as_str().unwrap_or_default().to_owned(),
-                            ));
-                        }
-                    }
-                }
-                let mut l = log2.lock().unwrap_or_else(|p| p.into_inner());
-                if l.len() > 2000 {
-                    l.pop_front();
-                }
-                l.push_back(line);
-                drop(l);
-                event2.notify_waiters();
-            }
-        });
-        let ready = tokio::time::timeout(Duration::from_secs(30), rx).await;
-        let (addr, health) = match ready {
-            Ok(Ok(a)) => a,
-            _ => panic!(
-                "cli-mcp-server did not become ready; its log:\n{}",
-                log.lock()
-                    .map(|l| l.iter().cloned().collect::<Vec<_>>().join("\n"))
-                    .unwrap_or_default()
-            ),
-        };
-        let scheme = if args.contains(&"--tls-cert") {
-            "https"
-        } else {
-            "http"
-        };
-        Server {
-            child,
-            addr,
-            health,
-            log,
-            log_event,
-            scheme,
+        match LocalServer::start(Path::new(SERVER_BIN), args, env, "info,rmcp=warn").await {
+            Ok(s) => Server(s),
+            Err(e) => panic!("cli-mcp-server did not become ready: {e}"),
         }
     }
 
     /// Waits (on log events, no polling) for a log line matching `pred`.
     pub async fn wait_log(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let wait = async {
-            loop {
-                let notified = self.log_event.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                let found = self
-                    .log
-                    .lock()
-                    .ok()
-                    .and_then(|l| l.iter().find(|l| pred(l)).cloned());
-                if let Some(line) = found {
-                    return line;
-                }
-                notified.await;
-            }
-        };
-        match tokio::time::timeout(Duration::from_secs(60), wait).await {
-            Ok(line) => line,
-            Err(_) => panic!("no log line {what} within 60s; log:\n{}", self.log_text()),
+        match self.log.wait_for(Duration::from_secs(60), pred).await {
+            Some(line) => line,
+            None => panic!("no log line {what} within 60s; log:\n{}", self.log_text()),
         }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}://{}{path}", self.scheme, self.addr)
-    }
-
-    pub fn health_url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.health)
-    }
-
-    pub fn log_text(&self) -> String {
-        self.log
-            .lock()
-            .map(|l| l.iter().cloned().collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default()
     }
 
     /// SIGTERM and wait for the exit status.
-    pub async fn stop(mut self) -> std::process::ExitStatus {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status();
-        }
-        tokio::time::timeout(Duration::from_secs(40), self.child.wait())
+    pub async fn stop(self) -> std::process::ExitStatus {
+        self.0
+            .stop(Duration::from_secs(40))
             .await
             .expect("server exits after SIGTERM")
             .expect("wait for server")
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status();
-        }
-    }
-}
-
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .expect("HTTP client")
+    http::client(None).build().expect("HTTP client")
 }
 
 /// A client trusting `ca_pem` (the test's self-signed serving certificate).
 pub fn https(ca_pem: &str) -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(120))
-        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).expect("CA PEM"))
-        .build()
-        .expect("HTTPS client")
+    http::client(Some(ca_pem)).build().expect("HTTPS client")
 }
 
 /// A raw JSON-RPC MCP client over reqwest.
@@ -276,19 +155,17 @@ impl Mcp {
     }
 
     pub async fn post_raw(&self, body: String) -> Answer {
-        let mut req = self
-            .http
-            .post(&self.url)
-            .header("content-type", "application/json")
-            .header("accept", ACCEPT)
-            .body(body);
-        if let Some(s) = &self.session {
-            req = req.header("x-session-id", s);
-        }
-        if let Some(b) = &self.bearer {
-            req = req.bearer_auth(b);
-        }
-        let resp = req.send().await.expect("POST /mcp");
+        let resp = jsonrpc::post(
+            &self.http,
+            &self.url,
+            self.session.as_deref(),
+            self.bearer.as_deref(),
+        )
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("POST /mcp");
         let status = resp.status();
         let text = resp.text().await.expect("body");
         let body = serde_json::from_str(&text).unwrap_or(Value::Null);
@@ -296,10 +173,8 @@ impl Mcp {
     }
 
     pub async fn rpc(&self, method: &str, params: Value) -> Answer {
-        self.post_raw(
-            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string(),
-        )
-        .await
+        self.post_raw(jsonrpc::request(method, params).to_string())
+            .await
     }
 
     /// `tools/call` of bash; returns the JSON-RPC `result`.
@@ -308,12 +183,7 @@ impl Mcp {
     }
 
     pub async fn bash_with(&self, arguments: Value) -> Value {
-        let a = self
-            .rpc(
-                "tools/call",
-                json!({"name": "bash", "arguments": arguments}),
-            )
-            .await;
+        let a = self.post_raw(jsonrpc::bash(arguments).to_string()).await;
         assert_eq!(
             a.status, 200,
             "tools/call answered {}: {}",
@@ -324,20 +194,4 @@ impl Mcp {
             .cloned()
             .unwrap_or_else(|| panic!("no result in {}", a.text))
     }
-}
-
-/// Text of a tool result.
-pub fn text(result: &Value) -> String {
-    result["content"][0]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-pub fn is_error(result: &Value) -> bool {
-    result["isError"].as_bool().unwrap_or(false)
-}
-
-pub fn structured(result: &Value) -> &Value {
-    &result["structuredContent"]
 }
