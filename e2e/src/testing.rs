@@ -537,11 +537,6 @@ pub async fn wait_restarted(
         .ok_or_else(|| Error::Other(format!("pod {name} is gone while waiting for {what}")))
 }
 
-/// True when the pod has condition Ready=True.
-pub fn pod_is_ready(pod: &Pod) -> bool {
-    cli_mcp_api::pod_state::is_ready(pod)
-}
-
 /// The pod's IP, once it has one.
 pub fn pod_ip(pod: &Pod) -> Option<String> {
     pod.status.as_ref().and_then(|s| s.pod_ip.clone())

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
+use cli_mcp_api::pod_state::{is_deleting, phase};
+use cli_mcp_e2e::instance;
 use cli_mcp_e2e::journey::{container_pid, sandbox_selector, session_of, stdout, text, Env, Mcp};
 use cli_mcp_e2e::testing::{pod_ip, private_cluster, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::core::v1::Pod;
@@ -66,10 +68,7 @@ fn expected(sid: &str) -> String {
 /// session id -> uid of its pod, for the instance's sandbox pods that serve a session.
 fn sessions(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for p in pods
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-    {
+    for p in pods.iter().filter(|p| !is_deleting(p)) {
         if let Some(sid) = session_of(p) {
             out.entry(sid.to_owned())
                 .or_default()
@@ -80,9 +79,7 @@ fn sessions(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
 }
 
 fn unassigned(pods: &[Pod]) -> usize {
-    pods.iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && session_of(p).is_none())
-        .count()
+    instance::unassigned(pods).len()
 }
 
 /// Waits until the apiserver refuses TCP connections (its listener closed); returns when.
@@ -210,9 +207,9 @@ async fn state(env: &Env) -> String {
                         "  {} node={:?} phase={:?} session={:?} deleting={}",
                         p.name_any(),
                         p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                        p.status.as_ref().and_then(|s| s.phase.clone()),
+                        phase(p),
                         session_of(p),
-                        p.metadata.deletion_timestamp.is_some()
+                        is_deleting(p)
                     )
                 })
                 .collect::<Vec<_>>()
@@ -382,7 +379,7 @@ async fn sessions_survive_an_apiserver_restart() {
             s.keys().map(String::as_str).eq(want.iter().copied())
                 && s.values().all(|uids| uids.len() == 1)
                 && unassigned(pods) == 4
-                && pods.iter().all(|p| p.metadata.deletion_timestamp.is_none())
+                && !pods.iter().any(is_deleting)
         },
     )
     .await;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
+use cli_mcp_api::pod_state::{is_deleting, is_ready};
 use cli_mcp_api::sandbox::made_for_key;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
@@ -18,7 +19,7 @@ use cli_mcp_e2e::journey::{
     session_of, stdout, text, Env,
 };
 use cli_mcp_e2e::load::CpuLoad;
-use cli_mcp_e2e::testing::{pod_ip, pod_is_ready, wait_for, wait_for_set, TIMEOUT};
+use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set, wait_restarted, AfterRestart, TIMEOUT};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -37,10 +38,6 @@ async fn instance(prefix: &str, name: &str, warm: i64, edit: impl FnOnce(&mut Va
     env.apply_cr(&cr).await;
     env.wait_ready(name).await;
     env
-}
-
-fn live(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
 }
 
 /// Waits until `instance` reports `n` ready server replicas and a full warm pool.
@@ -78,7 +75,7 @@ impl SessionPodPeak {
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
-                        if live(&pod) {
+                        if !is_deleting(&pod) {
                             live_pods.insert(pod.name_any());
                         } else {
                             live_pods.remove(&pod.name_any());
@@ -163,7 +160,7 @@ async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
         .list::<Pod>(&format!("{},{}", sandbox_selector("m"), label::SESSION_ID))
         .await
         .into_iter()
-        .filter(live)
+        .filter(|p| !is_deleting(p))
         .collect();
     assert_eq!(sessions.len(), 100, "session pods");
     let peak = peak.stop();
@@ -212,7 +209,7 @@ async fn an_evicted_sandbox_is_replaced_and_the_reset_is_reported() {
         &sel,
         "one pod for the session",
         TIMEOUT,
-        |ps: &[Pod]| ps.len() == 1 && ps.iter().all(live),
+        |ps: &[Pod]| ps.len() == 1 && ps.iter().all(|p| !is_deleting(p)),
     )
     .await
     .expect("one session pod");
@@ -245,7 +242,7 @@ async fn killing_a_server_replica_mid_command_keeps_the_session() {
         .list::<Pod>(&server_selector("r"))
         .await
         .into_iter()
-        .filter(|p| live(p) && pod_is_ready(p))
+        .filter(|p| !is_deleting(p) && is_ready(p))
         .collect();
     assert_eq!(servers.len(), 2, "two server replicas");
     let victim = &servers[0];
@@ -278,21 +275,11 @@ async fn killing_a_server_replica_mid_command_keeps_the_session() {
     }
 
     // Once the killed replica is back (or out of the Service), the session carries on.
-    wait_for(
+    wait_restarted(
         env.api::<Pod>(),
         &victim.name_any(),
-        "server restarted and Ready",
-        TIMEOUT,
-        |p: Option<&Pod>| {
-            p.is_some_and(|p| {
-                pod_is_ready(p)
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .and_then(|cs| cs.first())
-                        .is_some_and(|c| c.restart_count >= 1)
-            })
-        },
+        1..,
+        AfterRestart::Ready,
     )
     .await
     .expect("server back");
@@ -426,7 +413,7 @@ async fn deleting_the_hmac_secret_is_survived_and_reported() {
         TIMEOUT,
         move |ps: &[Pod]| {
             ps.iter()
-                .filter(|p| live(p))
+                .filter(|p| !is_deleting(p))
                 .all(|p| !signed_with(p, &old2))
         },
     )
@@ -443,7 +430,7 @@ async fn deleting_the_hmac_secret_is_survived_and_reported() {
         |ps: &[Pod]| {
             ps.iter()
                 .all(|p| !p.uid().is_some_and(|u| old_servers.contains(&u)))
-                && ps.iter().any(pod_is_ready)
+                && ps.iter().any(is_ready)
         },
     )
     .await
@@ -465,7 +452,7 @@ async fn deleting_the_hmac_secret_is_survived_and_reported() {
         .list::<Pod>(&sandbox_selector("h"))
         .await
         .iter()
-        .filter(|p| live(p))
+        .filter(|p| !is_deleting(p))
     {
         assert!(
             signed_with(p, &new),
@@ -549,12 +536,12 @@ async fn operator_pod(env: &Env) -> Pod {
         "app.kubernetes.io/name=cli-mcp-operator",
         "operator pod running",
         TIMEOUT,
-        |ps: &[Pod]| ps.iter().filter(|p| live(p) && pod_is_ready(p)).count() == 1,
+        |ps: &[Pod]| ps.iter().filter(|p| !is_deleting(p) && is_ready(p)).count() == 1,
     )
     .await
     .expect("operator pod");
     pods.into_iter()
-        .find(|p| live(p) && pod_is_ready(p))
+        .find(|p| !is_deleting(p) && is_ready(p))
         .expect("operator pod")
 }
 
@@ -584,7 +571,7 @@ async fn restarting_the_operator_during_pool_fill_and_teardown() {
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                        if live(&p) {
+                        if !is_deleting(&p) {
                             pods.insert(p.name_any());
                         } else {
                             pods.remove(&p.name_any());
@@ -628,7 +615,7 @@ async fn restarting_the_operator_during_pool_fill_and_teardown() {
         .list::<Pod>(&pool_sel)
         .await
         .into_iter()
-        .filter(live)
+        .filter(|p| !is_deleting(p))
         .collect();
     assert_eq!(pool.len(), 10, "exactly 10 pool pods");
     watch.abort();

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
+use cli_mcp_api::pod_state::is_deleting;
 use cli_mcp_e2e::journey::{
     container_pid, kill_when_running, response, sandbox_selector, server_starts, session_of,
     stdout, text, Env,
 };
-use cli_mcp_e2e::testing::{wait_for, wait_for_set, TIMEOUT};
+use cli_mcp_e2e::testing::{wait_for, wait_for_set, wait_restarted, AfterRestart, TIMEOUT};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use kube::ResourceExt;
@@ -75,7 +76,7 @@ async fn admin_installs_and_investigates_read_only() {
     assert!(text(&del).contains("Forbidden"), "{del}");
     // The refusal changed nothing.
     let still = env.api::<Pod>().get_opt(&victim).await.expect("get pod");
-    assert!(still.is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
+    assert!(still.is_some_and(|p| !is_deleting(&p)));
 
     env.wait_status("demo", "status counts the session", |s| {
         s.active_sessions == 1 && s.warm_pool.ready == 1
@@ -413,24 +414,9 @@ async fn killing_the_agent_mid_command_is_reported_and_the_session_recovers() {
 
     // The kubelet restarts the agent (a call made before it is back fails with an error
     // naming the unreachable agent); once the pod is Ready again the session works.
-    wait_for(
-        env.api::<Pod>(),
-        &pod.name_any(),
-        "agent restarted and Ready",
-        TIMEOUT,
-        |p: Option<&Pod>| {
-            p.is_some_and(|p| {
-                cli_mcp_e2e::testing::pod_is_ready(p)
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .and_then(|cs| cs.first())
-                        .is_some_and(|c| c.restart_count >= 1)
-            })
-        },
-    )
-    .await
-    .expect("agent back");
+    wait_restarted(env.api::<Pod>(), &pod.name_any(), 1.., AfterRestart::Ready)
+        .await
+        .expect("agent back");
     let next = mcp.bash("victim", "pwd; echo \"[${KEPT:-}]\"").await;
     assert_eq!(next["isError"], false, "{next}");
     let sc = &next["structuredContent"];

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::label;
+use cli_mcp_api::pod_state::{is_deleting, is_ready};
 use cli_mcp_e2e::journey::{
     sandbox_selector, server_selector, session_of, stdout, text, CallError, Env, Mcp,
 };
-use cli_mcp_e2e::testing::{pod_is_ready, wait_for, wait_for_set, TIMEOUT};
+use cli_mcp_e2e::testing::{wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -23,10 +24,6 @@ use sha2::{Digest, Sha256};
 
 /// The annotation `kubectl rollout restart` puts on the pod template.
 const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
-
-fn terminating(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_some()
-}
 
 fn image_of(p: &Pod) -> Option<&str> {
     p.spec
@@ -41,7 +38,7 @@ async fn session_pod(env: &Env, sid: &str) -> Pod {
         .list::<Pod>(&format!("{}={sid}", label::SESSION_ID))
         .await
         .into_iter()
-        .filter(|p| !terminating(p))
+        .filter(|p| !is_deleting(p))
         .collect();
     assert_eq!(pods.len(), 1, "session {sid} has exactly one pod: {pods:?}");
     pods.remove(0)
@@ -179,7 +176,7 @@ async fn idle_session_is_collected_and_an_active_one_is_not() {
             &idle_name,
             "idle session pod collected",
             IDLE_TIMEOUT + TIMEOUT,
-            move |p: Option<&Pod>| p.is_none_or(|p| p.uid() != idle_uid || terminating(p)),
+            move |p: Option<&Pod>| p.is_none_or(|p| p.uid() != idle_uid || is_deleting(p)),
         )
         .await;
         (r, idle_last_call.elapsed())
@@ -219,7 +216,7 @@ async fn idle_session_is_collected_and_an_active_one_is_not() {
         .expect("get busy pod")
         .expect("the busy session's pod still exists");
     assert_eq!(still.uid(), busy_pod.uid());
-    assert!(!terminating(&still), "the busy session is not collected");
+    assert!(!is_deleting(&still), "the busy session is not collected");
     let stamped = still
         .annotations()
         .get(cli_mcp_api::names::annotation::LAST_ACTIVITY)
@@ -399,7 +396,7 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
                 ps.len() == 3
                     && ps
                         .iter()
-                        .all(|p| pod_is_ready(p) && !before_pods.contains(&p.name_any()))
+                        .all(|p| is_ready(p) && !before_pods.contains(&p.name_any()))
             },
         )
         .await;
@@ -597,7 +594,7 @@ async fn changing_the_sandbox_image_rolls_only_what_must_roll() {
         TIMEOUT,
         |ps: &[Pod]| {
             ps.iter()
-                .filter(|p| session_of(p).is_none() && !terminating(p) && pod_is_ready(p))
+                .filter(|p| session_of(p).is_none() && !is_deleting(p) && is_ready(p))
                 .count()
                 == 2
         },
@@ -643,8 +640,8 @@ async fn changing_the_sandbox_image_rolls_only_what_must_roll() {
             free.len() == 2
                 && free.iter().all(|p| {
                     image_of(p) == Some(NEW)
-                        && pod_is_ready(p)
-                        && !terminating(p)
+                        && is_ready(p)
+                        && !is_deleting(p)
                         && !pool_before.contains(&p.uid().unwrap_or_default())
                 })
         },
@@ -661,7 +658,7 @@ async fn changing_the_sandbox_image_rolls_only_what_must_roll() {
             ps.len() == 1
                 && ps
                     .iter()
-                    .all(|p| pod_is_ready(p) && !servers_before.contains(&p.name_any()))
+                    .all(|p| is_ready(p) && !servers_before.contains(&p.name_any()))
         },
     )
     .await

@@ -7,8 +7,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cli_mcp_api::pod_state::{is_ready, is_terminal, phase};
 use cli_mcp_e2e::testing::{
-    self, pod_ip, pod_is_ready, wait_for, wait_for_set, TestCluster, TIMEOUT,
+    self, pod_ip, wait_for, wait_for_set, wait_restarted, AfterRestart, TestCluster, TIMEOUT,
 };
 use cli_mcp_e2e::ServiceForward;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -109,9 +110,7 @@ async fn agent_deployment_is_ready_and_reachable_by_pod_ip_and_service_forward()
         "app=agent",
         "one Ready agent pod with an IP",
         TIMEOUT,
-        |pods: &[Pod]| {
-            pods.len() == 1 && pods.iter().all(|p| pod_is_ready(p) && pod_ip(p).is_some())
-        },
+        |pods: &[Pod]| pods.len() == 1 && pods.iter().all(|p| is_ready(p) && pod_ip(p).is_some()),
     )
     .await
     .expect("agent pod becomes Ready");
@@ -221,7 +220,7 @@ async fn deleting_a_deployment_garbage_collects_its_replicaset_and_pods() {
         "app=gc",
         "a running pod of the Deployment",
         TIMEOUT,
-        |p: &[Pod]| p.len() == 1 && p.iter().all(pod_is_ready),
+        |p: &[Pod]| p.len() == 1 && p.iter().all(is_ready),
     )
     .await
     .expect("pod runs");
@@ -328,11 +327,7 @@ echo done"#
         "caller",
         "pod caller to finish",
         TIMEOUT,
-        |p: Option<&Pod>| {
-            p.and_then(|p| p.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|ph| ph == "Succeeded" || ph == "Failed")
-        },
+        |p: Option<&Pod>| p.is_some_and(is_terminal),
     )
     .await
     .expect("pod finishes")
@@ -341,9 +336,8 @@ echo done"#
         .container_log(&ns.name, "caller", "main")
         .await
         .expect("container log");
-    let phase = done.status.as_ref().and_then(|s| s.phase.clone());
     assert_eq!(
-        phase.as_deref(),
+        phase(&done),
         Some("Succeeded"),
         "pod failed; its log:\n{log}"
     );
@@ -432,7 +426,7 @@ async fn deleted_pod_has_no_process_and_no_network_namespace_left() {
         "victim",
         "pod victim Ready",
         TIMEOUT,
-        |p: Option<&Pod>| p.is_some_and(pod_is_ready),
+        |p: Option<&Pod>| p.is_some_and(is_ready),
     )
     .await
     .expect("pod runs")
@@ -533,9 +527,8 @@ async fn unmapped_image_reports_err_image_pull_and_kubelet_stays_up() {
         message.contains("no-such-image"),
         "{reason} message should name the image, got {message:?}"
     );
-    let phase = p.status.as_ref().and_then(|s| s.phase.clone());
     assert_eq!(
-        phase.as_deref(),
+        phase(&p),
         Some("Pending"),
         "a pod that cannot pull stays Pending"
     );
@@ -567,31 +560,9 @@ async fn exiting_container_goes_to_crash_loop_backoff() {
         )
         .await
         .expect("create Pod");
-    let p = wait_for(
-        ns.api::<Pod>(),
-        "crasher",
-        "CrashLoopBackOff after a restart",
-        TIMEOUT,
-        |p: Option<&Pod>| {
-            let Some(cs) = p
-                .and_then(|p| p.status.as_ref())
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|cs| cs.first())
-            else {
-                return false;
-            };
-            let backoff = cs
-                .state
-                .as_ref()
-                .and_then(|s| s.waiting.as_ref())
-                .and_then(|w| w.reason.as_deref())
-                == Some("CrashLoopBackOff");
-            backoff && cs.restart_count >= 1
-        },
-    )
-    .await
-    .expect("container backs off")
-    .expect("pod exists");
+    let p = wait_restarted(ns.api::<Pod>(), "crasher", 1.., AfterRestart::BackingOff)
+        .await
+        .expect("container backs off");
     let cs = p
         .status
         .as_ref()
@@ -640,7 +611,7 @@ async fn measure_pod_create_to_ready() {
             &name,
             "pod Ready",
             TIMEOUT,
-            |p: Option<&Pod>| p.is_some_and(pod_is_ready),
+            |p: Option<&Pod>| p.is_some_and(is_ready),
         )
         .await
         .expect("pod Ready");

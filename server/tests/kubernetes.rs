@@ -19,11 +19,11 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
-use cli_mcp_api::pod_state::is_deleting;
+use cli_mcp_api::pod_state::{is_deleting, is_ready, phase};
 use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_e2e::testing::{
-    self, pod_is_ready, wait_for, wait_for_set, TestCluster, TestNamespace, TIMEOUT,
+    self, wait_for, wait_for_set, wait_restarted, AfterRestart, TestCluster, TestNamespace, TIMEOUT,
 };
 use support::{is_error, structured, text, Mcp, Server};
 
@@ -136,7 +136,7 @@ impl World {
             &self.instance().unassigned_selector(),
             "warm pods Ready",
             TIMEOUT,
-            |pods: &[Pod]| pods.len() == n && pods.iter().all(pod_is_ready),
+            |pods: &[Pod]| pods.len() == n && pods.iter().all(is_ready),
         )
         .await
         .expect("warm pods become Ready");
@@ -276,7 +276,7 @@ async fn warm_pods_of_another_key_are_left_alone() {
         &w.instance().unassigned_selector(),
         "the foreign warm pod Ready",
         TIMEOUT,
-        |pods: &[Pod]| pods.len() == 1 && pods.iter().all(pod_is_ready),
+        |pods: &[Pod]| pods.len() == 1 && pods.iter().all(is_ready),
     )
     .await
     .expect("warm pod Ready");
@@ -495,24 +495,9 @@ async fn a_restarted_agent_is_reported_as_a_reset() {
         .expect("kill");
     assert!(killed.success());
     // The kubelet restarts the container (restartPolicy Always); wait until it is Ready again.
-    wait_for(
-        w.ns.api::<Pod>(),
-        &pod.name_any(),
-        "agent container restarted and Ready",
-        TIMEOUT,
-        |p: Option<&Pod>| {
-            p.is_some_and(|p| {
-                pod_is_ready(p)
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .and_then(|cs| cs.first())
-                        .is_some_and(|c| c.restart_count >= 1 && c.ready)
-            })
-        },
-    )
-    .await
-    .expect("restart");
+    wait_restarted(w.ns.api::<Pod>(), &pod.name_any(), 1.., AfterRestart::Ready)
+        .await
+        .expect("restart");
     let r = mcp.bash("echo \"[${MARK:-}]\"").await;
     assert!(!is_error(&r), "{r}");
     assert_eq!(stdout(&r), "[]\n");
@@ -550,21 +535,11 @@ async fn a_call_while_the_agent_restarts_waits_for_it() {
     // The first crash is restarted at once; the second one only after the kubelet's
     // CrashLoopBackOff pause (10 s), which is the window this test calls in.
     kill_agent(&pod.name_any());
-    wait_for(
+    wait_restarted(
         w.ns.api::<Pod>(),
         &pod.name_any(),
-        "agent restarted once and Ready",
-        TIMEOUT,
-        |p: Option<&Pod>| {
-            p.is_some_and(|p| {
-                pod_is_ready(p)
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .and_then(|cs| cs.first())
-                        .is_some_and(|c| c.restart_count == 1 && c.ready)
-            })
-        },
+        1..=1,
+        AfterRestart::Ready,
     )
     .await
     .expect("first restart");
@@ -598,21 +573,11 @@ async fn a_crash_looping_agent_is_replaced_after_the_wait() {
     assert!(!is_error(&mcp.bash("export MARK=1").await));
     let pod = w.one_pod("crashloop-1").await;
     kill_agent(&pod.name_any());
-    wait_for(
+    wait_restarted(
         w.ns.api::<Pod>(),
         &pod.name_any(),
-        "agent restarted once and Ready",
-        TIMEOUT,
-        |p: Option<&Pod>| {
-            p.is_some_and(|p| {
-                pod_is_ready(p)
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .and_then(|cs| cs.first())
-                        .is_some_and(|c| c.restart_count == 1 && c.ready)
-            })
-        },
+        1..=1,
+        AfterRestart::Ready,
     )
     .await
     .expect("first restart");
@@ -673,11 +638,7 @@ async fn a_failed_session_pod_is_replaced() {
         &name,
         "pod Failed",
         TIMEOUT,
-        |p: Option<&Pod>| {
-            p.and_then(|p| p.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                == Some("Failed")
-        },
+        |p: Option<&Pod>| p.and_then(phase) == Some("Failed"),
     )
     .await
     .expect("the pod fails");
