@@ -63,12 +63,8 @@ fn ms(d: Duration) -> String {
 }
 
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS missing")
+    let (rss, _) = cli_mcp_e2e::child::rss_kib(pid).context("VmRSS missing")?;
+    Ok(rss)
 }
 
 fn mib(kib: u64) -> String {

@@ -442,26 +442,26 @@ mod cluster {
             |p: &[Pod]| p.len() == samples && p.iter().all(is_ready),
         )
         .await?;
-        let mut warm = Vec::new();
-        for i in 0..samples {
-            let t0 = Instant::now();
-            let v = call(&http, &url, &format!("warm-{i}"), "true").await?;
-            warm.push(t0.elapsed());
-            anyhow::ensure!(
-                v["result"]["structuredContent"]["new_sandbox"] == "warm",
-                "not a warm claim: {v}"
-            );
-        }
-        let mut cold = Vec::new();
-        for i in 0..samples {
-            let t0 = Instant::now();
-            let v = call(&http, &url, &format!("cold-{i}"), "true").await?;
-            cold.push(t0.elapsed());
-            anyhow::ensure!(
-                v["result"]["structuredContent"]["new_sandbox"] == "cold",
-                "not a cold create: {v}"
-            );
-        }
+        // `n` new sessions `<launch>-<i>` one after another, each timed up to its first
+        // `true` done, each started the way `launch` says.
+        let starts = |launch: &'static str, n: usize| {
+            let (http, url) = (&http, &url);
+            async move {
+                let mut samples = Vec::new();
+                for i in 0..n {
+                    let t0 = Instant::now();
+                    let v = call(http, url, &format!("{launch}-{i}"), "true").await?;
+                    samples.push(t0.elapsed());
+                    anyhow::ensure!(
+                        v["result"]["structuredContent"]["new_sandbox"] == launch,
+                        "not a {launch} start: {v}"
+                    );
+                }
+                anyhow::Ok(samples)
+            }
+        };
+        let warm = starts("warm", samples).await?;
+        let cold = starts("cold", samples).await?;
         server.stop().await;
         ns.delete().await?;
         Ok(vec![
