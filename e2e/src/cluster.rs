@@ -101,7 +101,7 @@ pub fn locate_control_plane(dir: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(dir) = dir.or_else(|| std::env::var_os(CONTROL_PLANE_BIN_ENV).map(PathBuf::from)) {
         return Ok(dir);
     }
-    let script = crate::workspace::workspace_root().join("hack/build-control-plane.sh");
+    let script = build_script();
     let out = std::process::Command::new("bash")
         .arg(&script)
         .stderr(std::process::Stdio::inherit())
@@ -110,6 +110,54 @@ pub fn locate_control_plane(dir: Option<PathBuf>) -> Result<PathBuf> {
             command: script.display().to_string(),
             detail: e.to_string(),
         })?;
+    bin_dir_from(&script, out)
+}
+
+/// [`locate_control_plane`] for a caller that may give up on it (`cli-mcp-cluster up` on
+/// SIGTERM): the script runs in a process group of its own, and dropping the future
+/// terminates that group, a control-plane build in progress (`go build`) included.
+pub async fn locate_control_plane_async(dir: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(dir) = dir.or_else(|| std::env::var_os(CONTROL_PLANE_BIN_ENV).map(PathBuf::from)) {
+        return Ok(dir);
+    }
+    let script = build_script();
+    let spawn_error = |e: std::io::Error| Error::Command {
+        command: script.display().to_string(),
+        detail: e.to_string(),
+    };
+    let child = tokio::process::Command::new("bash")
+        .arg(&script)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .map_err(spawn_error)?;
+    /// Terminates the script's process group unless it finished.
+    struct Group(Option<u32>);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            if let Some(pid) = self.0 {
+                // SIGTERM: the script's EXIT trap removes its unfinished build directory.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+    }
+    let mut group = Group(child.id());
+    let out = child.wait_with_output().await.map_err(spawn_error)?;
+    group.0 = None;
+    bin_dir_from(&script, out)
+}
+
+fn build_script() -> PathBuf {
+    crate::workspace::workspace_root().join("hack/build-control-plane.sh")
+}
+
+/// The bin dir from the script's result: its last non-empty stdout line.
+fn bin_dir_from(script: &Path, out: std::process::Output) -> Result<PathBuf> {
     if !out.status.success() {
         return Err(Error::Prerequisite(format!(
             "{} failed ({}); fix the build or point ${CONTROL_PLANE_BIN_ENV} at a bin dir",
@@ -237,6 +285,9 @@ fn sweep_stale_shm() {
     }
 }
 
+/// How long `up` waits for a previous cluster with the same run dir to finish tearing down.
+pub const RUN_DIR_WAIT: Duration = Duration::from_secs(90);
+
 async fn lock_run_dir(run_dir: &Path) -> Result<Flock<File>> {
     fs::create_dir_all(run_dir).map_err(|e| Error::io("creating", run_dir, e))?;
     let path = run_dir.join(".lock");
@@ -247,8 +298,9 @@ async fn lock_run_dir(run_dir: &Path) -> Result<Flock<File>> {
         .open(&path)
         .map_err(|e| Error::io("opening", &path, e))?;
     // A previous cluster with this run dir may still be tearing down (a test process that
-    // just exited): give it a little time before giving up.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // just exited, a `make run` stopped a moment ago): wait as long as a teardown can take
+    // (the kubelet 45 s, then 10 s for each control-plane component).
+    let deadline = Instant::now() + RUN_DIR_WAIT;
     let mut f = f;
     let mut warned = false;
     loop {
@@ -337,11 +389,6 @@ impl Cluster {
             fs::create_dir_all(d).map_err(|e| Error::io("creating", d, e))?;
         }
         sweep_stale_shm();
-        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let shm_dir = PathBuf::from(format!("/dev/shm/cli-mcp-e2e-{}-{seq}", std::process::id()));
-        let _ = fs::remove_dir_all(&shm_dir);
-        fs::create_dir_all(&shm_dir).map_err(|e| Error::io("creating", &shm_dir, e))?;
 
         let pod_net = PodNetwork::claim(config.pod_subnet)?;
         let host = pod_net.gateway();
@@ -368,6 +415,12 @@ impl Cluster {
             .map_err(|e| Error::Other(format!("serialising the image map: {e}")))?;
         fs::write(&image_map, images_json).map_err(|e| Error::io("writing", &image_map, e))?;
 
+        // etcd's data, on tmpfs; from here on the `Cluster` below owns it (and removes it).
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let shm_dir = PathBuf::from(format!("/dev/shm/cli-mcp-e2e-{}-{seq}", std::process::id()));
+        let _ = fs::remove_dir_all(&shm_dir);
+        fs::create_dir_all(&shm_dir).map_err(|e| Error::io("creating", &shm_dir, e))?;
         let info = ClusterInfo {
             run_dir: run_dir.clone(),
             kubeconfig: kubeconfig.clone(),

@@ -302,3 +302,25 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     let start = all.len().saturating_sub(lines);
     all[start..].join("\n")
 }
+
+/// The processes on this host, other than this one, with an argument that contains `needle`
+/// (pid and argv, from `/proc`): e.g. every process of a cluster, by its run dir.
+pub fn processes_with_arg(needle: &str) -> Vec<(i32, Vec<String>)> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let argv: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            (pid != me && argv.iter().any(|a| a.contains(needle))).then_some((pid, argv))
+        })
+        .collect()
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use cli_mcp_e2e::cluster::{
-    default_images, locate_control_plane, ClusterInfo, CONTROL_PLANE_BIN_ENV, INFO_FILE,
+    default_images, locate_control_plane_async, ClusterInfo, CONTROL_PLANE_BIN_ENV, INFO_FILE,
 };
 use cli_mcp_e2e::testing::{workspace_root, READY_PREFIX};
 use cli_mcp_e2e::{Cluster, ClusterConfig};
@@ -103,17 +103,17 @@ fn exe_dir() -> anyhow::Result<PathBuf> {
         .unwrap_or_else(|| PathBuf::from(".")))
 }
 
-fn control_plane_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if arg.is_none() {
+async fn control_plane_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if arg.is_none() && std::env::var_os(CONTROL_PLANE_BIN_ENV).is_none() {
         eprintln!(
             "cli-mcp-cluster: locating the control-plane binaries with hack/build-control-plane.sh \
              (a cold build takes many minutes)"
         );
     }
-    Ok(locate_control_plane(arg)?)
+    Ok(locate_control_plane_async(arg).await?)
 }
 
-fn config(args: &UpArgs) -> anyhow::Result<ClusterConfig> {
+async fn config(args: &UpArgs) -> anyhow::Result<ClusterConfig> {
     let dir = exe_dir()?;
     let run_dir = args
         .run_dir
@@ -124,7 +124,7 @@ fn config(args: &UpArgs) -> anyhow::Result<ClusterConfig> {
         .clone()
         .unwrap_or_else(|| dir.join("cli-mcp-kubelet"));
     let mut cfg = ClusterConfig::new(
-        control_plane_bin(args.control_plane_bin.clone())?,
+        control_plane_bin(args.control_plane_bin.clone()).await?,
         kubelet,
         run_dir,
     );
@@ -205,19 +205,35 @@ impl Signals {
     }
 }
 
+/// Everything before the cluster is ready (locating or building the control plane, waiting
+/// for the run dir, starting each component, the readiness waits) gives way to SIGINT, SIGTERM
+/// or SIGHUP: the startup is dropped, which stops whatever it had started (a control-plane
+/// build included) and releases the run dir. `None` when a signal stopped it.
 async fn bring_up(args: &UpArgs, signals: &mut Signals) -> anyhow::Result<Option<Cluster>> {
-    let cfg = config(args)?;
-    tokio::select! {
-        r = Cluster::up(cfg) => {
-            let cluster = r.context("bringing the local cluster up")?;
+    let mut startup = Box::pin(async {
+        let cfg = config(args).await?;
+        Cluster::up(cfg)
+            .await
+            .context("bringing the local cluster up")
+    });
+    let sig = tokio::select! {
+        r = &mut startup => {
+            let cluster = r?;
             report(&cluster);
-            Ok(Some(cluster))
+            return Ok(Some(cluster));
         }
-        sig = signals.recv() => {
-            eprintln!("cli-mcp-cluster: {sig} during startup; tearing down");
-            Ok(None)
-        }
-    }
+        sig = signals.recv() => sig,
+    };
+    eprintln!("cli-mcp-cluster: {sig} during startup; stopping what was started");
+    let started = Instant::now();
+    // Dropping the startup future tears down the partial cluster (`Cluster`'s drop), bounded
+    // by each component's grace period.
+    drop(startup);
+    eprintln!(
+        "cli-mcp-cluster: stopped in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(None)
 }
 
 async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
