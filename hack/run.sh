@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # `make run`: the whole product on the local Kubernetes, in the foreground until Ctrl-C.
 #
-#   1. builds what is missing (control plane from the Go module proxy, cached; our binaries);
-#   2. brings up the local Kubernetes (real control plane + process kubelet);
-#   3. installs the operator from config/default, as an admin would;
-#   4. creates namespace cli-mcp-demo with a read-only investigation kubeconfig Secret and the
+#   1. installs and sets what the host lacks (hack/prereqs.sh: apt packages, IPv4 forwarding,
+#      the unreachable routes for the pod and Service ranges), prints a line per step it takes;
+#   2. builds what is missing (control plane from the Go module proxy, cached; our binaries);
+#   3. brings up the local Kubernetes (real control plane + process kubelet);
+#   4. installs the operator from config/default, as an admin would;
+#   5. creates namespace cli-mcp-demo with a read-only investigation kubeconfig Secret and the
 #      sample CliMcpInstance `demo`, and waits for it to be Ready;
-#   5. creates a client identity allowed to use the instance, forwards a loopback port to the
+#   6. creates a client identity allowed to use the instance, forwards a loopback port to the
 #      MCP Service and prints a ready-to-paste MCP client configuration and a curl one-liner.
 #
 # Everything it writes stays under .run/ (gitignored). Needs root (network namespaces).
+# Logs: .run/quickstart/cluster.log (and forward.log), each new for every run; the previous
+# run's is kept as cluster.log.prev. A run started while the previous one is still tearing
+# down waits for it (the cluster's run-dir lock).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# shellcheck source=hack/lib/start.sh
+source "$root/hack/lib/start.sh"
 run="$root/.run/quickstart"
 ns=cli-mcp-demo
 name=demo
@@ -23,33 +30,39 @@ mkdir -p "$run"
 say() { printf '\n==> %s\n' "$*"; }
 die() { printf '\nmake run: %s\n' "$*" >&2; exit 1; }
 
+hack/prereqs.sh
+
 say "building (the control plane is built once, ~8 min, then cached)"
 make --no-print-directory control-plane
+control_plane_bin="$(hack/build-control-plane.sh | tail -n1)"
 cargo build --workspace --bins
 target="${CARGO_TARGET_DIR:-$root/target}"
 cluster_bin="$target/debug/cli-mcp-cluster"
 
 pids=()
 cleanup() {
-    trap - EXIT INT TERM
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    # Once stopping, stop for good: a second Ctrl-C must not leave the cluster tearing down on
+    # its own (its teardown is bounded: the kubelet 45 s at most, then 10 s per component).
+    trap '' INT TERM
+    trap - EXIT
+    if ((${#pids[@]})); then
+        echo "make run: stopping the cluster (pid ${pids[0]}) ..."
+        for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+        wait 2>/dev/null || true
+    fi
     echo "make run: stopped; the cluster is gone."
 }
 trap cleanup EXIT
 # Stopping is what the user asked for: exit 0, so `make` does not report an error for it.
 trap 'cleanup; exit 0' INT TERM
 
-say "starting the local Kubernetes"
-"$cluster_bin" up >"$run/cluster.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 300); do
-    grep -q '^CLI_MCP_READY ' "$run/cluster.log" && break
-    kill -0 "${pids[0]}" 2>/dev/null || { tail -20 "$run/cluster.log" >&2; die "the cluster did not start (log: $run/cluster.log)"; }
-    sleep 0.5
-done
-grep -q '^CLI_MCP_READY ' "$run/cluster.log" || die "the cluster was not ready within 150 s (log: $run/cluster.log)"
-export KUBECONFIG="$root/.run/cluster/kubeconfig"
+say "starting the local Kubernetes (log: $run/cluster.log)"
+start_logged "$run/cluster.log" "$cluster_bin" up --control-plane-bin "$control_plane_bin"
+pids+=("$start_pid")
+wait_cluster_ready "$run/cluster.log" "$start_pid" 300 ||
+    die "the local Kubernetes did not start (log: $run/cluster.log)"
+KUBECONFIG="$(jq -r .kubeconfig "$cluster_json")"
+export KUBECONFIG
 kubectl get nodes
 
 say "installing the operator (kustomize: config/default)"
@@ -110,15 +123,13 @@ YAML
 kubectl -n "$ns" get configmap "$svc-ca" -o jsonpath='{.data.ca\.crt}' >"$run/ca.crt"
 
 say "forwarding a loopback port to svc/$svc:8443"
-"$cluster_bin" forward --kubeconfig "$KUBECONFIG" -n "$ns" "$svc" --port 8443 >"$run/forward.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 60); do
-    grep -q '^CLI_MCP_FORWARD ' "$run/forward.log" && break
-    kill -0 "${pids[1]}" 2>/dev/null || { cat "$run/forward.log" >&2; die "the port-forward failed"; }
-    sleep 0.5
-done
-local_addr="$(sed -n 's/^CLI_MCP_FORWARD //p' "$run/forward.log")"
-[[ -n "$local_addr" ]] || die "the port-forward did not start (log: $run/forward.log)"
+start_logged "$run/forward.log" "$cluster_bin" forward --kubeconfig "$KUBECONFIG" -n "$ns" "$svc" --port 8443
+pids+=("$start_pid")
+wait_line "$run/forward.log" "$start_pid" 'CLI_MCP_FORWARD ' 30 || {
+    cat "$run/forward.log" >&2
+    die "the port-forward did not start (log: $run/forward.log)"
+}
+local_addr=$waited_line
 port="${local_addr##*:}"
 host="$svc.$ns.svc"
 url="https://$host:$port/mcp"
