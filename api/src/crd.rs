@@ -445,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_match_the_spec() {
+    fn defaults_match_the_documented_ones() {
         let o = cr(serde_json::json!({}));
         assert_eq!(o.spec.replicas, 1);
         assert_eq!(o.spec.sandbox.idle_timeout, "30m");

@@ -245,7 +245,7 @@ mod tests {
     }
 
     #[test]
-    fn names_follow_the_spec() {
+    fn names_follow_the_contract() {
         let n = InstanceName::parse("demo").expect("valid");
         let sid = SessionId::parse("abc").expect("valid");
         assert_eq!(n.server(), "cli-mcp-demo");

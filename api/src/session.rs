@@ -107,8 +107,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Reference implementation of the SPEC regex, written differently on purpose.
-    fn matches_spec_regex(s: &str) -> bool {
+    /// Reference implementation of the documented pattern (docs/contract.md), written
+    /// differently on purpose.
+    fn matches_the_documented_pattern(s: &str) -> bool {
         let b = s.as_bytes();
         let ok = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
         match b.len() {
@@ -166,7 +167,7 @@ mod tests {
     proptest! {
         #[test]
         fn parse_agrees_with_regex(s in "[a-z0-9A-Z._-]{0,70}") {
-            prop_assert_eq!(SessionId::parse(&s).is_ok(), matches_spec_regex(&s));
+            prop_assert_eq!(SessionId::parse(&s).is_ok(), matches_the_documented_pattern(&s));
         }
 
         #[test]
