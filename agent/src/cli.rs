@@ -45,9 +45,21 @@ pub struct Flags {
     /// Largest request body accepted.
     #[arg(long, env = "CLI_MCP_AGENT_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
-    /// Connections held at once; more wait until one closes (bounds memory under a flood).
+    /// Connections held at once (bounds memory under a flood). A new connection beyond it
+    /// closes the oldest one that has no request in flight.
     #[arg(long, env = "CLI_MCP_AGENT_MAX_CONNECTIONS", default_value_t = 32)]
     pub max_connections: usize,
+    /// How long a connection may take to send a request head, counted from its accept or
+    /// from the end of its previous response; then it is closed.
+    #[arg(
+        long,
+        env = "CLI_MCP_AGENT_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub header_read_timeout_ms: u64,
+    /// `/exec` callers that may wait for a busy shell at once; more get 409 `busy` at once.
+    #[arg(long, env = "CLI_MCP_AGENT_MAX_WAITING", default_value_t = 4)]
+    pub max_waiting: usize,
     /// After a timeout, how long the command gets between SIGTERM and SIGKILL, and how long
     /// the shell then gets to report back before it is considered wedged and restarted.
     #[arg(long, env = "CLI_MCP_AGENT_KILL_GRACE_MS", default_value_t = 1000)]

@@ -1,10 +1,12 @@
 //! The agent's HTTP API: `POST /exec`, `POST /assign`, `GET /healthz`.
 //!
 //! Every error is JSON `{error, code}`. One command runs at a time: a second caller waits
-//! within its own timeout for the shell, then gets 409 `busy`. A command runs in its own
-//! task so that a caller going away interrupts it cleanly instead of abandoning it midway.
+//! within its own timeout for the shell, then gets 409 `busy`; only a few callers may wait
+//! at once, the others get 409 `busy` at once (each waiter holds a connection). A command
+//! runs in its own task so that a caller going away interrupts it cleanly instead of
+//! abandoning it midway. `/healthz` touches neither the shell nor its queue.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +33,8 @@ pub struct Limits {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_body_bytes: usize,
+    /// Callers that may wait for a busy shell at once.
+    pub max_waiting: usize,
 }
 
 /// How long a caller may take to send its body once its headers are accepted.
@@ -42,6 +46,8 @@ pub struct AgentState {
     limits: Limits,
     shutting_down: AtomicBool,
     abort_tx: watch::Sender<bool>,
+    /// Callers waiting for the shell right now.
+    waiting: AtomicUsize,
 }
 
 impl AgentState {
@@ -53,6 +59,7 @@ impl AgentState {
             limits,
             shutting_down: AtomicBool::new(false),
             abort_tx,
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -261,14 +268,7 @@ async fn exec(
         ));
     }
 
-    // Wait for the shell within this call's own timeout.
-    let Ok(runner) = tokio::time::timeout(timeout, state.runner.clone().lock_owned()).await else {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::Busy,
-            "another command is still running in this session; retry when it has finished",
-        ));
-    };
+    let runner = wait_for_shell(&state, timeout).await?;
     // A caller that waited for the lock may have waited through SIGTERM.
     state.refuse_if_shutting_down()?;
     let job = Job {
@@ -317,6 +317,48 @@ async fn exec(
             ErrorCode::Internal,
             format!("the command task failed: {e}"),
         )),
+    }
+}
+
+/// The shell, once this caller's turn comes: within the call's own timeout, and only if few
+/// enough callers wait already (each holds a connection and a task while it waits).
+async fn wait_for_shell(
+    state: &Arc<AgentState>,
+    timeout: Duration,
+) -> Result<OwnedMutexGuard<Runner>, ApiError> {
+    if let Ok(runner) = state.runner.clone().try_lock_owned() {
+        return Ok(runner);
+    }
+    let max = state.limits.max_waiting;
+    let waiting = state.waiting.fetch_add(1, Ordering::SeqCst);
+    let _turn = Waiting(&state.waiting);
+    if waiting >= max {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::Busy,
+            format!(
+                "another command is still running in this session and {waiting} other callers \
+                 are already waiting for the shell (at most {max}); retry when it has finished"
+            ),
+        ));
+    }
+    match tokio::time::timeout(timeout, state.runner.clone().lock_owned()).await {
+        Ok(runner) => Ok(runner),
+        Err(_) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::Busy,
+            "another command is still running in this session; waited for the shell for this \
+             call's whole timeout. Retry when it has finished",
+        )),
+    }
+}
+
+/// One caller counted in `AgentState::waiting` until dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

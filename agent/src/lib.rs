@@ -9,7 +9,8 @@
 //! - [`replay`] remembers the last requests, on disk too; [`runner`] consults it so that a
 //!   retry is never run twice.
 //! - `state_files` opens files in the state dir, which commands can tamper with.
-//! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`listener`] caps connections.
+//! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`serve`] accepts and bounds
+//!   connections.
 //! - [`cli`] holds the flags; [`run`] starts, serves and shuts down the agent.
 
 // `unsafe` only where audited: the child's set-up before exec (`shell::bash::prepare_child`)
@@ -19,13 +20,13 @@
 pub mod assignment;
 pub mod cli;
 pub mod http;
-pub mod listener;
 pub mod output;
 pub mod procs;
 pub mod reaper;
 pub mod replay;
 pub mod run;
 pub mod runner;
+pub mod serve;
 pub mod shell;
 mod state_files;
 

@@ -13,9 +13,9 @@ use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
 use crate::assignment::Assignment;
 use crate::cli::Flags;
 use crate::http::{router, AgentState, Limits};
-use crate::listener::LimitedListener;
 use crate::procs;
 use crate::reaper::Reaper;
+use crate::serve::{serve, ServeOptions};
 use crate::shell::{Shell, ShellOptions};
 
 /// Serves until SIGTERM/SIGINT, then drains and kills everything the shell started.
@@ -34,16 +34,21 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
     tracing::info!(listen = %bound, "cli-mcp-agent ready");
     let drain = Duration::from_millis(flags.drain_timeout_ms);
     let (stopping_tx, mut stopping) = watch::channel(false);
-    let server = axum::serve(
-        LimitedListener::new(listener, flags.max_connections),
+    let server = serve(
+        listener,
         router(state.clone()),
-    )
-    .with_graceful_shutdown(shutdown_signal(signals, state.clone(), drain, stopping_tx));
-    // Graceful shutdown waits for open connections; a peer that never finishes its request
-    // must not keep us past the pod's grace period, so the wait itself is bounded.
+        ServeOptions {
+            max_connections: flags.max_connections,
+            header_read_timeout: Duration::from_millis(flags.header_read_timeout_ms),
+        },
+        stopping.clone(),
+    );
+    tokio::spawn(shutdown_signal(signals, state.clone(), drain, stopping_tx));
+    // Stopping waits for requests in flight; a peer that never finishes its request must
+    // not keep us past the pod's grace period, so the wait itself is bounded.
     let hard_deadline = drain + 3 * flags.kill_grace() + Duration::from_secs(2);
     tokio::select! {
-        served = server => served.context("HTTP server failed")?,
+        _ = server => {}
         _ = async {
             let _ = stopping.wait_for(|s| *s).await;
             tokio::time::sleep(hard_deadline).await;
@@ -81,6 +86,7 @@ fn start(flags: &Flags) -> anyhow::Result<Arc<AgentState>> {
             default_timeout: Duration::from_millis(flags.default_timeout_ms),
             max_timeout: Duration::from_millis(flags.max_timeout_ms),
             max_body_bytes: flags.max_body_bytes,
+            max_waiting: flags.max_waiting,
         },
     ))
 }

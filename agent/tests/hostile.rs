@@ -1,0 +1,193 @@
+//! The agent under hostile load: peers that hold connections open, callers that pile up
+//! behind a running command. Each failure message carries the resource figures (connections
+//! held, callers waiting) that explain it.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{session_token, sockets, Agent};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How long a probe may take before the test calls the agent stuck. A liveness bound, not a
+/// performance figure: a healthy agent answers in well under a millisecond.
+const STUCK: Duration = Duration::from_secs(10);
+
+/// `GET /healthz` on a client of its own, so no pooled connection of the test helps it.
+async fn probe(a: &Agent) -> Result<u16, String> {
+    let http = reqwest::Client::builder()
+        .timeout(STUCK)
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| e.to_string())?;
+    match http.get(a.url("/healthz")).send().await {
+        Ok(r) => Ok(r.status().as_u16()),
+        Err(e) => Err(format!("{e:?}")),
+    }
+}
+
+/// Runs `command` on a fresh connection; the status code and the JSON body.
+async fn exec_on_own_connection(
+    url: String,
+    command: String,
+    timeout_ms: u64,
+) -> Result<(u16, Value), String> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(timeout_ms) + STUCK)
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let res = http
+        .post(url)
+        .bearer_auth(session_token().expose())
+        .json(&json!({"command": command, "timeout_ms": timeout_ms}))
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let status = res.status().as_u16();
+    let body = res.json::<Value>().await.map_err(|e| format!("{e:?}"))?;
+    Ok((status, body))
+}
+
+fn fifo(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    nix::unistd::mkfifo(&p, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    p
+}
+
+#[tokio::test]
+async fn idle_connections_cannot_hold_off_healthz_or_exec() {
+    let a = Agent::start();
+    // More than --max-connections (32), none of which ever sends a byte; no token needed.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(TcpStream::connect(a.addr).await.expect("connect"));
+    }
+    let health = probe(&a).await;
+    assert_eq!(
+        health,
+        Ok(200),
+        "GET /healthz with {} idle connections open (the agent holds {} sockets)",
+        idle.len(),
+        sockets(a.pid())
+    );
+    let exec = exec_on_own_connection(a.url("/exec"), "echo through".into(), 5000).await;
+    assert!(
+        matches!(&exec, Ok((200, v)) if v["stdout"] == "through\n"),
+        "POST /exec with {} idle connections open (the agent holds {} sockets): {exec:?}",
+        idle.len(),
+        sockets(a.pid())
+    );
+    drop(idle);
+}
+
+#[tokio::test]
+async fn an_idle_or_half_sent_connection_is_closed_by_the_agent() {
+    let a = Agent::start();
+    let mut silent = TcpStream::connect(a.addr).await.expect("connect");
+    let mut slow = TcpStream::connect(a.addr).await.expect("connect");
+    // A request head that never ends (slowloris).
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    // The default header-read timeout is 10 s; a connection still open well after it is
+    // held for good.
+    let within = Duration::from_secs(40);
+    for (name, s) in [("silent", &mut silent), ("half-sent", &mut slow)] {
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(within, s.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the {name} connection was still open after {within:?} ({read:?}; the agent holds {} \
+             sockets)",
+            sockets(a.pid())
+        );
+    }
+}
+
+#[tokio::test]
+async fn healthz_answers_while_forty_callers_queue_behind_a_running_command() {
+    let a = Agent::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = fifo(dir.path(), "started");
+    let release = fifo(dir.path(), "release");
+    let running = tokio::spawn(exec_on_own_connection(
+        a.url("/exec"),
+        format!(
+            "echo go > {}; read x < {}; echo released",
+            started.display(),
+            release.display()
+        ),
+        120_000,
+    ));
+    let s = started.clone();
+    tokio::task::spawn_blocking(move || std::fs::read_to_string(s).expect("read fifo"))
+        .await
+        .expect("join");
+
+    let callers: Vec<_> = (0..40)
+        .map(|i| {
+            tokio::spawn(exec_on_own_connection(
+                a.url("/exec"),
+                format!("echo queued-{i}"),
+                120_000,
+            ))
+        })
+        .collect();
+    // Every caller has at least connected once the agent holds that many sockets, or the
+    // agent stopped accepting (the failure this test is about): probe either way.
+    support::eventually(Duration::from_secs(5), || {
+        sockets(a.pid()) > 40 || callers.iter().filter(|c| c.is_finished()).count() >= 30
+    })
+    .await;
+    let health = probe(&a).await;
+    let answered = callers.iter().filter(|c| c.is_finished()).count();
+    assert_eq!(
+        health,
+        Ok(200),
+        "GET /healthz with one command running and 40 callers sent ({answered} answered so far; \
+         the agent holds {} sockets)",
+        sockets(a.pid())
+    );
+
+    // Callers beyond the queue are refused at once, while the first command still runs.
+    let refused_in_time = support::eventually(STUCK, || {
+        callers.iter().filter(|c| c.is_finished()).count() >= 40 - 8
+    })
+    .await;
+    let answered = callers.iter().filter(|c| c.is_finished()).count();
+    assert!(
+        refused_in_time,
+        "only {answered} of 40 callers were answered while a command ran (the agent holds {} \
+         sockets)",
+        sockets(a.pid())
+    );
+    std::fs::write(&release, "go\n").expect("release the command");
+    let first = running.await.expect("join");
+    assert!(
+        matches!(&first, Ok((200, v)) if v["stdout"] == "released\n"),
+        "{first:?}"
+    );
+    let mut busy = 0;
+    let mut ran = 0;
+    for c in callers {
+        match c.await.expect("join") {
+            Ok((409, v)) => {
+                assert_eq!(v["code"], "busy", "{v}");
+                assert!(
+                    v["error"].as_str().unwrap_or_default().contains("waiting"),
+                    "{v}"
+                );
+                busy += 1;
+            }
+            Ok((200, _)) => ran += 1,
+            other => panic!("a queued caller got {other:?}"),
+        }
+    }
+    assert!(
+        (1..=8).contains(&ran) && busy + ran == 40,
+        "{ran} queued callers ran and {busy} were refused busy"
+    );
+}
