@@ -481,6 +481,15 @@ mod tests {
         assert_eq!(owner.controller, Some(true));
         assert_eq!(owner.kind, "CliMcpInstance");
 
+        assert_eq!(cfg.output_budget, None, "the agent's default budget");
+        let big = cr(serde_json::json!({"sandbox": {"outputBudgetBytes": 1048576}}));
+        let big = big.sandbox_config(Some("default:1")).expect("config");
+        assert_eq!(
+            big.output_budget,
+            Some(1 << 20),
+            "the agent is told the budget"
+        );
+
         let d = cr(serde_json::json!({}));
         assert_eq!(
             d.sandbox_config(Some("default:1")).expect("config").image,

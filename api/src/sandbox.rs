@@ -86,6 +86,11 @@ pub struct SandboxConfig {
     /// The owning `CliMcpInstance`, so Kubernetes GC removes sandboxes with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<OwnerReference>,
+    /// Bytes of each stream the agent keeps per command (`--output-budget`), when not the
+    /// agent's default: the server cuts to its own budget again, but can only return what
+    /// the agent kept. Absent for the default, so existing configs keep their hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_budget: Option<usize>,
 }
 
 impl SandboxConfig {
@@ -118,6 +123,7 @@ impl SandboxConfig {
             tmp_size_limit: q("256Mi"),
             termination_grace_period_seconds: 30,
             owner: None,
+            output_budget: None,
         }
     }
 
@@ -129,6 +135,15 @@ impl SandboxConfig {
         let bytes = serde_json::to_vec(self).unwrap_or_default();
         hex::encode(Sha256::digest(&bytes))[..16].to_owned()
     }
+}
+
+/// The agent's command line in a sandbox pod.
+fn agent_args(cfg: &SandboxConfig) -> Vec<String> {
+    let mut args = vec!["--listen".into(), format!("0.0.0.0:{AGENT_PORT}")];
+    if let Some(budget) = cfg.output_budget {
+        args.extend(["--output-budget".into(), budget.to_string()]);
+    }
+    args
 }
 
 /// What a sandbox pod is for.
@@ -254,7 +269,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
         name: CONTAINER_NAME.into(),
         image: Some(cfg.image.clone()),
         image_pull_policy: cfg.image_pull_policy.clone(),
-        args: Some(vec!["--listen".into(), format!("0.0.0.0:{AGENT_PORT}")]),
+        args: Some(agent_args(cfg)),
         ports: Some(vec![ContainerPort {
             name: Some("agent".into()),
             container_port: i32::from(AGENT_PORT),
@@ -615,6 +630,37 @@ mod tests {
             );
         }
         assert!(names.iter().any(|n| n == "KEEP"));
+    }
+
+    #[test]
+    fn the_agent_keeps_the_instances_output_budget() {
+        let args = |c: &SandboxConfig| {
+            let suffix = PoolSuffix::from_random_bytes([1; 10]);
+            let assign = key()
+                .assign_token(&c.instance.pool_pod(&suffix))
+                .commitment();
+            let pod = build_sandbox_pod(c, &SandboxRole::Pool { suffix, assign }, "t");
+            pod.spec
+                .and_then(|s| s.containers.into_iter().next())
+                .and_then(|c| c.args)
+        };
+        let default = cfg();
+        assert_eq!(
+            args(&default).expect("args"),
+            ["--listen", "0.0.0.0:8090"],
+            "the default budget adds nothing"
+        );
+        let mut big = cfg();
+        big.output_budget = Some(1 << 20);
+        assert_eq!(
+            args(&big).expect("args"),
+            ["--listen", "0.0.0.0:8090", "--output-budget", "1048576"]
+        );
+        assert_ne!(
+            default.hash(),
+            big.hash(),
+            "warm pods of the old budget are replaced"
+        );
     }
 
     #[test]

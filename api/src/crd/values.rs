@@ -154,6 +154,9 @@ impl CliMcpInstance {
             .collect();
         cfg.kubeconfig_secret = Some(self.kubeconfig_secret()?);
         cfg.owner = Some(owner);
+        cfg.output_budget = usize::try_from(sb.output_budget_bytes)
+            .ok()
+            .filter(|b| *b != crate::wire::DEFAULT_OUTPUT_BUDGET);
         Ok(cfg)
     }
 }
