@@ -12,7 +12,8 @@
 #   apt packages  containernetworking-plugins  CNI ptp, host-local, loopback in /usr/lib/cni
 #                                              (the process kubelet's pod network)
 #                 iproute2                     ip (addresses on lo, routes, network namespaces)
-#                 procps, util-linux           kill, pkill, nsenter, flock (tests, kubelet)
+#                 procps, util-linux           kill, pkill, nsenter, flock, setpriv (tests, kubelet,
+#                                              make run)
 #                 curl, jq                     used by make run, the tests and sandbox shells
 #                 ca-certificates              TLS to the Go module proxy
 #                 gcc, libc6-dev               the C compiler and linker cargo needs
@@ -69,7 +70,8 @@ missing_packages() {
     done
     command -v ip >/dev/null || pkgs+=(iproute2)
     { command -v pkill >/dev/null && command -v kill >/dev/null; } || pkgs+=(procps)
-    { command -v nsenter >/dev/null && command -v flock >/dev/null; } || pkgs+=(util-linux)
+    { command -v nsenter >/dev/null && command -v flock >/dev/null && command -v setpriv >/dev/null; } ||
+        pkgs+=(util-linux)
     command -v curl >/dev/null || pkgs+=(curl)
     command -v jq >/dev/null || pkgs+=(jq)
     [[ -s /etc/ssl/certs/ca-certificates.crt ]] || pkgs+=(ca-certificates)
@@ -97,7 +99,7 @@ if ((${#pkgs[@]})) && step "installing ${pkgs[*]} (apt-get)"; then
     missing_packages
     ((${#pkgs[@]} == 0)) ||
         die "apt-get installed ${installed[*]}, but files of ${pkgs[*]} are still missing \
-(/usr/lib/cni/{ptp,host-local,loopback}, ip, pkill, nsenter, flock, curl, jq, cc); check the packages (dpkg -L)"
+(/usr/lib/cni/{ptp,host-local,loopback}, ip, pkill, nsenter, flock, setpriv, curl, jq, cc); check the packages (dpkg -L)"
 fi
 
 # --- kernel and routes --------------------------------------------------------------------------

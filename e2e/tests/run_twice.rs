@@ -7,13 +7,14 @@
 //!   stops on SIGTERM, starts to ready again and stops through `cli-mcp-cluster down`.
 //! - `run_sh_readiness_ignores_a_stale_log`: hack/run.sh's readiness wait (hack/lib/start.sh)
 //!   with the previous run's `CLI_MCP_READY` line and `cluster.json` still in place returns
-//!   only once the cluster it started is ready.
+//!   only once the cluster it started is ready; killed outright, it leaves no cluster behind.
 //!
 //! "Nothing left" is: no process with an argument naming the run dir or the run's etcd tmpfs
 //! dir, no tmpfs dir and no pod-network claim of the owner, and the run-dir lock free.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -489,9 +490,34 @@ wait "$start_pid"
         "the previous run's log is kept as cluster.log.prev"
     );
 
-    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM to the cluster");
-    let (status, took) = sh.exited(STOP_WITHIN, &script_log).await;
-    eprintln!("stopped: the script exited {status} after {took:?}");
-    assert!(status.success(), "{status}; {}", tail(&script_log));
+    // The script killed outright (run.sh gone without its cleanup): the cluster it started
+    // gets its parent-death signal and stops by itself.
+    sh.signal(Signal::SIGKILL);
+    let (status, _) = sh.exited(STOP_WITHIN, &script_log).await;
+    assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
+    let killed = Instant::now();
+    until("the orphaned cluster to stop", STOP_WITHIN, || {
+        !running(pid)
+    })
+    .await;
+    eprintln!(
+        "the cluster stopped {:?} after its script was killed",
+        killed.elapsed()
+    );
+    assert!(
+        log_mentions(&log, "SIGTERM; tearing down"),
+        "{}",
+        tail(&log)
+    );
     assert_nothing_left(&run_dir, pid).await;
+}
+
+/// Whether `pid` runs: it exists and is not a zombie (an orphan is reaped by init, which may
+/// take its time).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }

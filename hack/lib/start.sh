@@ -9,12 +9,18 @@
 # start_logged LOG CMD [ARGS...]: run CMD in the background with stdout and stderr in LOG and
 # set start_pid. The previous run's LOG is kept as LOG.prev (renamed) and LOG starts empty
 # here, in this shell, before CMD exists: a wait on LOG only ever sees CMD's own lines.
+# CMD gets SIGTERM should this shell die without stopping it (killed outright): setpriv's
+# parent-death signal, kept across its exec of CMD, so start_pid is CMD's pid.
 start_logged() {
     local log=$1
     shift
     if [[ -e $log ]]; then mv -f "$log" "$log.prev"; fi
     : >"$log"
-    "$@" >>"$log" 2>&1 &
+    if command -v setpriv >/dev/null; then
+        setpriv --pdeathsig TERM -- "$@" >>"$log" 2>&1 &
+    else
+        "$@" >>"$log" 2>&1 &
+    fi
     start_pid=$!
 }
 

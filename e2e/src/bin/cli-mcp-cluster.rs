@@ -325,9 +325,10 @@ fn down(run_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let pid = nix::unistd::Pid::from_raw(info.pid as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
         .with_context(|| format!("signalling cluster owner pid {}", info.pid))?;
-    // The owner is not our child, so there is nothing to wait(2) on: watch /proc.
+    // The owner is not our child, so there is nothing to wait(2) on: watch /proc. An owner
+    // whose parent died is reaped by init, which may take its time: a zombie has exited.
     let deadline = Instant::now() + Duration::from_secs(90);
-    while Path::new(&format!("/proc/{}", info.pid)).exists() {
+    while running(info.pid) {
         if Instant::now() > deadline {
             bail!("cluster owner pid {} did not exit within 90 s", info.pid);
         }
@@ -335,6 +336,16 @@ fn down(run_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     }
     eprintln!("cli-mcp-cluster: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `pid` runs: it exists and is not a zombie.
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) state ...`; comm may contain anything, so read after its last ')'.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 async fn forward(
