@@ -36,6 +36,14 @@ pub struct Flags {
     /// Bytes of each stream (stdout, stderr) kept in a response, as head + tail.
     #[arg(long, env = "CLI_MCP_AGENT_OUTPUT_BUDGET", default_value_t = DEFAULT_OUTPUT_BUDGET)]
     pub output_budget: usize,
+    /// Bytes one spill file (the full stream of a truncated command) keeps at most: the start
+    /// of the stream. The response says how much was not kept.
+    #[arg(long, env = "CLI_MCP_AGENT_SPILL_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub spill_max_bytes: u64,
+    /// Bytes all spill files keep together at most (at most 16 files); the oldest are
+    /// removed first.
+    #[arg(long, env = "CLI_MCP_AGENT_SPILL_TOTAL_BYTES", default_value_t = 128 * 1024 * 1024)]
+    pub spill_total_bytes: u64,
     /// Timeout of a command whose request does not set one.
     #[arg(long, env = "CLI_MCP_AGENT_DEFAULT_TIMEOUT_MS", default_value_t = DEFAULT_TIMEOUT_MS)]
     pub default_timeout_ms: u64,

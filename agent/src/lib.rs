@@ -2,7 +2,8 @@
 //!
 //! - [`shell`] keeps the bash alive and runs one command at a time in it, with framing that
 //!   command output cannot forge (status travels on a private pipe, output through files).
-//! - [`output`] turns a command's output files into bounded head+tail text.
+//! - [`output`] turns a command's output streams into bounded head+tail text, and
+//!   [`spill`] keeps what is cut in spill files within caps.
 //! - [`procs`] and [`reaper`] find, kill and reap the processes a command leaves behind.
 //! - [`assignment`] holds who may run commands (token commitments) and recovers it after a
 //!   container restart.
@@ -28,6 +29,7 @@ pub mod run;
 pub mod runner;
 pub mod serve;
 pub mod shell;
+pub mod spill;
 mod state_files;
 
 #[cfg(test)]

@@ -1,15 +1,15 @@
 //! Bounded capture of one output stream.
 //!
-//! bash writes a command's stdout and stderr straight to files, so the agent never holds
-//! more than the budget in memory however much is printed: it reads the head and the tail
-//! and, when something was cut, keeps the whole file as a "spill" the caller can `grep`.
+//! Command output reaches the agent through a pipe (see `shell::streams`) and goes through
+//! a [`StreamCapture`]: the agent holds at most the budget plus the tail in memory however
+//! much is printed, and once a stream is over the budget it is also written to a spill file
+//! (the start of the stream, within the caps of [`crate::spill`]) that the caller can
+//! `grep`. What is dropped is said in the truncation marker.
 
-use std::fs::{self, File};
-use std::io::{self, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::collections::VecDeque;
+use std::path::PathBuf;
 
-/// Spill files kept per agent; older ones are removed so disk use stays bounded.
-pub const SPILLS_KEPT: usize = 16;
+use crate::spill::{Cut, SpillFile, Spills};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {
@@ -18,102 +18,131 @@ pub struct Captured {
     /// Size of the full stream.
     pub total: u64,
     pub truncated: bool,
-    /// Where the full stream was kept, when truncated.
+    /// The spill file holding the start of the stream, when truncated and kept.
     pub spill: Option<PathBuf>,
-    /// The command replaced its output file with something that is not a regular file.
-    pub replaced: bool,
 }
 
-/// Reads `path` within `budget` bytes. A truncated stream is moved to `spill_path`; an
-/// untruncated one is deleted. A missing file is an empty stream.
-///
-/// The directory is writable by the sandbox user, so the file is treated as hostile: links
-/// are not followed, only a regular file is read (a FIFO or device reads as an empty stream
-/// with `Captured::replaced` set), and never more than its size at open time.
-pub fn capture(path: &Path, budget: usize, spill_path: &Path) -> io::Result<Captured> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let empty = |replaced| Captured {
-        bytes: Vec::new(),
-        total: 0,
-        truncated: false,
-        spill: None,
-        replaced,
-    };
-    let mut file = match File::options()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(empty(false)),
-        // ELOOP: the command replaced its output file with a symbolic link; ENOTDIR: it
-        // replaced a directory on the way with a file.
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(nix::libc::ELOOP | nix::libc::ENOTDIR)
-            ) =>
-        {
-            return Ok(empty(true))
-        }
-        Err(e) => return Err(e),
-    };
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
-        return Ok(empty(true));
-    }
-    let total = meta.len();
-    if total <= budget as u64 {
-        let mut bytes = Vec::with_capacity(total as usize);
-        (&mut file).take(total).read_to_end(&mut bytes)?;
-        drop(file);
-        let _ = fs::remove_file(path);
-        return Ok(Captured {
-            bytes,
-            total,
-            truncated: false,
+/// One stream being captured: its first `budget` bytes, its last `budget - budget / 2`,
+/// and a spill file once it is longer than the budget.
+pub struct StreamCapture {
+    budget: usize,
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    total: u64,
+    spills: Spills,
+    spill_name: String,
+    spill: Option<Result<SpillFile, Cut>>,
+}
+
+impl StreamCapture {
+    /// A spill, if one is needed, is created as `spill_name` in the spill dir.
+    pub fn new(budget: usize, spills: Spills, spill_name: String) -> Self {
+        Self {
+            budget,
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            total: 0,
+            spills,
+            spill_name,
             spill: None,
-            replaced: false,
-        });
+        }
     }
 
-    let head_len = budget / 2;
-    let tail_len = budget - head_len;
-    let mut head = vec![0; head_len];
-    file.read_exact(&mut head)?;
-    let mut tail = vec![0; tail_len];
-    file.seek(SeekFrom::Start(total - tail_len as u64))?;
-    file.read_exact(&mut tail)?;
-    drop(file);
+    pub fn push(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.total += bytes.len() as u64;
+        let into_head = bytes.len().min(self.budget - self.head.len());
+        self.head.extend_from_slice(&bytes[..into_head]);
+        self.push_tail(bytes);
+        if self.total <= self.budget as u64 {
+            return;
+        }
+        match &mut self.spill {
+            Some(Ok(file)) => file.write(bytes),
+            Some(Err(_)) => {}
+            None => {
+                // Just over the budget: the spill starts with everything so far.
+                let mut created = self.spills.create(&self.spill_name);
+                if let Ok(file) = created.as_mut() {
+                    file.write(&self.head);
+                    file.write(&bytes[into_head..]);
+                }
+                self.spill = Some(created);
+            }
+        }
+    }
 
-    let head = trim_partial_char_end(head);
-    let tail = trim_partial_char_start(tail);
-    let cut = total - head.len() as u64 - tail.len() as u64;
+    fn push_tail(&mut self, bytes: &[u8]) {
+        let cap = self.budget - self.budget / 2;
+        if bytes.len() >= cap {
+            self.tail.clear();
+            self.tail.extend(&bytes[bytes.len() - cap..]);
+        } else {
+            let over = (self.tail.len() + bytes.len()).saturating_sub(cap);
+            self.tail.drain(..over);
+            self.tail.extend(bytes);
+        }
+    }
 
-    // A command may have removed the spill directory: recreate it here, where it is needed.
-    let moved = fs::rename(path, spill_path).is_ok()
-        || (spill_path
-            .parent()
-            .is_some_and(|d| fs::create_dir_all(d).is_ok())
-            && fs::rename(path, spill_path).is_ok());
-    let spill = moved.then(|| spill_path.to_path_buf());
-    let marker = match &spill {
-        Some(p) => format!(
-            "\n[… {cut} bytes truncated; full output in {} …]\n",
-            p.display()
-        ),
-        None => format!("\n[… {cut} bytes truncated …]\n"),
-    };
-    let mut bytes = head;
-    bytes.extend_from_slice(marker.as_bytes());
-    bytes.extend_from_slice(&tail);
-    Ok(Captured {
-        bytes,
-        total,
-        truncated: true,
-        spill,
-        replaced: false,
-    })
+    /// The stream as the response carries it.
+    pub fn finish(self) -> Captured {
+        if self.total <= self.budget as u64 {
+            return Captured {
+                bytes: self.head,
+                total: self.total,
+                truncated: false,
+                spill: None,
+            };
+        }
+        let mut head = self.head;
+        head.truncate(self.budget / 2);
+        let head = trim_partial_char_end(head);
+        let tail = trim_partial_char_start(Vec::from(self.tail));
+        let cut = self.total - head.len() as u64 - tail.len() as u64;
+        let (kept, marker) = match self.spill {
+            Some(Ok(file)) if file.written > 0 => {
+                let path = file.path.clone();
+                let marker = match &file.cut {
+                    None => format!(
+                        "\n[… {cut} bytes truncated; full output in {} …]\n",
+                        path.display()
+                    ),
+                    Some(why) => format!(
+                        "\n[… {cut} bytes truncated; the first {} bytes are in {}; the {} bytes \
+                         after them were not kept ({why}) …]\n",
+                        file.written,
+                        path.display(),
+                        self.total - file.written,
+                    ),
+                };
+                (Some(path), marker)
+            }
+            Some(Ok(file)) => {
+                let why = file.cut.clone().unwrap_or(Cut::TotalCap(0));
+                let _ = std::fs::remove_file(&file.path);
+                (
+                    None,
+                    format!("\n[… {cut} bytes truncated; the output was not kept ({why}) …]\n"),
+                )
+            }
+            Some(Err(why)) => (
+                None,
+                format!("\n[… {cut} bytes truncated; the output was not kept ({why}) …]\n"),
+            ),
+            None => (None, format!("\n[… {cut} bytes truncated …]\n")),
+        };
+        let mut bytes = head;
+        bytes.extend_from_slice(marker.as_bytes());
+        bytes.extend_from_slice(&tail);
+        Captured {
+            bytes,
+            total: self.total,
+            truncated: true,
+            spill: kept,
+        }
+    }
 }
 
 /// Drops an incomplete UTF-8 sequence at the end of `head`, so a cut through a multi-byte
@@ -141,51 +170,46 @@ fn trim_partial_char_start(tail: Vec<u8>) -> Vec<u8> {
     }
 }
 
-/// Removes the oldest spill files in `dir` beyond `keep`.
-pub fn prune_spills(dir: &Path, keep: usize) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
-    if files.len() <= keep {
-        return;
-    }
-    files.sort();
-    for (_, p) in &files[..files.len() - keep] {
-        let _ = fs::remove_file(p);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spill::SpillLimits;
 
-    fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
-        let p = dir.join(name);
-        fs::write(&p, bytes).expect("write test file");
-        p
+    fn spills(dir: &std::path::Path, max_file: u64) -> Spills {
+        Spills::open(
+            dir,
+            SpillLimits {
+                max_file,
+                max_total: 1 << 20,
+            },
+        )
+    }
+
+    fn capture(dir: &std::path::Path, budget: usize, chunks: &[&[u8]]) -> Captured {
+        let mut c = StreamCapture::new(budget, spills(dir, 1 << 20), "s".into());
+        for chunk in chunks {
+            c.push(chunk);
+        }
+        c.finish()
     }
 
     #[test]
-    fn small_output_is_whole_and_file_removed() {
+    fn small_output_is_whole_and_not_spilled() {
         let d = tempfile::tempdir().expect("tempdir");
-        let p = write(d.path(), "out", b"hello");
-        let c = capture(&p, 10, &d.path().join("spill")).expect("capture");
-        assert_eq!(c.bytes, b"hello");
-        assert!(!c.truncated);
-        assert!(!p.exists());
+        let c = capture(d.path(), 10, &[b"hel", b"lo"]);
+        assert_eq!(
+            (c.bytes.as_slice(), c.truncated, c.total),
+            (&b"hello"[..], false, 5)
+        );
+        assert!(!d.path().join("s").exists());
     }
 
     #[test]
     fn large_output_keeps_head_and_tail_and_spills() {
         let d = tempfile::tempdir().expect("tempdir");
         let data: Vec<u8> = (0..1000u32).map(|i| b'a' + (i % 26) as u8).collect();
-        let p = write(d.path(), "out", &data);
-        let spill = d.path().join("spill");
-        let c = capture(&p, 100, &spill).expect("capture");
+        let chunks: Vec<&[u8]> = data.chunks(7).collect();
+        let c = capture(d.path(), 100, &chunks);
         assert!(c.truncated);
         assert_eq!(c.total, 1000);
         assert!(c.bytes.starts_with(&data[..50]));
@@ -195,67 +219,42 @@ mod tests {
             text.contains("[… 900 bytes truncated; full output in "),
             "{text}"
         );
-        assert_eq!(fs::read(&spill).expect("spill kept"), data);
+        assert_eq!(std::fs::read(d.path().join("s")).expect("spill kept"), data);
     }
 
     #[test]
-    fn a_removed_spill_dir_is_recreated() {
+    fn a_stream_just_over_the_budget_has_a_tail_from_the_head() {
         let d = tempfile::tempdir().expect("tempdir");
-        let p = write(d.path(), "out", &[b'x'; 100]);
-        let spill = d.path().join("gone").join("1.stdout");
-        let c = capture(&p, 10, &spill).expect("capture");
-        assert_eq!(c.spill.as_deref(), Some(spill.as_path()));
-        assert_eq!(fs::read(&spill).expect("spilled").len(), 100);
+        let c = capture(d.path(), 10, &[b"0123456789ab"]);
+        let text = String::from_utf8(c.bytes).expect("utf8");
+        assert!(text.starts_with("01234\n[… 2 bytes truncated"), "{text}");
+        assert!(text.ends_with(" …]\n789ab"), "{text}");
+    }
+
+    #[test]
+    fn past_the_spill_cap_the_marker_says_what_was_dropped() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut c = StreamCapture::new(10, spills(d.path(), 30), "s".into());
+        for _ in 0..10 {
+            c.push(&[b'x'; 10]);
+        }
+        let c = c.finish();
+        let text = String::from_utf8(c.bytes).expect("utf8");
+        assert!(
+            text.contains("the first 30 bytes are in ")
+                && text.contains(
+                    "the 70 bytes after them were not kept (a spill keeps at most 30 bytes"
+                ),
+            "{text}"
+        );
+        assert_eq!(std::fs::read(d.path().join("s")).expect("spill").len(), 30);
     }
 
     #[test]
     fn cuts_never_split_a_character() {
         let d = tempfile::tempdir().expect("tempdir");
         let data = "é".repeat(500); // 2 bytes each
-        let p = write(d.path(), "out", data.as_bytes());
-        let c = capture(&p, 101, &d.path().join("spill")).expect("capture");
+        let c = capture(d.path(), 101, &[data.as_bytes()]);
         assert!(String::from_utf8(c.bytes).is_ok());
-    }
-
-    #[test]
-    fn links_and_fifos_are_never_read() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let link = d.path().join("out");
-        std::os::unix::fs::symlink("/dev/zero", &link).expect("symlink");
-        let c = capture(&link, 10, &d.path().join("s1")).expect("capture");
-        assert!(c.replaced && c.bytes.is_empty());
-        let fifo = d.path().join("err");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
-        // Would block forever without O_NONBLOCK, and never end without the file-type check.
-        let c = capture(&fifo, 10, &d.path().join("s2")).expect("capture");
-        assert!(c.replaced && c.bytes.is_empty());
-    }
-
-    #[test]
-    fn missing_file_is_empty() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let c = capture(&d.path().join("nope"), 10, &d.path().join("s")).expect("capture");
-        assert_eq!(c.total, 0);
-    }
-
-    #[test]
-    fn prune_keeps_newest() {
-        let d = tempfile::tempdir().expect("tempdir");
-        for i in 0..5 {
-            let p = write(d.path(), &format!("f{i}"), b"x");
-            let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i);
-            File::options()
-                .write(true)
-                .open(&p)
-                .and_then(|f| f.set_modified(t))
-                .expect("set mtime");
-        }
-        prune_spills(d.path(), 2);
-        let mut left: Vec<_> = fs::read_dir(d.path())
-            .expect("read dir")
-            .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
-            .collect();
-        left.sort();
-        assert_eq!(left, vec!["f3", "f4"]);
     }
 }

@@ -75,6 +75,8 @@ fn start(flags: &Flags) -> anyhow::Result<Arc<AgentState>> {
             state_dir: flags.state_dir.clone(),
             env: ShellOptions::inherit_env(),
             output_budget: flags.output_budget,
+            spill_max_bytes: flags.spill_max_bytes,
+            spill_total_bytes: flags.spill_total_bytes,
             kill_grace: flags.kill_grace(),
         },
         reaper,

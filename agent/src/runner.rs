@@ -187,6 +187,8 @@ mod tests {
                     state_dir: self.state.path().to_path_buf(),
                     env: ShellOptions::inherit_env(),
                     output_budget: 64 * 1024,
+                    spill_max_bytes: 64 << 20,
+                    spill_total_bytes: 128 << 20,
                     // Generous: two loaded cores can make a healthy shell slow to answer.
                     kill_grace: Duration::from_secs(3),
                 },
@@ -362,19 +364,26 @@ mod tests {
         r.kill_shell().await;
     }
 
+    /// A launcher for bash that a command can remove, so that the shell it exits cannot be
+    /// replaced.
+    fn launcher(pod: &Pod) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = pod.work.path().join("bash-launcher");
+        std::fs::write(&p, "#!/bin/sh\nexec bash \"$@\"\n").expect("write launcher");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        p
+    }
+
     #[tokio::test]
     async fn a_result_lost_after_the_command_was_sent_is_never_run_again() {
         let _serial = crate::test_support::PROCESSES.lock().await;
         let pod = Pod::new();
-        let mut a = pod.runner();
-        // The command replaces its stdout file with a Unix socket, which `open` refuses (also
-        // for root): the agent cannot read the result of a command that did run.
+        let shell = launcher(&pod);
+        let mut a = pod.runner_with_shell(shell.clone());
+        // The command removes the shell's launcher and exits: no shell can be started to
+        // report its end, after it ran.
         let j = job(
-            &pod.counted(
-                "out=$(readlink /proc/$$/fd/1); rm -f \"$out\"; /usr/bin/perl \
-                 -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Local => $ARGV[0], Listen => 1) \
-                 or die \"$!\"' \"$out\"",
-            ),
+            &pod.counted(&format!("rm '{}'; exit 0", shell.display())),
             Some("lost"),
         );
         match run(&mut a, &j).await {
@@ -384,11 +393,12 @@ mod tests {
         let retry = ok(&mut a, &j).await;
         assert_eq!(retry.exit_code, crate::shell::EXIT_INTERRUPTED, "{retry:?}");
         assert!(retry.stderr.contains("result was lost"), "{retry:?}");
+        launcher(&pod);
         assert_eq!(ok(&mut a, &job("echo ok", None)).await.stdout, "ok\n");
         a.kill_shell().await;
         drop(a);
 
-        let mut b = pod.runner();
+        let mut b = pod.runner_with_shell(shell);
         assert_eq!(ok(&mut b, &j).await, retry, "the next process gives it too");
         assert_eq!(pod.runs(), 1);
         b.kill_shell().await;

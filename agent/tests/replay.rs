@@ -254,24 +254,40 @@ async fn hostile_record_files_are_ignored_safely() {
     );
 }
 
-/// The agent fails after the command ran (here: its stdout file cannot be read, because the
-/// command replaced it with a Unix socket, which `open` refuses even for root). The command
-/// may have run, so its record is kept: the retry is answered "effects unknown", also after
-/// an agent restart, and never runs it a second time.
+/// A launcher for bash that a command can remove: once it is gone, the shell the command
+/// exited cannot be replaced.
+fn removable_shell(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("bash-launcher");
+    std::fs::write(&p, "#!/bin/sh\nexec bash \"$@\"\n").expect("write launcher");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    p
+}
+
+/// The agent fails after the command ran (here: the command removed the shell's launcher and
+/// exited, so no shell can be started to report its end). The command may have run, so its
+/// record is kept: the retry is answered "effects unknown", also after an agent restart, and
+/// never runs it a second time.
 #[tokio::test]
 async fn a_command_whose_result_was_lost_after_it_ran_is_not_run_again() {
     let state = tempfile::tempdir().expect("tempdir");
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("runs");
+    let launcher = removable_shell(dir.path());
+    let launcher_arg = launcher.display().to_string();
+    let args = ["--shell", launcher_arg.as_str()];
+    let with_launcher = || Opts {
+        extra_args: &args,
+        ..opts(state.path())
+    };
     let cmd = format!(
-        "echo $$ >> {m}; out=$(readlink /proc/$$/fd/1); rm -f \"$out\"; \
-         /usr/bin/perl -MIO::Socket::UNIX -e \
-         'IO::Socket::UNIX->new(Local => $ARGV[0], Listen => 1) or die \"$!\"' \"$out\"",
-        m = marker.display()
+        "echo $$ >> {m}; rm {l}; exit 0",
+        m = marker.display(),
+        l = launcher.display()
     );
     let body = json!({"command": cmd, "request_id": "lost-1"});
 
-    let mut a = Agent::start_with(opts(state.path()));
+    let mut a = Agent::start_with(with_launcher());
     let (status, err) = a
         .post("/exec", Some(session_token().expose()), body.clone())
         .await;
@@ -291,12 +307,13 @@ async fn a_command_whose_result_was_lost_after_it_ran_is_not_run_again() {
     };
     let retry = a.exec_with(body.clone()).await;
     check(&retry);
-    // The shell still works.
+    // With a shell to start again, the session works.
+    removable_shell(dir.path());
     assert_eq!(s(&a.exec("echo ok").await, "stdout"), "ok\n");
 
     // The answer is on disk: a restarted agent gives it too.
     a.crash();
-    let b = Agent::start_with(opts(state.path()));
+    let b = Agent::start_with(with_launcher());
     let after_restart = b.exec_with(body).await;
     check(&after_restart);
     assert_eq!(after_restart, retry);

@@ -3,7 +3,8 @@
 //! Protocol (never parses command output):
 //! - bash reads *our* lines on its stdin; the command itself is written to a file and run
 //!   with `. file </dev/null >out 2>err 3>&-`, so `cd`, `export` and functions persist, the
-//!   command cannot read the control channel, and its output goes to files.
+//!   command cannot read the control channel, and its output goes to FIFOs the agent reads
+//!   (`streams`), within the output budget and the spill caps.
 //! - after the command, bash writes `<nonce> <status> <cwd>\0` to fd 3, a pipe only the
 //!   agent reads. Output can contain any marker text, NULs or invalid UTF-8 without
 //!   effect; completion is only ever signalled on that pipe, tagged with a fresh nonce.
@@ -21,6 +22,7 @@ mod framing;
 mod interrupt;
 mod options;
 mod report;
+mod streams;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -32,13 +34,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cli_mcp_api::wire::ExecResponse;
 
-use crate::output::{self, Captured, SPILLS_KEPT};
 use crate::reaper::Reaper;
+use crate::spill::{SpillLimits, Spills};
 use crate::{procs, state_files};
 use bash::{Bash, Ended};
 use framing::{command_line, random_hex};
 use interrupt::Stop;
 use report::{Notes, Outcome};
+use streams::{Lingering, Streams};
 
 pub use error::ShellError;
 pub use interrupt::StopReason;
@@ -63,6 +66,9 @@ pub struct Shell {
     /// `<state-dir>/shell-used`: exists once a command ran in this pod, so a restarted agent
     /// knows that a session's shell state was lost.
     started_marker: PathBuf,
+    spills: Spills,
+    /// Output streams of earlier commands that background jobs still write.
+    lingering: Lingering,
 }
 
 /// One command's directory: `cmd` holds the command, `out` and `err` its output.
@@ -104,6 +110,13 @@ impl Shell {
              directory, variables, functions) was reset"
                 .to_owned()
         });
+        let spills = Spills::open(
+            &opts.state_dir.join("spill"),
+            SpillLimits {
+                max_file: opts.spill_max_bytes,
+                max_total: opts.spill_total_bytes,
+            },
+        );
         Ok(Self {
             opts,
             reaper,
@@ -111,6 +124,8 @@ impl Shell {
             seq: 0,
             pending_reset,
             started_marker,
+            spills,
+            lingering: Lingering::default(),
         })
     }
 
@@ -157,6 +172,7 @@ impl Shell {
         self.keep_marker();
         let mut notes = Notes::new(self.pending_reset.take());
         let files = self.write_command(command)?;
+        let streams = self.open_streams(&files)?;
         let before = self.send(&files.line(), &mut notes).await?;
         let (ended, stop) = self.await_end(&files.nonce, &before, deadline, abort).await;
 
@@ -170,14 +186,11 @@ impl Shell {
             Some(stop) => notes.stopped(stop, timeout),
             None => status,
         };
-        let (out, mut err) = self.collect_output(&files).map_err(after_send)?;
-        self.clean_up(&files, out.spill.is_some() || err.spill.is_some());
-        if out.replaced || err.replaced {
-            notes.note(
-                "the command replaced its output file with something that is not a regular \
-                 file; that output was not read",
-            );
-        }
+        let (out, mut err) = streams
+            .finish(&mut self.lingering)
+            .await
+            .map_err(|e| after_send(files.error(e)))?;
+        self.clean_up(&files);
         let shell_restarted = notes.append_to(&mut err.bytes);
         Ok(report::response(
             out,
@@ -215,6 +228,13 @@ impl Shell {
         state_files::write_new_file(&files.dir.join("cmd"), command.as_bytes())
             .map_err(|e| files.error(e))?;
         Ok(files)
+    }
+
+    /// The command's stdout and stderr, read from the moment bash opens them.
+    fn open_streams(&mut self, files: &CommandFiles) -> Result<Streams, ShellError> {
+        let stem = format!("{}-{}", files.seq, &random_hex()[..8]);
+        streams::open(&files.dir, self.opts.output_budget, &self.spills, &stem)
+            .map_err(|e| files.error(e))
     }
 
     /// Hands `line` to bash; a shell that died since the last call, or that does not take
@@ -310,30 +330,12 @@ impl Shell {
         Ok((status, self.opts.workdir.display().to_string()))
     }
 
-    /// Reads the command's stdout and stderr within the output budget; what is cut is kept
-    /// whole in a spill file.
-    fn collect_output(&self, files: &CommandFiles) -> Result<(Captured, Captured), ShellError> {
-        let spill_dir = self.opts.state_dir.join("spill");
-        let capture = |stream: &str, suffix: &str| {
-            output::capture(
-                &files.dir.join(stream),
-                self.opts.output_budget,
-                &spill_dir.join(format!("{}.{suffix}", files.seq)),
-            )
-            .map_err(|e| files.error(e))
-        };
-        Ok((capture("out", "stdout")?, capture("err", "stderr")?))
-    }
-
     /// Removes the command's directory and restores what the command may have removed.
-    fn clean_up(&self, files: &CommandFiles, spilled: bool) {
+    fn clean_up(&self, files: &CommandFiles) {
         let _ = fs::remove_dir_all(&files.dir);
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
         // restart before the next command must still be reported.
         self.keep_marker();
-        if spilled {
-            output::prune_spills(&self.opts.state_dir.join("spill"), SPILLS_KEPT);
-        }
     }
 
     /// Kills the shell and everything it started (agent shutdown).

@@ -28,6 +28,10 @@ pub struct ShellOptions {
     pub state_dir: PathBuf,
     pub env: Vec<(OsString, OsString)>,
     pub output_budget: usize,
+    /// Bytes one spill file keeps at most (the start of its stream).
+    pub spill_max_bytes: u64,
+    /// Bytes all spill files keep together at most; the oldest go first.
+    pub spill_total_bytes: u64,
     pub kill_grace: Duration,
 }
 

@@ -257,3 +257,63 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A tmpfs of its own, so that filling it fills nothing else; unmounted when dropped, also
+/// when the test fails. Needs root (CAP_SYS_ADMIN): `None` otherwise.
+pub struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(bytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = format!("size={bytes},mode=0755");
+        match nix::mount::mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(data.as_str()),
+        ) {
+            Ok(()) => Some(Self { dir }),
+            Err(e) => {
+                eprintln!("SKIPPED: cannot mount a tmpfs (needs root): {e}");
+                None
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Bytes in use on it: every file, also ones deleted but still held open, which `du`
+    /// cannot see.
+    pub fn used(&self) -> u64 {
+        let s = nix::sys::statvfs::statvfs(self.dir.path()).expect("statvfs");
+        (s.blocks() - s.blocks_free()) as u64 * s.fragment_size() as u64
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: a process of a failed test may still hold a file on it.
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Bytes `du` would count under `dir`: allocated blocks of every file.
+pub fn disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match std::fs::symlink_metadata(e.path()) {
+            Ok(m) if m.is_dir() => disk_bytes(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}

@@ -1,0 +1,222 @@
+//! A command's stdout and stderr: FIFOs in its directory, which bash opens for the command
+//! (`>out 2>err`) and the agent reads while it runs.
+//!
+//! Output never lands on disk unasked: the agent keeps the head and tail in memory and
+//! writes a spill file only within the spill caps, so `yes` cannot fill the pod's `/tmp`.
+//! A FIFO holds no data blocks, so a command still gets its output back when the state dir
+//! is full. And the agent knows when nobody writes any more (EOF): processes that outlive
+//! their call (background jobs) keep the FIFO open, and what they print afterwards is read
+//! and discarded instead of growing an unlinked file that `du` cannot see.
+//!
+//! The agent holds a write end of its own until the command has ended, so a read before
+//! bash has opened the FIFO does not see an early EOF. After the command's status record,
+//! everything its foreground processes wrote is in the pipe: the rest is drained without
+//! waiting, and a FIFO still open elsewhere goes on to be drained in the background.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::output::{Captured, StreamCapture};
+use crate::spill::Spills;
+
+/// Bytes read from a stream at a time.
+const CHUNK: usize = 64 * 1024;
+/// Most bytes drained from a stream once its command has ended: more than a pipe holds
+/// (1 MiB at most for an unprivileged process), so what is beyond it comes from a process
+/// that is still writing, which the command's own output must not wait for.
+const DRAIN_MAX: usize = 2 * 1024 * 1024;
+/// Streams of earlier commands drained at once. Each costs the agent a descriptor; past this,
+/// the oldest is closed, and its writers get EPIPE (or SIGPIPE) on their next write.
+pub(super) const LINGERING_MAX: usize = 64;
+
+/// The running command's two streams, collected by a task of their own.
+pub(super) struct Streams {
+    finish: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Collected>,
+}
+
+struct Collected {
+    out: Captured,
+    err: Captured,
+    /// Streams that some process still holds open once the command has ended.
+    lingering: Vec<pipe::Receiver>,
+}
+
+/// Creates `dir/out` and `dir/err` as FIFOs and starts reading them. `spill_stem` names the
+/// spill files (`<stem>.stdout`, `<stem>.stderr`).
+pub(super) fn open(
+    dir: &Path,
+    budget: usize,
+    spills: &Spills,
+    spill_stem: &str,
+) -> io::Result<Streams> {
+    let out = Stream::open(
+        &dir.join("out"),
+        StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stdout")),
+    )?;
+    let err = Stream::open(
+        &dir.join("err"),
+        StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stderr")),
+    )?;
+    let (finish, finished) = oneshot::channel();
+    Ok(Streams {
+        finish: Some(finish),
+        task: tokio::spawn(collect(out, err, finished)),
+    })
+}
+
+impl Streams {
+    /// Call once the command has ended: the captured streams, and any stream still open
+    /// elsewhere handed to `lingering`.
+    pub(super) async fn finish(
+        mut self,
+        lingering: &mut Lingering,
+    ) -> io::Result<(Captured, Captured)> {
+        if let Some(finish) = self.finish.take() {
+            let _ = finish.send(());
+        }
+        let collected = (&mut self.task)
+            .await
+            .map_err(|e| io::Error::other(format!("the output collector failed: {e}")))?;
+        for rx in collected.lingering {
+            lingering.drain(rx);
+        }
+        Ok((collected.out, collected.err))
+    }
+}
+
+struct Stream {
+    rx: pipe::Receiver,
+    /// Ours, so that the FIFO has a writer before bash opens it; dropped at the end.
+    _writer: Option<OwnedFd>,
+    capture: StreamCapture,
+    eof: bool,
+}
+
+impl Stream {
+    fn open(path: &Path, capture: StreamCapture) -> io::Result<Self> {
+        use nix::sys::stat::Mode;
+        nix::unistd::mkfifo(path, Mode::S_IRUSR | Mode::S_IWUSR).map_err(io::Error::from)?;
+        let flags = nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW;
+        let reader = File::options().read(true).custom_flags(flags).open(path)?;
+        // With a reader open, a non-blocking open for writing succeeds at once.
+        let writer = File::options().write(true).custom_flags(flags).open(path)?;
+        Ok(Self {
+            rx: pipe::Receiver::from_file(reader)?,
+            _writer: Some(OwnedFd::from(writer)),
+            capture,
+            eof: false,
+        })
+    }
+
+    fn took(&mut self, read: io::Result<usize>, buf: &[u8]) {
+        match read {
+            Ok(0) => self.eof = true,
+            Ok(n) => self.capture.push(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read command output");
+                self.eof = true;
+            }
+        }
+    }
+
+    /// Reads what is in the pipe now, without waiting: after the command ended, that is all
+    /// its foreground processes wrote. Raw reads, so no stale readiness hides data. False:
+    /// another process still holds the FIFO open.
+    fn drain(&mut self, buf: &mut [u8]) -> bool {
+        let mut drained = 0;
+        while !self.eof {
+            if drained >= DRAIN_MAX {
+                return false;
+            }
+            match nix::unistd::read(&self.rx, buf) {
+                Ok(0) => self.eof = true,
+                Ok(n) => {
+                    self.capture.push(&buf[..n]);
+                    drained += n;
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EAGAIN) => return false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read command output");
+                    self.eof = true;
+                }
+            }
+        }
+        true
+    }
+}
+
+async fn collect(
+    mut out: Stream,
+    mut err: Stream,
+    mut finished: oneshot::Receiver<()>,
+) -> Collected {
+    let mut out_buf = vec![0u8; CHUNK];
+    let mut err_buf = vec![0u8; CHUNK];
+    loop {
+        tokio::select! {
+            // Also when the sender is gone: the command never reached bash.
+            _ = &mut finished => break,
+            read = out.rx.read(&mut out_buf), if !out.eof => out.took(read, &out_buf),
+            read = err.rx.read(&mut err_buf), if !err.eof => err.took(read, &err_buf),
+        }
+    }
+    out._writer = None;
+    err._writer = None;
+    let mut lingering = Vec::new();
+    let mut finish = |mut stream: Stream, buf: &mut [u8]| {
+        if !stream.drain(buf) {
+            lingering.push(stream.rx);
+        }
+        stream.capture.finish()
+    };
+    let out = finish(out, &mut out_buf);
+    let err = finish(err, &mut err_buf);
+    Collected {
+        out,
+        err,
+        lingering,
+    }
+}
+
+/// Streams of earlier commands that some process (a background job) still writes:
+/// drained and discarded until their last writer closes them, at most `LINGERING_MAX`.
+#[derive(Default)]
+pub(super) struct Lingering {
+    tasks: VecDeque<JoinHandle<()>>,
+}
+
+impl Lingering {
+    fn drain(&mut self, mut rx: pipe::Receiver) {
+        self.tasks.retain(|t| !t.is_finished());
+        while self.tasks.len() >= LINGERING_MAX {
+            if let Some(oldest) = self.tasks.pop_front() {
+                oldest.abort();
+            }
+        }
+        self.tasks.push_back(tokio::spawn(async move {
+            let mut buf = vec![0u8; CHUNK];
+            let mut discarded: u64 = 0;
+            loop {
+                match rx.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => discarded += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            tracing::debug!(discarded, "output of a finished command's background job");
+        }));
+    }
+}
