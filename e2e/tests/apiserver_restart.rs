@@ -1,4 +1,4 @@
-//! Fault (issue 6): the kube-apiserver restarts while sessions are active.
+//! Fault (docs/e2e.md): the kube-apiserver restarts while sessions are active.
 //!
 //! The test owns a private cluster (restarting the apiserver of the cluster that `make test`
 //! shares would disturb every other test), installs the operator and an instance into it as a
