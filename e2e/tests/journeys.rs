@@ -1,4 +1,4 @@
-//! User journeys end to end (numbered as in docs/e2e.md): the operator installed from
+//! User journeys end to end (docs/e2e.md): the operator installed from
 //! `config/default` (a kustomize overlay scoped to the test's namespace, so it never fights
 //! other tests' operators), instances applied as a user would, and an MCP client talking
 //! JSON-RPC over TLS to the instance's Service through a loopback forward, authenticated

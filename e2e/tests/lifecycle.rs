@@ -1,4 +1,4 @@
-//! Lifecycle journeys end to end (numbered as in docs/e2e.md): idle collection (journey 4), scale
+//! Lifecycle journeys end to end (docs/e2e.md): idle collection (journey 4), scale
 //! and a rolling restart under load (journey 5), and a GitOps image change (journey 7b).
 //! Same setup as `journeys.rs`: the operator installed from `config/default` into the test's
 //! namespace, the CR applied as the user, MCP over TLS through a loopback Service forward.
