@@ -178,6 +178,19 @@ impl LocalServer {
         })
     }
 
+    /// The flags of the `local` backend with `agent` as the agent binary and no auth
+    /// (each session an agent process on loopback), for [`LocalServer::start`].
+    pub fn local_backend(agent: &str) -> Vec<&str> {
+        vec![
+            "--backend",
+            "local",
+            "--auth",
+            "none",
+            "--agent-binary",
+            agent,
+        ]
+    }
+
     /// `<scheme>://<addr><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("{}://{}{path}", self.scheme, self.addr)

@@ -156,6 +156,13 @@ impl Server {
         Ok(Server(s))
     }
 
+    /// The local backend with `agent` as the agent binary, no auth, plus `extra`.
+    async fn local(agent: &str, extra: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Server> {
+        let mut args = LocalServer::local_backend(agent);
+        args.extend_from_slice(extra);
+        Server::start(&args, env).await
+    }
+
     fn rss_kib(&self) -> anyhow::Result<u64> {
         let (rss, _) = self
             .0
@@ -190,18 +197,7 @@ async fn call(
 
 async fn tools_call(agent: &Path, n: usize) -> anyhow::Result<Row> {
     let agent = agent.display().to_string();
-    let server = Server::start(
-        &[
-            "--backend",
-            "local",
-            "--auth",
-            "none",
-            "--agent-binary",
-            &agent,
-        ],
-        &[],
-    )
-    .await?;
+    let server = Server::local(&agent, &[], &[]).await?;
     let http = client()?;
     let url = format!("http://{}/mcp", server.addr);
     for _ in 0..50 {
@@ -275,20 +271,7 @@ async fn agent_only(agent: &Path, n: usize) -> anyhow::Result<Row> {
 async fn rss(sessions: usize) -> anyhow::Result<Vec<Row>> {
     let me = std::env::current_exe()?.display().to_string();
     let max = (sessions + 10).to_string();
-    let server = Server::start(
-        &[
-            "--backend",
-            "local",
-            "--auth",
-            "none",
-            "--agent-binary",
-            &me,
-            "--max-sessions",
-            &max,
-        ],
-        &[(STUB_ENV, "1")],
-    )
-    .await?;
+    let server = Server::local(&me, &["--max-sessions", &max], &[(STUB_ENV, "1")]).await?;
     let idle = server.rss_kib()?;
     let http = client()?;
     let url = format!("http://{}/mcp", server.addr);

@@ -13,20 +13,14 @@ use rmcp::ServiceExt as _;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
+use cli_mcp_e2e::child::LocalServer;
 use support::{is_error, structured, text, Mcp, Server};
 
 async fn local_server(extra: &[&str]) -> Server {
     support::ensure_built(false);
     let agent = support::agent_bin();
     let agent = agent.to_str().expect("utf-8 path");
-    let mut args = vec![
-        "--backend",
-        "local",
-        "--auth",
-        "none",
-        "--agent-binary",
-        agent,
-    ];
+    let mut args = LocalServer::local_backend(agent);
     args.extend_from_slice(extra);
     Server::start(&args, &[]).await
 }
