@@ -1,4 +1,4 @@
-//! `make bench` figures of the MCP server (issue 4, item 6), printed as a table:
+//! `make bench` figures of the MCP server (docs/benchmarks.md), printed as a table:
 //!
 //! - `tools/call` of `true` end to end (client → server → agent → bash → back) on the local
 //!   backend, median and p99, next to the agent alone (`POST /exec` of `true`);
