@@ -1,5 +1,5 @@
 //! The server's `kubernetes` backend and auth on the local Kubernetes (real control plane,
-//! process kubelet; SPEC §7). Each test has its own namespace and runs the real
+//! process kubelet; docs/local-kubernetes.md). Each test has its own namespace and runs the real
 //! `cli-mcp-server` binary on the host with the cluster's kubeconfig; sandbox pods run the
 //! real agent (`cli-mcp-agent:*` maps to target/debug/cli-mcp-agent).
 
