@@ -22,6 +22,18 @@ pub struct Captured {
     pub spill: Option<PathBuf>,
 }
 
+impl Captured {
+    /// A stream nothing was read from.
+    pub fn empty() -> Self {
+        Self {
+            bytes: Vec::new(),
+            total: 0,
+            truncated: false,
+            spill: None,
+        }
+    }
+}
+
 /// One stream being captured: its first `budget` bytes, its last `budget - budget / 2`,
 /// and a spill file once it is longer than the budget.
 pub struct StreamCapture {

@@ -77,6 +77,8 @@ fn start(flags: &Flags) -> anyhow::Result<Arc<AgentState>> {
             output_budget: flags.output_budget,
             spill_max_bytes: flags.spill_max_bytes,
             spill_total_bytes: flags.spill_total_bytes,
+            // The largest command file, plus its directory and the journal's records.
+            reserve_bytes: flags.max_body_bytes as u64 + 64 * 1024,
             kill_grace: flags.kill_grace(),
         },
         reaper,

@@ -189,6 +189,7 @@ mod tests {
                     output_budget: 64 * 1024,
                     spill_max_bytes: 64 << 20,
                     spill_total_bytes: 128 << 20,
+                    reserve_bytes: 1 << 20,
                     // Generous: two loaded cores can make a healthy shell slow to answer.
                     kill_grace: Duration::from_secs(3),
                 },

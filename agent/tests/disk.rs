@@ -31,15 +31,18 @@ async fn a_flood_of_output_stays_within_the_spill_caps() {
         return;
     };
     let a = Agent::start_with(on(&tmp));
+    // What the agent keeps there anyway (its directories, marker and reserve).
+    a.exec("true").await;
+    let base = tmp.used();
     // What `yes` does in a few seconds, bounded here so the old behaviour cannot hang the test.
     let v = a
         .exec_with(json!({"command": "yes | head -c 300000000; echo end", "timeout_ms": 120000}))
         .await;
-    let used = tmp.used();
+    let used = tmp.used() - base;
     assert!(
         used <= 64 * MIB + MIB,
-        "the state dir's tmpfs holds {used} bytes after 300000000 bytes of output (per-spill cap \
-         64 MiB); response: {}",
+        "the state dir's tmpfs holds {used} more bytes after 300000000 bytes of output (per-spill \
+         cap 64 MiB); response: {}",
         &s(&v, "stderr")[..s(&v, "stderr").len().min(400)]
     );
     assert_eq!(v["total_bytes"], 300_000_004u64, "{}", v["stderr"]);
@@ -64,11 +67,11 @@ async fn a_flood_of_output_stays_within_the_spill_caps() {
         let v = a
             .exec_with(json!({"command": format!("head -c 60000000 /dev/zero | tr '\\0' {i}"), "timeout_ms": 120000}))
             .await;
-        let used = tmp.used();
+        let used = tmp.used() - base;
         assert!(
             used <= 128 * MIB + MIB,
-            "the state dir's tmpfs holds {used} bytes (spills: {} bytes) after spill {i}, over \
-             the 128 MiB total cap",
+            "the state dir's tmpfs holds {used} more bytes (spills: {} bytes) after spill {i}, \
+             over the 128 MiB total cap",
             disk_bytes(&a.state_dir.join("spill"))
         );
         let out = s(&v, "stdout");
@@ -92,6 +95,8 @@ async fn output_of_a_background_job_after_its_call_never_reaches_the_disk() {
         return;
     };
     let mut a = Agent::start_with(on(&tmp));
+    a.exec("true").await;
+    let base = tmp.used();
     let dir = tempfile::tempdir().expect("tempdir");
     let go = dir.path().join("go");
     nix::unistd::mkfifo(&go, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
@@ -108,14 +113,118 @@ async fn output_of_a_background_job_after_its_call_never_reaches_the_disk() {
     std::fs::write(&go, "go\n").expect("release the job");
     let done = support::eventually(Duration::from_secs(60), || written.exists()).await;
     assert!(done, "the background job did not finish writing");
-    let used = tmp.used();
+    let used = tmp.used() - base;
     assert!(
         used < MIB,
-        "the state dir's tmpfs holds {used} bytes (du sees {}) once a background job wrote \
-         100000000 bytes after its call",
+        "the state dir's tmpfs holds {used} more bytes (du sees {} in all) once a background job \
+         wrote 100000000 bytes after its call",
         disk_bytes(tmp.path())
     );
     // The job is still there and the session is fine.
     assert_eq!(s(&a.exec("jobs -r | wc -l").await, "stdout"), "1\n");
     a.terminate();
+}
+
+/// Writes zeros to `path` until the filesystem is full; returns the bytes written.
+fn fill(path: &std::path::Path) -> u64 {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("create filler");
+    let chunk = vec![0u8; 4096];
+    let mut written = 0;
+    while f.write_all(&chunk).is_ok() {
+        written += chunk.len() as u64;
+    }
+    written
+}
+
+#[tokio::test]
+async fn a_full_state_dir_keeps_the_session_usable() {
+    let Some(tmp) = Tmpfs::mount(8 * MIB) else {
+        return;
+    };
+    let a = Agent::start_with(on(&tmp));
+    let state = tmp.path().display().to_string();
+    // A spill of the agent's own, then the state dir fills up to the last page.
+    let v = a.exec("head -c 1000000 /dev/zero | tr '\\0' a").await;
+    assert_eq!(v["truncated"], true);
+    fill(&tmp.path().join("fill"));
+    let (status, v) = a
+        .post(
+            "/exec",
+            Some(support::session_token().expose()),
+            json!({"command": "echo still here; df -k . | tail -1 >&2"}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["stdout"].as_str()),
+        (200, Some("still here\n")),
+        "with the state dir full ({} bytes in use): {v}",
+        tmp.used()
+    );
+    assert!(
+        s(&v, "stderr").contains("full") && s(&v, "stderr").contains("spill"),
+        "the condition is not reported: {v}"
+    );
+    // Full again, with no spill of the agent's left to remove: the command that frees the
+    // space still runs (with a request_id, which the journal cannot record while full).
+    fill(&tmp.path().join("fill2"));
+    let (status, v) = a
+        .post(
+            "/exec",
+            Some(support::session_token().expose()),
+            json!({"command": format!("rm {state}/fill {state}/fill2; echo freed"), "request_id": "r-1"}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["stdout"].as_str()),
+        (200, Some("freed\n")),
+        "with the state dir full again ({} bytes in use): {v}",
+        tmp.used()
+    );
+    let v = a.exec("echo fine").await;
+    assert_eq!(s(&v, "stdout"), "fine\n");
+    assert!(!s(&v, "stderr").contains("full"), "{v}");
+
+    // Full with the reserve gone as well (here removed by hand): the command is given to bash
+    // inline, and its output still comes back.
+    std::fs::remove_file(tmp.path().join("reserve")).expect("remove the reserve");
+    fill(&tmp.path().join("fill3"));
+    let v = a.exec("cd /; echo 'inline'\\''s fine'").await;
+    assert_eq!(
+        s(&v, "stdout"),
+        "inline's fine\n",
+        "with the state dir full and no reserve ({} bytes in use): {v}",
+        tmp.used()
+    );
+    assert!(s(&v, "stderr").contains("inline"), "{v}");
+    assert_eq!(s(&v, "cwd"), "/", "the shell state is kept: {v}");
+}
+
+#[tokio::test]
+async fn a_state_dir_out_of_inodes_still_runs_commands() {
+    let Some(tmp) = Tmpfs::mount_with(8 * MIB, "nr_inodes=64") else {
+        return;
+    };
+    let a = Agent::start_with(on(&tmp));
+    a.exec("true").await;
+    // Every inode taken: not even a directory or a FIFO can be made.
+    let mut taken = 0;
+    while std::fs::File::create(tmp.path().join(format!("i{taken}"))).is_ok() {
+        taken += 1;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ran = dir.path().join("ran");
+    let (status, v) = a
+        .post(
+            "/exec",
+            Some(support::session_token().expose()),
+            json!({"command": format!("touch {}; echo lost", ran.display())}),
+        )
+        .await;
+    assert_eq!(
+        status, 200,
+        "with every inode of the state dir taken ({taken} files made): {v}"
+    );
+    assert!(ran.exists(), "the command did not run: {v}");
+    assert!(s(&v, "stderr").contains("output discarded"), "{v}");
 }

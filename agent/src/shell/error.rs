@@ -24,4 +24,12 @@ impl ShellError {
     pub fn command_may_have_run(&self) -> bool {
         matches!(self, Self::AfterSend(_))
     }
+
+    /// The state dir is full (or over its quota).
+    pub(super) fn no_space(&self) -> Option<&io::Error> {
+        match self {
+            Self::Files { source, .. } if crate::spill::is_no_space(source) => Some(source),
+            _ => None,
+        }
+    }
 }

@@ -33,6 +33,24 @@ pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
     )
 }
 
+/// The line that runs `command` given inline, for a state dir with no room for a command
+/// file: `eval` of the command single-quoted (inside single quotes every byte but `'` is
+/// literal, and `'` is written `'\''`), so no text can end the quoting early. Output goes to
+/// the FIFOs in `dir`, or to `/dev/null` when even those could not be made.
+pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str) -> String {
+    let (out, err) = match dir {
+        Some(dir) => (
+            sh_quote(&dir.join("out").display().to_string()),
+            sh_quote(&dir.join("err").display().to_string()),
+        ),
+        None => ("/dev/null".to_owned(), "/dev/null".to_owned()),
+    };
+    format!(
+        "eval {} </dev/null >{out} 2>{err} 3>&-; builtin printf '\\0%s %s %s\\0' {nonce} \"$?\" \"$PWD\" >&3\n",
+        sh_quote(command),
+    )
+}
+
 /// A line that only reports `status` under `nonce`: bash answers it once it is back at
 /// its top level and reading lines again.
 pub(super) fn sync_line(nonce: &str, status: i32) -> String {
@@ -144,6 +162,15 @@ mod tests {
         assert_eq!(
             l,
             ". '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; builtin printf '\\0%s %s %s\\0' abc \"$?\" \"$PWD\" >&3\n"
+        );
+    }
+
+    #[test]
+    fn an_inline_command_is_quoted_whole() {
+        let l = inline_command_line("echo 'a'\nb", None, "n");
+        assert_eq!(
+            l,
+            "eval 'echo '\\''a'\\''\nb' </dev/null >/dev/null 2>/dev/null 3>&-; builtin printf '\\0%s %s %s\\0' n \"$?\" \"$PWD\" >&3\n"
         );
     }
 

@@ -21,7 +21,9 @@ mod error;
 mod framing;
 mod interrupt;
 mod options;
+mod prepare;
 mod report;
+mod reserve;
 mod streams;
 
 use std::collections::BTreeSet;
@@ -34,14 +36,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cli_mcp_api::wire::ExecResponse;
 
+use crate::output::Captured;
 use crate::reaper::Reaper;
 use crate::spill::{SpillLimits, Spills};
 use crate::{procs, state_files};
 use bash::{Bash, Ended};
-use framing::{command_line, random_hex};
 use interrupt::Stop;
 use report::{Notes, Outcome};
-use streams::{Lingering, Streams};
+use reserve::Reserve;
+use streams::Lingering;
 
 pub use error::ShellError;
 pub use interrupt::StopReason;
@@ -69,6 +72,8 @@ pub struct Shell {
     spills: Spills,
     /// Output streams of earlier commands that background jobs still write.
     lingering: Lingering,
+    /// Space kept aside so that a command can be written to a full state dir.
+    reserve: Reserve,
 }
 
 /// One command's directory: `cmd` holds the command, `out` and `err` its output.
@@ -76,14 +81,11 @@ struct CommandFiles {
     dir: PathBuf,
     /// Tags the command's status record; also part of the directory's name.
     nonce: String,
-    seq: u64,
+    /// What bash is sent to run the command.
+    line: String,
 }
 
 impl CommandFiles {
-    fn line(&self) -> String {
-        command_line(&self.dir, &self.nonce)
-    }
-
     fn error(&self, source: io::Error) -> ShellError {
         ShellError::Files {
             dir: self.dir.clone(),
@@ -117,6 +119,7 @@ impl Shell {
                 max_total: opts.spill_total_bytes,
             },
         );
+        let reserve = Reserve::new(opts.state_dir.join("reserve"), opts.reserve_bytes);
         Ok(Self {
             opts,
             reaper,
@@ -126,6 +129,7 @@ impl Shell {
             started_marker,
             spills,
             lingering: Lingering::default(),
+            reserve,
         })
     }
 
@@ -171,9 +175,8 @@ impl Shell {
         let deadline = tokio::time::Instant::now() + timeout;
         self.keep_marker();
         let mut notes = Notes::new(self.pending_reset.take());
-        let files = self.write_command(command)?;
-        let streams = self.open_streams(&files)?;
-        let before = self.send(&files.line(), &mut notes).await?;
+        let (files, streams) = self.prepare(command, &mut notes)?;
+        let before = self.send(&files.line, &mut notes).await?;
         let (ended, stop) = self.await_end(&files.nonce, &before, deadline, abort).await;
 
         // Every error from here on comes after the command line went to bash: it may have run.
@@ -186,10 +189,13 @@ impl Shell {
             Some(stop) => notes.stopped(stop, timeout),
             None => status,
         };
-        let (out, mut err) = streams
-            .finish(&mut self.lingering)
-            .await
-            .map_err(|e| after_send(files.error(e)))?;
+        let (out, mut err) = match streams {
+            Some(streams) => streams
+                .finish(&mut self.lingering)
+                .await
+                .map_err(|e| after_send(files.error(e)))?,
+            None => (Captured::empty(), Captured::empty()),
+        };
         self.clean_up(&files);
         let shell_restarted = notes.append_to(&mut err.bytes);
         Ok(report::response(
@@ -203,38 +209,6 @@ impl Shell {
                 started,
             },
         ))
-    }
-
-    /// Writes `command` into a fresh, unguessable directory, so nothing can be planted there
-    /// in advance.
-    fn write_command(&mut self, command: &str) -> Result<CommandFiles, ShellError> {
-        self.seq += 1;
-        let nonce = random_hex();
-        let files = CommandFiles {
-            dir: self
-                .opts
-                .state_dir
-                .join("cmd")
-                .join(format!("{}-{}", self.seq, &nonce[..16])),
-            nonce,
-            seq: self.seq,
-        };
-        if fs::create_dir(&files.dir).is_err() {
-            // The state dir is writable by the sandbox user: repair it (off the hot path,
-            // only when a command broke it) and try once more.
-            self.ensure_dirs();
-            fs::create_dir(&files.dir).map_err(|e| files.error(e))?;
-        }
-        state_files::write_new_file(&files.dir.join("cmd"), command.as_bytes())
-            .map_err(|e| files.error(e))?;
-        Ok(files)
-    }
-
-    /// The command's stdout and stderr, read from the moment bash opens them.
-    fn open_streams(&mut self, files: &CommandFiles) -> Result<Streams, ShellError> {
-        let stem = format!("{}-{}", files.seq, &random_hex()[..8]);
-        streams::open(&files.dir, self.opts.output_budget, &self.spills, &stem)
-            .map_err(|e| files.error(e))
     }
 
     /// Hands `line` to bash; a shell that died since the last call, or that does not take
@@ -331,11 +305,12 @@ impl Shell {
     }
 
     /// Removes the command's directory and restores what the command may have removed.
-    fn clean_up(&self, files: &CommandFiles) {
+    fn clean_up(&mut self, files: &CommandFiles) {
         let _ = fs::remove_dir_all(&files.dir);
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
         // restart before the next command must still be reported.
         self.keep_marker();
+        self.reserve.keep();
     }
 
     /// Kills the shell and everything it started (agent shutdown).

@@ -32,6 +32,9 @@ pub struct ShellOptions {
     pub spill_max_bytes: u64,
     /// Bytes all spill files keep together at most; the oldest go first.
     pub spill_total_bytes: u64,
+    /// Bytes kept allocated in the state dir, released when it is full so that a command
+    /// file can still be written (at least the largest command accepted).
+    pub reserve_bytes: u64,
     pub kill_grace: Duration,
 }
 

@@ -266,8 +266,16 @@ pub struct Tmpfs {
 
 impl Tmpfs {
     pub fn mount(bytes: u64) -> Option<Self> {
+        Self::mount_with(bytes, "")
+    }
+
+    /// With more mount options (`nr_inodes=64`).
+    pub fn mount_with(bytes: u64, options: &str) -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
-        let data = format!("size={bytes},mode=0755");
+        let mut data = format!("size={bytes},mode=0755");
+        if !options.is_empty() {
+            data = format!("{data},{options}");
+        }
         match nix::mount::mount(
             Some("tmpfs"),
             dir.path(),

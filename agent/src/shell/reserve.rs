@@ -1,0 +1,79 @@
+//! Disk space the agent keeps aside in its state dir, so that a command can still be written
+//! there when a command filled the volume (the `rm` that would free it, say).
+//!
+//! `<state-dir>/reserve` is a file of allocated, unwritten blocks (`fallocate`). When the
+//! state dir is full and the agent's spill files are gone already, it is removed to make
+//! room, and allocated again after a command once there is space.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+pub(super) struct Reserve {
+    path: PathBuf,
+    bytes: u64,
+    /// Whether the file was in place, whole, the last time the agent looked.
+    held: bool,
+}
+
+impl Reserve {
+    /// Allocates the reserve if it is not there already (best effort: a full volume gets it
+    /// later).
+    pub fn new(path: PathBuf, bytes: u64) -> Self {
+        let mut r = Self {
+            path,
+            bytes,
+            held: false,
+        };
+        r.keep();
+        r
+    }
+
+    /// Allocates the reserve again if it was released or could not be allocated before: no
+    /// system call when it is held.
+    pub fn keep(&mut self) {
+        if self.held || self.bytes == 0 {
+            return;
+        }
+        match self.allocate() {
+            Ok(()) => self.held = true,
+            Err(e) => {
+                // A part-allocated file would hold space without being of use.
+                let _ = fs::remove_file(&self.path);
+                tracing::debug!(error = %e, "cannot allocate the state dir reserve yet");
+            }
+        }
+    }
+
+    fn allocate(&self) -> io::Result<()> {
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .mode(0o600)
+            .open(&self.path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        if meta.blocks() * 512 >= self.bytes {
+            return Ok(());
+        }
+        let len = i64::try_from(self.bytes).map_err(io::Error::other)?;
+        nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, len)
+            .map_err(io::Error::from)
+    }
+
+    /// Removes the reserve to make room; the bytes freed (0 if it was not held).
+    pub fn release(&mut self) -> u64 {
+        if !self.held {
+            return 0;
+        }
+        self.held = false;
+        match fs::remove_file(&self.path) {
+            Ok(()) => self.bytes,
+            Err(_) => 0,
+        }
+    }
+}
