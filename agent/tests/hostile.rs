@@ -191,3 +191,59 @@ async fn healthz_answers_while_forty_callers_queue_behind_a_running_command() {
         "{ran} queued callers ran and {busy} were refused busy"
     );
 }
+
+/// Reads the agent's memory as the shell can (its parent, same uid) and looks for the bearer
+/// token the agent was just sent: prints `found` or `not found`, or dies with `denied …`.
+const READ_AGENT_MEMORY: &str = r#"
+my ($pid, $reversed) = @ARGV;
+my $needle = reverse $reversed;
+open(my $maps, "<", "/proc/$pid/maps") or die "denied maps: $!\n";
+open(my $mem, "<:raw", "/proc/$pid/mem") or die "denied mem: $!\n";
+while (my $line = <$maps>) {
+    next unless $line =~ /^([0-9a-f]+)-([0-9a-f]+) rw/;
+    my ($start, $end) = (hex($1), hex($2));
+    next if $end - $start > (1 << 30);
+    sysseek($mem, $start, 0) or next;
+    my $buf;
+    next unless sysread($mem, $buf, $end - $start);
+    if (index($buf, $needle) >= 0) { print "found\n"; exit 0 }
+}
+print "not found\n";
+"#;
+
+/// The shell runs as the agent's user, so without protection it can read the agent's memory
+/// (and in it the bearer token of every request) and its environment through /proc. The
+/// agent makes itself non-dumpable, which leaves its /proc files to root and forbids
+/// same-uid access to `mem`, `maps` and `environ`. Root (CAP_SYS_PTRACE) may read them
+/// anyway, so when the test runs as root the agent and its shell run as `nobody` (65534):
+/// what is checked is exactly what a non-root shell in a pod can do.
+#[tokio::test]
+async fn the_shell_cannot_read_the_agents_memory_or_environment() {
+    let root = nix::unistd::geteuid().is_root();
+    let a = Agent::start_with(support::Opts {
+        run_as: root.then_some(65534),
+        ..Default::default()
+    });
+    let token = session_token();
+    let reversed: String = token.expose().chars().rev().collect();
+    let script = format!("'{}'", READ_AGENT_MEMORY.replace('\'', r"'\''"));
+    let v = a
+        .exec(&format!(
+            "id -u; perl -e {script} \"$PPID\" '{reversed}'; tr '\\0' ' ' < /proc/$PPID/environ | head -c 64"
+        ))
+        .await;
+    let (out, err) = (
+        v["stdout"].as_str().unwrap_or(""),
+        v["stderr"].as_str().unwrap_or(""),
+    );
+    assert!(
+        !out.contains("found") && !out.contains("SHA256"),
+        "the shell (uid {}) read the agent's memory or environment: {out:?} {err:?}",
+        out.lines().next().unwrap_or("?")
+    );
+    assert!(
+        err.contains("denied maps: Permission denied")
+            && err.contains("environ: Permission denied"),
+        "{out:?} {err:?}"
+    );
+}

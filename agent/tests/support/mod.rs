@@ -50,6 +50,9 @@ pub struct Opts<'a> {
     pub annotations: Option<&'a Path>,
     /// Launch through a shell that leaves fd 7 open, as a careless launcher would.
     pub leak_fd7: bool,
+    /// Run the agent (and so its shell) as this uid and gid; needs root. Its temporary
+    /// directory is handed to that user.
+    pub run_as: Option<u32>,
 }
 
 impl Default for Opts<'_> {
@@ -60,6 +63,7 @@ impl Default for Opts<'_> {
             state_dir: None,
             annotations: None,
             leak_fd7: false,
+            run_as: None,
         }
     }
 }
@@ -77,6 +81,15 @@ impl Agent {
             .unwrap_or_else(|| tmp.path().join("state"));
         let workdir = tmp.path().join("work");
         std::fs::create_dir_all(&workdir).expect("workdir");
+        if let Some(id) = opts.run_as {
+            let (uid, gid) = (
+                Some(nix::unistd::Uid::from_raw(id)),
+                Some(nix::unistd::Gid::from_raw(id)),
+            );
+            for dir in [tmp.path(), workdir.as_path()] {
+                nix::unistd::chown(dir, uid, gid).expect("hand the test dir to the agent's user");
+            }
+        }
         let agent_bin = env!("CARGO_BIN_EXE_cli-mcp-agent");
         let mut cmd = if opts.leak_fd7 {
             // bash opens fd 7 without close-on-exec and execs the agent with it.
@@ -110,6 +123,10 @@ impl Agent {
         .env_remove("ASSIGN_SHA256")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+        if let Some(id) = opts.run_as {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(id).gid(id);
+        }
         match opts.mode {
             Mode::Assigned => {
                 cmd.env("TOKEN_SHA256", session_token().commitment().to_hex());
