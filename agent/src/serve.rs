@@ -38,8 +38,10 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Most header fields per request.
 const MAX_HEADERS: usize = 32;
 /// How long a new connection is safe from eviction while it has sent nothing: a client's
-/// request may trail its connect, and its task may not have run yet under load.
-const SETTLE: Duration = Duration::from_secs(1);
+/// request may trail its connect by a moment. Short, because it also bounds how fast held
+/// connections can make room: peers that reconnect as soon as they are closed keep every
+/// slot young, and a probe then waits for one of them to reach this age.
+const SETTLE: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {

@@ -118,22 +118,38 @@ impl Stream {
         })
     }
 
-    fn took(&mut self, read: io::Result<usize>, buf: &[u8]) {
-        match read {
-            Ok(0) => self.eof = true,
-            Ok(n) => self.capture.push(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read command output");
-                self.eof = true;
+    /// Reads what the pipe holds, now that it is readable (`buf` is allocated on first use,
+    /// so a command without output costs no buffer).
+    fn take_ready(&mut self, buf: &mut Vec<u8>) {
+        if buf.is_empty() {
+            buf.resize(CHUNK, 0);
+        }
+        loop {
+            match self.rx.try_read(buf) {
+                Ok(0) => self.eof = true,
+                Ok(n) => {
+                    self.capture.push(&buf[..n]);
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read command output");
+                    self.eof = true;
+                }
             }
+            return;
         }
     }
 
     /// Reads what is in the pipe now, without waiting: after the command ended, that is all
     /// its foreground processes wrote. Raw reads, so no stale readiness hides data. False:
     /// another process still holds the FIFO open.
-    fn drain(&mut self, buf: &mut [u8]) -> bool {
+    fn drain(&mut self, buf: &mut Vec<u8>) -> bool {
+        if buf.is_empty() {
+            // Most commands end with an empty pipe: one read of a small buffer tells.
+            buf.resize(4096, 0);
+        }
         let mut drained = 0;
         while !self.eof {
             if drained >= DRAIN_MAX {
@@ -162,27 +178,33 @@ async fn collect(
     mut err: Stream,
     mut finished: oneshot::Receiver<()>,
 ) -> Collected {
-    let mut out_buf = vec![0u8; CHUNK];
-    let mut err_buf = vec![0u8; CHUNK];
+    // One buffer for both streams, allocated once output arrives.
+    let mut buf = Vec::new();
     loop {
         tokio::select! {
             // Also when the sender is gone: the command never reached bash.
             _ = &mut finished => break,
-            read = out.rx.read(&mut out_buf), if !out.eof => out.took(read, &out_buf),
-            read = err.rx.read(&mut err_buf), if !err.eof => err.took(read, &err_buf),
+            ready = out.rx.readable(), if !out.eof => match ready {
+                Ok(()) => out.take_ready(&mut buf),
+                Err(_) => out.eof = true,
+            },
+            ready = err.rx.readable(), if !err.eof => match ready {
+                Ok(()) => err.take_ready(&mut buf),
+                Err(_) => err.eof = true,
+            },
         }
     }
     out._writer = None;
     err._writer = None;
     let mut lingering = Vec::new();
-    let mut finish = |mut stream: Stream, buf: &mut [u8]| {
+    let mut finish = |mut stream: Stream, buf: &mut Vec<u8>| {
         if !stream.drain(buf) {
             lingering.push(stream.rx);
         }
         stream.capture.finish()
     };
-    let out = finish(out, &mut out_buf);
-    let err = finish(err, &mut err_buf);
+    let out = finish(out, &mut buf);
+    let err = finish(err, &mut buf);
     Collected {
         out,
         err,
