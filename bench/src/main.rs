@@ -13,6 +13,7 @@ use serde_json::json;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
+mod agent_attacks;
 mod cluster;
 
 #[derive(Parser)]
@@ -31,6 +32,12 @@ enum What {
         agent: PathBuf,
         #[arg(long, default_value_t = 1000)]
         iterations: usize,
+        /// Health probes per row of the hostile-load table.
+        #[arg(long, default_value_t = 200)]
+        probes: usize,
+        /// Leave out `yes` for 10 s (an agent without spill caps writes gigabytes).
+        #[arg(long)]
+        skip_yes: bool,
     },
     /// Local Kubernetes with the operator and server as pods: warm vs cold session start,
     /// `tools/call` through the Service and on the pod IP, N sessions × M commands at once.
@@ -39,7 +46,12 @@ enum What {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().what {
-        What::Agent { agent, iterations } => agent_bench(&agent, iterations),
+        What::Agent {
+            agent,
+            iterations,
+            probes,
+            skip_yes,
+        } => agent_bench(&agent, iterations, probes, skip_yes),
         What::Cluster(args) => cluster::cluster_bench(args),
     }
 }
@@ -74,7 +86,7 @@ fn mib(kib: u64) -> String {
 struct AgentProc {
     child: Child,
     addr: String,
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
 }
 
 impl Drop for AgentProc {
@@ -110,14 +122,10 @@ fn start_agent(bin: &PathBuf, commitment: &str) -> anyhow::Result<AgentProc> {
     };
     // Keep draining stderr so the agent never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Ok(AgentProc {
-        child,
-        addr,
-        _state: state,
-    })
+    Ok(AgentProc { child, addr, state })
 }
 
-fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
+fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow::Result<()> {
     let sid = SessionId::parse("bench").context("session id")?;
     let token = HmacKey::from_bytes([1; 32]).session_token(&sid);
     let agent = start_agent(bin, &token.commitment().to_hex())?;
@@ -226,5 +234,6 @@ fn agent_bench(bin: &PathBuf, n: usize) -> anyhow::Result<()> {
         "| after {n} commands + one 10 MB output | {} |",
         mib(rss_after_big)
     );
-    Ok(())
+    drop(agent);
+    agent_attacks::attacks(bin, &token, probes, skip_yes)
 }
