@@ -327,13 +327,16 @@ async fn deleting_the_cr_with_live_sessions_removes_everything() {
     env.finish(None).await;
 }
 
-/// Fault: a command printing 100 MB comes back truncated (head and tail, bounded) and the
-/// full output is spilled to a file in the sandbox.
+/// Fault: a command printing 100 MB comes back truncated (head and tail, bounded); the start
+/// of its output is spilled to a file in the sandbox, up to the agent's per-spill cap
+/// (64 MiB by default, so a full stream never fills the sandbox's disk), and the marker says
+/// where it is and how much was not kept.
 // This was ignored for a while after one "error sending request" in ~10 full runs, not seen
 // since. A failure now prints the error's source chain and the forward's warnings (no ready
 // endpoint, connect errors), which tell a broken forward from a server that closed.
 #[tokio::test]
 async fn a_100_mb_command_is_truncated_and_spilled() {
+    const SPILL_CAP: u64 = 64 << 20;
     let env = Env::install("j-bigout").await;
     env.ready_instance("b", 1).await;
     let mcp = env.client("b").await;
@@ -351,17 +354,28 @@ async fn a_100_mb_command_is_truncated_and_spilled() {
         t.starts_with("xxxx") && t.contains("truncated"),
         "head kept, cut marked"
     );
-    // The agent's marker, naming the spill file, reaches the caller.
-    assert!(t.contains("full output in "), "spill path shown: {t:.300}");
-    // The full output was spilled in the sandbox.
+    // The agent's marker, naming the spill file and what it did not keep, reaches the caller.
+    let kept = format!("the first {SPILL_CAP} bytes are in ");
+    let dropped = format!(
+        "the {} bytes after them were not kept",
+        100_000_000 - SPILL_CAP
+    );
+    assert!(
+        t.contains(&kept) && t.contains(&dropped),
+        "spill path and cap shown: {:.400}",
+        t.get(t.find("[…").unwrap_or(0)..).unwrap_or(&t)
+    );
+    // The start of the output was spilled in the sandbox, no more than the cap.
     let spill = mcp
         .bash(
             "big",
-            "d=${CLI_MCP_AGENT_STATE_DIR:-/tmp/cli-mcp-agent}; \
-             f=$(find \"$d\" -type f -size 100000000c); echo \"$f\" | grep -c . ; rm -f $f",
+            &format!(
+                "d=${{CLI_MCP_AGENT_STATE_DIR:-/tmp/cli-mcp-agent}}; \
+                 f=$(find \"$d\" -type f -size {SPILL_CAP}c); echo \"$f\" | grep -c . ; rm -f $f"
+            ),
         )
         .await;
-    assert_eq!(stdout(&spill).trim(), "1", "one 100 MB spill file: {spill}");
+    assert_eq!(stdout(&spill).trim(), "1", "one 64 MiB spill file: {spill}");
     drop(mcp);
     env.finish(Some("b")).await;
 }
