@@ -8,7 +8,7 @@ use std::time::Duration;
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label, InstanceName};
 use cli_mcp_api::pod_state::{is_assigned, is_deleting, is_ready};
-use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
+use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxRole};
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::testing::{cluster, wait_for, wait_for_set};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -693,9 +693,29 @@ async fn deleted_hmac_secret_gives_a_new_key_rolls_the_server_and_replaces_the_p
     )
     .await
     .expect("server rolls");
-    let pods = wait_pool(&ns, "hk", 2, &op).await;
+    // The template rolls in the same reconcile that replaces the pool, just before it: wait
+    // for a full pool of the new key, not for any full pool (the old one still is, briefly).
+    let new_key = hmac_key(&ns, "hk").await;
+    let pods = wait_for_set(
+        ns.api::<Pod>(),
+        &sandbox_selector("hk"),
+        "a full pool made for the new key",
+        TIMEOUT,
+        |pods: &[Pod]| {
+            let free = unassigned(pods);
+            free.len() == 2
+                && free
+                    .iter()
+                    .all(|p| is_ready(p) && made_for_key(p, &new_key))
+                && !pods.iter().any(is_deleting)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
     assert!(
-        pods.iter().all(|p| !old_pods.contains(&p.uid())),
+        unassigned(&pods)
+            .iter()
+            .all(|p| !old_pods.contains(&p.uid())),
         "pool replaced"
     );
     wait_for(
