@@ -177,7 +177,23 @@ impl Shell {
         let mut notes = Notes::new(self.pending_reset.take());
         let (files, streams) = self.prepare(command, &mut notes)?;
         let before = self.send(&files.line, &mut notes).await?;
-        let (ended, stop) = self.await_end(&files.nonce, &before, deadline, abort).await;
+        // Output is read while the command runs, in this task; the end of the wait tells the
+        // collector to take what is left.
+        let (finish, finished) = tokio::sync::oneshot::channel();
+        let collecting = async move {
+            match streams {
+                Some(streams) => Some(streams.collect(finished).await),
+                None => None,
+            }
+        };
+        let ((ended, stop), collected) = tokio::join!(
+            async {
+                let end = self.await_end(&files.nonce, &before, deadline, abort).await;
+                let _ = finish.send(());
+                end
+            },
+            collecting
+        );
 
         // Every error from here on comes after the command line went to bash: it may have run.
         let after_send = |e| ShellError::AfterSend(Box::new(e));
@@ -189,11 +205,8 @@ impl Shell {
             Some(stop) => notes.stopped(stop, timeout),
             None => status,
         };
-        let (out, mut err) = match streams {
-            Some(streams) => streams
-                .finish(&mut self.lingering)
-                .await
-                .map_err(|e| after_send(files.error(e)))?,
+        let (out, mut err) = match collected {
+            Some(collected) => collected.into_captures(&mut self.lingering),
             None => (Captured::empty(), Captured::empty()),
         };
         self.clean_up(&files);

@@ -38,20 +38,22 @@ const DRAIN_MAX: usize = 2 * 1024 * 1024;
 /// the oldest is closed, and its writers get EPIPE (or SIGPIPE) on their next write.
 pub(super) const LINGERING_MAX: usize = 64;
 
-/// The running command's two streams, collected by a task of their own.
+/// The running command's two streams. Collected in the task that waits for the command
+/// (polled alongside that wait), not in one of their own: handing them over to another task
+/// and back cost two cross-thread wake-ups per command.
 pub(super) struct Streams {
-    finish: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Collected>,
+    out: Stream,
+    err: Stream,
 }
 
-struct Collected {
+pub(super) struct Collected {
     out: Captured,
     err: Captured,
     /// Streams that some process still holds open once the command has ended.
     lingering: Vec<pipe::Receiver>,
 }
 
-/// Creates `dir/out` and `dir/err` as FIFOs and starts reading them. `spill_stem` names the
+/// Creates `dir/out` and `dir/err` as FIFOs, open for reading. `spill_stem` names the
 /// spill files (`<stem>.stdout`, `<stem>.stderr`).
 pub(super) fn open(
     dir: &Path,
@@ -67,30 +69,24 @@ pub(super) fn open(
         &dir.join("err"),
         StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stderr")),
     )?;
-    let (finish, finished) = oneshot::channel();
-    Ok(Streams {
-        finish: Some(finish),
-        task: tokio::spawn(collect(out, err, finished)),
-    })
+    Ok(Streams { out, err })
 }
 
 impl Streams {
-    /// Call once the command has ended: the captured streams, and any stream still open
-    /// elsewhere handed to `lingering`.
-    pub(super) async fn finish(
-        mut self,
-        lingering: &mut Lingering,
-    ) -> io::Result<(Captured, Captured)> {
-        if let Some(finish) = self.finish.take() {
-            let _ = finish.send(());
-        }
-        let collected = (&mut self.task)
-            .await
-            .map_err(|e| io::Error::other(format!("the output collector failed: {e}")))?;
-        for rx in collected.lingering {
+    /// Reads both streams until `finished` (the command has ended, or will never run),
+    /// then takes what is left in the pipes.
+    pub(super) async fn collect(self, finished: oneshot::Receiver<()>) -> Collected {
+        collect(self.out, self.err, finished).await
+    }
+}
+
+impl Collected {
+    /// The captured streams; any stream still open elsewhere goes to `lingering`.
+    pub(super) fn into_captures(self, lingering: &mut Lingering) -> (Captured, Captured) {
+        for rx in self.lingering {
             lingering.drain(rx);
         }
-        Ok((collected.out, collected.err))
+        (self.out, self.err)
     }
 }
 
@@ -110,8 +106,12 @@ impl Stream {
         let reader = File::options().read(true).custom_flags(flags).open(path)?;
         // With a reader open, a non-blocking open for writing succeeds at once.
         let writer = File::options().write(true).custom_flags(flags).open(path)?;
+        // Unchecked: the checked variant costs an fstat and two fcntls per stream on every
+        // command. We made the FIFO and opened it O_RDONLY|O_NONBLOCK|O_NOFOLLOW; should a
+        // command have swapped something else in first, epoll refuses it (EPERM for files and
+        // directories) and the command is refused before it runs.
         Ok(Self {
-            rx: pipe::Receiver::from_file(reader)?,
+            rx: pipe::Receiver::from_file_unchecked(reader)?,
             _writer: Some(OwnedFd::from(writer)),
             capture,
             eof: false,
@@ -180,6 +180,9 @@ async fn collect(
 ) -> Collected {
     // One buffer for both streams, allocated once output arrives.
     let mut buf = Vec::new();
+    // Watched from the start: a timer to watch only commands that run longer cost more
+    // wake-ups (arming it wakes the thread that waits for I/O) than the FIFOs' own (bash
+    // opening and closing them wakes the reactor, without data).
     loop {
         tokio::select! {
             // Also when the sender is gone: the command never reached bash.
