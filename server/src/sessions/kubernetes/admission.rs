@@ -48,8 +48,7 @@ pub enum Refusal {
 /// One assigned sandbox pod as the watch reports it.
 #[derive(Debug, Clone)]
 pub struct PodView {
-    /// The pod's uid (its name when the API gave none): two pods of one name at different
-    /// times are different pods.
+    /// The pod's [`pod_key`](super::pods::pod_key).
     pub key: String,
     /// The session the pod serves; `None` for a pod without a valid session id label.
     pub session: Option<SessionId>,

@@ -52,12 +52,13 @@ use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
 use activity::ActivityStamper;
 use admission::Admission;
-use cli_mcp_api::pod_state::{is_deleting, is_ready};
+use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::Found;
 use pods::{annotation_of, endpoint_of, has_launch};
 use routes::{Route, RouteCache};
 
-/// How often the `sessions_active` gauge is refreshed from the API.
+/// How often the `sessions_active` gauge is refreshed (from the pod watch's view, or a LIST
+/// while that view cannot be trusted).
 const GAUGE_REFRESH: Duration = Duration::from_secs(15);
 
 pub struct KubeBackend {
@@ -288,7 +289,7 @@ impl Backend for KubeBackend {
             .filter(|p| owner_allows(annotation_of(p, annotation::OWNER), caller))
             .filter_map(|p| {
                 Some(SessionSummary {
-                    session_id: p.labels().get(label::SESSION_ID)?.clone(),
+                    session_id: session_of(p)?.to_owned(),
                     sandbox: p.name_any(),
                     launch: p.labels().get(label::LAUNCH).cloned(),
                     created_at: annotation_of(p, annotation::CREATED_AT).map(str::to_owned),

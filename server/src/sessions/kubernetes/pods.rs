@@ -6,8 +6,9 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use cli_mcp_api::names::{annotation, label};
-use cli_mcp_api::pod_state::{cannot_start, is_ready, is_terminal, phase};
+use cli_mcp_api::pod_state::{cannot_start, is_ready, is_terminal, phase, session_of};
 use cli_mcp_api::wire::AGENT_PORT;
+use cli_mcp_api::SessionId;
 
 use super::KubeBackend;
 use crate::sessions::SessionError;
@@ -57,6 +58,17 @@ impl KubeBackend {
 /// A pod this call was waiting for was deleted by someone else: the operator (an instance
 /// being deleted, or a sandbox made by a server replica whose HMAC key or config is outdated,
 /// as happens while one is replaced) or an admin. Nothing is wrong with the sandbox image.
+/// Which pod this is across its lifetime: its uid (its name when the API gave none), so two
+/// pods of one name at different times are different pods.
+pub(super) fn pod_key(p: &Pod) -> String {
+    p.uid().unwrap_or_else(|| p.name_any())
+}
+
+/// The session a pod serves, when its label holds a valid session id.
+pub(super) fn session(p: &Pod) -> Option<SessionId> {
+    session_of(p).and_then(|s| SessionId::parse(s).ok())
+}
+
 pub(super) fn deleted_while_starting(name: &str) -> SessionError {
     SessionError::Sandbox(format!(
         "pod {name} was deleted while it was starting (by the operator or an admin: while the instance's HMAC key or configuration changes, the operator removes sandboxes made by server replicas that are being replaced); retry the call"

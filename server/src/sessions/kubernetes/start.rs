@@ -19,7 +19,7 @@ use cli_mcp_api::SessionId;
 use super::admission::Reservation;
 use super::pods::{
     annotation_of, deleted_while_starting, endpoint_of, has_launch, pending_reason, pod_ip,
-    start_failure,
+    pod_key, start_failure,
 };
 use super::KubeBackend;
 use crate::auth::Caller;
@@ -39,7 +39,7 @@ impl KubeBackend {
         caller: &Caller,
         reservation: &Reservation,
     ) -> Result<(Pod, Launch), SessionError> {
-        let written = |p: &Pod| reservation.written(&p.uid().unwrap_or_else(|| p.name_any()));
+        let written = |p: &Pod| reservation.written(&pod_key(p));
         match self.claim_warm(sid, caller).await? {
             Some(p) => {
                 written(&p);

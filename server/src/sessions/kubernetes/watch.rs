@@ -10,12 +10,11 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
-use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::{is_deleting, is_terminal};
-use cli_mcp_api::SessionId;
 
 use super::admission::PodView;
-
+use super::pods::{pod_key, session};
 use super::KubeBackend;
 
 impl KubeBackend {
@@ -40,16 +39,12 @@ impl KubeBackend {
                 Ok(watcher::Event::Init) => self.admission.relist_started(Instant::now()),
                 Ok(watcher::Event::InitApply(p)) => {
                     self.admission.relisted(pod_view(&p));
-                    if is_deleting(&p) || is_terminal(&p) {
-                        self.pod_going(&p)
-                    }
+                    self.note_if_going(&p);
                 }
                 Ok(watcher::Event::InitDone) => self.admission.relist_done(),
                 Ok(watcher::Event::Apply(p)) => {
                     self.admission.applied(pod_view(&p));
-                    if is_deleting(&p) || is_terminal(&p) {
-                        self.pod_going(&p)
-                    }
+                    self.note_if_going(&p);
                 }
                 Ok(watcher::Event::Delete(p)) => {
                     self.admission.deleted(pod_view(&p));
@@ -63,13 +58,15 @@ impl KubeBackend {
         }
     }
 
+    /// A pod being deleted or terminated for good is going, as a deleted one is.
+    fn note_if_going(&self, pod: &Pod) {
+        if is_deleting(pod) || is_terminal(pod) {
+            self.pod_going(pod)
+        }
+    }
+
     pub(super) fn pod_going(&self, pod: &Pod) {
-        let (Some(sid), Some(uid)) = (
-            pod.labels()
-                .get(label::SESSION_ID)
-                .and_then(|s| SessionId::parse(s).ok()),
-            pod.uid(),
-        ) else {
+        let (Some(sid), Some(uid)) = (session(pod), pod.uid()) else {
             return;
         };
         self.stamper.forget(&pod.name_any());
@@ -84,11 +81,8 @@ impl KubeBackend {
 /// What admission needs of an assigned pod.
 pub(super) fn pod_view(p: &Pod) -> PodView {
     PodView {
-        key: p.uid().unwrap_or_else(|| p.name_any()),
-        session: p
-            .labels()
-            .get(label::SESSION_ID)
-            .and_then(|s| SessionId::parse(s).ok()),
+        key: pod_key(p),
+        session: session(p),
         terminating: is_deleting(p),
     }
 }
