@@ -984,6 +984,42 @@ async fn auth_allows_bound_identities_and_denies_others() {
     w.done().await;
 }
 
+/// A burst of first calls with one token costs one TokenReview + SubjectAccessReview: the
+/// callers that miss the cache while it runs share its decision (before, 50 calls at once
+/// sent 50 pairs of reviews).
+#[tokio::test]
+async fn concurrent_first_calls_with_one_token_share_one_review() {
+    let w = World::new("srv-auth-burst").await;
+    let dave = identity(&w, "dave", &["create"]).await;
+    let (server, http) = auth_server(&w).await;
+    let answers = futures::future::join_all((0..50).map(|_| {
+        let mcp = authed(&server, &http, &dave, "d-1");
+        async move { mcp.rpc("tools/list", json!({})).await }
+    }))
+    .await;
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.text);
+    }
+    let metrics = support::http()
+        .get(server.health_url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let count = |series: &str| cli_mcp_e2e::http::metric_sum(&metrics, series).unwrap_or(0.0);
+    let reviewed = count("cli_mcp_auth_decisions_total{result=\"allowed\",cached=\"false\"}");
+    let shared = count("cli_mcp_auth_decisions_total{result=\"allowed\",cached=\"true\"}");
+    assert_eq!(
+        (reviewed, shared),
+        (1.0, 49.0),
+        "50 concurrent first calls: reviews sent vs decisions shared"
+    );
+    drop(server);
+    w.done().await;
+}
+
 #[tokio::test]
 async fn a_second_identity_cannot_use_or_delete_the_first_ones_session() {
     let w = World::new("srv-owner").await;

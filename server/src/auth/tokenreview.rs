@@ -56,11 +56,21 @@ struct Cached {
     decision: Result<Caller, AuthError>,
 }
 
+/// A cache key: the token's SHA-256 (the token itself is never kept) and the verb.
+type Key = ([u8; 32], Verb);
+
+/// The one review in progress for a key, shared by every caller that missed the cache
+/// meanwhile.
+type InFlight = Arc<tokio::sync::OnceCell<Result<Caller, AuthError>>>;
+
 pub struct Authenticator {
     client: kube::Client,
     instance: InstanceName,
     namespace: String,
-    cache: Mutex<HashMap<([u8; 32], Verb), Cached>>,
+    cache: Mutex<HashMap<Key, Cached>>,
+    /// Reviews in progress: a burst of first calls with one token costs one TokenReview and
+    /// one SubjectAccessReview, not one per call.
+    in_flight: Mutex<HashMap<Key, InFlight>>,
     metrics: Arc<Metrics>,
 }
 
@@ -85,6 +95,7 @@ impl Authenticator {
             instance,
             namespace,
             cache: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
             metrics,
         }
     }
@@ -116,15 +127,37 @@ impl Authenticator {
             self.metrics.auth(result_of(&hit), true);
             return hit;
         }
-        let decision = self.review(token, verb).await;
-        self.metrics.auth(result_of(&decision), false);
-        if !matches!(decision, Err(AuthError::Unavailable(_))) {
-            self.remember(key, verb, decision.clone());
+        let shared = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((key, verb))
+            .or_default()
+            .clone();
+        let mut reviewed = false;
+        let decision = shared
+            .get_or_init(|| async {
+                reviewed = true;
+                let decision = self.review(token, verb).await;
+                if !matches!(decision, Err(AuthError::Unavailable(_))) {
+                    self.remember(key, verb, decision.clone());
+                }
+                decision
+            })
+            .await
+            .clone();
+        if reviewed {
+            // Later misses (after the TTL, or after an outage) review afresh.
+            self.in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(key, verb));
         }
+        self.metrics.auth(result_of(&decision), !reviewed);
         decision
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<([u8; 32], Verb), Cached>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Cached>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
