@@ -324,3 +324,38 @@ pub fn processes_with_arg(needle: &str) -> Vec<(i32, Vec<String>)> {
         })
         .collect()
 }
+
+/// Whether process `pid` runs: it exists and is not a zombie (an orphan that exited is reaped
+/// by init, which may take its time, so its `/proc` entry outlives it).
+pub fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) state ...`; comm may contain anything, so read after its last ')'.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zombie_does_not_run_and_a_reaped_child_is_gone() {
+        assert!(running(std::process::id() as i32));
+        let mut child = Command::new("true").spawn().expect("spawn true");
+        let pid = child.id() as i32;
+        // Exited but not waited for: a zombie until reaped.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running(pid) {
+            assert!(Instant::now() < deadline, "`true` still runs after 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "a zombie keeps its /proc entry"
+        );
+        child.wait().expect("wait");
+        assert!(!running(pid));
+    }
+}

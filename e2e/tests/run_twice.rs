@@ -20,7 +20,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use cli_mcp_e2e::cluster::{locate_control_plane, ClusterInfo, INFO_FILE};
-use cli_mcp_e2e::process::{isolate, processes_with_arg, spawn_detached};
+use cli_mcp_e2e::process::{isolate, processes_with_arg, running, spawn_detached};
 use cli_mcp_e2e::testing::{binaries_dir, workspace_root, READY_PREFIX};
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, Signal};
@@ -510,14 +510,4 @@ wait "$start_pid"
         tail(&log)
     );
     assert_nothing_left(&run_dir, pid).await;
-}
-
-/// Whether `pid` runs: it exists and is not a zombie (an orphan is reaped by init, which may
-/// take its time).
-fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
 }

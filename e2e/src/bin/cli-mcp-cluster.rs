@@ -328,7 +328,7 @@ fn down(run_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     // The owner is not our child, so there is nothing to wait(2) on: watch /proc. An owner
     // whose parent died is reaped by init, which may take its time: a zombie has exited.
     let deadline = Instant::now() + Duration::from_secs(90);
-    while running(info.pid) {
+    while cli_mcp_e2e::process::running(info.pid as i32) {
         if Instant::now() > deadline {
             bail!("cluster owner pid {} did not exit within 90 s", info.pid);
         }
@@ -336,16 +336,6 @@ fn down(run_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     }
     eprintln!("cli-mcp-cluster: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// Whether `pid` runs: it exists and is not a zombie.
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // `pid (comm) state ...`; comm may contain anything, so read after its last ')'.
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
 }
 
 async fn forward(
