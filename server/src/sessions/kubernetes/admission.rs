@@ -177,6 +177,19 @@ impl Admission {
         self.admit(&mut st, sid, n).map_err(Refusal::Limit)
     }
 
+    /// Whether a new session `sid` would be refused right now, judged from a synced view in
+    /// which `sid` has no pod: the caller can be told at once, without looking the session
+    /// up in the API. `None` when only a lookup can tell (not synced, `sid` known, room).
+    pub fn refuses_new(&self, sid: &SessionId) -> Option<LimitReached> {
+        let st = self.lock();
+        if !st.synced || st.view.contains(sid) || st.pending.contains(sid) {
+            return None;
+        }
+        let view = &st.view;
+        let n = st.count_without(sid, view.sessions.len(), |s| view.contains(s));
+        (n >= self.max).then_some(LimitReached { max: self.max })
+    }
+
     /// Admits `sid`, counting `listed` (the session ids of the assigned, not-terminating pods
     /// from a LIST that began after this call did) instead of the view.
     pub fn reserve_listed(
@@ -489,6 +502,21 @@ mod tests {
             ..pod("p1", "x")
         });
         assert!(a.reserve(&sid("a")).is_ok());
+    }
+
+    #[test]
+    fn a_full_synced_view_refuses_unknown_sessions_without_a_lookup() {
+        let a = synced(1, &[("p1", "x")]);
+        assert_eq!(a.refuses_new(&sid("y")), Some(LimitReached { max: 1 }));
+        assert_eq!(a.refuses_new(&sid("x")), None, "x has a pod: look it up");
+        a.watch_failed();
+        assert_eq!(
+            a.refuses_new(&sid("y")),
+            None,
+            "a stale view decides nothing"
+        );
+        let b = synced(2, &[("p1", "x")]);
+        assert_eq!(b.refuses_new(&sid("y")), None, "room: look it up");
     }
 
     #[test]

@@ -51,7 +51,7 @@ use crate::auth::Caller;
 use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
 use activity::ActivityStamper;
-use admission::Admission;
+use admission::{Admission, LimitReached};
 use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::Found;
 use pods::{annotation_of, endpoint_of, has_launch};
@@ -186,6 +186,12 @@ impl KubeBackend {
         caller: &Caller,
     ) -> Result<Sandbox, SessionError> {
         let t0 = Instant::now();
+        // At the limit, a session the watch knows no pod of is refused before any API call:
+        // callers over the limit cost nothing. (A pod another replica created within the
+        // watch's lag is missed: that caller is refused once, and its next call finds it.)
+        if let Some(LimitReached { max }) = self.admission.refuses_new(sid) {
+            return Err(SessionError::SessionLimit { max });
+        }
         let previous = self.cache.previous_uid(sid);
         let stale = match self.find(sid).await? {
             Found::Pod(pod) => {
