@@ -325,14 +325,21 @@ pub fn processes_with_arg(needle: &str) -> Vec<(i32, Vec<String>)> {
         .collect()
 }
 
-/// Whether process `pid` runs: it exists and is not a zombie (an orphan that exited is reaped
-/// by init, which may take its time, so its `/proc` entry outlives it).
+/// Whether process `pid` runs: any of its threads exists and is not a zombie. An orphan that
+/// exited is reaped by init, which may take its time, so its `/proc` entry outlives it. The
+/// main thread alone is not enough: under SIGKILL it can be a zombie while other threads are
+/// still exiting and still hold the process's files (a listening socket keeps accepting).
 pub fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // `pid (comm) state ...`; comm may contain anything, so read after its last ')'.
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // `tid (comm) state ...`; comm may contain anything, so read after its last ')'.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
     })
 }
 

@@ -471,8 +471,20 @@ async fn a_dead_agent_is_replaced_and_the_reset_is_reported() {
         .status()
         .expect("kill");
     assert!(killed.success());
+    // kill(2) only queues the signal: until the agent has exited, the kernel still accepts
+    // connections on its socket, so a call sent now could be written and then broken, which
+    // is rightly reported as "may have run". This test is about a sandbox found dead.
+    let pid_num: i32 = pid.parse().expect("numeric pid");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cli_mcp_e2e::process::running(pid_num) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "agent {pid} still runs 10 s after SIGKILL"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let r = mcp.bash("echo \"[${MARK:-}]\"").await;
-    assert!(!is_error(&r), "{r}");
+    assert!(!is_error(&r), "{r}\nserver log:\n{}", server.log_text());
     assert_eq!(structured(&r)["stdout"], "[]\n");
     assert_eq!(structured(&r)["state_reset"], true);
     assert!(text(&r).contains("session state was reset"), "{}", text(&r));
