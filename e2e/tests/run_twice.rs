@@ -281,6 +281,35 @@ fn log_mentions(log: &Path, text: &str) -> bool {
     std::fs::read_to_string(log).is_ok_and(|l| l.contains(text))
 }
 
+/// `cli-mcp-cluster up` of the run with the located control plane.
+fn spawn_up(run_dir: &Path, control_plane: &Path, log: &Path) -> Child {
+    Child::spawn("cli-mcp-cluster up", up(run_dir, Some(control_plane)), log)
+}
+
+/// [`spawn_up`], then waits until it says it is ready and [`assert_ready`] agrees.
+async fn start_ready(run_dir: &Path, control_plane: &Path, log: &Path) -> Child {
+    let started = Instant::now();
+    let mut c = spawn_up(run_dir, control_plane, log);
+    c.line(READY_PREFIX, READY_WITHIN, log).await;
+    eprintln!("ready after {:?}", started.elapsed());
+    assert_ready(run_dir, c.pid).await;
+    c
+}
+
+/// Sends `sig` to a `cli-mcp-cluster up` that is not ready yet: it must exit with 130 within
+/// [`STOP_WITHIN`] and log that the signal came during startup.
+async fn stop_during_startup(c: &mut Child, sig: Signal, log: &Path, phase: &str) {
+    c.signal(sig);
+    let (status, took) = c.exited(STOP_WITHIN, log).await;
+    eprintln!("stopped {phase}: {status} after {took:?}");
+    assert_eq!(status.code(), Some(130), "{}", tail(log));
+    assert!(
+        log_mentions(log, &format!("{sig} during startup")),
+        "{}",
+        tail(log)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_stops_at_every_phase_and_starts_again() {
     let run_base = workspace_root().join(".run");
@@ -308,15 +337,13 @@ async fn cluster_up_stops_at_every_phase_and_starts_again() {
         || !processes_with_arg(&building).is_empty(),
     )
     .await;
-    c.signal(Signal::SIGTERM);
-    let (status, took) = c.exited(STOP_WITHIN, &log).await;
-    eprintln!("stopped while building the control plane: {status} after {took:?}");
-    assert_eq!(status.code(), Some(130), "{}", tail(&log));
-    assert!(
-        log_mentions(&log, "SIGTERM during startup"),
-        "{}",
-        tail(&log)
-    );
+    stop_during_startup(
+        &mut c,
+        Signal::SIGTERM,
+        &log,
+        "while building the control plane",
+    )
+    .await;
     until(
         "the cold build's processes to be gone",
         Duration::from_secs(10),
@@ -327,33 +354,17 @@ async fn cluster_up_stops_at_every_phase_and_starts_again() {
     let _ = std::fs::remove_dir_all(&cold);
 
     // 2. While starting the components: SIGINT (Ctrl-C) as soon as etcd runs.
-    let mut c = Child::spawn(
-        "cli-mcp-cluster up",
-        up(&run_dir, Some(&control_plane)),
-        &log,
-    );
+    let mut c = spawn_up(&run_dir, &control_plane, &log);
     let etcd = shm_prefix(c.pid);
     until("etcd of the run", APPEAR_WITHIN, || {
         !processes_with_arg(&etcd).is_empty()
     })
     .await;
-    c.signal(Signal::SIGINT);
-    let (status, took) = c.exited(STOP_WITHIN, &log).await;
-    eprintln!("stopped while starting etcd: {status} after {took:?}");
-    assert_eq!(status.code(), Some(130), "{}", tail(&log));
-    assert!(
-        log_mentions(&log, "SIGINT during startup"),
-        "{}",
-        tail(&log)
-    );
+    stop_during_startup(&mut c, Signal::SIGINT, &log, "while starting etcd").await;
     assert_nothing_left(&run_dir, c.pid).await;
 
     // 3. In the last phase: the kubelet runs, the cluster is not ready yet.
-    let mut c = Child::spawn(
-        "cli-mcp-cluster up",
-        up(&run_dir, Some(&control_plane)),
-        &log,
-    );
+    let mut c = spawn_up(&run_dir, &control_plane, &log);
     let kubelet_state = format!("{}/kubelet", run_dir.display());
     until("the kubelet of the run", READY_WITHIN, || {
         processes_with_arg(&kubelet_state)
@@ -367,15 +378,7 @@ async fn cluster_up_stops_at_every_phase_and_starts_again() {
         "the cluster was ready (or gone) before the kubelet was seen: {:?}",
         c.lines
     );
-    c.signal(Signal::SIGTERM);
-    let (status, took) = c.exited(STOP_WITHIN, &log).await;
-    eprintln!("stopped while waiting for the node: {status} after {took:?}");
-    assert_eq!(status.code(), Some(130), "{}", tail(&log));
-    assert!(
-        log_mentions(&log, "SIGTERM during startup"),
-        "{}",
-        tail(&log)
-    );
+    stop_during_startup(&mut c, Signal::SIGTERM, &log, "while waiting for the node").await;
     assert!(
         !run_dir.join(INFO_FILE).exists(),
         "cluster.json of a cluster never ready"
@@ -383,15 +386,7 @@ async fn cluster_up_stops_at_every_phase_and_starts_again() {
     assert_nothing_left(&run_dir, c.pid).await;
 
     // 4. Start to ready, stop with SIGTERM.
-    let started = Instant::now();
-    let mut c = Child::spawn(
-        "cli-mcp-cluster up",
-        up(&run_dir, Some(&control_plane)),
-        &log,
-    );
-    c.line(READY_PREFIX, READY_WITHIN, &log).await;
-    eprintln!("ready after {:?}", started.elapsed());
-    assert_ready(&run_dir, c.pid).await;
+    let mut c = start_ready(&run_dir, &control_plane, &log).await;
     c.signal(Signal::SIGTERM);
     let (status, took) = c.exited(STOP_WITHIN, &log).await;
     eprintln!("stopped a ready cluster: {status} after {took:?}");
@@ -399,15 +394,7 @@ async fn cluster_up_stops_at_every_phase_and_starts_again() {
     assert_nothing_left(&run_dir, c.pid).await;
 
     // 5. And again, stopped through `cli-mcp-cluster down` this time.
-    let started = Instant::now();
-    let mut c = Child::spawn(
-        "cli-mcp-cluster up",
-        up(&run_dir, Some(&control_plane)),
-        &log,
-    );
-    c.line(READY_PREFIX, READY_WITHIN, &log).await;
-    eprintln!("ready again after {:?}", started.elapsed());
-    assert_ready(&run_dir, c.pid).await;
+    let mut c = start_ready(&run_dir, &control_plane, &log).await;
     let mut down = Command::new(cluster_bin());
     down.arg("down").arg("--run-dir").arg(&run_dir);
     let down_log = run_base.join("e2e-run-twice-cycles.down.log");
