@@ -4,7 +4,8 @@
 //! object names and label keys ([`names`]), the session identifier ([`SessionId`]), the token
 //! scheme ([`token`]), the agent's JSON wire types ([`wire`]) and — with the default `k8s`
 //! feature — the sandbox pod builder used by both pod writers ([`sandbox`]), what a pod's
-//! observed state means ([`pod_state`]) and the activity stamp the server writes and the
+//! observed state means ([`pod_state`]), the restricted security settings of every pod we
+//! build ([`pod_security`]) and the activity stamp the server writes and the
 //! operator's idle GC reads ([`activity`]).
 //!
 //! The agent depends on this crate without the `k8s` feature, so it stays free of kube.
@@ -20,6 +21,8 @@ pub mod wire;
 pub mod activity;
 #[cfg(feature = "k8s")]
 pub mod crd;
+#[cfg(feature = "k8s")]
+pub mod pod_security;
 #[cfg(feature = "k8s")]
 pub mod pod_state;
 #[cfg(feature = "k8s")]

@@ -7,10 +7,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod,
-    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
-    SecurityContext, Volume, VolumeMount,
+    Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe,
+    ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -302,17 +301,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             failure_threshold: Some(3),
             ..Default::default()
         }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        security_context: Some(crate::pod_security::restricted_container()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
@@ -334,17 +323,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             enable_service_links: Some(false),
             restart_policy: Some("Always".into()),
             termination_grace_period_seconds: Some(cfg.termination_grace_period_seconds),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(SANDBOX_UID),
-                run_as_group: Some(SANDBOX_UID),
-                fs_group: Some(SANDBOX_UID),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            security_context: Some(crate::pod_security::restricted_pod(Some(SANDBOX_UID))),
             ..Default::default()
         }),
         ..Default::default()

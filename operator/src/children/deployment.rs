@@ -7,15 +7,15 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource,
-    SecurityContext, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, PodSpec,
+    PodTemplateSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use cli_mcp_api::crd::AuthMode;
 use cli_mcp_api::names::label;
+use cli_mcp_api::pod_security;
 
 use super::{
     Inputs, HEALTH_PORT, HMAC_DIR, HMAC_VERSION_ANNOTATION, TLS_DIR, TLS_VERSION_ANNOTATION,
@@ -164,17 +164,7 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         readiness_probe: Some(http_probe("/readyz", 2, 3)),
         resources: Some(inp.spec.server_resources.clone()),
         volume_mounts: Some(mounts),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        security_context: Some(pod_security::restricted_container()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
@@ -210,14 +200,7 @@ pub fn deployment(inp: &Inputs) -> Deployment {
                     termination_grace_period_seconds: Some(30),
                     containers: vec![container],
                     volumes: Some(volumes),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
+                    security_context: Some(pod_security::restricted_pod(None)),
                     ..Default::default()
                 }),
             },
