@@ -148,7 +148,7 @@ pub fn unassigned(pods: &[Pod]) -> Vec<&Pod> {
 pub async fn claim(api: &Api<Pod>, pod: &Pod, sid: &str, key: &HmacKey) -> kube::Result<Pod> {
     let sid = SessionId::parse(sid).expect("valid sid");
     let commitment = key.session_token(&sid).commitment().to_hex();
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let now = cli_mcp_api::activity::stamp_now();
     let patch = json!({"metadata": {
         "resourceVersion": pod.resource_version(),
         "labels": {label::SESSION_ID: sid.as_str(), label::LAUNCH: label::LAUNCH_WARM},

@@ -455,7 +455,7 @@ async fn session_pod(
             token,
             owner: None,
         },
-        &then.to_string(),
+        &cli_mcp_api::activity::stamp(then),
     );
     ns.api::<Pod>()
         .create(&PostParams::default(), &pod)
