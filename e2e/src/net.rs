@@ -67,7 +67,9 @@ pub fn preflight() -> Result<()> {
         Ok(())
     } else {
         Err(Error::Prerequisite(format!(
-            "the host is not ready for the local cluster:\n  - {}",
+            "the host is not ready for the local cluster:\n  - {}\n`make prereqs` \
+             (hack/prereqs.sh, as root) installs and sets all of these; `make run`, `make test` \
+             and `make cluster` run it first",
             problems.join("\n  - ")
         )))
     }
