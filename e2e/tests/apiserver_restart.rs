@@ -20,10 +20,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_api::names::label;
 use cli_mcp_api::pod_state::{is_deleting, phase};
 use cli_mcp_e2e::instance;
-use cli_mcp_e2e::journey::{container_pid, sandbox_selector, session_of, stdout, text, Env, Mcp};
+use cli_mcp_e2e::journey::{
+    container_pid, sandbox_selector, server_selector, session_of, stdout, text, Env, Mcp,
+};
 use cli_mcp_e2e::testing::{pod_ip, private_cluster, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -274,14 +275,7 @@ async fn sessions_survive_an_apiserver_restart() {
     assert_eq!(before.len(), 2, "{before:?}");
     assert!(before.values().all(|uids| uids.len() == 1), "{before:?}");
 
-    let servers = env
-        .list::<Pod>(&format!(
-            "{}={INSTANCE},{}={}",
-            label::INSTANCE,
-            label::COMPONENT,
-            label::COMPONENT_SERVER
-        ))
-        .await;
+    let servers = env.list::<Pod>(&server_selector(INSTANCE)).await;
     assert_eq!(servers.len(), 1, "one server replica");
     let server_ip = pod_ip(&servers[0]).expect("server pod IP");
     let direct = mcp.via(
@@ -414,14 +408,7 @@ async fn sessions_survive_an_apiserver_restart() {
             .any(|o| o.uid == owner_uid && o.controller == Some(true));
         assert!(owned, "{} is owned by the instance", p.name_any());
     }
-    let servers_now = env
-        .list::<Pod>(&format!(
-            "{}={INSTANCE},{}={}",
-            label::INSTANCE,
-            label::COMPONENT,
-            label::COMPONENT_SERVER
-        ))
-        .await;
+    let servers_now = env.list::<Pod>(&server_selector(INSTANCE)).await;
     assert_eq!(servers_now.len(), 1, "still one server replica");
 
     drop(mcp);
