@@ -7,7 +7,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools crdgen bench clean
+.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools images crdgen bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -56,6 +56,10 @@ bench: prereqs control-plane tools build ## speed and memory figures, printed as
 
 tools: ## helm and kustomize from the Go module proxy (cached), for the packaging tests
 	@hack/build-helm-kustomize.sh >/dev/null
+
+images: ## OCI image archives of operator, server and sandbox, no container engine (cached; images/README.md)
+	$(CARGO) build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-agent
+	@hack/build-images.sh
 
 crdgen: ## regenerate the CRD YAML (config/crd, chart) from the Rust types
 	hack/crdgen.sh
