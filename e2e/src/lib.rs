@@ -13,6 +13,7 @@
 //! - [`child`]: the project's binaries on the host, started once they log they are ready.
 //! - [`load`]: a bounded CPU load for tests that must hold on a busy machine.
 
+pub mod addons;
 pub mod child;
 pub mod cluster;
 pub mod error;
