@@ -78,6 +78,11 @@ pub struct Flags {
     /// Downward-API file with the pod's annotations, read to recover the assignment.
     #[arg(long, env = "CLI_MCP_AGENT_PODINFO_ANNOTATIONS", default_value = cli_mcp_api::wire::PODINFO_ANNOTATIONS)]
     pub podinfo_annotations: PathBuf,
+    /// Stop (as on SIGTERM) when the process with this pid, the agent's parent, dies, even
+    /// by SIGKILL (`PR_SET_PDEATHSIG`). The server's local backend sets it; in a pod the
+    /// container's end already ends everything in it.
+    #[arg(long, env = "CLI_MCP_AGENT_PARENT_PID")]
+    pub parent_pid: Option<i32>,
     /// Log as JSON lines (the default in a cluster).
     #[arg(long, env = "CLI_MCP_AGENT_LOG_JSON", default_value_t = false)]
     pub log_json: bool,

@@ -24,6 +24,9 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
     // Before anything is announced: a SIGTERM that arrives right after start must take the
     // graceful path, not the default action.
     let signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
+    if let Some(parent) = flags.parent_pid {
+        stop_with_parent(parent)?;
+    }
     let listener = tokio::net::TcpListener::bind(flags.listen)
         .await
         .with_context(|| format!("cannot listen on {}", flags.listen))?;
@@ -55,6 +58,20 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
         } => tracing::warn!("connections still open after the drain; closing them"),
     }
     stop(&state, flags.kill_grace()).await;
+    Ok(())
+}
+
+/// SIGTERM (the graceful path: the shell and everything it started are killed) when the
+/// parent `parent` dies. The kernel sends it when the parent *thread* that spawned us exits.
+fn stop_with_parent(parent: i32) -> anyhow::Result<()> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+        .context("cannot set the parent-death signal (--parent-pid)")?;
+    // The parent died before the prctl: nobody will send the signal.
+    let now = nix::unistd::getppid().as_raw();
+    anyhow::ensure!(
+        now == parent,
+        "--parent-pid {parent} is not this agent's parent (pid {now}): it has exited"
+    );
     Ok(())
 }
 

@@ -390,3 +390,75 @@ async fn processes_that_escape_the_shell_die_with_it() {
         "escaped process survived the shell"
     );
 }
+
+/// Whether `pid` exists and is not a zombie.
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// A SIGKILLed agent cannot stop its shell, so the shell dies with it (parent-death signal);
+/// before, a shell busy with a command (one that never reads its stdin, so never sees the
+/// agent's end) went on running without an owner.
+#[tokio::test]
+async fn the_shell_dies_with_a_sigkilled_agent() {
+    let mut a = Agent::start();
+    let v = a.exec("echo $$").await;
+    let shell: i32 = s(&v, "stdout").trim().parse().expect("shell pid");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = dir.path().join("started");
+    let busy = format!("touch {}; while :; do :; done", started.display());
+    let call = {
+        let http = a.http.clone();
+        let url = a.url("/exec");
+        let token = support::session_token();
+        tokio::spawn(async move {
+            let _ = http
+                .post(url)
+                .bearer_auth(token.expose())
+                .json(&json!({"command": busy, "timeout_ms": 60000}))
+                .send()
+                .await;
+        })
+    };
+    assert!(
+        support::eventually(std::time::Duration::from_secs(10), || started.exists()).await,
+        "the busy command never started"
+    );
+    a.crash();
+    let gone = support::eventually(std::time::Duration::from_secs(10), || !running(shell)).await;
+    if !gone {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(shell),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    call.abort();
+    assert!(
+        gone,
+        "the shell (pid {shell}) still ran 10 s after its agent was SIGKILLed (now killed)"
+    );
+}
+
+/// `--parent-pid` that is not the agent's parent (it has exited): the agent refuses to
+/// start rather than run on without an owner.
+#[tokio::test]
+async fn a_wrong_parent_pid_is_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cli-mcp-agent"))
+        .args(["--listen", "127.0.0.1:0", "--parent-pid", "1"])
+        .env(
+            cli_mcp_api::wire::ENV_TOKEN_SHA256,
+            support::session_token().commitment().to_hex(),
+        )
+        .output()
+        .expect("run the agent");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--parent-pid 1 is not this agent's parent"),
+        "{err}"
+    );
+}

@@ -295,6 +295,7 @@ fn session_error_response(e: &SessionError) -> Response {
         SessionError::Sandbox(_)
         | SessionError::Restarting(_)
         | SessionError::Interrupted(_)
+        | SessionError::Deleted
         | SessionError::Agent(_) => (StatusCode::BAD_GATEWAY, "sandbox"),
     };
     error_response(status, code, e.to_string())

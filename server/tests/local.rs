@@ -448,6 +448,175 @@ async fn delete_then_reuse_gives_a_fresh_shell_that_says_so() {
         .contains("invalid session id"));
 }
 
+/// A FIFO in a fresh temporary directory, for a command to say it has started.
+fn fifo() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("started");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    (dir, fifo)
+}
+
+/// Waits until a command has opened `fifo` for writing (opening it for reading completes
+/// then); returns what it wrote.
+async fn started(fifo: &std::path::Path) -> String {
+    let fifo = fifo.to_path_buf();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo)),
+    )
+    .await
+    .expect("the command started within 30 s")
+    .expect("join")
+    .expect("read fifo")
+}
+
+async fn sessions(server: &Server) -> Value {
+    support::http()
+        .get(server.url("/sessions"))
+        .send()
+        .await
+        .expect("GET /sessions")
+        .json::<Value>()
+        .await
+        .expect("JSON")["sessions"]
+        .clone()
+}
+
+fn number(s: &str) -> i32 {
+    s.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a pid: {s:?}"))
+}
+
+/// Starts the session's shell with a background job; returns the pids of the agent, the
+/// shell and the job.
+async fn session_pids(mcp: &Mcp) -> Vec<(&'static str, i32)> {
+    let r = mcp.bash("sleep 1000 & echo $PPID $$ $!").await;
+    assert!(!is_error(&r), "{r}");
+    let out = structured(&r)["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let pids: Vec<i32> = out.split_whitespace().map(number).collect();
+    assert_eq!(pids.len(), 3, "{out:?}");
+    vec![
+        ("agent", pids[0]),
+        ("shell", pids[1]),
+        ("background job", pids[2]),
+    ]
+}
+
+/// A foreground command that writes its pid to `fifo`, then runs for 1000 s.
+fn foreground(fifo: &std::path::Path) -> String {
+    format!("sh -c 'echo $$ > {}; exec sleep 1000'", fifo.display())
+}
+
+/// Waits (up to `within`) until none of `pids` runs; fails naming the ones that still do.
+async fn all_gone(pids: &[(&str, i32)], within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let alive: Vec<_> = pids
+            .iter()
+            .filter(|(_, pid)| cli_mcp_e2e::process::running(*pid))
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            for (_, pid) in &alive {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            panic!("still running {within:?} later (now killed): {alive:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SIGKILL of the server takes everything it started with it: its agents, their shells,
+/// and the shells' foreground commands and background jobs (before, all of them kept
+/// running).
+#[tokio::test]
+async fn a_sigkilled_server_leaves_no_process_behind() {
+    let server = local_server(&[]).await;
+    let (_dir, fifo) = fifo();
+    let mcp = Mcp::new(&server, Some("orphans"));
+    let mut pids = session_pids(&mcp).await;
+    let call = tokio::spawn({
+        let mcp = mcp.clone();
+        let cmd = foreground(&fifo);
+        async move { mcp.bash_with(json!({"command": cmd})).await }
+    });
+    pids.push(("foreground command", number(&started(&fifo).await)));
+    let server_pid = server.child.id().expect("server pid") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL the server");
+    pids.push(("server", server_pid));
+    // The agent drains for at most 2 s (the server sets it), then kills what its shell
+    // started.
+    all_gone(&pids, Duration::from_secs(15)).await;
+    call.abort();
+}
+
+/// A DELETE while a command runs ends the session for good: the call fails with an error
+/// that says so, and its retry does not start a new sandbox (before, the retry after the
+/// agent was stopped started one, and `GET /sessions` listed the deleted session again).
+#[tokio::test]
+async fn a_call_racing_a_delete_fails_and_the_session_stays_deleted() {
+    let server = local_server(&[]).await;
+    let (_dir, fifo) = fifo();
+    let mcp = Mcp::new(&server, Some("doomed"));
+    let mut pids = session_pids(&mcp).await;
+    let call = tokio::spawn({
+        let mcp = mcp.clone();
+        let cmd = foreground(&fifo);
+        async move { mcp.bash(&cmd).await }
+    });
+    pids.push(("foreground command", number(&started(&fifo).await)));
+    let del = support::http()
+        .delete(server.url("/sessions/doomed"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 204);
+    let r = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("the call ends within 30 s of the DELETE")
+        .expect("join");
+    assert!(is_error(&r), "{r}");
+    assert!(
+        text(&r).contains("the session was deleted (DELETE /sessions/{id}) while this command ran"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(
+        sessions(&server).await,
+        json!([]),
+        "the deleted session was started again\nserver log:\n{}",
+        server.log_text()
+    );
+    // Nothing of the stopped agent lives on (before, the server SIGKILLed the agent after
+    // 5 s while it drained for 20 s, so its shell and commands were left running).
+    all_gone(&pids, Duration::from_secs(1)).await;
+    // A call made after the DELETE starts a fresh session, and says so.
+    let r = mcp.bash("true").await;
+    assert!(!is_error(&r), "{r}");
+    assert!(
+        text(&r).contains("new session: started a fresh sandbox"),
+        "{}",
+        text(&r)
+    );
+}
+
 #[tokio::test]
 async fn a_dead_agent_is_replaced_and_the_reset_is_reported() {
     let server = local_server(&[]).await;

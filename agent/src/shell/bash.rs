@@ -140,16 +140,26 @@ impl Bash {
 }
 
 /// In the child, before exec: a new session (an interactive bash must never see the agent's
-/// controlling terminal, or it would take it over) and the status pipe as fd 3. bash's
-/// stderr is /dev/null, so nothing it prints at startup can land on the status pipe.
+/// controlling terminal, or it would take it over), SIGKILL when the agent dies (a
+/// SIGKILLed agent cannot stop its shell; bash is spawned from a runtime worker thread,
+/// which lives as long as the agent, and the signal follows the spawning thread) and the
+/// status pipe as fd 3. bash's stderr is /dev/null, so nothing it prints at startup can land
+/// on the status pipe.
 #[allow(unsafe_code)]
 fn prepare_child(cmd: &mut Command, status_fd: RawFd) {
-    // SAFETY: the closure runs in the forked child before exec and calls only setsid(2) and
-    // dup2(2), both async-signal-safe; it touches no memory shared with the parent.
-    // `status_fd` stays open in the parent until after spawn returns.
+    let agent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and calls only setsid(2),
+    // prctl(2), getppid(2), _exit(2) and dup2(2), all async-signal-safe; it touches no memory
+    // shared with the parent. `status_fd` stays open in the parent until after spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(io::Error::from)?;
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(io::Error::from)?;
+            // The agent died before the prctl: nobody will send the signal.
+            if nix::unistd::getppid() != agent {
+                nix::libc::_exit(1);
+            }
             // dup2 clears close-on-exec on the new descriptor, so bash keeps fd 3.
             if nix::libc::dup2(status_fd, 3) < 0 {
                 return Err(io::Error::last_os_error());

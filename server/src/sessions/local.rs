@@ -24,7 +24,9 @@ use cli_mcp_api::wire::ENV_TOKEN_SHA256;
 use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
-use super::{owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
+use super::{
+    owner_allows, Activity, Backend, EndedSandboxes, Sandbox, SessionError, SessionSummary,
+};
 use crate::auth::Caller;
 use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
@@ -32,8 +34,18 @@ use crate::metrics::{Launch, Metrics};
 pub const AGENT_BINARY_NAME: &str = "cli-mcp-agent";
 /// How long a new agent may take to report that it listens.
 const AGENT_START_TIMEOUT: Duration = Duration::from_secs(15);
-/// SIGTERM → SIGKILL grace when a session ends.
-const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long an agent lets a running command go on after SIGTERM (its `--drain-timeout-ms`;
+/// the agent's own default, 20 s, is for pods and would make `DELETE` wait that long).
+const AGENT_DRAIN: Duration = Duration::from_secs(2);
+/// The agent's `--kill-grace-ms`: SIGTERM → SIGKILL of a command it stops, and the shell's
+/// time to report back.
+const AGENT_KILL_GRACE: Duration = Duration::from_secs(1);
+/// SIGTERM → SIGKILL grace when a session ends: longer than the agent's own bounded
+/// shutdown (drain, then at most 3 kill graces and 2 s for open connections), so an agent is
+/// SIGKILLed only when it is wedged. A SIGKILLed agent cannot stop what its shell started.
+const STOP_GRACE: Duration = Duration::from_millis(
+    AGENT_DRAIN.as_millis() as u64 + 3 * AGENT_KILL_GRACE.as_millis() as u64 + 2_000 + 1_000,
+);
 /// The agent's "listening" log line.
 const READY_MESSAGE: &str = "cli-mcp-agent ready";
 /// Lines of agent stderr kept to explain a failed start.
@@ -131,6 +143,9 @@ pub struct LocalBackend {
     /// `sessions`). Read and changed only while `sessions` is locked, so the limit check
     /// and the admission are one step.
     starting: AtomicUsize,
+    /// Agents stopped by `DELETE`: a call that was running in one must not start the
+    /// session again.
+    ended: EndedSandboxes,
 }
 
 impl std::fmt::Debug for LocalBackend {
@@ -161,6 +176,7 @@ impl LocalBackend {
             metrics,
             next_uid: AtomicU64::new(1),
             starting: AtomicUsize::new(0),
+            ended: EndedSandboxes::default(),
         }))
     }
 
@@ -229,6 +245,14 @@ impl LocalBackend {
             .arg(self.limits.default_timeout.as_millis().to_string())
             .arg("--max-timeout-ms")
             .arg(self.limits.max_timeout.as_millis().to_string())
+            .arg("--drain-timeout-ms")
+            .arg(AGENT_DRAIN.as_millis().to_string())
+            .arg("--kill-grace-ms")
+            .arg(AGENT_KILL_GRACE.as_millis().to_string())
+            // SIGTERM when this process dies, however it dies (SIGKILL included): the agent
+            // then stops its shell and everything the shell started, as on a `DELETE`.
+            .arg("--parent-pid")
+            .arg(std::process::id().to_string())
             .arg("--log-json");
         // The server's own settings must not leak into the agent's flags.
         for (k, _) in std::env::vars_os() {
@@ -343,11 +367,24 @@ async fn forward_log(mut lines: tokio::io::Lines<BufReader<ChildStderr>>, sid: S
 
 #[async_trait]
 impl Backend for LocalBackend {
-    async fn acquire(&self, sid: &SessionId, caller: &Caller) -> Result<Sandbox, SessionError> {
+    async fn acquire(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        after: Option<&Sandbox>,
+    ) -> Result<Sandbox, SessionError> {
+        let deleted = || after.is_some_and(|a| self.ended.contains(&a.uid));
+        if deleted() {
+            return Err(SessionError::Deleted);
+        }
         if let Some(hit) = self.live(sid, caller) {
             return hit;
         }
         let _guard = self.locks.lock(sid).await;
+        // A DELETE that held the lock until now has marked its agent first.
+        if deleted() {
+            return Err(SessionError::Deleted);
+        }
         if let Some(hit) = self.live(sid, caller) {
             return hit;
         }
@@ -398,6 +435,10 @@ impl Backend for LocalBackend {
         }
     }
 
+    fn ended(&self, _sid: &SessionId, sandbox: &Sandbox) -> bool {
+        self.ended.contains(&sandbox.uid)
+    }
+
     fn activity(&self, sid: &SessionId, sandbox: &Sandbox, _event: Activity) {
         let sessions = self.lock();
         if let Some(a) = sessions.get(sid).filter(|a| a.uid == sandbox.uid) {
@@ -414,6 +455,9 @@ impl Backend for LocalBackend {
         if !owner_allows(agent.owner.as_deref(), caller) {
             return Err(SessionError::Forbidden(sid.clone()));
         }
+        // Marked before it stops, so the call running in it fails instead of starting the
+        // session again.
+        self.ended.end(&agent.uid);
         self.lock().remove(sid);
         self.update_gauge();
         tracing::info!(session = %sid, pid = agent.pid, "ending local session");

@@ -9,7 +9,8 @@ pub mod kubernetes;
 pub mod local;
 pub mod locks;
 
-use std::sync::Arc;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -82,6 +83,8 @@ pub enum SessionError {
     Agent(AgentError),
     #[error("another command of this session is still running; wait for it to finish, or use a separate session id for parallel work")]
     Busy,
+    #[error("the session was deleted (DELETE /sessions/{{id}}) while this command ran, so the command was stopped with its sandbox and the session was not started again. Whether the command finished, partly ran or never started is unknown; a new call with this session id starts a fresh session")]
+    Deleted,
 }
 
 impl SessionError {
@@ -91,7 +94,8 @@ impl SessionError {
             SessionError::SessionLimit { .. } => ErrorKind::SessionLimit,
             SessionError::Sandbox(_)
             | SessionError::Restarting(_)
-            | SessionError::Interrupted(_) => ErrorKind::Sandbox,
+            | SessionError::Interrupted(_)
+            | SessionError::Deleted => ErrorKind::Sandbox,
             SessionError::Kubernetes(_) => ErrorKind::KubernetesApi,
             SessionError::Agent(_) => ErrorKind::Agent,
             SessionError::Busy => ErrorKind::Busy,
@@ -122,12 +126,25 @@ impl From<kube::Error> for SessionError {
 pub trait Backend: Send + Sync + 'static {
     /// The sandbox of `sid`, started if there is none. Fails with `Forbidden` when the
     /// session belongs to another identity.
-    async fn acquire(&self, sid: &SessionId, caller: &Caller) -> Result<Sandbox, SessionError>;
+    ///
+    /// `after` is set on a call's retry: the sandbox the call just failed to reach. When that
+    /// sandbox was ended on purpose (`DELETE /sessions/{id}`, here or on another replica),
+    /// the call fails with [`SessionError::Deleted`] and nothing is looked up or started:
+    /// a deleted session stays deleted until a call made after the deletion.
+    async fn acquire(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        after: Option<&Sandbox>,
+    ) -> Result<Sandbox, SessionError>;
     /// Forgets `sandbox` as the route of `sid` (it stopped answering); the next `acquire`
     /// looks again and reports a replacement when it finds another one.
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox);
     /// A command starts or ends in `sandbox` (never blocks; stamping happens elsewhere).
     fn activity(&self, sid: &SessionId, sandbox: &Sandbox, event: Activity);
+    /// Whether `sandbox` was ended on purpose (`DELETE /sessions/{id}`), as far as this
+    /// replica knows.
+    fn ended(&self, sid: &SessionId, sandbox: &Sandbox) -> bool;
     /// Ends the session (idempotent: an unknown session is fine).
     async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError>;
     /// The caller's sessions (all sessions when auth is off).
@@ -188,7 +205,7 @@ impl SessionManager {
         command: String,
         timeout: Duration,
     ) -> Result<ExecOutcome, SessionError> {
-        let mut sandbox = self.backend.acquire(sid, caller).await?;
+        let mut sandbox = self.backend.acquire(sid, caller, None).await?;
         let req = ExecRequest {
             command,
             timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
@@ -201,7 +218,8 @@ impl SessionManager {
                 tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
                     "sandbox did not answer; rediscovering the session once");
                 self.backend.invalidate(sid, &sandbox);
-                let again = self.backend.acquire(sid, caller).await?;
+                // Never starts the session again when the sandbox was deleted meanwhile.
+                let again = self.backend.acquire(sid, caller, Some(&sandbox)).await?;
                 // The same request id protects a retry only on the same sandbox (its agent
                 // journals requests); a replacement pod has no record of it and would run
                 // the command a second time.
@@ -221,6 +239,9 @@ impl SessionManager {
                     }
                 }
             }
+        }
+        if deleted_meanwhile(&result, self.backend.ended(sid, &sandbox)) {
+            return Err(SessionError::Deleted);
         }
         let response = result.map_err(|e| {
             if e.is_busy() {
@@ -245,6 +266,69 @@ impl SessionManager {
             reset,
             sandbox: sandbox.name,
         })
+    }
+}
+
+/// Exit code of a command the agent interrupted (128 + SIGINT), as it does when it is
+/// stopped before the command finished.
+const EXIT_INTERRUPTED: i32 = 130;
+
+/// Whether a call's result is the deletion of its sandbox rather than its command's own
+/// result: the sandbox was ended by `DELETE`, and the call failed to reach it or the agent
+/// interrupted the command as it stopped. A command that finished before the deletion keeps
+/// its answer.
+fn deleted_meanwhile(result: &Result<ExecResponse, AgentError>, ended: bool) -> bool {
+    ended
+        && match result {
+            Ok(r) => r.exit_code == EXIT_INTERRUPTED,
+            Err(e) => !e.is_busy(),
+        }
+}
+
+/// Uids of sandboxes ended on purpose (`DELETE /sessions/{id}`), so that a call whose
+/// sandbox went that way does not start the session again. Bounded: past `capacity` the
+/// oldest are forgotten (a call would have to outlive that many deletions to miss its own).
+#[derive(Debug)]
+pub struct EndedSandboxes {
+    inner: Mutex<(HashSet<String>, VecDeque<String>)>,
+    capacity: usize,
+}
+
+impl Default for EndedSandboxes {
+    fn default() -> Self {
+        Self::new(4096)
+    }
+}
+
+impl EndedSandboxes {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            inner: Mutex::new((HashSet::new(), VecDeque::new())),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Records that the sandbox `uid` was ended on purpose.
+    pub fn end(&self, uid: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, order) = &mut *inner;
+        if !set.insert(uid.to_owned()) {
+            return;
+        }
+        order.push_back(uid.to_owned());
+        while order.len() > self.capacity {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .contains(uid)
     }
 }
 
@@ -315,10 +399,18 @@ mod tests {
 
     #[async_trait]
     impl Backend for Recorder {
-        async fn acquire(&self, sid: &SessionId, _: &Caller) -> Result<Sandbox, SessionError> {
+        async fn acquire(
+            &self,
+            sid: &SessionId,
+            _: &Caller,
+            _: Option<&Sandbox>,
+        ) -> Result<Sandbox, SessionError> {
             Err(SessionError::Forbidden(sid.clone()))
         }
         fn invalidate(&self, _: &SessionId, _: &Sandbox) {}
+        fn ended(&self, _: &SessionId, _: &Sandbox) -> bool {
+            false
+        }
         fn activity(&self, _: &SessionId, _: &Sandbox, event: Activity) {
             self.0.lock().expect("lock").push(event);
         }
@@ -405,15 +497,36 @@ mod tests {
     }
 
     /// First `acquire`: sandbox "a" at `a`; later ones: "b" at `b` (the pod was replaced).
+    /// With `deleted`, sandbox "a" was ended by DELETE while the call ran.
     struct Swapper {
         calls: Mutex<usize>,
         a: String,
         b: String,
+        deleted: EndedSandboxes,
+    }
+
+    impl Swapper {
+        fn new(a: String, b: String) -> Self {
+            Self {
+                calls: Mutex::new(0),
+                a,
+                b,
+                deleted: EndedSandboxes::new(8),
+            }
+        }
     }
 
     #[async_trait]
     impl Backend for Swapper {
-        async fn acquire(&self, sid: &SessionId, _: &Caller) -> Result<Sandbox, SessionError> {
+        async fn acquire(
+            &self,
+            sid: &SessionId,
+            _: &Caller,
+            after: Option<&Sandbox>,
+        ) -> Result<Sandbox, SessionError> {
+            if after.is_some_and(|a| self.deleted.contains(&a.uid)) {
+                return Err(SessionError::Deleted);
+            }
             let mut n = self.calls.lock().expect("lock");
             *n += 1;
             let (name, endpoint) = if *n == 1 {
@@ -431,6 +544,9 @@ mod tests {
             })
         }
         fn invalidate(&self, _: &SessionId, _: &Sandbox) {}
+        fn ended(&self, _: &SessionId, sandbox: &Sandbox) -> bool {
+            self.deleted.contains(&sandbox.uid)
+        }
         fn activity(&self, _: &SessionId, _: &Sandbox, _: Activity) {}
         async fn delete(&self, _: &SessionId, _: &Caller) -> Result<(), SessionError> {
             Ok(())
@@ -444,10 +560,10 @@ mod tests {
         async fn shutdown(&self) {}
     }
 
-    #[tokio::test]
-    async fn a_command_that_may_have_run_is_not_sent_to_a_replacement_sandbox() {
+    /// "a" takes requests and drops them unanswered (its sandbox went away mid-command);
+    /// "b" counts the requests it receives and never answers.
+    async fn dying_and_counting() -> (String, String, Arc<std::sync::atomic::AtomicUsize>) {
         use tokio::io::AsyncReadExt;
-        // "a" takes the request and dies before answering (the pod went away mid-command).
         let a = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -459,7 +575,6 @@ mod tests {
                 drop(conn);
             }
         });
-        // "b" counts the requests it receives (it never answers).
         let b = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -475,12 +590,18 @@ mod tests {
                 });
             }
         });
+        (
+            format!("http://{a_addr}"),
+            format!("http://{b_addr}"),
+            reached_b,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_command_that_may_have_run_is_not_sent_to_a_replacement_sandbox() {
+        let (a, b, reached_b) = dying_and_counting().await;
         let mgr = SessionManager::new(
-            Arc::new(Swapper {
-                calls: Mutex::new(0),
-                a: format!("http://{a_addr}"),
-                b: format!("http://{b_addr}"),
-            }),
+            Arc::new(Swapper::new(a, b)),
             AgentClient::new(1024).expect("client"),
             Arc::new(Metrics::new()),
         );
@@ -505,5 +626,84 @@ mod tests {
             0,
             "the command was sent to the replacement sandbox"
         );
+    }
+
+    #[tokio::test]
+    async fn a_call_whose_sandbox_was_deleted_fails_and_starts_nothing() {
+        let (a, b, reached_b) = dying_and_counting().await;
+        let backend = Arc::new(Swapper::new(a, b));
+        backend.deleted.end("a");
+        let mgr = SessionManager::new(
+            backend.clone(),
+            AgentClient::new(1024).expect("client"),
+            Arc::new(Metrics::new()),
+        );
+        let sid = SessionId::parse("s").expect("valid");
+        let e = mgr
+            .exec(
+                &sid,
+                &Caller::anonymous(),
+                "sleep 30".into(),
+                Duration::from_secs(1),
+            )
+            .await
+            .expect_err("the call must fail");
+        assert!(matches!(e, SessionError::Deleted), "{e}");
+        assert!(
+            e.to_string().contains("deleted") && e.to_string().contains("not started again"),
+            "{e}"
+        );
+        assert_eq!(
+            *backend.calls.lock().expect("lock"),
+            1,
+            "the retry acquired (and could have started) a sandbox"
+        );
+        assert_eq!(reached_b.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn only_a_deleted_sandbox_turns_a_result_into_deleted() {
+        let answer = |exit_code| {
+            Ok(ExecResponse {
+                stdout: String::new(),
+                stderr: String::new(),
+                stdout_encoding: Default::default(),
+                stderr_encoding: Default::default(),
+                exit_code,
+                duration_ms: 0,
+                timed_out: false,
+                truncated: false,
+                total_bytes: 0,
+                cwd: "/".into(),
+                shell_restarted: false,
+            })
+        };
+        let broken: Result<ExecResponse, AgentError> = Err(AgentError::Transport {
+            endpoint: "http://a".into(),
+            detail: "connection reset".into(),
+        });
+        // The sandbox was ended by DELETE: a broken call or an interrupted command is the
+        // deletion; a command that finished first keeps its answer.
+        assert!(deleted_meanwhile(&broken, true));
+        assert!(deleted_meanwhile(&answer(EXIT_INTERRUPTED), true));
+        assert!(!deleted_meanwhile(&answer(0), true));
+        assert!(!deleted_meanwhile(&answer(1), true));
+        // Not deleted: results are what they are.
+        assert!(!deleted_meanwhile(&broken, false));
+        assert!(!deleted_meanwhile(&answer(EXIT_INTERRUPTED), false));
+    }
+
+    #[test]
+    fn ended_sandboxes_are_bounded_and_forget_the_oldest_first() {
+        let e = EndedSandboxes::new(3);
+        for uid in ["u1", "u2", "u3"] {
+            e.end(uid);
+        }
+        e.end("u2"); // again: no second entry
+        assert!(["u1", "u2", "u3"].iter().all(|u| e.contains(u)));
+        e.end("u4");
+        assert!(!e.contains("u1"), "the oldest is forgotten first");
+        assert!(["u2", "u3", "u4"].iter().all(|u| e.contains(u)));
+        assert!(!e.contains("never"));
     }
 }

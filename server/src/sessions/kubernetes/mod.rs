@@ -45,7 +45,9 @@ use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
-use super::{owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
+use super::{
+    owner_allows, Activity, Backend, EndedSandboxes, Sandbox, SessionError, SessionSummary,
+};
 use crate::agent_client::AgentClient;
 use crate::auth::Caller;
 use crate::cli::Limits;
@@ -56,6 +58,14 @@ use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::Found;
 use pods::{annotation_of, endpoint_of, has_launch};
 use routes::{Route, RouteCache};
+
+/// The `retired` reason of the pods `DELETE /sessions/{id}` removes.
+const RETIRED_SESSION_ENDED: &str = "session-ended";
+
+/// Whether `pod` was ended by `DELETE /sessions/{id}` (on any replica).
+fn ended_on_purpose(pod: &Pod) -> bool {
+    annotation_of(pod, annotation::RETIRED) == Some(RETIRED_SESSION_ENDED)
+}
 
 /// How often the `sessions_active` gauge is refreshed (from the pod watch's view, or a LIST
 /// while that view cannot be trusted).
@@ -78,6 +88,9 @@ pub struct KubeBackend {
     metrics: Arc<Metrics>,
     /// What readiness knows of the API (see [`ApiHealth`]).
     api_health: std::sync::Mutex<ApiHealth>,
+    /// Pods ended by `DELETE /sessions/{id}`, by this replica or (seen by the pod watch)
+    /// another: a call that was running in one must not start the session again.
+    ended: EndedSandboxes,
 }
 
 impl std::fmt::Debug for KubeBackend {
@@ -112,6 +125,7 @@ impl KubeBackend {
             stamper: ActivityStamper::new(),
             admission: Admission::new(limits.max_sessions),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
+            ended: EndedSandboxes::default(),
             limits,
             metrics,
         })
@@ -179,6 +193,27 @@ impl KubeBackend {
         })
     }
 
+    /// Whether the pod behind `used` was ended by `DELETE /sessions/{id}`: known from this
+    /// replica's own deletions and the pod watch, else read from the pod itself (another
+    /// replica's deletion the watch has not delivered yet). A pod that is gone altogether
+    /// without the watch having seen why counts as not ended (its session starts again, and
+    /// the call says the sandbox was replaced).
+    async fn was_ended(&self, used: &Sandbox) -> bool {
+        if self.ended.contains(&used.uid) {
+            return true;
+        }
+        match self.pods.get_opt(&used.name).await {
+            Ok(Some(pod)) if pod.uid().as_deref() == Some(used.uid.as_str()) => {
+                let ended = ended_on_purpose(&pod);
+                if ended {
+                    self.ended.end(&used.uid);
+                }
+                ended
+            }
+            _ => self.ended.contains(&used.uid),
+        }
+    }
+
     /// The session's pod, found, adopted or started; what the route cache did not know.
     async fn acquire_slow(
         &self,
@@ -235,7 +270,17 @@ impl KubeBackend {
 
 #[async_trait]
 impl Backend for KubeBackend {
-    async fn acquire(&self, sid: &SessionId, caller: &Caller) -> Result<Sandbox, SessionError> {
+    async fn acquire(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        after: Option<&Sandbox>,
+    ) -> Result<Sandbox, SessionError> {
+        if let Some(used) = after {
+            if self.was_ended(used).await {
+                return Err(SessionError::Deleted);
+            }
+        }
         let cached = |this: &Self| -> Option<Result<Sandbox, SessionError>> {
             let route = this.cache.get(sid)?;
             Some(if owner_allows(route.owner.as_deref(), caller) {
@@ -248,6 +293,10 @@ impl Backend for KubeBackend {
             return hit;
         }
         let _guard = self.locks.lock(sid).await;
+        // A DELETE on this replica that held the lock until now has marked its pods first.
+        if after.is_some_and(|used| self.ended.contains(&used.uid)) {
+            return Err(SessionError::Deleted);
+        }
         if let Some(hit) = cached(self) {
             return hit;
         }
@@ -256,6 +305,10 @@ impl Backend for KubeBackend {
 
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {
         self.cache.invalidate(sid, &sandbox.uid);
+    }
+
+    fn ended(&self, _sid: &SessionId, sandbox: &Sandbox) -> bool {
+        self.ended.contains(&sandbox.uid)
     }
 
     fn activity(&self, _sid: &SessionId, sandbox: &Sandbox, event: Activity) {
@@ -276,8 +329,13 @@ impl Backend for KubeBackend {
             return Err(SessionError::Forbidden(sid.clone()));
         }
         for pod in list.items.iter().filter(|p| !is_deleting(p)) {
+            // Marked before it goes, so the call running in it fails instead of starting the
+            // session again.
+            if let Some(uid) = pod.uid() {
+                self.ended.end(&uid);
+            }
             tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
-            self.retire_pod(pod, "session-ended").await;
+            self.retire_pod(pod, RETIRED_SESSION_ENDED).await;
         }
         self.cache.remove(sid);
         Ok(())
