@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the Go module
-# proxy (e2e/tools/{etcd,kube}) into a cache directory OUTSIDE the repo, keyed by a hash of
-# the tool modules' go.mod/go.sum, this script and the Go version. When that directory
-# exists the script returns at once. Builds go to a temporary directory that is renamed into place only when
-# all four binaries are there, so an interrupted build never looks complete.
+# Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, plus the node
+# binaries kubelet and kube-proxy (the real-node lane), from the Go module proxy
+# (e2e/tools/{etcd,kube}) into a cache directory OUTSIDE the repo, keyed by a hash of the tool
+# modules' go.mod/go.sum, this script and the Go version. When that directory exists the script
+# returns at once. Builds go to a temporary directory that is renamed into place only when all
+# seven binaries are there, so an interrupted build never looks complete.
 #
 # The last line on stdout is the bin directory (everything else goes to stderr):
 #   bin="$(hack/build-control-plane.sh | tail -n1)"
@@ -26,7 +27,8 @@ hash="$( (cat "$kube_dir/go.mod" "$kube_dir/go.sum" "$etcd_dir/go.mod" "$etcd_di
     "${BASH_SOURCE[0]}"; go env GOVERSION) | sha256sum | cut -c1-16)"
 final="$cache/$hash"
 if [[ -x "$final/bin/kube-apiserver" && -x "$final/bin/kube-controller-manager" \
-    && -x "$final/bin/kube-scheduler" && -x "$final/bin/kubectl" && -x "$final/bin/etcd" ]]; then
+    && -x "$final/bin/kube-scheduler" && -x "$final/bin/kubectl" && -x "$final/bin/etcd" \
+    && -x "$final/bin/kubelet" && -x "$final/bin/kube-proxy" ]]; then
     echo "$final/bin"
     exit 0
 fi
@@ -68,9 +70,11 @@ echo "etcd built after $(($(date +%s) - start)) s" >&2
         k8s.io/kubernetes/cmd/kube-apiserver \
         k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler \
-        k8s.io/kubernetes/cmd/kubectl
+        k8s.io/kubernetes/cmd/kubectl \
+        k8s.io/kubernetes/cmd/kubelet \
+        k8s.io/kubernetes/cmd/kube-proxy
 )
-echo "control plane built in $(($(date +%s) - start)) s:" >&2
+echo "control plane and node binaries built in $(($(date +%s) - start)) s:" >&2
 ls -l "$tmp/bin" >&2
 
 # Atomic publish: a concurrent builder may have won the race; keep its result.

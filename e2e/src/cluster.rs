@@ -1,6 +1,7 @@
 //! Bring a local cluster up and down: etcd, kube-apiserver, kube-controller-manager,
-//! kube-scheduler (built by `hack/build-control-plane.sh`) and the process kubelet
-//! (`cli-mcp-kubelet`), all as child processes of the harness.
+//! kube-scheduler (built by `hack/build-control-plane.sh`) and a node, all as child processes
+//! of the harness. The node is the process kubelet (`cli-mcp-kubelet`, the default) or the
+//! real node ([`crate::node`]: kubelet + kube-proxy on containerd, `CLI_MCP_NODE=real`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::net::{self, PodNetwork};
+use crate::node::{NodeBins, NodeKind, NodeParams, NodeStart, RealNode};
 use crate::pki::{self, Pki};
 use crate::process::Component;
 
@@ -49,6 +51,8 @@ pub struct ClusterConfig {
     pub pod_subnet: Option<u8>,
     /// Deadline for each startup phase (apiserver ready; node and namespace ready).
     pub timeout: Duration,
+    /// Which node runs the pods: the process kubelet or the real node.
+    pub node: NodeKind,
 }
 
 impl ClusterConfig {
@@ -62,6 +66,7 @@ impl ClusterConfig {
             node_name: "cli-mcp-node".into(),
             pod_subnet: None,
             timeout: Duration::from_secs(120),
+            node: NodeKind::Process,
         }
     }
 }
@@ -69,7 +74,7 @@ impl ClusterConfig {
 impl ClusterConfig {
     /// The project's usual cluster: the control plane from [`locate_control_plane`], the
     /// kubelet and the project's images ([`default_images`]) from `bin_dir` (a cargo
-    /// profile dir such as `target/debug`).
+    /// profile dir such as `target/debug`), the node from `$CLI_MCP_NODE`.
     pub fn local(bin_dir: &Path, run_dir: PathBuf) -> Result<Self> {
         let mut cfg = ClusterConfig::new(
             locate_control_plane(None)?,
@@ -77,6 +82,7 @@ impl ClusterConfig {
             run_dir,
         );
         cfg.images = default_images(bin_dir);
+        cfg.node = NodeKind::from_env()?;
         Ok(cfg)
     }
 }
@@ -191,6 +197,13 @@ pub struct ClusterInfo {
     pub log_dir: PathBuf,
     /// Pid of the process that owns the cluster.
     pub pid: u32,
+    /// Which node runs the pods.
+    #[serde(default)]
+    pub node: NodeKind,
+    /// The real node's containerd socket (`ctr --address`; import images with
+    /// [`crate::node::import_image`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containerd_socket: Option<PathBuf>,
 }
 
 impl ClusterInfo {
@@ -237,6 +250,13 @@ impl ClusterInfo {
                 p(&self.kubelet_state_dir),
             ),
             ("CLI_MCP_RUN_DIR".into(), p(&self.run_dir)),
+            (
+                crate::node::NODE_ENV.into(),
+                match self.node {
+                    NodeKind::Process => "process".into(),
+                    NodeKind::Real => "real".into(),
+                },
+            ),
         ]
     }
 }
@@ -254,6 +274,8 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
 pub struct Cluster {
     info: ClusterInfo,
     kubelet: Option<Component>,
+    /// The real node (instead of `kubelet`).
+    real_node: Option<RealNode>,
     /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler (start order).
     control_plane: Vec<Component>,
     net: Option<PodNetwork>,
@@ -261,6 +283,9 @@ pub struct Cluster {
     _run_lock: Flock<File>,
     started: Instant,
     ready_after: Duration,
+    /// When the real node's first process was started, and how long until its Node was Ready.
+    node_started: Option<Instant>,
+    node_ready_after: Option<Duration>,
     /// Deadline of each startup phase (also bounds an apiserver restart).
     timeout: Duration,
 }
@@ -372,7 +397,11 @@ impl Cluster {
                 )));
             }
         }
-        if !config.kubelet_bin.is_file() {
+        let node_bins = match config.node {
+            NodeKind::Real => Some(NodeBins::locate(&config.control_plane_bin)?),
+            NodeKind::Process => None,
+        };
+        if config.node == NodeKind::Process && !config.kubelet_bin.is_file() {
             return Err(Error::Prerequisite(format!(
                 "the process kubelet {} is missing; build it with `cargo build -p cli-mcp-kubelet`",
                 config.kubelet_bin.display()
@@ -382,9 +411,14 @@ impl Cluster {
         let run_dir = std::path::absolute(&config.run_dir)
             .map_err(|e| Error::io("resolving", &config.run_dir, e))?;
         let run_lock = lock_run_dir(&run_dir).await?;
+        // A real node whose owner died leaves mounts (volumes, rootfs, netns) in the run dir.
+        crate::node::unmount_under(&run_dir);
         clear_run_dir(&run_dir)?;
         let log_dir = run_dir.join("logs");
-        let kubelet_state_dir = run_dir.join("kubelet");
+        let kubelet_state_dir = match config.node {
+            NodeKind::Process => run_dir.join("kubelet"),
+            NodeKind::Real => run_dir.join("node/kubelet"),
+        };
         for d in [&log_dir, &kubelet_state_dir] {
             fs::create_dir_all(d).map_err(|e| Error::io("creating", d, e))?;
         }
@@ -433,16 +467,21 @@ impl Cluster {
             image_map: image_map.clone(),
             log_dir: log_dir.clone(),
             pid: std::process::id(),
+            node: config.node,
+            containerd_socket: None,
         };
         let mut cluster = Cluster {
             info,
             kubelet: None,
+            real_node: None,
             control_plane: Vec::new(),
             net: Some(pod_net),
             shm_dir: shm_dir.clone(),
             _run_lock: run_lock,
             started,
             ready_after: Duration::ZERO,
+            node_started: None,
+            node_ready_after: None,
             timeout: config.timeout,
         };
 
@@ -491,12 +530,31 @@ impl Cluster {
             format!("--service-account-key-file={}", p(&pki.sa_pub)),
             format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--endpoint-reconciler-type=none".into(),
+            // Pods of the real node reach the API through the `kubernetes` Service
+            // (10.96.0.1, via kube-proxy), which needs its endpoint; the process kubelet
+            // points pods at the apiserver's address directly.
+            format!(
+                "--endpoint-reconciler-type={}",
+                match config.node {
+                    NodeKind::Process => "none",
+                    NodeKind::Real => "lease",
+                }
+            ),
             "--allow-privileged=true".into(),
             "--enable-aggregator-routing=true".into(),
             "--profiling=false".into(),
             "--event-ttl=1h".into(),
         ];
+        let mut api_args = api_args;
+        if config.node == NodeKind::Real {
+            api_args.extend([
+                // The real kubelet serves logs/exec/port-forward; the apiserver calls it as
+                // the admin identity (which the kubelet's webhook authorizer accepts).
+                format!("--kubelet-client-certificate={}", p(&pki.admin_cert)),
+                format!("--kubelet-client-key={}", p(&pki.admin_key)),
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]);
+        }
         cluster.control_plane.push(Component::start(
             "kube-apiserver",
             &bin("kube-apiserver"),
@@ -575,17 +633,51 @@ impl Cluster {
             "--apiserver-port".into(),
             api_port.to_string(),
         ];
-        let rust_log = std::env::var("CLI_MCP_KUBELET_LOG").unwrap_or_else(|_| "info".into());
-        cluster.kubelet = Some(Component::start(
-            "cli-mcp-kubelet",
-            &config.kubelet_bin,
-            &kubelet_args,
-            &[("RUST_LOG", rust_log)],
-            &log_dir.join("cli-mcp-kubelet.log"),
-            // Enough for the kubelet to stop pods with short grace periods and clean up.
-            Duration::from_secs(45),
-            false,
-        )?);
+        if let Some(bins) = node_bins {
+            // 10.244.N.1: one cgroup root per pod subnet, so a dead owner's is found again.
+            let n = host.octets()[2];
+            let params = NodeParams {
+                dir: run_dir.join("node"),
+                node_name: config.node_name.clone(),
+                node_ip: host,
+                pod_cidr: cluster.info.pod_cidr.clone(),
+                kubelet_port: net::free_port(host)?,
+                kubelet_healthz_port: net::free_port(lo)?,
+                proxy_healthz_port: net::free_port(lo)?,
+                proxy_metrics_port: net::free_port(lo)?,
+                ca_cert: pki.ca_cert.clone(),
+                cgroup_root: format!("/cli-mcp-node-{n}"),
+            };
+            let ca_key_pem = fs::read_to_string(&pki.ca_key)
+                .map_err(|e| Error::io("reading", &pki.ca_key, e))?;
+            let node_started = Instant::now();
+            let node = RealNode::start(
+                params,
+                NodeStart {
+                    bins,
+                    apiserver: &apiserver,
+                    ca_cert_pem: &pki.ca_cert_pem,
+                    ca_key_pem: &ca_key_pem,
+                    log_dir: &log_dir,
+                    timeout: config.timeout,
+                },
+            )?;
+            cluster.info.containerd_socket = Some(node.params().socket());
+            cluster.real_node = Some(node);
+            cluster.node_started = Some(node_started);
+        } else {
+            let rust_log = std::env::var("CLI_MCP_KUBELET_LOG").unwrap_or_else(|_| "info".into());
+            cluster.kubelet = Some(Component::start(
+                "cli-mcp-kubelet",
+                &config.kubelet_bin,
+                &kubelet_args,
+                &[("RUST_LOG", rust_log)],
+                &log_dir.join("cli-mcp-kubelet.log"),
+                // Enough for the kubelet to stop pods with short grace periods and clean up.
+                Duration::from_secs(45),
+                false,
+            )?);
+        }
 
         let deadline = Instant::now() + config.timeout;
         cluster
@@ -599,6 +691,10 @@ impl Cluster {
                 ),
             )
             .await?;
+        if let Some(t) = cluster.node_started {
+            cluster.node_ready_after = Some(t.elapsed());
+            tracing::info!(took = ?t.elapsed(), "real node Ready (from starting containerd)");
+        }
         cluster
             .wait_watched(
                 "ServiceAccount default/default",
@@ -687,6 +783,9 @@ impl Cluster {
 
     /// The first component that has exited, as an error.
     pub fn first_exit(&mut self) -> Option<Error> {
+        if let Some(e) = self.real_node.as_mut().and_then(RealNode::first_exit) {
+            return Some(e);
+        }
         self.control_plane
             .iter_mut()
             .chain(self.kubelet.iter_mut())
@@ -757,11 +856,21 @@ impl Cluster {
 
     /// Pids of all components (for memory accounting).
     pub fn pids(&self) -> Vec<(String, u32)> {
-        self.control_plane
+        let mut pids: Vec<(String, u32)> = self
+            .control_plane
             .iter()
             .chain(self.kubelet.iter())
             .filter_map(|c| c.pid().map(|p| (c.name().to_string(), p)))
-            .collect()
+            .collect();
+        if let Some(n) = &self.real_node {
+            pids.extend(n.pids());
+        }
+        pids
+    }
+
+    /// For the real node: how long from starting containerd until the Node was Ready.
+    pub fn node_ready_after(&self) -> Option<Duration> {
+        self.node_ready_after
     }
 
     /// Stop everything: the kubelet first (it stops its pods and removes their network
@@ -776,6 +885,11 @@ impl Cluster {
         let _ = fs::remove_file(self.info.run_dir.join(INFO_FILE));
         if let Some(mut k) = self.kubelet.take() {
             k.stop();
+        }
+        // The real node goes first too: its kubelet and kube-proxy, every container, then
+        // containerd, mounts, cgroups and iptables rules (see `RealNode::stop`).
+        if let Some(mut n) = self.real_node.take() {
+            n.stop();
         }
         // Controllers first (in parallel), then the apiserver, then etcd.
         let mut rest: Vec<Component> = self.control_plane.drain(..).collect();

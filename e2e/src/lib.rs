@@ -4,6 +4,8 @@
 //! generated PKI. See `docs/local-kubernetes.md`.
 //!
 //! - [`cluster`]: bring a cluster up and down ([`cluster::Cluster`]).
+//! - [`node`]: the real node (kubelet + kube-proxy on containerd), the alternative to the
+//!   process kubelet.
 //! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
 //! - [`testing`]: one shared cluster per test run, namespaces per test, watch-based waits.
 //! - [`journey`]: the operator installed as a user would, instances, an MCP client over TLS.
@@ -23,6 +25,7 @@ pub mod journey;
 pub mod jsonrpc;
 pub mod load;
 pub mod net;
+pub mod node;
 pub mod pki;
 pub mod portforward;
 pub mod process;

@@ -1,5 +1,6 @@
 //! `cli-mcp-cluster`: run the local Kubernetes cluster (etcd, kube-apiserver,
-//! kube-controller-manager, kube-scheduler, process kubelet) in the foreground.
+//! kube-controller-manager, kube-scheduler, and the process kubelet or, with `--node real`,
+//! kubelet + kube-proxy on containerd) in the foreground.
 //!
 //! - `cli-mcp-cluster up`: bring it up, write `kubeconfig`, `cluster.env` and
 //!   `cluster.json` into the run dir, print `CLI_MCP_READY <run-dir>/cluster.json` on stdout,
@@ -93,6 +94,10 @@ struct UpArgs {
     /// Deadline in seconds for each startup phase.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// The node: `process` (cli-mcp-kubelet, pods as host processes) or `real` (kubelet +
+    /// kube-proxy on containerd/runc, pods as containers from local images).
+    #[arg(long, env = cli_mcp_e2e::node::NODE_ENV, default_value = "process")]
+    node: String,
 }
 
 fn exe_dir() -> anyhow::Result<PathBuf> {
@@ -140,6 +145,7 @@ async fn config(args: &UpArgs) -> anyhow::Result<ClusterConfig> {
     cfg.node_name = args.node_name.clone();
     cfg.pod_subnet = args.pod_subnet;
     cfg.timeout = Duration::from_secs(args.timeout);
+    cfg.node = args.node.parse()?;
     Ok(cfg)
 }
 
@@ -162,6 +168,12 @@ fn report(cluster: &Cluster) {
         let kib = rss_kib(pid);
         total += kib;
         parts.push(format!("{name}={}MiB", kib / 1024));
+    }
+    if let Some(t) = cluster.node_ready_after() {
+        eprintln!(
+            "cli-mcp-cluster: real node Ready {:.1}s after containerd started",
+            t.as_secs_f64()
+        );
     }
     eprintln!(
         "cli-mcp-cluster: ready in {:.1}s; apiserver {}; node {}; pod CIDR {}; RSS {} total={}MiB",
