@@ -17,6 +17,11 @@
 #                 curl, jq                     used by make run, the tests and sandbox shells
 #                 ca-certificates              TLS to the Go module proxy
 #                 gcc, libc6-dev               the C compiler and linker cargo needs
+#                 containerd, runc             the real node's container runtime (containerd 1.6,
+#                                              ctr, containerd-shim-runc-v2; runc 1.1)
+#                 iptables, conntrack, ipset   kube-proxy of the real node (iptables-nft)
+#                 catatonit                    the real node's pause image (static binary)
+#                 busybox-static               the real-node test's image (static shell, httpd, nc)
 #   kernel        net.ipv4.ip_forward=1        pods reach each other and the API server through
 #                                              the host (set at runtime, not persisted)
 #   routes        unreachable 10.244.0.0/16    pod and Service addresses exist only on this host:
@@ -76,6 +81,18 @@ missing_packages() {
     command -v jq >/dev/null || pkgs+=(jq)
     [[ -s /etc/ssl/certs/ca-certificates.crt ]] || pkgs+=(ca-certificates)
     command -v cc >/dev/null || pkgs+=(gcc libc6-dev)
+    [[ -x /usr/lib/cni/portmap ]] || [[ " ${pkgs[*]} " == *" containernetworking-plugins "* ]] ||
+        pkgs+=(containernetworking-plugins)
+    { command -v containerd >/dev/null && command -v ctr >/dev/null &&
+        command -v containerd-shim-runc-v2 >/dev/null; } || pkgs+=(containerd)
+    command -v runc >/dev/null || pkgs+=(runc)
+    command -v iptables >/dev/null || pkgs+=(iptables)
+    command -v conntrack >/dev/null || pkgs+=(conntrack)
+    command -v ipset >/dev/null || pkgs+=(ipset)
+    [[ -x /usr/bin/catatonit ]] || pkgs+=(catatonit)
+    # The test copies /bin/busybox into an image: it must be the static build.
+    [[ "$(dpkg-query -W -f='${db:Status-Status}' busybox-static 2>/dev/null)" == installed ]] ||
+        pkgs+=(busybox-static)
 }
 missing_packages
 # shellcheck disable=SC2206 # word splitting of the list is intended
@@ -99,7 +116,8 @@ if ((${#pkgs[@]})) && step "installing ${pkgs[*]} (apt-get)"; then
     missing_packages
     ((${#pkgs[@]} == 0)) ||
         die "apt-get installed ${installed[*]}, but files of ${pkgs[*]} are still missing \
-(/usr/lib/cni/{ptp,host-local,loopback}, ip, pkill, nsenter, flock, setpriv, curl, jq, cc); check the packages (dpkg -L)"
+(/usr/lib/cni/{ptp,host-local,loopback,portmap}, ip, pkill, nsenter, flock, setpriv, curl, jq, cc, containerd, \
+ctr, containerd-shim-runc-v2, runc, iptables, conntrack, ipset, /usr/bin/catatonit, /bin/busybox); check the packages (dpkg -L)"
 fi
 
 # --- kernel and routes --------------------------------------------------------------------------

@@ -172,7 +172,7 @@ pub fn containerd_config(p: &NodeParams) -> String {
 version = 2
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.runtime.v1.linux", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 
 [grpc]
   address = "{sock}"
