@@ -117,6 +117,20 @@ pub struct Flags {
     /// and both must fit, with a margin, in the pod's 30 s termination grace period.
     #[arg(long, env = "CLI_MCP_SHUTDOWN_DELAY", default_value_t = 5)]
     pub shutdown_delay: u64,
+    /// With --auth kubernetes: an audience the callers' tokens must be bound to (repeat the
+    /// flag, or separate with commas in the env var). Sent as spec.audiences of each
+    /// TokenReview; the answer must name one of them. Default: none, so the API server's own
+    /// audiences apply. Callers then get tokens with `kubectl create token <sa> --audience <aud>`.
+    #[arg(
+        long = "token-audience",
+        env = "CLI_MCP_TOKEN_AUDIENCES",
+        value_delimiter = ','
+    )]
+    pub token_audiences: Vec<String>,
+    /// With --auth kubernetes: seconds an allow decision is reused (a refused token: half as
+    /// long, at least 1 s).
+    #[arg(long, env = "CLI_MCP_AUTH_CACHE_SECONDS", default_value_t = 10)]
+    pub auth_cache_seconds: u64,
 }
 
 /// Everything the server needs, validated.
@@ -133,6 +147,8 @@ pub struct Settings {
     pub namespace: Option<String>,
     pub hmac_key_file: PathBuf,
     pub sandbox: Option<SandboxConfig>,
+    /// How `--auth kubernetes` reviews tokens and caches decisions.
+    pub auth_options: crate::auth::AuthOptions,
     pub limits: Limits,
     pub agent_binary: Option<PathBuf>,
     pub log_json: bool,
@@ -336,7 +352,26 @@ impl Flags {
             )));
         }
 
+        if self.token_audiences.iter().any(|a| a.trim().is_empty()) {
+            return Err(err(
+                "--token-audience is empty; give the audience the callers' tokens are bound to \
+                 (`kubectl create token <sa> --audience <aud>`)",
+            ));
+        }
+        if !(1..=3600).contains(&self.auth_cache_seconds) {
+            return Err(err(format!(
+                "--auth-cache-seconds {} is out of range; use 1 to 3600",
+                self.auth_cache_seconds
+            )));
+        }
+        let auth_options = crate::auth::AuthOptions {
+            audiences: self.token_audiences.clone(),
+            allowed_ttl: Duration::from_secs(self.auth_cache_seconds),
+            ..Default::default()
+        };
+
         Ok(Settings {
+            auth_options,
             transport: self.transport,
             stdio_session,
             listen,

@@ -83,6 +83,20 @@ pub struct AuthLabels {
     pub cached: bool,
 }
 
+/// What one TokenReview answered.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum ReviewResult {
+    Authenticated,
+    Unauthenticated,
+    /// The API could not be asked, or did not answer.
+    Error,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    pub result: ReviewResult,
+}
+
 /// Lowercase snake_case label values, as Prometheus users expect.
 macro_rules! label_value {
     ($ty:ty { $($variant:ident => $text:literal),+ $(,)? }) => {
@@ -113,6 +127,7 @@ label_value!(ErrorKind {
     Busy => "busy",
     KubernetesApi => "kubernetes_api",
 });
+label_value!(ReviewResult { Authenticated => "authenticated", Unauthenticated => "unauthenticated", Error => "error" });
 label_value!(AuthResult { Allowed => "allowed", Denied => "denied", Unauthenticated => "unauthenticated", Error => "error" });
 
 pub struct Metrics {
@@ -126,6 +141,10 @@ pub struct Metrics {
     pub state_resets: Counter,
     pub errors: Family<ErrorLabels, Counter>,
     pub auth: Family<AuthLabels, Counter>,
+    pub token_reviews: Family<ReviewLabels, Counter>,
+    pub token_reviews_in_flight: Gauge,
+    pub token_reviews_in_flight_max: Gauge,
+    pub auth_busy: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -216,7 +235,35 @@ impl Metrics {
             "Authentication/authorization decisions, by result and whether they came from the cache",
             auth.clone(),
         );
+        let token_reviews = Family::<ReviewLabels, Counter>::default();
+        registry.register(
+            "token_reviews",
+            "TokenReviews sent to the Kubernetes API, by result",
+            token_reviews.clone(),
+        );
+        let token_reviews_in_flight = Gauge::default();
+        registry.register(
+            "token_reviews_in_flight",
+            "Token reviews (TokenReview, then SubjectAccessReview) in progress",
+            token_reviews_in_flight.clone(),
+        );
+        let token_reviews_in_flight_max = Gauge::default();
+        registry.register(
+            "token_reviews_in_flight_max",
+            "Most token reviews in progress at once since the server started",
+            token_reviews_in_flight_max.clone(),
+        );
+        let auth_busy = Counter::default();
+        registry.register(
+            "auth_busy",
+            "Requests answered 503 because the most token reviews were already in progress",
+            auth_busy.clone(),
+        );
         Self {
+            token_reviews,
+            token_reviews_in_flight,
+            token_reviews_in_flight_max,
+            auth_busy,
             registry,
             sessions_active,
             session_start,
@@ -252,6 +299,12 @@ impl Metrics {
             .inc();
     }
 
+    pub fn token_review(&self, result: ReviewResult) {
+        self.token_reviews
+            .get_or_create(&ReviewLabels { result })
+            .inc();
+    }
+
     /// The Prometheus text exposition (OpenMetrics).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -277,6 +330,8 @@ mod tests {
         m.truncations.inc();
         m.error(ErrorKind::SessionLimit);
         m.auth(AuthResult::Allowed, true);
+        m.token_review(ReviewResult::Unauthenticated);
+        m.auth_busy.inc();
         let text = m.encode();
         for needle in [
             "cli_mcp_sessions_active 3",
@@ -287,6 +342,10 @@ mod tests {
             "cli_mcp_exec_truncations_total 1",
             "cli_mcp_errors_total{kind=\"session_limit\"} 1",
             "cli_mcp_auth_decisions_total{result=\"allowed\",cached=\"true\"} 1",
+            "cli_mcp_token_reviews_total{result=\"unauthenticated\"} 1",
+            "cli_mcp_token_reviews_in_flight 0",
+            "cli_mcp_token_reviews_in_flight_max 0",
+            "cli_mcp_auth_busy_total 1",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }

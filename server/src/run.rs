@@ -111,6 +111,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             i.clone(),
             ns.clone(),
             metrics.clone(),
+            settings.auth_options.clone(),
         ))),
         (AuthMode::Kubernetes, _, _, _) => {
             anyhow::bail!("--auth kubernetes needs --instance, --namespace and a Kubernetes client")

@@ -716,6 +716,107 @@ async fn delete_removes_the_pod() {
     w.done().await;
 }
 
+/// Pids of processes whose command line is exactly `args` (NUL-separated).
+fn pids_running(args: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+/// A DELETE while a command runs ends the session for good: the call fails with an error
+/// that says so, and its retry does not create a new pod (before, the retry after the agent
+/// was killed created one, and `GET /sessions` listed the deleted session again).
+#[tokio::test]
+async fn a_call_racing_a_delete_fails_and_the_session_stays_deleted() {
+    let w = World::new("srv-del-race").await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("race-1"));
+    let r = mcp.bash("true").await;
+    assert!(!is_error(&r), "{r}");
+    let pod = w.one_pod("race-1").await;
+    // A duration no other test uses, to find the command among the host's processes.
+    let marker = format!(
+        "{}.{}",
+        600 + rand::random::<u16>() % 100,
+        rand::random::<u16>()
+    );
+    let call = tokio::spawn({
+        let mcp = mcp.clone();
+        let cmd = format!("sleep {marker}");
+        async move { mcp.bash(&cmd).await }
+    });
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while pids_running(&["sleep", &marker]).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let http = support::http();
+    let del = http
+        .delete(server.url("/sessions/race-1"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 204);
+    let r = tokio::time::timeout(TIMEOUT, call)
+        .await
+        .expect("the call ends after the DELETE")
+        .expect("join");
+    assert!(is_error(&r), "{r}");
+    assert!(
+        text(&r).contains("the session was deleted (DELETE /sessions/{id}) while this command ran"),
+        "{}\nserver log:\n{}",
+        text(&r),
+        server.log_text()
+    );
+    let list: Value = http
+        .get(server.url("/sessions"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        list["sessions"],
+        json!([]),
+        "the deleted session was started again"
+    );
+    let sel = format!(
+        "{},{}=race-1",
+        w.instance().sandbox_selector(),
+        label::SESSION_ID
+    );
+    let pods =
+        w.ns.api::<Pod>()
+            .list(&ListParams::default().labels(&sel))
+            .await
+            .expect("list");
+    let live: Vec<_> = pods
+        .items
+        .iter()
+        .filter(|p| !is_deleting(p))
+        .map(|p| p.name_any())
+        .collect();
+    assert!(
+        live.is_empty(),
+        "a new pod for the deleted session: {live:?} (old {})",
+        pod.name_any()
+    );
+    drop(server);
+    w.done().await;
+}
+
 #[tokio::test]
 async fn session_limit_is_enforced() {
     let w = World::new("srv-limit").await;
@@ -896,22 +997,75 @@ async fn identity(w: &World, name: &str, verbs: &[&str]) -> String {
 }
 
 async fn auth_server(w: &World) -> (Server, reqwest::Client) {
+    auth_server_with(w, &[]).await
+}
+
+async fn auth_server_with(w: &World, extra: &[&str]) -> (Server, reqwest::Client) {
     let (cert, key, ca) = tls_files(w.dir.path());
-    let server = w
-        .server_with(&[
-            "--auth",
-            "kubernetes",
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--instance",
-            INSTANCE,
-            "--namespace",
-            &w.ns.name,
-        ])
-        .await;
+    let mut args = vec![
+        "--auth",
+        "kubernetes",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--instance",
+        INSTANCE,
+        "--namespace",
+        &w.ns.name,
+    ];
+    args.extend_from_slice(extra);
+    let server = w.server_with(&args).await;
     (server, support::https(&ca))
+}
+
+async fn metrics_of(server: &Server) -> String {
+    support::http()
+        .get(server.health_url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+/// TokenReviews the server has sent, whatever they answered.
+async fn reviews(server: &Server) -> f64 {
+    cli_mcp_e2e::http::metric_sum(&metrics_of(server).await, "cli_mcp_token_reviews_total")
+        .unwrap_or(0.0)
+}
+
+/// `tools/list` with each token, `parallel` at a time; the HTTP statuses.
+async fn statuses(
+    server: &Server,
+    http: &reqwest::Client,
+    tokens: &[String],
+    parallel: usize,
+) -> Vec<u16> {
+    use futures::StreamExt;
+    futures::stream::iter(tokens.iter().map(|t| {
+        let mcp = authed(server, http, t, "junk");
+        async move { mcp.rpc("tools/list", json!({})).await.status.as_u16() }
+    }))
+    .buffered(parallel)
+    .collect()
+    .await
+}
+
+fn junk_tokens(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("junk-{i}-{}", rand::random::<u64>()))
+        .collect()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn authed(server: &Server, http: &reqwest::Client, token: &str, sid: &str) -> Mcp {
@@ -1116,6 +1270,151 @@ async fn readiness_reflects_the_api() {
         .expect("GET /readyz");
     assert_eq!(r.status(), 503);
     assert!(r.text().await.unwrap_or_default().contains("not reachable"));
+    drop(server);
+    w.done().await;
+}
+
+/// Junk tokens cost one review each, once per TTL, and however many there are they never
+/// push a real user's decision out of the cache (before, 4,200 junk tokens cleared the whole
+/// cache at 4,096 entries, and the user's next call cost a new review).
+#[tokio::test]
+async fn junk_tokens_never_evict_a_real_users_decision() {
+    let w = World::new("srv-auth-junk").await;
+    let alice = identity(&w, "alice", &["create"]).await;
+    // Long enough for the whole test, so only eviction could drop a decision.
+    let (server, http) = auth_server_with(&w, &["--auth-cache-seconds", "600"]).await;
+    let pid = server.child.id().expect("server pid");
+    let a = authed(&server, &http, &alice, "al-1")
+        .rpc("tools/list", json!({}))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(reviews(&server).await, 1.0);
+    let rss_before = rss_kib(pid);
+    let junk = junk_tokens(4200);
+    let t0 = std::time::Instant::now();
+    let answers = statuses(&server, &http, &junk, 8).await;
+    let took = t0.elapsed();
+    assert!(answers.iter().all(|s| *s == 401), "{answers:?}");
+    assert_eq!(reviews(&server).await, 4201.0, "one review per junk token");
+    let rss_after = rss_kib(pid);
+    eprintln!("4,200 junk tokens in {took:?}: server RSS {rss_before} KiB -> {rss_after} KiB");
+    // The most recent junk is still cached: no review again.
+    let again = statuses(&server, &http, &junk[3700..], 8).await;
+    assert!(again.iter().all(|s| *s == 401), "{again:?}");
+    assert_eq!(
+        reviews(&server).await,
+        4201.0,
+        "junk reviewed again within its TTL"
+    );
+    // The real user's decision survived: no new review.
+    let a = authed(&server, &http, &alice, "al-1")
+        .rpc("tools/list", json!({}))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(
+        reviews(&server).await,
+        4201.0,
+        "the real user's decision was evicted by junk tokens"
+    );
+    drop(server);
+    w.done().await;
+}
+
+/// A burst of distinct junk tokens never has more reviews in flight than the bound; the
+/// requests over it get a quick 503 that says to retry (before, 500 junk tokens at once sent
+/// 500 reviews at once).
+#[tokio::test]
+async fn a_burst_of_junk_tokens_never_exceeds_the_review_bound() {
+    let w = World::new("srv-auth-bound").await;
+    // Long enough for the whole test, so no refusal expires before it is sent again.
+    let (server, http) = auth_server_with(&w, &["--auth-cache-seconds", "600"]).await;
+    let junk = junk_tokens(500);
+    let t0 = std::time::Instant::now();
+    let answers = futures::future::join_all(junk.iter().map(|t| {
+        let mcp = authed(&server, &http, t, "junk");
+        async move { mcp.rpc("tools/list", json!({})).await }
+    }))
+    .await;
+    let took = t0.elapsed();
+    let metrics = metrics_of(&server).await;
+    let count = |series: &str| cli_mcp_e2e::http::metric_sum(&metrics, series).unwrap_or(0.0);
+    let peak = count("cli_mcp_token_reviews_in_flight_max");
+    let sent = count("cli_mcp_token_reviews_total");
+    let busy = answers.iter().filter(|a| a.status == 503).count();
+    eprintln!(
+        "500 junk tokens at once in {took:?}: {sent} reviews sent, {busy} answered busy, \
+         at most {peak} in flight"
+    );
+    assert!(
+        (1.0..=16.0).contains(&peak),
+        "reviews in flight at once: {peak}"
+    );
+    for a in &answers {
+        match a.status.as_u16() {
+            401 => {}
+            503 => assert!(a.text.contains("authentication is busy"), "{}", a.text),
+            other => panic!("unexpected {other}: {}", a.text),
+        }
+    }
+    assert_eq!(
+        sent,
+        (500 - busy) as f64,
+        "a review per token that was not refused"
+    );
+    assert_eq!(count("cli_mcp_auth_busy_total"), busy as f64);
+    // Refused for being busy is not cached; a refusal is: the same tokens again, one at a
+    // time, cost only the reviews of those answered busy before.
+    let again = statuses(&server, &http, &junk, 4).await;
+    assert!(again.iter().all(|s| *s == 401), "{again:?}");
+    assert_eq!(reviews(&server).await, 500.0);
+    drop(server);
+    w.done().await;
+}
+
+/// A token bound to an audience (`kubectl create token <sa> --audience <aud>`) is accepted
+/// with `--token-audience <aud>`, and refused, saying why, without it or with another one.
+#[tokio::test]
+async fn audience_bound_tokens_need_the_servers_audience() {
+    let w = World::new("srv-auth-aud").await;
+    identity(&w, "erin", &["create"]).await;
+    let tr = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec!["cli-mcp-test".into()]),
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let bound =
+        w.ns.api::<ServiceAccount>()
+            .create_token_request("erin", &PostParams::default(), &tr)
+            .await
+            .expect("TokenRequest")
+            .status
+            .and_then(|s| s.token)
+            .expect("a token");
+
+    let (server, http) = auth_server_with(&w, &["--token-audience", "cli-mcp-test"]).await;
+    let a = authed(&server, &http, &bound, "e-1")
+        .rpc("tools/list", json!({}))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    drop(server);
+
+    let (server, http) = auth_server(&w).await;
+    let a = authed(&server, &http, &bound, "e-1")
+        .rpc("tools/list", json!({}))
+        .await;
+    assert_eq!(a.status, 401, "{}", a.text);
+    assert!(a.text.contains("--token-audience"), "{}", a.text);
+    drop(server);
+
+    let (server, http) = auth_server_with(&w, &["--token-audience", "another"]).await;
+    let a = authed(&server, &http, &bound, "e-1")
+        .rpc("tools/list", json!({}))
+        .await;
+    assert_eq!(a.status, 401, "{}", a.text);
+    assert!(a.text.contains("--audience another"), "{}", a.text);
     drop(server);
     w.done().await;
 }

@@ -11,7 +11,7 @@ pub mod tokenreview;
 
 use sha2::{Digest, Sha256};
 
-pub use tokenreview::{AuthError, Authenticator};
+pub use tokenreview::{AuthError, AuthOptions, Authenticator};
 
 /// The identity behind a request.
 #[derive(Debug, Clone, PartialEq, Eq)]

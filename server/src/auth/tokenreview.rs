@@ -1,6 +1,17 @@
 //! TokenReview + SubjectAccessReview with a short, bounded decision cache.
+//!
+//! A token never seen before costs one review (TokenReview, then SubjectAccessReview). So
+//! that callers with junk tokens can neither flood the API server nor push real users out of
+//! the cache:
+//! - at most [`MAX_CONCURRENT_REVIEWS`] reviews run at once; a request over it gets 503
+//!   "authentication is busy" at once, and nothing queues;
+//! - concurrent first calls with one token share one review;
+//! - allowed and refused decisions live in two separate least-recently-used caches, refused
+//!   ones for half as long: a junk token is reviewed once per TTL, and any number of junk
+//!   tokens only ever evicts other refused decisions.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,23 +21,57 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::PostParams;
 use kube::Api;
+use lru::LruCache;
 use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::{InstanceName, GROUP, PLURAL};
 use cli_mcp_api::token::parse_bearer;
 
 use super::{Caller, Verb};
-use crate::metrics::{AuthResult, Metrics};
+use crate::metrics::{AuthResult, Metrics, ReviewResult};
 
 /// The subresource callers are authorised on.
 pub const SUBRESOURCE: &str = "mcp";
-/// How long an allow or deny is reused.
+/// How long an allow is reused by default (a refusal: half as long).
 pub const DECISION_TTL: Duration = Duration::from_secs(10);
-/// Most cached decisions.
+/// Most cached allowed decisions, and separately most cached refused ones.
 pub const CACHE_CAPACITY: usize = 4096;
+/// Most reviews in progress at once; more requests with unknown tokens get 503 at once.
+pub const MAX_CONCURRENT_REVIEWS: usize = 16;
 /// Longest bearer token considered (Kubernetes tokens are far shorter).
 const MAX_TOKEN_LEN: usize = 16 * 1024;
 const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How tokens are reviewed and decisions cached (`--token-audience`,
+/// `--auth-cache-seconds`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthOptions {
+    /// Audiences a token must be bound to; empty: the API server's own.
+    pub audiences: Vec<String>,
+    /// How long an allow is reused; a refusal is reused half as long (at least 1 s).
+    pub allowed_ttl: Duration,
+    /// Most reviews in progress at once.
+    pub max_reviews: usize,
+    /// Entries of each of the two caches.
+    pub capacity: usize,
+}
+
+impl Default for AuthOptions {
+    fn default() -> Self {
+        Self {
+            audiences: Vec::new(),
+            allowed_ttl: DECISION_TTL,
+            max_reviews: MAX_CONCURRENT_REVIEWS,
+            capacity: CACHE_CAPACITY,
+        }
+    }
+}
+
+impl AuthOptions {
+    fn refused_ttl(&self) -> Duration {
+        (self.allowed_ttl / 2).max(Duration::from_secs(1))
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -51,26 +96,94 @@ impl AuthError {
     }
 }
 
-struct Cached {
-    at: Instant,
-    decision: Result<Caller, AuthError>,
-}
-
 /// A cache key: the token's SHA-256 (the token itself is never kept) and the verb.
 type Key = ([u8; 32], Verb);
 
+type Decision = Result<Caller, AuthError>;
+
+struct Cached {
+    at: Instant,
+    decision: Decision,
+}
+
+/// Allowed and refused decisions, each in its own LRU with its own TTL, so refusals (junk
+/// tokens) never evict an allowed caller. Answers of an unreachable API are not kept.
+pub struct DecisionCache {
+    allowed: LruCache<Key, Cached>,
+    refused: LruCache<Key, Cached>,
+    allowed_ttl: Duration,
+    refused_ttl: Duration,
+}
+
+impl DecisionCache {
+    pub fn new(capacity: usize, allowed_ttl: Duration, refused_ttl: Duration) -> Self {
+        let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            allowed: LruCache::new(cap),
+            refused: LruCache::new(cap),
+            allowed_ttl,
+            refused_ttl,
+        }
+    }
+
+    /// The live decision for `key` (marked as recently used), if any.
+    pub fn get(&mut self, key: &Key, now: Instant) -> Option<Decision> {
+        for (cache, ttl) in [
+            (&mut self.allowed, self.allowed_ttl),
+            (&mut self.refused, self.refused_ttl),
+        ] {
+            match cache.get(key) {
+                Some(c) if now.saturating_duration_since(c.at) < ttl => {
+                    return Some(c.decision.clone())
+                }
+                Some(_) => {
+                    cache.pop(key);
+                }
+                None => {}
+            }
+        }
+        None
+    }
+
+    /// Keeps `decision`, evicting the least recently used entry of its own kind when full.
+    pub fn put(&mut self, key: Key, decision: Decision, now: Instant) {
+        let (mine, other) = match &decision {
+            Ok(_) => (&mut self.allowed, &mut self.refused),
+            Err(AuthError::Unauthenticated(_) | AuthError::Forbidden(_)) => {
+                (&mut self.refused, &mut self.allowed)
+            }
+            Err(AuthError::Unavailable(_)) => return,
+        };
+        other.pop(&key);
+        mine.put(key, Cached { at: now, decision });
+    }
+
+    /// Entries (allowed, refused).
+    pub fn len(&self) -> (usize, usize) {
+        (self.allowed.len(), self.refused.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.allowed.is_empty() && self.refused.is_empty()
+    }
+}
+
 /// The one review in progress for a key, shared by every caller that missed the cache
 /// meanwhile.
-type InFlight = Arc<tokio::sync::OnceCell<Result<Caller, AuthError>>>;
+type InFlight = Arc<tokio::sync::OnceCell<Decision>>;
 
 pub struct Authenticator {
     client: kube::Client,
     instance: InstanceName,
     namespace: String,
-    cache: Mutex<HashMap<Key, Cached>>,
+    options: AuthOptions,
+    cache: Mutex<DecisionCache>,
     /// Reviews in progress: a burst of first calls with one token costs one TokenReview and
     /// one SubjectAccessReview, not one per call.
-    in_flight: Mutex<HashMap<Key, InFlight>>,
+    in_flight: Mutex<std::collections::HashMap<Key, InFlight>>,
+    /// Permits for reviews in progress ([`AuthOptions::max_reviews`]).
+    reviews: Arc<tokio::sync::Semaphore>,
+    running: AtomicI64,
     metrics: Arc<Metrics>,
 }
 
@@ -79,6 +192,7 @@ impl std::fmt::Debug for Authenticator {
         f.debug_struct("Authenticator")
             .field("instance", &self.instance)
             .field("namespace", &self.namespace)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -89,13 +203,21 @@ impl Authenticator {
         instance: InstanceName,
         namespace: String,
         metrics: Arc<Metrics>,
+        options: AuthOptions,
     ) -> Self {
         Self {
             client,
             instance,
             namespace,
-            cache: Mutex::new(HashMap::new()),
-            in_flight: Mutex::new(HashMap::new()),
+            cache: Mutex::new(DecisionCache::new(
+                options.capacity,
+                options.allowed_ttl,
+                options.refused_ttl(),
+            )),
+            reviews: Arc::new(tokio::sync::Semaphore::new(options.max_reviews.max(1))),
+            options,
+            in_flight: Mutex::new(std::collections::HashMap::new()),
+            running: AtomicI64::new(0),
             metrics,
         }
     }
@@ -138,10 +260,9 @@ impl Authenticator {
         let decision = shared
             .get_or_init(|| async {
                 reviewed = true;
-                let decision = self.review(token, verb).await;
-                if !matches!(decision, Err(AuthError::Unavailable(_))) {
-                    self.remember(key, verb, decision.clone());
-                }
+                let decision = self.bounded_review(token, verb).await;
+                self.lock()
+                    .put((key, verb), decision.clone(), Instant::now());
                 decision
             })
             .await
@@ -157,38 +278,34 @@ impl Authenticator {
         decision
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Cached>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DecisionCache> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn cached(&self, key: &[u8; 32], verb: Verb) -> Option<Result<Caller, AuthError>> {
-        let cache = self.lock();
-        let hit = cache.get(&(*key, verb))?;
-        (hit.at.elapsed() < DECISION_TTL).then(|| hit.decision.clone())
+    fn cached(&self, key: &[u8; 32], verb: Verb) -> Option<Decision> {
+        self.lock().get(&(*key, verb), Instant::now())
     }
 
-    fn remember(&self, key: [u8; 32], verb: Verb, decision: Result<Caller, AuthError>) {
-        let mut cache = self.lock();
-        if cache.len() >= CACHE_CAPACITY {
-            cache.retain(|_, c| c.at.elapsed() < DECISION_TTL);
-            if cache.len() >= CACHE_CAPACITY {
-                cache.clear();
-            }
-        }
-        cache.insert(
-            (key, verb),
-            Cached {
-                at: Instant::now(),
-                decision,
-            },
-        );
+    /// A review under the concurrency bound: over it, a 503 at once (never a queue).
+    async fn bounded_review(&self, token: &str, verb: Verb) -> Decision {
+        let Ok(_permit) = self.reviews.clone().try_acquire_owned() else {
+            self.metrics.auth_busy.inc();
+            return Err(AuthError::Unavailable(format!(
+                "authentication is busy ({} token reviews are in progress, the most this server \
+                 runs at once)",
+                self.options.max_reviews
+            )));
+        };
+        let _running = Running::start(self);
+        self.review(token, verb).await
     }
 
     async fn review(&self, token: &str, verb: Verb) -> Result<Caller, AuthError> {
         let tr = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_owned(),
-                audiences: None,
+                audiences: (!self.options.audiences.is_empty())
+                    .then(|| self.options.audiences.clone()),
             },
             ..Default::default()
         };
@@ -197,25 +314,24 @@ impl Authenticator {
             Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &tr),
         )
         .await
-        .map_err(|_| AuthError::Unavailable("TokenReview timed out".into()))?
-        .map_err(|e| AuthError::Unavailable(format!("TokenReview failed: {e}")))?;
+        .map_err(|_| AuthError::Unavailable("TokenReview timed out".into()))
+        .and_then(|r| r.map_err(|e| AuthError::Unavailable(format!("TokenReview failed: {e}"))))
+        .inspect_err(|_| self.metrics.token_review(ReviewResult::Error))?;
         let status = reviewed.status.unwrap_or_default();
         let user = match (status.authenticated, status.user) {
             (Some(true), Some(user)) if user.username.as_deref().is_some_and(|u| !u.is_empty()) => {
                 user
             }
             _ => {
-                let why = status
-                    .error
-                    .filter(|e| !e.is_empty())
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default();
-                return Err(AuthError::Unauthenticated(format!(
-                    "the bearer token was not accepted by the Kubernetes API{why}; send a valid, \
-                     unexpired token"
+                self.metrics.token_review(ReviewResult::Unauthenticated);
+                return Err(AuthError::Unauthenticated(not_accepted(
+                    status.error.as_deref(),
+                    &self.options.audiences,
                 )));
             }
         };
+        self.metrics.token_review(ReviewResult::Authenticated);
+        check_audiences(&self.options.audiences, status.audiences.as_deref())?;
         let username = user.username.clone().unwrap_or_default();
 
         let sar = SubjectAccessReview {
@@ -266,11 +382,205 @@ impl Authenticator {
     }
 }
 
+/// Counts a review in `token_reviews_in_flight` (and its high-water mark) while it lives.
+struct Running<'a>(&'a Authenticator);
+
+impl<'a> Running<'a> {
+    fn start(auth: &'a Authenticator) -> Self {
+        let now = auth.running.fetch_add(1, Ordering::SeqCst) + 1;
+        auth.metrics.token_reviews_in_flight.set(now);
+        let max = &auth.metrics.token_reviews_in_flight_max;
+        if now > max.get() {
+            max.set(now);
+        }
+        Self(auth)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let now = self.0.running.fetch_sub(1, Ordering::SeqCst) - 1;
+        self.0.metrics.token_reviews_in_flight.set(now);
+    }
+}
+
+/// Why a token was not accepted, with what to do about it.
+fn not_accepted(api_error: Option<&str>, audiences: &[String]) -> String {
+    let api_error = api_error.filter(|e| !e.is_empty());
+    let why = api_error.map(|e| format!(" ({e})")).unwrap_or_default();
+    let hint = match (api_error.is_some_and(|e| e.contains("audience")), audiences) {
+        (true, []) => {
+            "; it is bound to an audience this server does not accept: ask for a token without \
+             --audience, or start the server with --token-audience <that audience>"
+                .to_owned()
+        }
+        (true, auds) => format!(
+            "; this server accepts tokens bound to {auds:?}: get one with `kubectl create token \
+             <serviceaccount> --audience {}`",
+            auds[0]
+        ),
+        (false, _) => "; send a valid, unexpired token".to_owned(),
+    };
+    format!("the bearer token was not accepted by the Kubernetes API{why}{hint}")
+}
+
+/// With `--token-audience`, the review must say the token is valid for one of them (an
+/// authenticator that ignores audiences answers none: refused, fail closed).
+fn check_audiences(wanted: &[String], granted: Option<&[String]>) -> Result<(), AuthError> {
+    if wanted.is_empty()
+        || granted
+            .unwrap_or_default()
+            .iter()
+            .any(|g| wanted.contains(g))
+    {
+        return Ok(());
+    }
+    Err(AuthError::Unauthenticated(format!(
+        "the bearer token is not bound to an audience of this server ({wanted:?}; the review \
+         answered {:?}): get one with `kubectl create token <serviceaccount> --audience {}`",
+        granted.unwrap_or_default(),
+        wanted[0]
+    )))
+}
+
 fn result_of(d: &Result<Caller, AuthError>) -> AuthResult {
     match d {
         Ok(_) => AuthResult::Allowed,
         Err(AuthError::Forbidden(_)) => AuthResult::Denied,
         Err(AuthError::Unauthenticated(_)) => AuthResult::Unauthenticated,
         Err(AuthError::Unavailable(_)) => AuthResult::Error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u32, verb: Verb) -> Key {
+        let mut k = [0u8; 32];
+        k[..4].copy_from_slice(&n.to_le_bytes());
+        (k, verb)
+    }
+
+    fn junk() -> Decision {
+        Err(AuthError::Unauthenticated("not accepted".into()))
+    }
+
+    #[test]
+    fn junk_tokens_never_evict_an_allowed_caller() {
+        let t0 = Instant::now();
+        let mut c = DecisionCache::new(4096, Duration::from_secs(10), Duration::from_secs(5));
+        let alice = key(u32::MAX, Verb::Create);
+        c.put(alice, Ok(Caller::identified("alice")), t0);
+        for n in 0..4200 {
+            c.put(key(n, Verb::Create), junk(), t0);
+        }
+        assert_eq!(c.len(), (1, 4096), "refusals are bounded on their own");
+        assert_eq!(c.get(&alice, t0), Some(Ok(Caller::identified("alice"))));
+        // The most recent junk is still known (reviewed once per TTL), the oldest went first.
+        assert_eq!(c.get(&key(4199, Verb::Create), t0), Some(junk()));
+        assert_eq!(c.get(&key(0, Verb::Create), t0), None);
+    }
+
+    #[test]
+    fn allowed_callers_are_evicted_least_recently_used_first() {
+        let t0 = Instant::now();
+        let mut c = DecisionCache::new(2, Duration::from_secs(10), Duration::from_secs(5));
+        let (a, b, d) = (key(1, Verb::Get), key(2, Verb::Get), key(3, Verb::Get));
+        c.put(a, Ok(Caller::identified("a")), t0);
+        c.put(b, Ok(Caller::identified("b")), t0);
+        assert!(c.get(&a, t0).is_some(), "a is now the most recently used");
+        c.put(d, Ok(Caller::identified("d")), t0);
+        assert!(c.get(&b, t0).is_none(), "b was the least recently used");
+        assert!(c.get(&a, t0).is_some() && c.get(&d, t0).is_some());
+    }
+
+    #[test]
+    fn refusals_expire_sooner_and_outages_are_not_kept() {
+        let t0 = Instant::now();
+        let o = AuthOptions::default();
+        assert_eq!(o.refused_ttl(), Duration::from_secs(5));
+        let mut c = DecisionCache::new(8, o.allowed_ttl, o.refused_ttl());
+        let (ok, no, down) = (
+            key(1, Verb::Create),
+            key(2, Verb::Create),
+            key(3, Verb::Create),
+        );
+        c.put(ok, Ok(Caller::identified("a")), t0);
+        c.put(no, Err(AuthError::Forbidden("no".into())), t0);
+        c.put(down, Err(AuthError::Unavailable("down".into())), t0);
+        assert!(
+            c.get(&down, t0).is_none(),
+            "an unreachable API is asked again"
+        );
+        let t6 = t0 + Duration::from_secs(6);
+        assert!(c.get(&no, t6).is_none(), "a refusal lives 5 s");
+        assert!(c.get(&ok, t6).is_some(), "an allow lives 10 s");
+        assert!(c.get(&ok, t0 + Duration::from_secs(10)).is_none());
+        assert!(c.is_empty(), "expired entries are dropped when met");
+        // The verb is part of the key.
+        c.put(key(9, Verb::Get), Ok(Caller::identified("a")), t0);
+        assert!(c.get(&key(9, Verb::Delete), t0).is_none());
+    }
+
+    #[test]
+    fn a_new_decision_replaces_the_other_kind() {
+        let t0 = Instant::now();
+        let mut c = DecisionCache::new(8, Duration::from_secs(10), Duration::from_secs(5));
+        let k = key(1, Verb::Create);
+        c.put(k, junk(), t0);
+        c.put(k, Ok(Caller::identified("a")), t0);
+        assert_eq!(c.len(), (1, 0));
+        assert!(c.get(&k, t0).is_some_and(|d| d.is_ok()));
+    }
+
+    #[test]
+    fn audiences_are_checked_only_when_asked_for() {
+        let want = vec!["cli-mcp".to_owned()];
+        assert!(check_audiences(&[], None).is_ok());
+        assert!(check_audiences(&want, Some(&["x".into(), "cli-mcp".into()])).is_ok());
+        let e = check_audiences(&want, Some(&["other".into()])).expect_err("refused");
+        assert!(e.to_string().contains("--audience cli-mcp"), "{e}");
+        assert!(check_audiences(&want, None).is_err(), "fail closed");
+    }
+
+    #[test]
+    fn an_audience_refusal_says_which_flag_fixes_it() {
+        let api = "token audiences [\"cli-mcp\"] is invalid for the target audiences";
+        assert!(not_accepted(Some(api), &[]).contains("--token-audience"));
+        assert!(not_accepted(Some(api), &["mine".into()]).contains("--audience mine"));
+        let plain = not_accepted(None, &[]);
+        assert!(plain.ends_with("send a valid, unexpired token"), "{plain}");
+    }
+
+    #[test]
+    fn memory_of_full_caches() {
+        // Printed for docs/server.md: both caches full, refusals with a realistic message.
+        let t0 = Instant::now();
+        let mut c = DecisionCache::new(CACHE_CAPACITY, DECISION_TTL, DECISION_TTL / 2);
+        let msg = not_accepted(Some("[invalid bearer token, square/go-jose: error in cryptographic primitive, token lookup failed]"), &[]);
+        for n in 0..CACHE_CAPACITY as u32 {
+            c.put(
+                key(n, Verb::Create),
+                Err(AuthError::Unauthenticated(msg.clone())),
+                t0,
+            );
+            c.put(
+                key(n + 1_000_000, Verb::Create),
+                Ok(Caller::identified(
+                    "system:serviceaccount:team-a:agent-1234",
+                )),
+                t0,
+            );
+        }
+        let entry = std::mem::size_of::<(Key, Cached)>() + 3 * std::mem::size_of::<usize>();
+        let refused = CACHE_CAPACITY * (entry + msg.len());
+        let allowed = CACHE_CAPACITY * (entry + 2 * 64 + 40);
+        eprintln!(
+            "decision cache at its bound: ~{} KiB refused + ~{} KiB allowed",
+            refused / 1024,
+            allowed / 1024
+        );
+        assert_eq!(c.len(), (CACHE_CAPACITY, CACHE_CAPACITY));
     }
 }
