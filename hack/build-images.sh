@@ -169,7 +169,7 @@ fi
 # --- level 2: the images ----------------------------------------------------------------------
 key="$( (cat "${BASH_SOURCE[0]}"
     find "$IMAGES_DIR" -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sed "s|$IMAGES_DIR/||"
-    sha256sum "$rootfs/sandbox.tar" "$rootfs/base.tar" | cut -d' ' -f1
+    echo "$rootfs_key"
     cat "$rootfs/sandbox.packages" "$rootfs/base.packages"
     for b in "${bins[@]}"; do sha256sum <"$bin_dir/$b"; done
     sha256sum <"$KUBECTL"
