@@ -58,6 +58,14 @@ enum Cmd {
         /// Local loopback port (0 = any free one).
         #[arg(long, default_value_t = 0)]
         local_port: u16,
+        /// Terminate TLS for local clients: they speak plain HTTP to the loopback port and
+        /// the forward speaks TLS to the endpoint, trusting only this CA (PEM file).
+        #[arg(long, requires = "tls_server_name")]
+        tls_ca: Option<PathBuf>,
+        /// The name the endpoint's certificate must carry with --tls-ca (for an instance:
+        /// `<service>.<namespace>.svc`).
+        #[arg(long, requires = "tls_ca")]
+        tls_server_name: Option<String>,
     },
     /// Stop the cluster that runs with this run dir (sends SIGTERM to its owner).
     Down {
@@ -356,7 +364,19 @@ async fn forward(
     service: &str,
     port: u16,
     local_port: u16,
+    tls: Option<(PathBuf, String)>,
 ) -> anyhow::Result<ExitCode> {
+    let tls = match tls {
+        Some((ca, name)) => {
+            let pem =
+                std::fs::read(&ca).with_context(|| format!("reading the CA {}", ca.display()))?;
+            Some(
+                cli_mcp_e2e::portforward::TlsUpstream::new(&pem, &name)
+                    .with_context(|| format!("the CA {}", ca.display()))?,
+            )
+        }
+        None => None,
+    };
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(&path)
@@ -368,9 +388,10 @@ async fn forward(
             .context("no kubeconfig: pass --kubeconfig")?,
     };
     let client = kube::Client::try_from(config)?;
-    let fwd = cli_mcp_e2e::ServiceForward::start_on(client, namespace, service, port, local_port)
-        .await
-        .with_context(|| format!("forwarding to svc/{service} port {port} in {namespace}"))?;
+    let fwd =
+        cli_mcp_e2e::ServiceForward::start_with(client, namespace, service, port, local_port, tls)
+            .await
+            .with_context(|| format!("forwarding to svc/{service} port {port} in {namespace}"))?;
     // The one line scripts wait for.
     println!("CLI_MCP_FORWARD {}", fwd.local_addr());
     let mut term = signal(SignalKind::terminate())?;
@@ -402,7 +423,12 @@ async fn main() -> ExitCode {
             service,
             port,
             local_port,
-        } => forward(kubeconfig, &namespace, &service, port, local_port).await,
+            tls_ca,
+            tls_server_name,
+        } => {
+            let tls = tls_ca.zip(tls_server_name);
+            forward(kubeconfig, &namespace, &service, port, local_port, tls).await
+        }
     };
     match result {
         Ok(code) => code,
