@@ -15,6 +15,7 @@ use cli_mcp_api::SessionId;
 
 mod agent_attacks;
 mod cluster;
+mod images;
 
 #[derive(Parser)]
 #[command(about = "cli-mcp benchmarks (printed as tables)")]
@@ -42,6 +43,8 @@ enum What {
     /// Local Kubernetes with the operator and server as pods: warm vs cold session start,
     /// `tools/call` through the Service and on the pod IP, N sessions × M commands at once.
     Cluster(cluster::ClusterArgs),
+    /// Sizes of the OCI image archives hack/build-images.sh builds (compressed, uncompressed).
+    Images(images::ImagesArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +56,7 @@ fn main() -> anyhow::Result<()> {
             skip_yes,
         } => agent_bench(&agent, iterations, probes, skip_yes),
         What::Cluster(args) => cluster::cluster_bench(args),
+        What::Images(args) => images::images_bench(args),
     }
 }
 
