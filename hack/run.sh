@@ -9,7 +9,8 @@
 #   5. creates namespace cli-mcp-demo with a read-only investigation kubeconfig Secret and the
 #      sample CliMcpInstance `demo`, and waits for it to be Ready;
 #   6. creates a client identity allowed to use the instance, forwards a loopback port to the
-#      MCP Service and prints a ready-to-paste MCP client configuration and a curl one-liner.
+#      MCP Service (plain HTTP on 127.0.0.1, TLS to the instance with its CA pinned) and prints
+#      ready-to-paste MCP client configurations with a literal token, and a curl one-liner.
 #
 # Everything it writes stays under .run/ (gitignored). Needs root (network namespaces).
 # Logs: .run/quickstart/cluster.log (and forward.log), each new for every run; the previous
@@ -21,7 +22,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 # shellcheck source=hack/lib/start.sh
 source "$root/hack/lib/start.sh"
-run="$root/.run/quickstart"
+# CLI_MCP_QUICKSTART_DIR: another place for what this run writes (the quick-start test uses it).
+run="${CLI_MCP_QUICKSTART_DIR:-$root/.run/quickstart}"
 ns=cli-mcp-demo
 name=demo
 svc="cli-mcp-$name"
@@ -121,53 +123,64 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: mcp-client}
 subjects: [{kind: ServiceAccount, name: mcp-client, namespace: $ns}]
 YAML
 kubectl -n "$ns" get configmap "$svc-ca" -o jsonpath='{.data.ca\.crt}' >"$run/ca.crt"
+# A literal token to paste: the cluster (and its signing key) lives only as long as this run,
+# so the token stops working when `make run` stops.
+client_token="$(kubectl -n "$ns" create token mcp-client --duration=24h)"
+host="$svc.$ns.svc"
 
-say "forwarding a loopback port to svc/$svc:8443"
-start_logged "$run/forward.log" "$cluster_bin" forward --kubeconfig "$KUBECONFIG" -n "$ns" "$svc" --port 8443
+say "forwarding 127.0.0.1 to svc/$svc:8443 (TLS to the instance, its CA pinned)"
+start_logged "$run/forward.log" "$cluster_bin" forward --kubeconfig "$KUBECONFIG" -n "$ns" "$svc" \
+    --port 8443 --tls-ca "$run/ca.crt" --tls-server-name "$host"
 pids+=("$start_pid")
 wait_line "$run/forward.log" "$start_pid" 'CLI_MCP_FORWARD ' 30 || {
     cat "$run/forward.log" >&2
     die "the port-forward did not start (log: $run/forward.log)"
 }
 local_addr=$waited_line
-port="${local_addr##*:}"
-host="$svc.$ns.svc"
-url="https://$host:$port/mcp"
+url="http://$local_addr/mcp"
+session=my-session-1
+auth="Authorization: Bearer $client_token"
+
+# The same configuration in the shapes clients read, also written to files to copy from.
+jq -n --arg url "$url" --arg auth "Bearer $client_token" --arg sid "$session" \
+    '{servers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' \
+    >"$run/vscode-mcp.json"
+jq -n --arg url "$url" --arg auth "Bearer $client_token" --arg sid "$session" \
+    '{mcpServers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' \
+    >"$run/mcp-servers.json"
 
 cat <<EOF
 
-cli-mcp is running. The MCP endpoint of instance $ns/$name is forwarded to $local_addr.
-The serving certificate is for $host, signed by the instance CA in $run/ca.crt.
+cli-mcp is running. The MCP endpoint of instance $ns/$name (Streamable HTTP):
 
-  kubeconfig   export KUBECONFIG=$KUBECONFIG
-  token        kubectl -n $ns create token mcp-client
-  name         add to /etc/hosts for MCP clients:   127.0.0.1 $host
+  $url
 
-MCP client configuration (Streamable HTTP):
-{
-  "mcpServers": {
-    "cli-mcp": {
-      "type": "http",
-      "url": "$url",
-      "headers": {
-        "Authorization": "Bearer <output of: kubectl -n $ns create token mcp-client>",
-        "X-Session-ID": "my-session-1"
-      }
-    }
-  }
-}
-(the client must trust $run/ca.crt, e.g. NODE_EXTRA_CA_CERTS=$run/ca.crt)
+The forward on $local_addr speaks TLS to the instance and checks its certificate ($host,
+instance CA $run/ca.crt), so clients use plain HTTP on loopback: nothing to trust, no
+/etc/hosts entry. The token below is valid while this \`make run\` lives (a new cluster has
+new keys). Every configuration below uses one shell (X-Session-ID: $session); change the id
+for another.
+
+Claude Code:
+
+  claude mcp add --transport http cli-mcp $url --header "$auth" --header "X-Session-ID: $session"
+
+VS Code (.vscode/mcp.json; also in $run/vscode-mcp.json):
+$(cat "$run/vscode-mcp.json")
+
+Cursor (~/.cursor/mcp.json) and other clients that read "mcpServers" (also in $run/mcp-servers.json):
+$(cat "$run/mcp-servers.json")
 
 Try it (runs \`kubectl get ns\` in your sandbox, read-only identity):
 
-  curl -s --cacert $run/ca.crt --resolve $host:$port:127.0.0.1 $url \\
-    -H "Authorization: Bearer \$(KUBECONFIG=$KUBECONFIG kubectl -n $ns create token mcp-client)" \\
-    -H 'X-Session-ID: my-session-1' -H 'Content-Type: application/json' \\
-    -H 'Accept: application/json, text/event-stream' \\
-    -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bash","arguments":{"command":"kubectl get ns"}}}'
+  curl -s $url -H '$auth' -H 'X-Session-ID: $session' -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bash","arguments":{"command":"kubectl get ns"}}}'
 
-End a session:  curl -s -X DELETE --cacert $run/ca.crt --resolve $host:$port:127.0.0.1 \\
-    -H "Authorization: Bearer \$(kubectl -n $ns create token mcp-client)" https://$host:$port/sessions/my-session-1
+End the session (the next call starts a fresh shell):
+
+  curl -s -X DELETE http://$local_addr/sessions/$session -H '$auth'
+
+Admin access to the local cluster:  export KUBECONFIG=$KUBECONFIG
+Another token:                      kubectl -n $ns create token mcp-client
 
 Ctrl-C stops everything.
 EOF

@@ -6,6 +6,12 @@
 //! (`podIP:targetPort`, honouring named target ports through the slice's port names) and
 //! splices the connection to it. Endpoints are picked round-robin, and since resolution
 //! happens per connection, the forward follows pods as they come and go.
+//!
+//! With [`TlsUpstream`] the forward also terminates TLS for the client: it listens for plain
+//! HTTP on loopback and speaks TLS to the endpoint, trusting only the given CA and checking the
+//! certificate against the given name. An MCP client can then use `http://127.0.0.1:PORT`
+//! as printed, with no private CA to trust and no `/etc/hosts` entry, while the hop to the pod
+//! stays encrypted and verified (never skipped).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +23,10 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+use tokio_rustls::TlsConnector;
 
 use crate::error::{Error, Result};
 
@@ -33,6 +43,69 @@ struct Target {
     service: String,
     port: u16,
     next: AtomicUsize,
+    tls: Option<TlsUpstream>,
+}
+
+/// TLS to the endpoint: only `ca` is trusted, and the certificate must be valid for `name`
+/// (also sent as SNI).
+#[derive(Clone)]
+pub struct TlsUpstream {
+    connector: TlsConnector,
+    name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsUpstream")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsUpstream {
+    /// `ca_pem`: the CA certificate(s) in PEM, the only roots trusted; `name`: the DNS name
+    /// the endpoint's certificate must carry (for an instance: `<service>.<namespace>.svc`).
+    pub fn new(ca_pem: &[u8], name: &str) -> Result<TlsUpstream> {
+        let mut roots = RootCertStore::empty();
+        let mut found = 0;
+        for cert in CertificateDer::pem_slice_iter(ca_pem) {
+            let cert = cert.map_err(|e| Error::Other(format!("the CA is not valid PEM: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| Error::Other(format!("the CA certificate is not usable: {e}")))?;
+            found += 1;
+        }
+        if found == 0 {
+            return Err(Error::Other(
+                "the CA file holds no PEM certificate; pass the instance's ca.crt".into(),
+            ));
+        }
+        let name = ServerName::try_from(name.to_string())
+            .map_err(|e| Error::Other(format!("{name:?} is not a valid server name: {e}")))?;
+        let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Other(format!("TLS client setup: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(TlsUpstream {
+            connector: TlsConnector::from(Arc::new(config)),
+            name,
+        })
+    }
+
+    /// Splices the plain `inbound` connection to `outbound` over TLS.
+    pub async fn splice(&self, inbound: &mut TcpStream, outbound: TcpStream) -> Result<()> {
+        let mut tls = self
+            .connector
+            .connect(self.name.clone(), outbound)
+            .await
+            .map_err(|e| Error::Other(format!("TLS to the endpoint as {:?}: {e}", self.name)))?;
+        tokio::io::copy_bidirectional(inbound, &mut tls)
+            .await
+            .map_err(|e| Error::Other(format!("splicing over TLS: {e}")))?;
+        Ok(())
+    }
 }
 
 impl ServiceForward {
@@ -55,12 +128,26 @@ impl ServiceForward {
         port: u16,
         local_port: u16,
     ) -> Result<ServiceForward> {
+        Self::start_with(client, namespace, service, port, local_port, None).await
+    }
+
+    /// Like [`ServiceForward::start_on`]; with `tls`, clients speak plain TCP to the local
+    /// port and the forward speaks TLS to the endpoint (see [`TlsUpstream`]).
+    pub async fn start_with(
+        client: Client,
+        namespace: &str,
+        service: &str,
+        port: u16,
+        local_port: u16,
+        tls: Option<TlsUpstream>,
+    ) -> Result<ServiceForward> {
         let target = Arc::new(Target {
             client,
             namespace: namespace.to_string(),
             service: service.to_string(),
             port,
             next: AtomicUsize::new(0),
+            tls,
         });
         // Fail early with a clear message if the Service or its port does not exist.
         target.resolve_port_name().await?;
@@ -196,9 +283,124 @@ impl Target {
         })?;
         let _ = inbound.set_nodelay(true);
         let _ = outbound.set_nodelay(true);
+        if let Some(tls) = &self.tls {
+            return tls.splice(&mut inbound, outbound).await;
+        }
         tokio::io::copy_bidirectional(&mut inbound, &mut outbound)
             .await
             .map_err(|e| Error::Other(format!("splicing to {pick}: {e}")))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::PrivateKeyDer;
+    use tokio_rustls::rustls::ServerConfig;
+    use tokio_rustls::TlsAcceptor;
+
+    const NAME: &str = "cli-mcp-demo.cli-mcp-demo.svc";
+
+    /// A CA (PEM) and a TLS echo server on loopback whose certificate, for `NAME`, it signed.
+    async fn echo_server() -> (String, SocketAddr) {
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca = CertificateParams::default();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
+        let issuer = Issuer::new(ca, &ca_key);
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec![NAME.to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("leaf");
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::try_from(key.serialize_der()).expect("key der"),
+            )
+            .expect("server config");
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = [0u8; 4];
+                    if tls.read_exact(&mut buf).await.is_ok() {
+                        let _ = tls.write_all(&buf).await;
+                        let _ = tls.shutdown().await;
+                    }
+                });
+            }
+        });
+        (ca_pem, addr)
+    }
+
+    /// A plain client connection whose accepted end is spliced to `server` by `tls`; returns
+    /// the client end and the splice's result.
+    async fn through(tls: TlsUpstream, server: SocketAddr) -> (TcpStream, JoinHandle<Result<()>>) {
+        let local = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(local.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (mut inbound, _) = local.accept().await.expect("accept");
+        let splice = tokio::spawn(async move {
+            let outbound = TcpStream::connect(server).await.expect("connect server");
+            tls.splice(&mut inbound, outbound).await
+        });
+        (client, splice)
+    }
+
+    #[tokio::test]
+    async fn plain_in_tls_out_with_the_pinned_ca() {
+        let (ca, server) = echo_server().await;
+        let tls = TlsUpstream::new(ca.as_bytes(), NAME).expect("upstream");
+        let (mut client, splice) = through(tls, server).await;
+        client.write_all(b"ping").await.expect("write");
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).await.expect("read");
+        assert_eq!(back, b"ping", "the bytes went through TLS and back");
+        drop(client);
+        splice.await.expect("join").expect("splice ends cleanly");
+    }
+
+    #[tokio::test]
+    async fn another_ca_or_another_name_is_refused_and_nothing_reaches_the_client() {
+        let (ca, server) = echo_server().await;
+        let (other_ca, _) = echo_server().await;
+        for (ca_pem, name, want) in [
+            // Both CAs carry the same (default) name, so rustls finds the issuer and the
+            // signature check is what fails.
+            (&other_ca, NAME, "invalid peer certificate"),
+            (&ca, "other.cli-mcp-demo.svc", "not valid for name"),
+        ] {
+            let tls = TlsUpstream::new(ca_pem.as_bytes(), name).expect("upstream");
+            let (mut client, splice) = through(tls, server).await;
+            let err = splice.await.expect("join").expect_err("must not connect");
+            assert!(err.to_string().contains(want), "{want}: {err}");
+            let mut back = Vec::new();
+            let _ = client.read_to_end(&mut back).await;
+            assert!(back.is_empty(), "nothing reached the client: {back:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_ca_file_without_a_certificate_or_a_bad_name_is_a_clear_error() {
+        let e = TlsUpstream::new(b"not pem", NAME).expect_err("no cert");
+        assert!(e.to_string().contains("holds no PEM certificate"), "{e}");
+        let (ca, _) = echo_server().await;
+        let e = TlsUpstream::new(ca.as_bytes(), "bad name!").expect_err("bad name");
+        assert!(e.to_string().contains("not a valid server name"), "{e}");
     }
 }

@@ -1,0 +1,175 @@
+//! `make run` as a new user meets it: hack/run.sh brings up the local Kubernetes, the operator
+//! and the sample instance, then prints an MCP endpoint and client configurations. The test
+//! uses what it printed exactly as printed: the curl line is run by bash, the VS Code
+//! configuration is read back as JSON and used by an MCP client, and the DELETE line ends the
+//! session. Then a stop signal ends everything.
+//!
+//! The script gets a quick-start dir and a cluster run dir of its own, so it runs beside the
+//! shared test cluster and beside a user's own `make run`.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use cli_mcp_e2e::process::running;
+use cli_mcp_e2e::testing::workspace_root;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+/// Builds are done by `make test` before the tests run, so this is cluster start, operator
+/// rollout and the instance becoming Ready, on a loaded machine.
+const READY_WITHIN: Duration = Duration::from_secs(600);
+const STOP_WITHIN: Duration = Duration::from_secs(90);
+const LAST_LINE: &str = "Ctrl-C stops everything.";
+
+fn tail(path: &Path) -> String {
+    cli_mcp_e2e::process::log_tail(path, 40)
+}
+
+/// The answer of a JSON-RPC call as printed by the server: plain JSON, or the `data:` line of
+/// an SSE event.
+fn rpc_answer(body: &str) -> Value {
+    let text = body
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .unwrap_or(body)
+        .trim();
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON-RPC ({e}): {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_run_prints_an_endpoint_that_works_as_printed() {
+    let base = workspace_root().join(".run/e2e-quickstart");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).expect("mkdir");
+    let stderr_log = base.join("run.sh.stderr");
+    let mut child = Command::new("bash")
+        .arg(workspace_root().join("hack/run.sh"))
+        .current_dir(workspace_root())
+        .env("CLI_MCP_QUICKSTART_DIR", base.join("quickstart"))
+        .env("CLI_MCP_CLUSTER_RUN_DIR", base.join("cluster"))
+        // Not the shared test cluster's: run.sh starts its own.
+        .env_remove("KUBECONFIG")
+        .env_remove("CLI_MCP_KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_log).expect("stderr log"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("bash hack/run.sh");
+    let pid = child.id().expect("pid") as i32;
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut printed = Vec::new();
+    let read = async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            let done = line.trim() == LAST_LINE;
+            printed.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    };
+    let finished = tokio::time::timeout(READY_WITHIN, read).await;
+    assert!(
+        matches!(finished, Ok(true)),
+        "run.sh did not print {LAST_LINE:?} ({finished:?}); stdout:\n{}\nstderr:\n{}",
+        printed.join("\n"),
+        tail(&stderr_log)
+    );
+    let out = printed.join("\n");
+    std::fs::write(base.join("run.sh.stdout"), &out).expect("keep what run.sh printed");
+
+    // The endpoint is plain HTTP on loopback: nothing to trust, no /etc/hosts entry.
+    let url = printed
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with("http://127.0.0.1:") && l.ends_with("/mcp"))
+        .unwrap_or_else(|| panic!("no loopback endpoint printed:\n{out}"))
+        .to_string();
+    assert!(!out.contains("<output of"), "nothing to fill in:\n{out}");
+
+    // The curl line, run as printed.
+    let curl = printed
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with("curl -s http://") && l.contains("tools/call"))
+        .unwrap_or_else(|| panic!("no curl line printed:\n{out}"))
+        .to_string();
+    let ran = Command::new("bash")
+        .arg("-c")
+        .arg(&curl)
+        .output()
+        .await
+        .expect("bash -c curl");
+    assert!(ran.status.success(), "{curl}: {ran:?}");
+    let answer = rpc_answer(&String::from_utf8_lossy(&ran.stdout));
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    let stdout = answer["result"]["structuredContent"]["stdout"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        stdout.contains("kube-system") && stdout.contains("cli-mcp-demo"),
+        "`kubectl get ns` in the sandbox lists the namespaces: {answer}"
+    );
+
+    // The VS Code configuration, used by an MCP client as it is: same URL, its headers only.
+    let vscode = printed
+        .iter()
+        .find_map(|l| l.split("also in ").nth(1))
+        .map(|rest| rest.trim_end_matches("):").trim().to_string())
+        .unwrap_or_else(|| panic!("no configuration file named:\n{out}"));
+    let text = std::fs::read_to_string(&vscode).expect("vscode-mcp.json");
+    assert!(
+        out.contains(text.trim()),
+        "the printed configuration is the file's"
+    );
+    let config: Value = serde_json::from_str(&text).expect("JSON");
+    let server = &config["servers"]["cli-mcp"];
+    assert_eq!(server["url"], url.as_str(), "{config}");
+    let http = cli_mcp_e2e::http::client(None).build().expect("client");
+    let mut call = http
+        .post(&url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream");
+    for (k, v) in server["headers"].as_object().expect("headers") {
+        call = call.header(k.as_str(), v.as_str().expect("header value"));
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "echo $((6 * 7))"}}});
+    let r = call.json(&body).send().await.expect("POST");
+    assert_eq!(r.status(), 200);
+    let answer = rpc_answer(&r.text().await.expect("body"));
+    assert_eq!(
+        answer["result"]["structuredContent"]["stdout"], "42\n",
+        "{answer}"
+    );
+
+    // The DELETE line, as printed.
+    let delete = printed
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with("curl -s -X DELETE "))
+        .unwrap_or_else(|| panic!("no DELETE line printed:\n{out}"))
+        .to_string();
+    let ran = Command::new("bash")
+        .arg("-c")
+        .arg(format!("{delete} -o /dev/null -w '%{{http_code}}'"))
+        .output()
+        .await
+        .expect("bash -c curl -X DELETE");
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "204", "{ran:?}");
+
+    // Stopping (SIGTERM; Ctrl-C's SIGINT takes the same trap, but a test runner may start
+    // its children with SIGINT ignored): run.sh stops the forward and the cluster, exits 0.
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(STOP_WITHIN, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("run.sh still runs {STOP_WITHIN:?} after SIGTERM"))
+        .expect("wait");
+    assert!(status.success(), "{status}; {}", tail(&stderr_log));
+    assert!(!running(pid));
+}
