@@ -661,7 +661,8 @@ impl Cluster {
                     log_dir: &log_dir,
                     timeout: config.timeout,
                 },
-            )?;
+            )
+            .await?;
             cluster.info.containerd_socket = Some(node.params().socket());
             cluster.real_node = Some(node);
             cluster.node_started = Some(node_started);

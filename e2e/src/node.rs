@@ -567,7 +567,7 @@ fn which(tool: &str) -> Option<PathBuf> {
 }
 
 /// The host-wide lock of the real node (one kube-proxy per host network namespace).
-fn lock_host(deadline: Instant) -> Result<Flock<File>> {
+async fn lock_host(deadline: Instant) -> Result<Flock<File>> {
     let dir = Path::new(crate::net::STATE_DIR);
     fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
     let path = dir.join("real-node.lock");
@@ -582,7 +582,7 @@ fn lock_host(deadline: Instant) -> Result<Flock<File>> {
             Ok(lock) => return Ok(lock),
             Err((back, _)) if Instant::now() < deadline => {
                 f = back;
-                std::thread::sleep(Duration::from_millis(200));
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(_) => {
                 return Err(Error::Prerequisite(format!(
@@ -788,7 +788,7 @@ impl RealNode {
     /// Take the host lock, clean what a dead earlier node left, write the configuration,
     /// start containerd, import the pause image, then start the kubelet and kube-proxy.
     /// Node readiness is the caller's wait (the Node object's Ready condition).
-    pub fn start(params: NodeParams, s: NodeStart<'_>) -> Result<RealNode> {
+    pub async fn start(params: NodeParams, s: NodeStart<'_>) -> Result<RealNode> {
         let deadline = Instant::now() + s.timeout;
         let sock_len = params.socket().as_os_str().len() + ".ttrpc".len();
         if sock_len > 100 {
@@ -797,7 +797,7 @@ impl RealNode {
                 params.socket().display()
             )));
         }
-        let lock = lock_host(deadline)?;
+        let lock = lock_host(deadline).await?;
         let mut node = RealNode {
             params,
             bins: s.bins.clone(),
@@ -838,7 +838,7 @@ impl RealNode {
             Duration::from_secs(10),
             false,
         )?);
-        node.wait_containerd(deadline)?;
+        node.wait_containerd(deadline).await?;
         let started = Instant::now();
         let images = node.params.dir.join("images");
         let pause_root = images.join("pause-rootfs");
@@ -923,7 +923,7 @@ impl RealNode {
         )
     }
 
-    fn wait_containerd(&mut self, deadline: Instant) -> Result<()> {
+    async fn wait_containerd(&mut self, deadline: Instant) -> Result<()> {
         loop {
             if let Some(e) = self.first_exit() {
                 return Err(e);
@@ -940,7 +940,7 @@ impl RealNode {
                 });
             }
             // containerd offers nothing to wait on before its socket exists: poll.
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
