@@ -21,7 +21,9 @@ use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::InstanceName;
 use cli_mcp_api::pod_state;
 use cli_mcp_e2e::cluster::{ClusterConfig, KUBECONFIG_ENV};
-use cli_mcp_e2e::journey::{container_pid, sandbox_selector, session_of, Env, Mcp};
+use cli_mcp_e2e::journey::{
+    container_pid, sandbox_selector, server_selector, session_of, Env, Mcp,
+};
 use cli_mcp_e2e::testing::{
     cluster, pod_ip, private_cluster_with, wait_for, wait_for_set, workspace_root, PrivateCluster,
     TestCluster,
@@ -320,6 +322,102 @@ struct Burst {
     started: Vec<Duration>,
     errors: Vec<String>,
     wall: Duration,
+    /// The server's own `cli_mcp_session_admission_seconds` for the burst: admission's cost
+    /// without the TLS, auth, lookup and pod start around it.
+    decided: [Option<Quantiles>; 2],
+}
+
+/// Median and p99 read off a Prometheus histogram: the upper bound of the bucket each falls
+/// in (so "at most").
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Quantiles {
+    n: u64,
+    median: f64,
+    p99: f64,
+}
+
+/// The quantiles of histogram `name{result="<result>"}` summed over several expositions.
+fn histogram_quantiles(texts: &[String], name: &str, result: &str) -> Option<Quantiles> {
+    let prefix = format!("{name}_bucket{{");
+    let want = format!("result=\"{result}\"");
+    let mut buckets: Vec<(f64, u64)> = Vec::new();
+    for line in texts.iter().flat_map(|t| t.lines()) {
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((labels, count)) = rest.split_once("} ") else {
+            continue;
+        };
+        if !labels.split(',').any(|l| l == want) {
+            continue;
+        }
+        let Some(le) = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("le=\""))
+            .map(|v| v.trim_end_matches('"'))
+        else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().ok()?
+        };
+        let count: u64 = count.trim().parse().ok()?;
+        match buckets.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, c)) => *c += count,
+            None => buckets.push((le, count)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let n = buckets.last().map(|(_, c)| *c)?;
+    if n == 0 {
+        return None;
+    }
+    // Buckets are cumulative: the first whose count reaches the rank holds the quantile.
+    let at = |q: f64| {
+        let rank = (q * n as f64).ceil().max(1.0) as u64;
+        buckets
+            .iter()
+            .find(|(_, c)| *c >= rank)
+            .map(|(le, _)| *le)
+            .unwrap_or(f64::INFINITY)
+    };
+    Some(Quantiles {
+        n,
+        median: at(0.5),
+        p99: at(0.99),
+    })
+}
+
+/// `/metrics` of every server pod of `instance`.
+async fn server_metrics(env: &Env, instance: &str) -> Vec<String> {
+    let Ok(http) = cli_mcp_e2e::http::client(None)
+        .timeout(Duration::from_secs(5))
+        .build()
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for p in env.list::<Pod>(&server_selector(instance)).await {
+        let Some(ip) = pod_ip(&p) else { continue };
+        if let Some((200, body)) =
+            cli_mcp_e2e::http::get(&http, &format!("http://{ip}:8081/metrics")).await
+        {
+            out.push(body);
+        }
+    }
+    out
+}
+
+fn at_most(seconds: f64) -> String {
+    if seconds.is_infinite() {
+        "> 10 s".into()
+    } else if seconds < 1e-3 {
+        format!("≤ {:.1} µs", seconds * 1e6)
+    } else {
+        format!("≤ {:.1} ms", seconds * 1e3)
+    }
 }
 
 /// Instance `admit` (`maxSessions: limit`, no warm pool): `2 × limit` new sessions at once,
@@ -344,12 +442,17 @@ async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
         }
     }))
     .await;
+    let wall = t0.elapsed();
+    let texts = server_metrics(env, NAME).await;
+    let decided = ["admitted", "refused"]
+        .map(|r| histogram_quantiles(&texts, "cli_mcp_session_admission_seconds", r));
     let mut out = Burst {
         limit,
         refused: Vec::new(),
         started: Vec::new(),
         errors: Vec::new(),
-        wall: t0.elapsed(),
+        wall,
+        decided,
     };
     let full = format!("already has {limit} sessions");
     for (took, r) in answers {
@@ -538,6 +641,17 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             &b.started
         )
     );
+    for (what, q) in ["admitted", "refused"].iter().zip(b.decided) {
+        match q {
+            Some(q) => println!(
+                "| admission burst: the server's admission decision, {what} (n={}; histogram bucket bounds) | {} | {} |",
+                q.n,
+                at_most(q.median),
+                at_most(q.p99)
+            ),
+            None => println!("| admission burst: the server's admission decision, {what} | – | – |"),
+        }
+    }
     let total = args.sessions * args.commands;
     println!();
     println!(
@@ -586,4 +700,38 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         None => env.finish(Some(INSTANCE)).await,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_the_bucket_bounds_summed_over_replicas() {
+        let one = "# TYPE cli_mcp_session_admission_seconds histogram
+cli_mcp_session_admission_seconds_bucket{le=\"0.000005\",result=\"refused\"} 60
+cli_mcp_session_admission_seconds_bucket{le=\"0.00001\",result=\"refused\"} 99
+cli_mcp_session_admission_seconds_bucket{le=\"+Inf\",result=\"refused\"} 100
+cli_mcp_session_admission_seconds_bucket{le=\"0.000005\",result=\"admitted\"} 0
+cli_mcp_session_admission_seconds_bucket{le=\"+Inf\",result=\"admitted\"} 3
+"
+        .to_string();
+        let q = histogram_quantiles(
+            &[one.clone(), one],
+            "cli_mcp_session_admission_seconds",
+            "refused",
+        )
+        .expect("refused");
+        assert_eq!(
+            q,
+            Quantiles {
+                n: 200,
+                median: 0.000005,
+                p99: 0.00001
+            }
+        );
+        assert_eq!(at_most(q.median), "≤ 5.0 µs");
+        let a = histogram_quantiles(&[], "cli_mcp_session_admission_seconds", "admitted");
+        assert_eq!(a, None, "no exposition, no figure");
+    }
 }

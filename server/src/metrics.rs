@@ -43,6 +43,19 @@ pub struct OutcomeLabels {
     pub outcome: Outcome,
 }
 
+/// What `--max-sessions` admission decided for a new session.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Admitted {
+    Admitted,
+    /// The limit error.
+    Refused,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    pub result: Admitted,
+}
+
 /// Why a call or request failed.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -116,6 +129,7 @@ macro_rules! label_value {
 }
 
 label_value!(Launch { Warm => "warm", Cold => "cold", Local => "local" });
+label_value!(Admitted { Admitted => "admitted", Refused => "refused" });
 label_value!(Outcome { Ok => "ok", Failed => "failed", TimedOut => "timed_out", Error => "error" });
 label_value!(ErrorKind {
     BadRequest => "bad_request",
@@ -134,6 +148,7 @@ pub struct Metrics {
     registry: Registry,
     pub sessions_active: Gauge,
     pub session_start: Family<LaunchLabels, Histogram>,
+    pub admission: Family<AdmissionLabels, Histogram>,
     pub claim_conflicts: Counter,
     pub exec_duration: Family<OutcomeLabels, Histogram>,
     pub timeouts: Counter,
@@ -156,6 +171,15 @@ impl std::fmt::Debug for Metrics {
 fn start_buckets() -> impl Iterator<Item = f64> {
     [
         0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    ]
+    .into_iter()
+}
+
+/// Admission is an in-memory check (microseconds) unless it has to count from a LIST.
+fn admission_buckets() -> impl Iterator<Item = f64> {
+    [
+        1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 0.01, 0.1, 1.0,
+        10.0,
     ]
     .into_iter()
 }
@@ -190,6 +214,14 @@ impl Metrics {
             "session_start_seconds",
             "Time from a new session's first call to its sandbox being ready, by launch (warm, cold, local)",
             session_start.clone(),
+        );
+        let admission = Family::<AdmissionLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(admission_buckets())
+        });
+        registry.register(
+            "session_admission_seconds",
+            "Time --max-sessions admission took to decide on a new session, by result (admitted, refused)",
+            admission.clone(),
         );
         let claim_conflicts = Counter::default();
         registry.register(
@@ -267,6 +299,7 @@ impl Metrics {
             registry,
             sessions_active,
             session_start,
+            admission,
             claim_conflicts,
             exec_duration,
             timeouts,
@@ -284,6 +317,12 @@ impl Metrics {
     pub fn started(&self, launch: Launch, took: Duration) {
         self.session_start
             .get_or_create(&LaunchLabels { launch })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn admission(&self, result: Admitted, took: Duration) {
+        self.admission
+            .get_or_create(&AdmissionLabels { result })
             .observe(took.as_secs_f64());
     }
 
@@ -332,6 +371,7 @@ mod tests {
         m.auth(AuthResult::Allowed, true);
         m.token_review(ReviewResult::Unauthenticated);
         m.auth_busy.inc();
+        m.admission(Admitted::Refused, Duration::from_micros(3));
         let text = m.encode();
         for needle in [
             "cli_mcp_sessions_active 3",
@@ -346,6 +386,8 @@ mod tests {
             "cli_mcp_token_reviews_in_flight 0",
             "cli_mcp_token_reviews_in_flight_max 0",
             "cli_mcp_auth_busy_total 1",
+            "cli_mcp_session_admission_seconds_count{result=\"refused\"} 1",
+            "cli_mcp_session_admission_seconds_bucket{le=\"0.000005\",result=\"refused\"} 1",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }

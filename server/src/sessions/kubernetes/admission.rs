@@ -29,6 +29,7 @@ use cli_mcp_api::SessionId;
 use kube::api::ListParams;
 
 use super::KubeBackend;
+use crate::metrics::Admitted;
 use crate::sessions::SessionError;
 
 /// The instance already has `max` sessions.
@@ -318,6 +319,19 @@ impl KubeBackend {
     /// held until the session's pod is written ([`Reservation::written`]) or the start gave
     /// up.
     pub(super) async fn admit(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
+        let t0 = Instant::now();
+        let r = self.decide(sid).await;
+        match &r {
+            Ok(_) => self.metrics.admission(Admitted::Admitted, t0.elapsed()),
+            Err(SessionError::SessionLimit { .. }) => {
+                self.metrics.admission(Admitted::Refused, t0.elapsed())
+            }
+            Err(_) => {}
+        }
+        r
+    }
+
+    async fn decide(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
         let limit = |LimitReached { max }| SessionError::SessionLimit { max };
         match self.admission.reserve(sid) {
             Ok(r) => return Ok(r),

@@ -51,7 +51,7 @@ use super::{
 use crate::agent_client::AgentClient;
 use crate::auth::Caller;
 use crate::cli::Limits;
-use crate::metrics::{Launch, Metrics};
+use crate::metrics::{Admitted, Launch, Metrics};
 use activity::ActivityStamper;
 use admission::{Admission, LimitReached};
 use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
@@ -225,6 +225,7 @@ impl KubeBackend {
         // callers over the limit cost nothing. (A pod another replica created within the
         // watch's lag is missed: that caller is refused once, and its next call finds it.)
         if let Some(LimitReached { max }) = self.admission.refuses_new(sid) {
+            self.metrics.admission(Admitted::Refused, t0.elapsed());
             return Err(SessionError::SessionLimit { max });
         }
         let previous = self.cache.previous_uid(sid);
