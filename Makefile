@@ -50,6 +50,7 @@ control-plane: ## kube-apiserver, controller-manager, scheduler, etcd, kubectl f
 bench: prereqs control-plane tools build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
 	$(CARGO) build --release -p cli-mcp-agent -p cli-mcp-server -p cli-mcp-operator -p cli-mcp-bench
 	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
+	$(TARGET_DIR)/release/cli-mcp-bench images
 	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet
 	$(CARGO) bench -p cli-mcp-server --bench server
 	$(CARGO) bench -p cli-mcp-operator --bench operator
