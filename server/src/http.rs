@@ -113,6 +113,12 @@ pub fn error_response(status: StatusCode, code: &str, msg: impl Into<String>) ->
             HeaderValue::from_static("Bearer realm=\"cli-mcp\""),
         );
     }
+    // Every 503 here is passing (authentication busy, the Kubernetes API slow or away):
+    // clients and proxies that honour Retry-After come back soon instead of giving up.
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     res
 }
 
@@ -400,4 +406,23 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         s.metrics.encode(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_503_says_when_to_retry_and_a_401_how_to_authenticate() {
+        let busy = error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "busy");
+        assert_eq!(
+            busy.headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        let denied = error_response(StatusCode::UNAUTHORIZED, "unauthorized", "no token");
+        assert!(denied.headers().get(header::WWW_AUTHENTICATE).is_some());
+        assert!(denied.headers().get(header::RETRY_AFTER).is_none());
+    }
 }
