@@ -68,20 +68,7 @@ pub fn locate_addons(dir: Option<PathBuf>) -> Result<PathBuf> {
             command: script.display().to_string(),
             detail: e.to_string(),
         })?;
-    if !out.status.success() {
-        return Err(Error::Prerequisite(format!(
-            "{} failed ({}); fix the build or point ${ADDONS_BIN_ENV} at a bin dir",
-            script.display(),
-            out.status
-        )));
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .ok_or_else(|| Error::Prerequisite(format!("{} printed no bin dir", script.display())))?;
-    Ok(PathBuf::from(last.trim()))
+    crate::cluster::bin_dir_from(&script, out, ADDONS_BIN_ENV)
 }
 
 /// An IPv4 network `a.b.c.d/len`.

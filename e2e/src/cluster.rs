@@ -116,7 +116,7 @@ pub fn locate_control_plane(dir: Option<PathBuf>) -> Result<PathBuf> {
             command: script.display().to_string(),
             detail: e.to_string(),
         })?;
-    bin_dir_from(&script, out)
+    bin_dir_from(&script, out, CONTROL_PLANE_BIN_ENV)
 }
 
 /// [`locate_control_plane`] for a caller that may give up on it (`cli-mcp-cluster up` on
@@ -155,18 +155,19 @@ pub async fn locate_control_plane_async(dir: Option<PathBuf>) -> Result<PathBuf>
     let mut group = Group(child.id());
     let out = child.wait_with_output().await.map_err(spawn_error)?;
     group.0 = None;
-    bin_dir_from(&script, out)
+    bin_dir_from(&script, out, CONTROL_PLANE_BIN_ENV)
 }
 
 fn build_script() -> PathBuf {
     crate::workspace::workspace_root().join("hack/build-control-plane.sh")
 }
 
-/// The bin dir from the script's result: its last non-empty stdout line.
-fn bin_dir_from(script: &Path, out: std::process::Output) -> Result<PathBuf> {
+/// The bin dir from a build script's result: its last non-empty stdout line. `env` is the
+/// variable that can point at a bin dir instead (named in the error).
+pub(crate) fn bin_dir_from(script: &Path, out: std::process::Output, env: &str) -> Result<PathBuf> {
     if !out.status.success() {
         return Err(Error::Prerequisite(format!(
-            "{} failed ({}); fix the build or point ${CONTROL_PLANE_BIN_ENV} at a bin dir",
+            "{} failed ({}); fix the build or point ${env} at a bin dir",
             script.display(),
             out.status
         )));

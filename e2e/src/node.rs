@@ -326,36 +326,6 @@ conntrack:
     )
 }
 
-/// A kubeconfig with everything embedded.
-pub fn kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str, user: &str) -> String {
-    use base64::Engine;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
-    format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: cli-mcp
-  cluster:
-    server: {server}
-    certificate-authority-data: {ca}
-users:
-- name: {user}
-  user:
-    client-certificate-data: {cert}
-    client-key-data: {key}
-contexts:
-- name: cli-mcp
-  context:
-    cluster: cli-mcp
-    user: {user}
-current-context: cli-mcp
-",
-        ca = b64(ca_pem),
-        cert = b64(cert_pem),
-        key = b64(key_pem),
-    )
-}
-
 /// A client certificate `CN=cn, O=orgs...` signed by the cluster CA: `(cert, key)` PEMs.
 pub fn client_cert(
     ca_cert_pem: &str,
@@ -914,12 +884,12 @@ impl RealNode {
         let (cert, key) = client_cert(s.ca_cert_pem, s.ca_key_pem, &node_user, &["system:nodes"])?;
         write_private(
             &p.kubelet_kubeconfig(),
-            &kubeconfig(s.apiserver, s.ca_cert_pem, &cert, &key, &node_user),
+            &crate::pki::kubeconfig(s.apiserver, s.ca_cert_pem, &cert, &key, &node_user),
         )?;
         let (cert, key) = client_cert(s.ca_cert_pem, s.ca_key_pem, "system:kube-proxy", &[])?;
         write_private(
             &p.proxy_kubeconfig(),
-            &kubeconfig(s.apiserver, s.ca_cert_pem, &cert, &key, "system:kube-proxy"),
+            &crate::pki::kubeconfig(s.apiserver, s.ca_cert_pem, &cert, &key, "system:kube-proxy"),
         )
     }
 

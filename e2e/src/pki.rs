@@ -163,12 +163,12 @@ impl Pki {
     }
 }
 
-/// Write a kubeconfig for the admin identity with everything embedded (it keeps working
-/// when copied elsewhere, as long as the cluster runs).
-pub fn write_kubeconfig(path: &Path, server: &str, pki: &Pki) -> Result<()> {
+/// A kubeconfig for `user` (client certificate and key) with everything embedded, so it
+/// keeps working when copied elsewhere, as long as the cluster runs.
+pub fn kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str, user: &str) -> String {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
-    let text = format!(
+    format!(
         "apiVersion: v1
 kind: Config
 clusters:
@@ -189,10 +189,20 @@ contexts:
     namespace: default
 current-context: cli-mcp
 ",
-        ca = b64(&pki.ca_cert_pem),
-        user = ADMIN_USER,
-        cert = b64(&pki.admin_cert_pem),
-        key = b64(&pki.admin_key_pem),
+        ca = b64(ca_pem),
+        cert = b64(cert_pem),
+        key = b64(key_pem),
+    )
+}
+
+/// Write the admin identity's kubeconfig (see [`kubeconfig`]).
+pub fn write_kubeconfig(path: &Path, server: &str, pki: &Pki) -> Result<()> {
+    let text = kubeconfig(
+        server,
+        &pki.ca_cert_pem,
+        &pki.admin_cert_pem,
+        &pki.admin_key_pem,
+        ADMIN_USER,
     );
     write(path, &text, 0o600)
 }
