@@ -14,6 +14,8 @@
 //! - [`jsonrpc`], [`http`]: MCP requests and tool results; HTTP clients, `/metrics` sums.
 //! - [`child`]: the project's binaries on the host, started once they log they are ready.
 //! - [`load`]: a bounded CPU load for tests that must hold on a busy machine.
+//! - [`project_images`]: the operator, server and sandbox images built by
+//!   `hack/build-images.sh`, imported into the real node under the names pods use.
 
 pub mod addons;
 pub mod child;
@@ -29,6 +31,7 @@ pub mod node;
 pub mod pki;
 pub mod portforward;
 pub mod process;
+pub mod project_images;
 pub mod testing;
 pub mod workspace;
 

@@ -1,0 +1,342 @@
+//! The project's own images (operator, server, sandbox) on the real node: [`build`] runs
+//! `hack/build-images.sh` with the given binaries (cached by its inputs under
+//! `$CLI_MCP_CACHE/images`, outside the repo: a second call with the same binaries takes
+//! seconds), [`import_into`] loads the archives into a node's containerd under every name
+//! the manifests and the tests put in pods, so the kubelet finds them without a pull.
+//!
+//! The names: `config/manager` runs `cli-mcp-operator:latest` and gives the operator
+//! `RELATED_IMAGE_SERVER=cli-mcp-server:latest` and `RELATED_IMAGE_SANDBOX=
+//! cli-mcp-sandbox:latest`; the journeys' overlay ([`crate::journey::operator_overlay`])
+//! uses `cli-mcp-operator:e2e`, [`crate::instance::SERVER_IMAGE`] and
+//! [`crate::instance::SANDBOX_IMAGE`]. containerd's CRI normalises a short name the way
+//! Docker does (`cli-mcp-server:dev` is `docker.io/library/cli-mcp-server:dev`), so the
+//! images are tagged under the normalised names ([`normalize`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::error::{Error, Result};
+use crate::workspace::workspace_root;
+
+/// Environment variable naming a directory of already built archives (the last line of
+/// `hack/build-images.sh`), to skip the build.
+pub const IMAGES_DIR_ENV: &str = "CLI_MCP_IMAGES_DIR";
+
+/// Which image each name the kubelet may be asked for is: (image, names).
+pub const ALIASES: &[(&str, &[&str])] = &[
+    (
+        "operator",
+        &["cli-mcp-operator:latest", "cli-mcp-operator:e2e"],
+    ),
+    (
+        "server",
+        &["cli-mcp-server:latest", crate::instance::SERVER_IMAGE],
+    ),
+    (
+        "sandbox",
+        &["cli-mcp-sandbox:latest", crate::instance::SANDBOX_IMAGE],
+    ),
+];
+
+/// The binaries the images carry.
+pub const BINARIES: [&str; 3] = ["cli-mcp-operator", "cli-mcp-server", "cli-mcp-agent"];
+
+/// One built image archive.
+#[derive(Debug, Clone)]
+pub struct ProjectImage {
+    /// `operator`, `server` or `sandbox`.
+    pub name: String,
+    /// The OCI archive (`cli-mcp-<name>.tar`).
+    pub archive: PathBuf,
+    /// The name the archive itself carries (`localhost/cli-mcp-<name>:<version>`).
+    pub reference: String,
+    /// The normalised names it is tagged with on import ([`ALIASES`]).
+    pub aliases: Vec<String>,
+}
+
+/// The three archives of one build.
+#[derive(Debug, Clone)]
+pub struct ProjectImages {
+    /// The build's directory (`$CLI_MCP_CACHE/images/<hash>`).
+    pub dir: PathBuf,
+    pub images: Vec<ProjectImage>,
+}
+
+impl ProjectImages {
+    /// Reads a build directory: `images.tsv` and the archives it names.
+    pub fn load(dir: &Path) -> Result<ProjectImages> {
+        let tsv_path = dir.join("images.tsv");
+        let tsv =
+            std::fs::read_to_string(&tsv_path).map_err(|e| Error::io("reading", &tsv_path, e))?;
+        let mut images = Vec::new();
+        for line in tsv.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+            let reference = line.split('\t').next().unwrap_or_default().to_owned();
+            let name = reference
+                .rsplit_once('/')
+                .map_or(reference.as_str(), |(_, n)| n)
+                .split_once(':')
+                .and_then(|(n, _)| n.strip_prefix("cli-mcp-"))
+                .ok_or_else(|| Error::Parse {
+                    path: tsv_path.clone(),
+                    detail: format!("unexpected image reference {reference:?}"),
+                })?
+                .to_owned();
+            let archive = dir.join(format!("cli-mcp-{name}.tar"));
+            if !archive.is_file() {
+                return Err(Error::Parse {
+                    path: tsv_path.clone(),
+                    detail: format!("names {reference} but {} is missing", archive.display()),
+                });
+            }
+            let aliases = ALIASES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, a)| a.iter().map(|a| normalize(a)).collect())
+                .unwrap_or_default();
+            images.push(ProjectImage {
+                name,
+                archive,
+                reference,
+                aliases,
+            });
+        }
+        for (name, _) in ALIASES {
+            if !images.iter().any(|i| i.name == *name) {
+                return Err(Error::Parse {
+                    path: tsv_path.clone(),
+                    detail: format!("no cli-mcp-{name} image listed"),
+                });
+            }
+        }
+        Ok(ProjectImages {
+            dir: dir.to_path_buf(),
+            images,
+        })
+    }
+
+    /// Every name the import makes resolvable, normalised.
+    pub fn names(&self) -> Vec<String> {
+        self.images
+            .iter()
+            .flat_map(|i| std::iter::once(normalize(&i.reference)).chain(i.aliases.clone()))
+            .collect()
+    }
+}
+
+/// Builds (or finds in the cache) the images of the binaries in `bin_dir` (a cargo profile
+/// dir; the debug build is fine for tests, only bigger) with `hack/build-images.sh`.
+/// `$CLI_MCP_IMAGES_DIR` names a finished build instead. Needs root, Go, a Debian host and
+/// the control plane's kubectl (built by `hack/build-control-plane.sh`, cached); a cold
+/// build takes minutes (the Debian root filesystems), a warm one seconds.
+pub fn build(bin_dir: &Path) -> Result<ProjectImages> {
+    if let Some(dir) = std::env::var_os(IMAGES_DIR_ENV) {
+        return ProjectImages::load(Path::new(&dir));
+    }
+    for b in BINARIES {
+        if !bin_dir.join(b).is_file() {
+            return Err(Error::Prerequisite(format!(
+                "{} is missing; build it first (`cargo build -p cli-mcp-operator -p \
+                 cli-mcp-server -p cli-mcp-agent`)",
+                bin_dir.join(b).display()
+            )));
+        }
+    }
+    let script = workspace_root().join("hack/build-images.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .env("CLI_MCP_BIN_DIR", bin_dir)
+        .stdin(Stdio::null())
+        // The script's progress goes to our stderr: a cold build is slow and says why.
+        .stderr(Stdio::inherit());
+    // The control plane found elsewhere (`$CLI_MCP_CONTROL_PLANE_BIN`) has the kubectl to use.
+    if let Some(cp) = std::env::var_os(crate::cluster::CONTROL_PLANE_BIN_ENV) {
+        let kubectl = Path::new(&cp).join("kubectl");
+        if kubectl.is_file() && std::env::var_os("KUBECTL").is_none() {
+            cmd.env("KUBECTL", kubectl);
+        }
+    }
+    let out = cmd.output().map_err(|e| Error::Command {
+        command: script.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    let dir = crate::cluster::bin_dir_from(&script, out, IMAGES_DIR_ENV)?;
+    ProjectImages::load(&dir)
+}
+
+/// Imports the archives into the containerd at `socket` (the CRI namespace the kubelet
+/// uses) and tags each under its [`ALIASES`]. Idempotent. Returns the names now present.
+pub fn import_into(socket: &Path, images: &ProjectImages) -> Result<Vec<String>> {
+    for image in &images.images {
+        crate::node::import_image(socket, &image.archive)?;
+        let source = normalize(&image.reference);
+        for alias in &image.aliases {
+            ctr(
+                socket,
+                &["images", "tag", "--force", source.as_str(), alias.as_str()],
+            )?;
+        }
+    }
+    let listed = ctr(socket, &["images", "list", "--quiet"])?;
+    let present: Vec<&str> = listed.lines().map(str::trim).collect();
+    let names = images.names();
+    if let Some(missing) = names.iter().find(|n| !present.contains(&n.as_str())) {
+        return Err(Error::Other(format!(
+            "after importing {} containerd lists no {missing} (it lists {present:?})",
+            images.dir.display()
+        )));
+    }
+    Ok(names)
+}
+
+fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
+    let mut cmd = Command::new("ctr");
+    cmd.arg("--address")
+        .arg(socket)
+        .arg("--namespace")
+        .arg(crate::node::CRI_NAMESPACE)
+        .args(args);
+    let out = cmd.output().map_err(|e| Error::Command {
+        command: format!("{cmd:?}"),
+        detail: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: format!("{cmd:?}"),
+            detail: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A Docker-style image reference in the form containerd's CRI stores it: a name without a
+/// registry is on `docker.io`, a one-component name there is under `library/`, and no tag
+/// or digest means `:latest`.
+pub fn normalize(reference: &str) -> String {
+    let (first, rest) = match reference.split_once('/') {
+        Some((first, rest))
+            if first.contains('.') || first.contains(':') || first == "localhost" =>
+        {
+            (first.to_owned(), rest.to_owned())
+        }
+        Some(_) => ("docker.io".to_owned(), reference.to_owned()),
+        None => ("docker.io".to_owned(), format!("library/{reference}")),
+    };
+    let last = rest.rsplit('/').next().unwrap_or_default();
+    let tagged = last.contains(':') || rest.contains('@');
+    format!("{first}/{rest}{}", if tagged { "" } else { ":latest" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_normalise_like_containerd() {
+        assert_eq!(
+            normalize("cli-mcp-server:dev"),
+            "docker.io/library/cli-mcp-server:dev"
+        );
+        assert_eq!(
+            normalize("cli-mcp-operator"),
+            "docker.io/library/cli-mcp-operator:latest"
+        );
+        assert_eq!(normalize("org/img:1"), "docker.io/org/img:1");
+        assert_eq!(
+            normalize("localhost/cli-mcp-sandbox:0.1.0"),
+            "localhost/cli-mcp-sandbox:0.1.0"
+        );
+        assert_eq!(
+            normalize("registry.example.com:5000/a/b"),
+            "registry.example.com:5000/a/b:latest"
+        );
+        assert_eq!(
+            normalize("quay.io/x/y@sha256:abc"),
+            "quay.io/x/y@sha256:abc"
+        );
+    }
+
+    /// The names imported are the ones the manifests put in pods: if config/manager changes
+    /// an image, this fails until [`ALIASES`] follows.
+    #[test]
+    fn aliases_cover_the_images_of_config_manager() {
+        let root = workspace_root();
+        let manager = std::fs::read_to_string(root.join("config/manager/manager.yaml"))
+            .expect("config/manager/manager.yaml");
+        let kustomization = std::fs::read_to_string(root.join("config/manager/kustomization.yaml"))
+            .expect("config/manager/kustomization.yaml");
+        let all: Vec<&str> = ALIASES
+            .iter()
+            .flat_map(|(_, a)| a.iter().copied())
+            .collect();
+        let mut seen = 0;
+        for line in manager.lines().map(str::trim) {
+            let value = line
+                .strip_prefix("image:")
+                .or_else(|| line.strip_prefix("value:"))
+                .map(str::trim);
+            if let Some(v) = value.filter(|v| v.starts_with("cli-mcp-")) {
+                if v.starts_with("cli-mcp-operator") {
+                    // The kustomization rewrites the operator's image.
+                    let tag = kustomization
+                        .lines()
+                        .find_map(|l| l.trim().strip_prefix("newTag:"))
+                        .map(str::trim)
+                        .expect("newTag in config/manager/kustomization.yaml");
+                    let name = kustomization
+                        .lines()
+                        .find_map(|l| l.trim().strip_prefix("newName:"))
+                        .map(str::trim)
+                        .expect("newName in config/manager/kustomization.yaml");
+                    let image = format!("{name}:{tag}");
+                    assert!(all.contains(&image.as_str()), "{image} not in {all:?}");
+                } else {
+                    assert!(all.contains(&v), "{v} of manager.yaml not in {all:?}");
+                }
+                seen += 1;
+            }
+        }
+        assert_eq!(
+            seen, 3,
+            "operator, server and sandbox images in manager.yaml"
+        );
+    }
+
+    #[test]
+    fn load_rejects_a_build_without_the_sandbox() {
+        let dir = std::env::temp_dir().join(format!("cli-mcp-pi-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(
+            dir.join("images.tsv"),
+            "ref\tmanifest\n\
+             localhost/cli-mcp-operator:0.1.0\tsha256:a\n\
+             localhost/cli-mcp-server:0.1.0\tsha256:b\n",
+        )
+        .expect("tsv");
+        for n in ["operator", "server"] {
+            std::fs::write(dir.join(format!("cli-mcp-{n}.tar")), b"x").expect("tar");
+        }
+        let err = ProjectImages::load(&dir).expect_err("no sandbox");
+        assert!(err.to_string().contains("cli-mcp-sandbox"), "{err}");
+        std::fs::write(
+            dir.join("images.tsv"),
+            "ref\tmanifest\n\
+             localhost/cli-mcp-operator:0.1.0\tsha256:a\n\
+             localhost/cli-mcp-server:0.1.0\tsha256:b\n\
+             localhost/cli-mcp-sandbox:0.1.0\tsha256:c\n",
+        )
+        .expect("tsv");
+        let err = ProjectImages::load(&dir).expect_err("no sandbox archive");
+        assert!(err.to_string().contains("cli-mcp-sandbox.tar"), "{err}");
+        std::fs::write(dir.join("cli-mcp-sandbox.tar"), b"x").expect("tar");
+        let images = ProjectImages::load(&dir).expect("complete");
+        let names = images.names();
+        assert!(names.contains(&"docker.io/library/cli-mcp-sandbox:latest".to_owned()));
+        assert!(names.contains(&"docker.io/library/cli-mcp-agent:dev".to_owned()));
+        assert!(names.contains(&"localhost/cli-mcp-operator:0.1.0".to_owned()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
