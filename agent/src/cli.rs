@@ -93,10 +93,28 @@ impl Flags {
         Duration::from_millis(self.kill_grace_ms)
     }
 
-    /// `--workdir`, else `$HOME` if it is a directory, else the current directory.
+    /// `--state-dir` as an absolute path. The agent hands bash paths inside it, and bash
+    /// resolves a relative one against its own working directory, which every `cd` changes:
+    /// so it is made absolute once, against the agent's directory at start.
+    pub fn resolve_state_dir(&self) -> anyhow::Result<PathBuf> {
+        std::path::absolute(&self.state_dir).with_context(|| {
+            format!(
+                "cannot make --state-dir {} absolute; pass an absolute path",
+                self.state_dir.display()
+            )
+        })
+    }
+
+    /// `--workdir` (made absolute, as it is reported as the shell's directory after a reset),
+    /// else `$HOME` if it is a directory, else the current directory.
     pub fn resolve_workdir(&self) -> anyhow::Result<PathBuf> {
         if let Some(dir) = &self.workdir {
-            return Ok(dir.clone());
+            return std::path::absolute(dir).with_context(|| {
+                format!(
+                    "cannot make --workdir {} absolute; pass an absolute path",
+                    dir.display()
+                )
+            });
         }
         if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
             if home.is_dir() {

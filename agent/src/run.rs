@@ -89,7 +89,7 @@ fn start(flags: &Flags) -> anyhow::Result<Arc<AgentState>> {
         ShellOptions {
             shell: flags.shell.clone(),
             workdir: flags.resolve_workdir()?,
-            state_dir: flags.state_dir.clone(),
+            state_dir: flags.resolve_state_dir()?,
             env: ShellOptions::inherit_env(),
             output_budget: flags.output_budget,
             spill_max_bytes: flags.spill_max_bytes,

@@ -53,6 +53,13 @@ pub struct Opts<'a> {
     /// Run the agent (and so its shell) as this uid and gid; needs root. Its temporary
     /// directory is handed to that user.
     pub run_as: Option<u32>,
+    /// The agent's working directory (relative paths in its flags resolve against it).
+    pub cwd: Option<&'a Path>,
+    /// Extra environment of the agent (as a pod spec would set it).
+    pub env: &'a [(&'a str, &'a str)],
+    /// RLIMIT_NPROC for the agent and everything it starts, as a last bound for tests that
+    /// fork a lot (it counts every process of the agent's uid).
+    pub nproc_limit: Option<u64>,
 }
 
 impl Default for Opts<'_> {
@@ -64,6 +71,9 @@ impl Default for Opts<'_> {
             annotations: None,
             leak_fd7: false,
             run_as: None,
+            cwd: None,
+            env: &[],
+            nproc_limit: None,
         }
     }
 }
@@ -126,6 +136,25 @@ impl Agent {
         if let Some(id) = opts.run_as {
             use std::os::unix::process::CommandExt;
             cmd.uid(id).gid(id);
+        }
+        if let Some(dir) = opts.cwd {
+            cmd.current_dir(dir);
+        }
+        cmd.envs(opts.env.iter().copied());
+        if let Some(limit) = opts.nproc_limit {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit(2) is async-signal-safe and touches no memory of the parent.
+            #[allow(unsafe_code)]
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::resource::setrlimit(
+                        nix::sys::resource::Resource::RLIMIT_NPROC,
+                        limit,
+                        limit,
+                    )
+                    .map_err(std::io::Error::from)
+                });
+            }
         }
         match opts.mode {
             Mode::Assigned => {
