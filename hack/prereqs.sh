@@ -22,6 +22,8 @@
 #                 iptables, conntrack, ipset   kube-proxy of the real node (iptables-nft)
 #                 catatonit                    the real node's pause image (static binary)
 #                 busybox-static               the real-node test's image (static shell, httpd, nc)
+#                 python3, python3-venv,       the MCP SDK clients of server/tests/sdk.rs (the SDKs
+#                 nodejs, npm                  themselves come from PyPI and npm, cached)
 #   kernel        net.ipv4.ip_forward=1        pods reach each other and the API server through
 #                                              the host (set at runtime, not persisted)
 #   routes        unreachable 10.244.0.0/16    pod and Service addresses exist only on this host:
@@ -93,6 +95,10 @@ missing_packages() {
     # The test copies /bin/busybox into an image: it must be the static build.
     [[ "$(dpkg-query -W -f='${db:Status-Status}' busybox-static 2>/dev/null)" == installed ]] ||
         pkgs+=(busybox-static)
+    command -v python3 >/dev/null || pkgs+=(python3)
+    python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
+    command -v node >/dev/null || pkgs+=(nodejs)
+    command -v npm >/dev/null || pkgs+=(npm)
 }
 missing_packages
 # shellcheck disable=SC2206 # word splitting of the list is intended

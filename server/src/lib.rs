@@ -11,6 +11,7 @@
 //! - [`agent_client`]: the sandbox agent's HTTP client (bounded bodies).
 //! - [`auth`]: TokenReview + SubjectAccessReview, TLS config.
 //! - [`metrics`], [`audit`]: Prometheus metrics and the audit log line.
+//! - [`schema`]: tool schemas limited to standard JSON Schema formats.
 //! - [`run`]: wiring and lifecycle (`main.rs` → [`cli`] → [`run`]).
 
 #![forbid(unsafe_code)]
@@ -24,5 +25,6 @@ pub mod mcp;
 pub mod metrics;
 pub mod render;
 pub mod run;
+pub mod schema;
 pub mod serve;
 pub mod sessions;

@@ -434,4 +434,22 @@ mod tests {
         assert_eq!(t.input_schema["properties"]["timeout"]["maximum"], 300);
         assert!(t.output_schema.is_some());
     }
+
+    #[test]
+    fn tool_schemas_use_only_standard_json_schema_formats() {
+        let t = bash_tool(&limits());
+        let output = t.output_schema.as_ref().expect("output schema");
+        for schema in [
+            Value::Object((*t.input_schema).clone()),
+            Value::Object((**output).clone()),
+        ] {
+            let bad: Vec<_> = crate::schema::formats(&schema)
+                .into_iter()
+                .filter(|(_, f)| !crate::schema::STANDARD_FORMATS.contains(&f.as_str()))
+                .collect();
+            assert!(bad.is_empty(), "non-standard formats {bad:?} in {schema}");
+        }
+        assert_eq!(output["properties"]["duration_ms"]["type"], "integer");
+        assert_eq!(output["properties"]["duration_ms"]["minimum"], 0);
+    }
 }

@@ -16,6 +16,7 @@ use crate::sessions::ExecOutcome;
 /// `structuredContent` of a `bash` result: the agent's `ExecResponse` fields plus what
 /// happened to the session.
 #[derive(Debug, Clone, Serialize, JsonSchema, PartialEq, Eq)]
+#[schemars(transform = crate::schema::standard_formats_only)]
 pub struct BashOutput {
     /// The session (X-Session-ID) the command ran in.
     pub session_id: String,

@@ -1,0 +1,83 @@
+"""Drives cli-mcp-server with the official MCP Python SDK (`mcp` on PyPI).
+
+Prints one JSON object on stdout with what the SDK saw: the negotiated protocol version,
+the instructions, the tools, and the results of a fixed list of calls. server/tests/sdk.rs
+runs this script and asserts on that object, so the checks and their messages stay in one
+place for every SDK.
+
+Usage: client.py --url URL --session SID --mode legacy|auto|2026-07-28
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+
+def http_client(session):
+    headers = {"X-Session-ID": session} if session else {}
+    # trust_env=False: a proxy from the environment must not capture loopback traffic.
+    return httpx2.AsyncClient(headers=headers, trust_env=False, timeout=httpx2.Timeout(30, read=120))
+
+
+def result_json(result):
+    return {
+        "is_error": bool(result.is_error),
+        "text": [getattr(block, "text", None) for block in result.content],
+        "structured": result.structured_content,
+    }
+
+
+async def call(client, name, arguments):
+    """A tool call's result, or the MCP (JSON-RPC) error it raised."""
+    try:
+        return result_json(await client.call_tool(name, arguments))
+    except MCPError as e:
+        return {"mcp_error": {"code": e.code, "message": e.message}}
+
+
+async def scenario(url, session, mode):
+    report = {}
+    async with http_client(session) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+            report["protocol_version"] = client.protocol_version
+            info = client.server_info
+            report["server_name"] = info.name if info else None
+            report["instructions"] = client.instructions
+            listed = await client.list_tools()
+            report["tools"] = [
+                t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools
+            ]
+            report["echo"] = await call(client, "bash", {"command": "echo hi"})
+            report["set_state"] = await call(
+                client, "bash", {"command": "cd /tmp && export SDK_VAR=kept"}
+            )
+            report["read_state"] = await call(client, "bash", {"command": 'echo "$PWD $SDK_VAR"'})
+            report["exit_3"] = await call(client, "bash", {"command": "(exit 3)"})
+            report["unknown_tool"] = await call(client, "no-such-tool", {})
+            report["bad_arguments"] = await call(client, "bash", {"command": 5})
+    # A second client without X-Session-ID: the tool error must say what is missing.
+    async with http_client(None) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+            report["no_session"] = await call(client, "bash", {"command": "echo hi"})
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--session", required=True)
+    parser.add_argument("--mode", required=True, choices=["legacy", "auto", "2026-07-28"])
+    args = parser.parse_args()
+    report = asyncio.run(scenario(args.url, args.session, args.mode))
+    json.dump(report, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+// Drives cli-mcp-server with an official MCP TypeScript SDK:
+//   --sdk v1: @modelcontextprotocol/sdk (protocol up to 2025-11-25, initialize handshake);
+//   --sdk v2: @modelcontextprotocol/client (adds 2026-07-28, negotiated with server/discover).
+//
+// Prints one JSON object on stdout with what the SDK saw; server/tests/sdk.rs asserts on it,
+// and on stderr, where the SDK's JSON Schema validator (Ajv) warns about schema problems
+// such as unknown formats.
+//
+// CommonJS on purpose: the packages live in a cache outside the repository, which `require`
+// finds through NODE_PATH (ES module resolution ignores NODE_PATH).
+//
+// Usage: node client.cjs --sdk v1|v2 --url URL --session SID [--mode legacy|auto|2026-07-28]
+'use strict';
+
+function parseArgs(argv) {
+  const out = { mode: 'legacy' };
+  for (let i = 0; i < argv.length; i += 2) {
+    const key = argv[i];
+    const value = argv[i + 1];
+    if (!key.startsWith('--') || value === undefined) {
+      throw new Error(`bad argument ${JSON.stringify(key)}; usage: --sdk v1|v2 --url URL --session SID [--mode M]`);
+    }
+    out[key.slice(2)] = value;
+  }
+  for (const required of ['sdk', 'url', 'session']) {
+    if (!out[required]) throw new Error(`missing --${required}`);
+  }
+  return out;
+}
+
+function loadSdk(which) {
+  if (which === 'v1') {
+    const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
+    const { StreamableHTTPClientTransport } = require('@modelcontextprotocol/sdk/client/streamableHttp.js');
+    return { Client, StreamableHTTPClientTransport };
+  }
+  if (which === 'v2') {
+    const { Client, StreamableHTTPClientTransport } = require('@modelcontextprotocol/client');
+    return { Client, StreamableHTTPClientTransport };
+  }
+  throw new Error(`--sdk must be v1 or v2, not ${JSON.stringify(which)}`);
+}
+
+function clientOptions(sdk, mode) {
+  if (sdk === 'v1') {
+    if (mode !== 'legacy') throw new Error('@modelcontextprotocol/sdk only speaks the initialize handshake: use --mode legacy');
+    return {};
+  }
+  const negotiation = mode === 'legacy' || mode === 'auto' ? mode : { pin: mode };
+  return { versionNegotiation: { mode: negotiation } };
+}
+
+async function connect(sdkName, sdk, url, session, mode) {
+  const headers = session ? { 'X-Session-ID': session } : {};
+  const transport = new sdk.StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } });
+  const client = new sdk.Client({ name: `cli-mcp-sdk-test-${sdkName}`, version: '1.0.0' }, clientOptions(sdkName, mode));
+  await client.connect(transport);
+  return { client, transport };
+}
+
+async function call(client, name, args) {
+  try {
+    const r = await client.callTool({ name, arguments: args });
+    return {
+      is_error: Boolean(r.isError),
+      text: (r.content || []).map((b) => (b.type === 'text' ? b.text : null)),
+      structured: r.structuredContent === undefined ? null : r.structuredContent,
+    };
+  } catch (e) {
+    if (typeof e.code === 'number') return { mcp_error: { code: e.code, message: e.message } };
+    throw e;
+  }
+}
+
+async function main() {
+  const args = parseArgs(process.argv.slice(2));
+  const sdk = loadSdk(args.sdk);
+  const report = {};
+  const { client, transport } = await connect(args.sdk, sdk, args.url, args.session, args.mode);
+  report.protocol_version =
+    typeof client.getNegotiatedProtocolVersion === 'function'
+      ? client.getNegotiatedProtocolVersion()
+      : transport.protocolVersion;
+  report.mcp_session_id = transport.sessionId === undefined ? null : transport.sessionId;
+  const info = client.getServerVersion();
+  report.server_name = info ? info.name : null;
+  report.instructions = client.getInstructions() === undefined ? null : client.getInstructions();
+  report.tools = (await client.listTools()).tools;
+  report.echo = await call(client, 'bash', { command: 'echo hi' });
+  report.set_state = await call(client, 'bash', { command: 'cd /tmp && export SDK_VAR=kept' });
+  report.read_state = await call(client, 'bash', { command: 'echo "$PWD $SDK_VAR"' });
+  report.exit_3 = await call(client, 'bash', { command: '(exit 3)' });
+  report.unknown_tool = await call(client, 'no-such-tool', {});
+  report.bad_arguments = await call(client, 'bash', { command: 5 });
+  await client.close();
+
+  // A second client without X-Session-ID: the tool error must say what is missing.
+  const other = await connect(args.sdk, sdk, args.url, null, args.mode);
+  report.no_session = await call(other.client, 'bash', { command: 'echo hi' });
+  await other.client.close();
+
+  process.stdout.write(JSON.stringify(report) + '\n');
+}
+
+main().catch((e) => {
+  process.stderr.write(`client failed: ${e && e.stack ? e.stack : e}\n`);
+  process.exit(1);
+});
