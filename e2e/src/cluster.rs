@@ -21,6 +21,7 @@ use crate::net::{self, PodNetwork};
 use crate::node::{NodeBins, NodeKind, NodeParams, NodeStart, RealNode};
 use crate::pki::{self, Pki};
 use crate::process::Component;
+use crate::project_images::{self, ProjectImages};
 
 /// Name of the cluster description written into the run directory once the cluster is ready.
 pub const INFO_FILE: &str = "cluster.json";
@@ -53,6 +54,9 @@ pub struct ClusterConfig {
     pub timeout: Duration,
     /// Which node runs the pods: the process kubelet or the real node.
     pub node: NodeKind,
+    /// The real node only: the project's images to import into its containerd before the
+    /// cluster counts as ready ([`crate::project_images`]).
+    pub project_images: Option<ProjectImages>,
 }
 
 impl ClusterConfig {
@@ -67,6 +71,7 @@ impl ClusterConfig {
             pod_subnet: None,
             timeout: Duration::from_secs(120),
             node: NodeKind::Process,
+            project_images: None,
         }
     }
 }
@@ -720,6 +725,10 @@ impl Cluster {
             )
             .await?;
 
+        if let Some(images) = &config.project_images {
+            cluster.import_project_images(images)?;
+        }
+
         cluster.ready_after = started.elapsed();
         cluster.write_info()?;
         tracing::info!(elapsed = ?cluster.ready_after, "cluster ready");
@@ -844,6 +853,23 @@ impl Cluster {
     pub async fn restart_apiserver(&mut self) -> Result<Duration> {
         let down = self.stop_apiserver().await?;
         Ok(down + self.start_apiserver().await?)
+    }
+
+    /// Import the project's images into the real node's containerd under the names pods
+    /// use ([`project_images::import_into`]); returns those names. An error on the process
+    /// kubelet, whose images are binaries.
+    pub fn import_project_images(&self, images: &ProjectImages) -> Result<Vec<String>> {
+        let socket = self.info.containerd_socket.as_ref().ok_or_else(|| {
+            Error::Prerequisite(
+                "only the real node runs images (--node real); the process kubelet maps image \
+                 names to binaries"
+                    .into(),
+            )
+        })?;
+        let t = Instant::now();
+        let names = project_images::import_into(socket, images)?;
+        tracing::info!(took = ?t.elapsed(), dir = %images.dir.display(), "project images imported");
+        Ok(names)
     }
 
     /// Where everything is.

@@ -6,6 +6,7 @@
 //! - [`cluster`]: bring a cluster up and down ([`cluster::Cluster`]).
 //! - [`node`]: the real node (kubelet + kube-proxy on containerd), the alternative to the
 //!   process kubelet.
+//! - [`registry`]: the real node's loopback image mirror (pulls served from its containerd).
 //! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
 //! - [`testing`]: one shared cluster per test run, namespaces per test, watch-based waits.
 //! - [`journey`]: the operator installed as a user would, instances, an MCP client over TLS.
@@ -32,6 +33,7 @@ pub mod pki;
 pub mod portforward;
 pub mod process;
 pub mod project_images;
+pub mod registry;
 pub mod testing;
 pub mod workspace;
 

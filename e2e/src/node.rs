@@ -127,6 +127,11 @@ impl NodeParams {
     pub fn containerd_config(&self) -> PathBuf {
         self.containerd_dir().join("config.toml")
     }
+    /// The CRI plugin's `registry.config_path`: `hosts.toml` files sending pulls to the
+    /// node's image mirror ([`crate::registry`]).
+    pub fn registry_hosts_dir(&self) -> PathBuf {
+        self.containerd_dir().join("certs.d")
+    }
     pub fn cni_conf_dir(&self) -> PathBuf {
         self.dir.join("cni/net.d")
     }
@@ -205,6 +210,9 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
+  # Pulls go to the node's loopback image mirror, never to a registry on the network.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{hosts}"
 "#,
         root = d(&c.join("root")),
         state = d(&c.join("state")),
@@ -213,6 +221,7 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
         runc_root = d(&c.join("runc")),
         cni_bin = crate::net::CNI_BIN_DIR,
         cni_conf = d(&p.cni_conf_dir()),
+        hosts = d(&p.registry_hosts_dir()),
     )
 }
 
@@ -742,6 +751,8 @@ pub struct RealNode {
     saved_sysctls: Vec<(String, String)>,
     _host_lock: Option<Flock<File>>,
     torn_down: bool,
+    /// Answers the pulls of containerd's CRI from its own content store.
+    mirror: Option<crate::registry::Mirror>,
 }
 
 /// What [`RealNode::start`] needs besides the parameters.
@@ -777,6 +788,7 @@ impl RealNode {
             saved_sysctls: Vec::new(),
             _host_lock: Some(lock),
             torn_down: false,
+            mirror: None,
         };
         // A node of a cluster whose owner died may have left containers in this cgroup root,
         // and kube-proxy rules nobody maintains.
@@ -792,6 +804,14 @@ impl RealNode {
         node.remove_host_files(&[]);
         create_cgroup(&node.params.cgroup_root)?;
         node.write_files(&s)?;
+        let mirror = crate::registry::Mirror::start(crate::registry::Store {
+            socket: node.params.socket(),
+            root: node.params.containerd_dir().join("root"),
+            namespace: CRI_NAMESPACE.into(),
+        })
+        .await?;
+        crate::registry::write_hosts(&node.params.registry_hosts_dir(), &mirror.url())?;
+        node.mirror = Some(mirror);
         node.saved_sysctls = KUBELET_SYSCTLS
             .iter()
             .filter_map(|n| read_sysctl(n).map(|v| (n.to_string(), v)))
@@ -1147,6 +1167,7 @@ mod tests {
             r#"conf_dir = "/r/node/cni/net.d""#,
             "netns_mounts_under_state_dir = true",
             "restrict_oom_score_adj = true",
+            r#"config_path = "/r/node/containerd/certs.d""#,
         ] {
             assert!(c.contains(want), "missing {want:?} in\n{c}");
         }

@@ -132,6 +132,50 @@ pub fn build(bin_dir: &Path) -> Result<ProjectImages> {
     if let Some(dir) = std::env::var_os(IMAGES_DIR_ENV) {
         return ProjectImages::load(Path::new(&dir));
     }
+    let (script, mut cmd) = build_command(bin_dir)?;
+    let out = cmd.output().map_err(|e| Error::Command {
+        command: script.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    let dir = crate::cluster::bin_dir_from(&script, out, IMAGES_DIR_ENV)?;
+    ProjectImages::load(&dir)
+}
+
+/// [`build`] for a caller that may give up on it (`cli-mcp-cluster up` on SIGTERM): the
+/// script runs in a process group of its own, which dropping the future terminates (the
+/// script's EXIT trap removes its unfinished build directory).
+pub async fn build_async(bin_dir: &Path) -> Result<ProjectImages> {
+    if let Some(dir) = std::env::var_os(IMAGES_DIR_ENV) {
+        return ProjectImages::load(Path::new(&dir));
+    }
+    let (script, cmd) = build_command(bin_dir)?;
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.stdout(Stdio::piped()).process_group(0);
+    let spawn_error = |e: std::io::Error| Error::Command {
+        command: script.display().to_string(),
+        detail: e.to_string(),
+    };
+    let child = cmd.spawn().map_err(spawn_error)?;
+    /// Terminates the script's process group unless it finished.
+    struct Group(Option<u32>);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            if let Some(pid) = self.0 {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+    }
+    let mut group = Group(child.id());
+    let out = child.wait_with_output().await.map_err(spawn_error)?;
+    group.0 = None;
+    let dir = crate::cluster::bin_dir_from(&script, out, IMAGES_DIR_ENV)?;
+    ProjectImages::load(&dir)
+}
+
+fn build_command(bin_dir: &Path) -> Result<(PathBuf, Command)> {
     for b in BINARIES {
         if !bin_dir.join(b).is_file() {
             return Err(Error::Prerequisite(format!(
@@ -155,12 +199,7 @@ pub fn build(bin_dir: &Path) -> Result<ProjectImages> {
             cmd.env("KUBECTL", kubectl);
         }
     }
-    let out = cmd.output().map_err(|e| Error::Command {
-        command: script.display().to_string(),
-        detail: e.to_string(),
-    })?;
-    let dir = crate::cluster::bin_dir_from(&script, out, IMAGES_DIR_ENV)?;
-    ProjectImages::load(&dir)
+    Ok((script, cmd))
 }
 
 /// Imports the archives into the containerd at `socket` (the CRI namespace the kubelet

@@ -4,7 +4,9 @@
 //!
 //! - `cli-mcp-cluster up`: bring it up, write `kubeconfig`, `cluster.env` and
 //!   `cluster.json` into the run dir, print `CLI_MCP_READY <run-dir>/cluster.json` on stdout,
-//!   and stay up until Ctrl-C / SIGTERM, then tear everything down.
+//!   and stay up until Ctrl-C / SIGTERM, then tear everything down. With `--node real` the
+//!   project's images (operator, server, sandbox) are built from the binaries next to this
+//!   one and imported into the node first.
 //! - `cli-mcp-cluster exec -- CMD ARGS...`: bring it up, run CMD with `CLI_MCP_KUBECONFIG`,
 //!   `KUBECONFIG` and friends set, tear down, exit with CMD's status (what `make test` uses).
 //! - `cli-mcp-cluster down`: stop the cluster running with a run dir.
@@ -19,6 +21,8 @@ use clap::{Args, Parser, Subcommand};
 use cli_mcp_e2e::cluster::{
     default_images, locate_control_plane_async, ClusterInfo, CONTROL_PLANE_BIN_ENV, INFO_FILE,
 };
+use cli_mcp_e2e::node::NodeKind;
+use cli_mcp_e2e::project_images;
 use cli_mcp_e2e::testing::{workspace_root, READY_PREFIX};
 use cli_mcp_e2e::{Cluster, ClusterConfig};
 use tokio::signal::unix::{signal, SignalKind};
@@ -106,6 +110,10 @@ struct UpArgs {
     /// kube-proxy on containerd/runc, pods as containers from local images).
     #[arg(long, env = cli_mcp_e2e::node::NODE_ENV, default_value = "process")]
     node: String,
+    /// With `--node real`: do not build and import the project's images (operator, server,
+    /// sandbox from hack/build-images.sh, made of the binaries next to this one).
+    #[arg(long)]
+    no_project_images: bool,
 }
 
 fn exe_dir() -> anyhow::Result<PathBuf> {
@@ -232,9 +240,28 @@ impl Signals {
 async fn bring_up(args: &UpArgs, signals: &mut Signals) -> anyhow::Result<Option<Cluster>> {
     let mut startup = Box::pin(async {
         let cfg = config(args).await?;
-        Cluster::up(cfg)
-            .await
-            .context("bringing the local cluster up")
+        if cfg.node != NodeKind::Real || args.no_project_images {
+            return Cluster::up(cfg)
+                .await
+                .context("bringing the local cluster up");
+        }
+        // The images build (seconds when cached) while the cluster starts.
+        let bin_dir = exe_dir()?;
+        let (cluster, images) =
+            tokio::join!(Cluster::up(cfg), project_images::build_async(&bin_dir));
+        let cluster = cluster.context("bringing the local cluster up")?;
+        let images = images.context(
+            "building the project's images (hack/build-images.sh; --no-project-images skips them)",
+        )?;
+        let names = cluster
+            .import_project_images(&images)
+            .context("importing the project's images into the real node")?;
+        eprintln!(
+            "cli-mcp-cluster: images from {} imported as {}",
+            images.dir.display(),
+            names.join(", ")
+        );
+        Ok(cluster)
     });
     let sig = tokio::select! {
         r = &mut startup => {
