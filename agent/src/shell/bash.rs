@@ -22,8 +22,13 @@ use crate::procs;
 use crate::reaper::{ExitCode, Reaper};
 
 /// Sent once to every new shell: `set -m` puts each job in its own process group; history
-/// and `!` expansion are off so `echo "hi!"` means what it says; no prompts.
-const INIT_SCRIPT: &str = "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\n";
+/// and `!` expansion are off so `echo "hi!"` means what it says; no prompts. `TMOUT` is made
+/// empty and read-only before any command runs: an interactive bash whose `TMOUT` is set
+/// exits when it waits that long for its next line, which for the agent's shell is any idle
+/// time between calls. Read-only, a command can neither set it nor make it read-only with a
+/// value of its own (the environment's is never passed on).
+const INIT_SCRIPT: &str =
+    "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\nreadonly TMOUT=\n";
 
 /// What the wait for a command ended with.
 pub(super) enum Ended {

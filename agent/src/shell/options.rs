@@ -15,10 +15,13 @@ const NON_INTERACTIVE_ENV: &[(&str, &str)] = &[
     ("DEBIAN_FRONTEND", "noninteractive"),
 ];
 
-/// Variables of the agent that must never reach bash.
+/// Variables of the agent that must never reach bash: auth material, and `TMOUT`, which
+/// would make the idle interactive shell exit (the shell makes it read-only and empty at
+/// start, see `bash::INIT_SCRIPT`).
 const HIDDEN_ENV: &[&str] = &[
     cli_mcp_api::wire::ENV_TOKEN_SHA256,
     cli_mcp_api::wire::ENV_ASSIGN_SHA256,
+    "TMOUT",
 ];
 
 #[derive(Debug, Clone)]
