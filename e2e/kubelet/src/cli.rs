@@ -33,6 +33,14 @@ pub struct Args {
     /// Value of KUBERNETES_SERVICE_PORT inside pods.
     #[arg(long)]
     pub apiserver_port: u16,
+    /// Cluster DNS server written into the resolv.conf of `ClusterFirst` pods (with the
+    /// search path of --cluster-domain). Without it, pods' lookups go to their own loopback
+    /// and fail (never to the host's resolver).
+    #[arg(long)]
+    pub cluster_dns: Option<IpAddr>,
+    /// The cluster domain of the search path.
+    #[arg(long, default_value = "cluster.local")]
+    pub cluster_domain: String,
     /// Directory with the CNI plugins (ptp, host-local).
     #[arg(long, default_value = "/usr/lib/cni")]
     pub cni_bin_dir: PathBuf,

@@ -174,6 +174,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             apiserver_host: args.apiserver_host.to_string(),
             apiserver_port: args.apiserver_port,
         },
+        dns: crate::launch::PodDns {
+            server: args.cluster_dns,
+            domain: args.cluster_domain.clone(),
+        },
         http: probes::http_client().map_err(anyhow::Error::msg)?,
         timing: Timing {
             crash_initial: Duration::from_secs(args.crash_backoff_initial_secs),

@@ -1,5 +1,6 @@
 //! Preparing one container start: the command line and the exec helper's spec.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -48,11 +49,98 @@ pub fn hostname(pod: &Pod) -> String {
     name.chars().take(63).collect()
 }
 
-/// `/etc/resolv.conf` inside pods: there is no cluster DNS and pods must not send traffic
-/// off the host, so lookups fail fast on the pod's own loopback.
+/// `/etc/resolv.conf` of a pod whose lookups must go nowhere: the pod's own loopback, where
+/// nothing listens, so they fail fast and never reach the host's resolver.
 pub const RESOLV_CONF: &str =
     "# cli-mcp-kubelet: no DNS server for pods (no cluster DNS, no outside traffic)\n\
 nameserver 127.0.0.1\noptions timeout:1 attempts:1\n";
+
+/// Cluster DNS as the kubelet's `--cluster-dns`/`--cluster-domain` give it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDns {
+    /// The cluster DNS server; `None`: there is none.
+    pub server: Option<IpAddr>,
+    pub domain: String,
+}
+
+/// A resolv.conf option: `name` or `name:value`.
+type DnsOption = (String, Option<String>);
+
+/// glibc reads at most this many nameservers.
+const MAX_NAMESERVERS: usize = 3;
+/// The real kubelet's limit on search domains.
+const MAX_SEARCHES: usize = 32;
+
+/// The pod's `/etc/resolv.conf`, as the real kubelet writes it, except that the host's
+/// resolver is never used (pods must not send traffic off the host):
+/// - `ClusterFirst` (the default) and `ClusterFirstWithHostNet`: the cluster DNS server, the
+///   search path `<ns>.svc.<domain> svc.<domain> <domain>`, `ndots:5`; with no cluster DNS,
+///   [`RESOLV_CONF`] (the real kubelet would fall back to the node's resolver);
+/// - `Default` (the node's resolver): [`RESOLV_CONF`];
+/// - `None`: only `dnsConfig`.
+///
+/// `dnsConfig` is merged in as the real kubelet does: nameservers and searches appended
+/// (duplicates dropped), options replacing those of the same name.
+pub fn resolv_conf(pod: &Pod, dns: &PodDns) -> String {
+    let spec = pod.spec.as_ref();
+    let policy = spec
+        .and_then(|s| s.dns_policy.as_deref())
+        .unwrap_or("ClusterFirst");
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let d = &dns.domain;
+    let (mut servers, mut searches, mut options): (Vec<String>, Vec<String>, Vec<DnsOption>) =
+        match (policy, dns.server) {
+            ("ClusterFirst" | "ClusterFirstWithHostNet", Some(server)) => (
+                vec![server.to_string()],
+                vec![format!("{ns}.svc.{d}"), format!("svc.{d}"), d.clone()],
+                vec![("ndots".into(), Some("5".into()))],
+            ),
+            ("None", _) => (Vec::new(), Vec::new(), Vec::new()),
+            _ => return RESOLV_CONF.to_string(),
+        };
+    if let Some(cfg) = spec.and_then(|s| s.dns_config.as_ref()) {
+        for n in cfg.nameservers.iter().flatten() {
+            if !servers.contains(n) {
+                servers.push(n.clone());
+            }
+        }
+        for s in cfg.searches.iter().flatten() {
+            if !searches.contains(s) {
+                searches.push(s.clone());
+            }
+        }
+        for o in cfg.options.iter().flatten() {
+            let Some(name) = o.name.clone().filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            options.retain(|(n, _)| *n != name);
+            options.push((name, o.value.clone()));
+        }
+    }
+    if servers.is_empty() {
+        return RESOLV_CONF.to_string();
+    }
+    servers.truncate(MAX_NAMESERVERS);
+    searches.truncate(MAX_SEARCHES);
+    let mut out = String::from("# cli-mcp-kubelet: cluster DNS\n");
+    for s in &servers {
+        out.push_str(&format!("nameserver {s}\n"));
+    }
+    if !searches.is_empty() {
+        out.push_str(&format!("search {}\n", searches.join(" ")));
+    }
+    if !options.is_empty() {
+        let opts: Vec<String> = options
+            .iter()
+            .map(|(n, v)| match v {
+                Some(v) => format!("{n}:{v}"),
+                None => n.clone(),
+            })
+            .collect();
+        out.push_str(&format!("options {}\n", opts.join(" ")));
+    }
+    out
+}
 
 /// `/etc/hosts` inside pods: localhost, the pod's own name and `spec.hostAliases`.
 pub fn hosts_file(pod: &Pod, pod_ip: &str) -> String {
@@ -77,11 +165,16 @@ pub fn hosts_file(pod: &Pod, pod_ip: &str) -> String {
 
 /// Writes the pod's `hosts`, `resolv.conf` and `hostname` into `etc_dir` and returns the
 /// bind mounts that put them over `/etc/...` in every container.
-pub fn write_etc_files(etc_dir: &Path, pod: &Pod, pod_ip: &str) -> Result<Vec<BindMount>, String> {
+pub fn write_etc_files(
+    etc_dir: &Path,
+    pod: &Pod,
+    pod_ip: &str,
+    dns: &PodDns,
+) -> Result<Vec<BindMount>, String> {
     std::fs::create_dir_all(etc_dir).map_err(|e| format!("creating {}: {e}", etc_dir.display()))?;
     let files = [
         ("hosts", hosts_file(pod, pod_ip)),
-        ("resolv.conf", RESOLV_CONF.to_string()),
+        ("resolv.conf", resolv_conf(pod, dns)),
         ("hostname", format!("{}\n", hostname(pod))),
     ];
     let mut mounts = Vec::new();
@@ -189,7 +282,7 @@ mod tests {
         assert!(h.contains("10.244.0.5\tweb-0\n"));
         assert!(h.contains("10.244.0.9\tdb db.local\n"));
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mounts = write_etc_files(tmp.path(), &pod, "10.244.0.5").expect("written");
+        let mounts = write_etc_files(tmp.path(), &pod, "10.244.0.5", &no_dns()).expect("written");
         let targets: Vec<_> = mounts
             .iter()
             .map(|m| m.target.display().to_string())
@@ -199,6 +292,119 @@ mod tests {
             vec!["/etc/hosts", "/etc/resolv.conf", "/etc/hostname"]
         );
         assert!(RESOLV_CONF.contains("nameserver 127.0.0.1"));
+        let written = std::fs::read_to_string(tmp.path().join("resolv.conf")).expect("read");
+        assert_eq!(written, RESOLV_CONF, "no cluster DNS: the loopback");
+    }
+
+    fn no_dns() -> PodDns {
+        PodDns {
+            server: None,
+            domain: "cluster.local".into(),
+        }
+    }
+
+    fn cluster_dns() -> PodDns {
+        PodDns {
+            server: Some("10.244.3.1".parse().expect("ip")),
+            domain: "cluster.local".into(),
+        }
+    }
+
+    fn dns_pod(policy: Option<&str>, config: Option<serde_json::Value>) -> Pod {
+        let mut spec = serde_json::json!({"containers": []});
+        if let Some(p) = policy {
+            spec["dnsPolicy"] = p.into();
+        }
+        if let Some(c) = config {
+            spec["dnsConfig"] = c;
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "team-a"},
+            "spec": spec,
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn cluster_first_pods_get_the_cluster_dns_server_and_search_path() {
+        let want = "# cli-mcp-kubelet: cluster DNS\n\
+nameserver 10.244.3.1\n\
+search team-a.svc.cluster.local svc.cluster.local cluster.local\n\
+options ndots:5\n";
+        for policy in [None, Some("ClusterFirst"), Some("ClusterFirstWithHostNet")] {
+            assert_eq!(
+                resolv_conf(&dns_pod(policy, None), &cluster_dns()),
+                want,
+                "{policy:?}"
+            );
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_etc_files(
+            tmp.path(),
+            &dns_pod(None, None),
+            "10.244.3.7",
+            &cluster_dns(),
+        )
+        .expect("written");
+        let written = std::fs::read_to_string(tmp.path().join("resolv.conf")).expect("read");
+        assert_eq!(written, want);
+    }
+
+    #[test]
+    fn the_hosts_resolver_is_never_used() {
+        // Default means "the node's resolver": pods of this kubelet must not reach it.
+        assert_eq!(
+            resolv_conf(&dns_pod(Some("Default"), None), &cluster_dns()),
+            RESOLV_CONF
+        );
+        // No cluster DNS: the real kubelet would fall back to the node's resolver.
+        assert_eq!(resolv_conf(&dns_pod(None, None), &no_dns()), RESOLV_CONF);
+        assert_eq!(
+            resolv_conf(&dns_pod(Some("Bogus"), None), &cluster_dns()),
+            RESOLV_CONF
+        );
+    }
+
+    #[test]
+    fn dns_config_is_merged_and_none_uses_it_alone() {
+        let cfg = serde_json::json!({
+            "nameservers": ["10.244.3.1", "10.244.3.9"],
+            "searches": ["extra.example", "svc.cluster.local"],
+            "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}],
+        });
+        let merged = resolv_conf(&dns_pod(None, Some(cfg.clone())), &cluster_dns());
+        assert!(
+            merged.contains("nameserver 10.244.3.1\nnameserver 10.244.3.9\n"),
+            "{merged}"
+        );
+        assert_eq!(
+            merged.matches("nameserver 10.244.3.1").count(),
+            1,
+            "{merged}"
+        );
+        assert!(
+            merged.contains(
+                "search team-a.svc.cluster.local svc.cluster.local cluster.local extra.example\n"
+            ),
+            "{merged}"
+        );
+        assert!(merged.contains("options ndots:2 edns0\n"), "{merged}");
+        let none = resolv_conf(&dns_pod(Some("None"), Some(cfg)), &no_dns());
+        assert!(
+            none.contains("nameserver 10.244.3.1\nnameserver 10.244.3.9\n"),
+            "{none}"
+        );
+        assert!(
+            none.contains("search extra.example svc.cluster.local\n"),
+            "{none}"
+        );
+        assert!(!none.contains("team-a.svc"), "{none}");
+        let many =
+            serde_json::json!({"nameservers": ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]});
+        let capped = resolv_conf(&dns_pod(Some("None"), Some(many)), &no_dns());
+        assert_eq!(capped.matches("nameserver").count(), 3, "{capped}");
+        let empty = resolv_conf(&dns_pod(Some("None"), None), &cluster_dns());
+        assert_eq!(empty, RESOLV_CONF, "no nameserver at all: the loopback");
     }
 
     #[test]

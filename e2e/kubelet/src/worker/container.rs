@@ -332,7 +332,8 @@ impl Worker {
                 return;
             }
         };
-        let etc = launch::write_etc_files(&self.dir.root.join("etc"), &self.pod, &ip_s);
+        let etc =
+            launch::write_etc_files(&self.dir.root.join("etc"), &self.pod, &ip_s, &self.ctx.dns);
         let mounts = match etc.and_then(|mut etc| {
             let volumes = self
                 .volumes

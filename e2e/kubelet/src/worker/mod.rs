@@ -54,6 +54,7 @@ pub struct Ctx {
     pub image_map: PathBuf,
     pub cni: Cni,
     pub service_env: ServiceEnv,
+    pub dns: crate::launch::PodDns,
     pub http: reqwest::Client,
     pub timing: Timing,
 }
