@@ -639,6 +639,12 @@ impl Cluster {
             "--apiserver-port".into(),
             api_port.to_string(),
         ];
+        let mut kubelet_args = kubelet_args;
+        if config.node == NodeKind::Process {
+            if let Some(dns) = crate::addons::process_cluster_dns(host) {
+                kubelet_args.extend(["--cluster-dns".into(), dns.to_string()]);
+            }
+        }
         if let Some(bins) = node_bins {
             // 10.244.N.1: one cgroup root per pod subnet, so a dead owner's is found again.
             let n = host.octets()[2];
@@ -701,6 +707,14 @@ impl Cluster {
         if let Some(t) = cluster.node_started {
             cluster.node_ready_after = Some(t.elapsed());
             tracing::info!(took = ?t.elapsed(), "real node Ready (from starting containerd)");
+            // Pods resolve through the kubelet's clusterDNS from their first lookup on.
+            let t = Instant::now();
+            crate::addons::deploy_dns_pod(
+                &cluster.info,
+                deadline.saturating_duration_since(Instant::now()),
+            )
+            .await?;
+            tracing::info!(took = ?t.elapsed(), "cluster DNS (kube-system/coredns) ready");
         }
         cluster
             .wait_watched(
