@@ -16,7 +16,9 @@
 //!   of one pod blocks everything else (the other port, the other pod, the apiserver) while
 //!   DNS still answers;
 //! - DNS answers `kubernetes.default.svc.cluster.local` and a Service of the test's
-//!   namespace, and refuses `example.com` itself (CoreDNS has no forwarder);
+//!   namespace, and refuses `example.com` itself (CoreDNS has no forwarder); a pod resolves
+//!   short names through libc with the resolv.conf the process kubelet writes (`--cluster-dns`:
+//!   the gateway, the namespace's search path);
 //! - the enforcer's rules only name this cluster's pod and Service ranges, and stopping it
 //!   leaves none of its chains, jumps or ipsets on the host.
 //!
@@ -280,6 +282,74 @@ async fn network_policies_are_enforced_and_cluster_dns_answers_only_cluster_name
         DNS_SERVICE_IP,
     )
     .await;
+    // Through libc, as a program in a pod resolves: the kubelet's resolv.conf names the
+    // gateway (CoreDNS) and the search path, so short names resolve.
+    let script = "cat /etc/resolv.conf; echo ---; getent hosts kubernetes.default; echo ---; \
+                  getent hosts web; echo ---; getent hosts example.com || echo unresolved";
+    let resolver: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "resolver"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox:stable",
+                            "command": ["/bin/sh", "-c", script]}],
+        },
+    }))
+    .expect("pod manifest");
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &resolver)
+        .await
+        .expect("creating pod resolver");
+    let done = wait_for(
+        ns.api::<Pod>(),
+        "resolver",
+        "pod resolver to finish",
+        TIMEOUT,
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|ph| ph == "Succeeded" || ph == "Failed")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let log = test
+        .container_log(&ns.name, "resolver", "c")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        done.and_then(|p| p.status).and_then(|s| s.phase).as_deref(),
+        Some("Succeeded"),
+        "{log}"
+    );
+    let parts: Vec<&str> = log.split("---").collect();
+    assert_eq!(parts.len(), 4, "{log}");
+    let resolv: Vec<&str> = parts[0].lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(
+        resolv.contains(&format!("nameserver {gateway}").as_str())
+            && resolv.contains(
+                &format!(
+                    "search {}.svc.cluster.local svc.cluster.local cluster.local",
+                    ns.name
+                )
+                .as_str()
+            )
+            && resolv.contains(&"options ndots:5"),
+        "the process kubelet's resolv.conf names cluster DNS: {log}"
+    );
+    let first_word = |part: &str| part.split_whitespace().next().map(str::to_owned);
+    assert_eq!(
+        first_word(parts[1]).as_deref(),
+        Some("10.96.0.1"),
+        "kubernetes.default: {log}"
+    );
+    assert_eq!(
+        first_word(parts[2]),
+        Some(web_ip.to_string()),
+        "web (the test's namespace, through the search path): {log}"
+    );
+    assert_eq!(parts[3].trim(), "unresolved", "example.com: {log}");
+
     // Outside the cluster's zones: CoreDNS itself answers REFUSED at once. The binary has
     // no forwarding plugin at all, so nothing could have asked another resolver.
     let outside = dns(&allowed, dns_addr, "example.com")

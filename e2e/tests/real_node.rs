@@ -4,6 +4,9 @@
 //!   through the apiserver (which calls the kubelet);
 //! - another pod reaches it through a Service ClusterIP (only kube-proxy's DNAT can make
 //!   that address answer: the host routes 10.96.0.0/12 to `unreachable`);
+//! - cluster DNS is a restricted `kube-system` pod behind the kubelet's `clusterDNS`
+//!   (10.96.0.10): a pod resolves short names through its resolv.conf's search path, and
+//!   names outside the cluster are not resolved (CoreDNS has no forwarder);
 //! - a container allocating past its memory limit is OOMKilled;
 //! - teardown leaves no process, mount, cgroup or kube-proxy chain behind.
 //!
@@ -17,9 +20,9 @@ use anyhow::{bail, Context};
 use cli_mcp_e2e::cluster::ClusterConfig;
 use cli_mcp_e2e::node::{self, NodeKind};
 use cli_mcp_e2e::testing::{self, wait_for, TestNamespace};
-use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{LogParams, PostParams};
-use kube::Api;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use kube::api::{ListParams, LogParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -54,6 +57,7 @@ fn build_busybox_image(dir: &Path) -> anyhow::Result<PathBuf> {
     std::fs::copy(busybox, root.join("bin/busybox")).context("copying /bin/busybox")?;
     for applet in [
         "sh", "httpd", "nc", "id", "cat", "echo", "sleep", "dd", "printf", "test", "grep",
+        "nslookup",
     ] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet))
             .with_context(|| format!("linking {applet}"))?;
@@ -253,7 +257,88 @@ async fn real_node_runs_restricted_pods_with_logs_exec_services_and_memory_limit
         "the answer through the ClusterIP is the web pod's hostname: {client_log}"
     );
 
-    // 3. A memory limit kills an allocation past it.
+    // 3. Cluster DNS: a kube-system pod, restricted, behind the kubelet's clusterDNS.
+    let kube_system = Api::<Namespace>::all(pc.test.client.clone())
+        .get("kube-system")
+        .await?;
+    assert_eq!(
+        kube_system
+            .labels()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("restricted"),
+        "kube-system enforces the restricted Pod Security level"
+    );
+    let dns_pods = Api::<Pod>::namespaced(pc.test.client.clone(), "kube-system")
+        .list(&ListParams::default().labels("k8s-app=kube-dns"))
+        .await?
+        .items;
+    assert_eq!(dns_pods.len(), 1, "one CoreDNS pod: {dns_pods:?}");
+    let dns_pod = &dns_pods[0];
+    assert!(
+        pod_ready(Some(dns_pod)),
+        "CoreDNS is ready when the cluster is"
+    );
+    let dns_spec = dns_pod.spec.clone().context("CoreDNS pod spec")?;
+    let dns_sc = dns_spec.containers[0]
+        .security_context
+        .clone()
+        .context("CoreDNS securityContext")?;
+    assert_eq!(dns_sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        dns_spec.security_context.and_then(|s| s.run_as_user),
+        Some(65532)
+    );
+    let script = format!(
+        "cat /etc/resolv.conf; echo ---; i=0; while [ $i -lt 60 ]; do \
+           out=$(nslookup web 2>&1); case \"$out\" in *{web_ip}*) echo \"$out\"; break;; esac; \
+           i=$((i+1)); sleep 0.5; done; [ $i -lt 60 ] || {{ echo \"no answer for web: $out\"; exit 1; }}; \
+         echo ---; nslookup kubernetes.default.svc.cluster.local 2>&1; echo ---; \
+         out=$(nslookup example.com 2>&1); echo \"$out\"; \
+         case \"$out\" in *Name:*) echo example.com resolved; exit 1;; esac; \
+         echo example.com: not resolved",
+        web_ip = cluster_ip
+    );
+    let resolver = restricted_pod("resolver", json!({"app": "resolver"}), &script, json!({}))?;
+    pods.create(&PostParams::default(), &resolver).await?;
+    let done = wait_for(
+        pods.clone(),
+        "resolver",
+        "pod resolver to finish",
+        TIMEOUT,
+        |p: Option<&Pod>| matches!(phase(p).as_deref(), Some("Succeeded") | Some("Failed")),
+    )
+    .await?;
+    let resolver_log = pods.logs("resolver", &LogParams::default()).await?;
+    assert_eq!(
+        phase(done.as_ref()).as_deref(),
+        Some("Succeeded"),
+        "resolver log: {resolver_log}"
+    );
+    let search = format!(
+        "search {}.svc.cluster.local svc.cluster.local cluster.local",
+        ns.name
+    );
+    assert!(
+        resolver_log.contains("nameserver 10.96.0.10") && resolver_log.contains(&search),
+        "the kubelet's clusterDNS and search path: {resolver_log}"
+    );
+    let sections: Vec<&str> = resolver_log.split("---").collect();
+    let answers = |section: &str, ip: &str| {
+        section
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["Address:", ip])
+    };
+    assert!(
+        sections.len() == 4
+            && answers(sections[1], &cluster_ip)
+            && answers(sections[2], "10.96.0.1")
+            && sections[3].contains("example.com: not resolved"),
+        "web -> {cluster_ip}, kubernetes.default.svc.cluster.local -> 10.96.0.1, example.com unresolved: \
+         {resolver_log}"
+    );
+
+    // 4. A memory limit kills an allocation past it.
     let hog = restricted_pod(
         "hog",
         json!({"app": "hog"}),
@@ -279,7 +364,7 @@ async fn real_node_runs_restricted_pods_with_logs_exec_services_and_memory_limit
         hog_done.and_then(|p| p.status)
     );
 
-    // 4. Warm pod starts, for the record.
+    // 5. Warm pod starts, for the record.
     let mut warm = Vec::new();
     for i in 0..3 {
         let p = restricted_pod(
@@ -303,7 +388,7 @@ async fn real_node_runs_restricted_pods_with_logs_exec_services_and_memory_limit
         median(warm).as_millis()
     );
 
-    // 5. Teardown leaves nothing of the node behind.
+    // 6. Teardown leaves nothing of the node behind.
     let node_dir = run_dir.join("node");
     let cgroup = "cli-mcp-node-".to_string() + &info.apiserver_host.octets()[2].to_string();
     let t = Instant::now();
