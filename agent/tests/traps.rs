@@ -6,7 +6,7 @@ mod support;
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use support::{Agent, Opts};
 
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {
@@ -14,9 +14,14 @@ fn s<'a>(v: &'a Value, k: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{k} missing in {v}"))
 }
 
+/// Bound on a call that should answer at once: a false timeout fails the test quickly.
+const QUICK_MS: u64 = 15_000;
+
 /// The session answers a plain command exactly, with its state intact unless `reset`.
 async fn answers(a: &Agent, reset: bool) {
-    let v = a.exec("echo ok").await;
+    let v = a
+        .exec_with(json!({"command": "echo ok", "timeout_ms": QUICK_MS}))
+        .await;
     assert_eq!(
         (
             s(&v, "stdout"),
@@ -111,4 +116,56 @@ async fn tmout_from_the_environment_or_the_user_never_ends_the_idle_shell() {
     );
     answers(&a, false).await;
     assert_eq!(shell_pid(&a).await, pid);
+}
+
+/// The agent's own lines must not depend on names a command can redefine: a function or an
+/// alias named `builtin`, `.`, `eval`, `printf`, `unset` or `enable`, or a builtin disabled
+/// with `enable -n`, once made every later call a false timeout. Each is set in a command of
+/// its own, and the next call must still run normally in the same shell.
+#[tokio::test]
+async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export KEPT=yes").await;
+    let traps = [
+        "builtin() { :; }",
+        "alias builtin=false",
+        "enable -n printf",
+        "enable -n builtin",
+        "enable -n builtin; enable() { :; }",
+        "enable -n .; enable -n eval",
+        ".() { echo hijacked; }; source() { :; }",
+        "alias .=false source=false eval=false",
+        "printf() { :; }; eval() { :; }",
+        "unset() { :; }; builtin() { return 3; }",
+        "alias unset=false enable=false; builtin() { :; }",
+        "unalias -a; set -o posix; builtin() { :; }",
+        "set +o posix; set -u; unset PWD",
+    ];
+    for trap in traps {
+        let v = a
+            .exec_with(json!({"command": trap, "timeout_ms": QUICK_MS}))
+            .await;
+        assert_eq!(v["timed_out"], false, "{trap}: {v}");
+        let v = a
+            .exec_with(json!({"command": "echo \"$KEPT\"; pwd", "timeout_ms": QUICK_MS}))
+            .await;
+        assert_eq!(
+            (
+                s(&v, "stdout"),
+                v["exit_code"].as_i64(),
+                v["timed_out"].as_bool()
+            ),
+            ("yes\n/tmp\n", Some(0), Some(false)),
+            "after {trap}: {v}"
+        );
+        assert_eq!(v["shell_restarted"], false, "after {trap}: {v}");
+    }
+    // The user's own posix mode is left as it was.
+    let v = a.exec("set -o posix; :").await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(
+        s(&a.exec("shopt -o posix").await, "stdout"),
+        "posix          \ton\n"
+    );
+    answers(&a, false).await;
 }

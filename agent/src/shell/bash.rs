@@ -100,6 +100,14 @@ impl Bash {
         )
     }
 
+    /// The shell's directory as the kernel knows it: for a shell whose `PWD` a command
+    /// unset (the record then carries none).
+    fn physical_cwd(&self) -> String {
+        std::fs::read_link(format!("/proc/{}/cwd", self.pid))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+
     pub fn signal(&self, sig: Signal) {
         let _ = nix::sys::signal::kill(Pid::from_raw(self.pid), sig);
     }
@@ -119,7 +127,8 @@ impl Bash {
             tokio::select! {
                 rec = self.status.next_record(), if !self.status.closed => match rec {
                     Some(rec) if nonces.contains(&rec.nonce.as_str()) => {
-                        return Ended::Reported { status: rec.status, cwd: rec.cwd }
+                        let cwd = if rec.cwd.is_empty() { self.physical_cwd() } else { rec.cwd };
+                        return Ended::Reported { status: rec.status, cwd }
                     }
                     Some(_) => continue, // a stale record of an interrupted command
                     None => self.status.closed = true,

@@ -26,10 +26,11 @@ pub(super) struct Record {
 pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
     let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
     format!(
-        ". {} </dev/null >{} 2>{} 3>&-; builtin printf '\\0%s %s %s\\0' {nonce} \"$?\" \"$PWD\" >&3\n",
+        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}\n",
         q("cmd"),
         q("out"),
         q("err"),
+        report_status(nonce),
     )
 }
 
@@ -46,15 +47,57 @@ pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str
         None => ("/dev/null".to_owned(), "/dev/null".to_owned()),
     };
     format!(
-        "eval {} </dev/null >{out} 2>{err} 3>&-; builtin printf '\\0%s %s %s\\0' {nonce} \"$?\" \"$PWD\" >&3\n",
+        "\\builtin eval {} </dev/null >{out} 2>{err} 3>&-; {}\n",
         sh_quote(command),
+        report_status(nonce),
     )
 }
 
 /// A line that only reports `status` under `nonce`: bash answers it once it is back at
 /// its top level and reading lines again.
 pub(super) fn sync_line(nonce: &str, status: i32) -> String {
-    format!("builtin printf '\\0%s %s %s\\0' {nonce} {status} \"$PWD\" >&3\n")
+    format!(
+        "{}\\builtin printf '\\0%s %s %s\\0' {nonce} {status} \"${{PWD-}}\" >&3\n",
+        restore_builtins(nonce)
+    )
+}
+
+/// After a command: its status, kept in a variable no command can have made read-only (its
+/// name holds the nonce), the builtins restored, then the record.
+fn report_status(nonce: &str) -> String {
+    let status = format!("__cli_mcp_status_{nonce}");
+    format!(
+        "{status}=$?; {}\\builtin printf '\\0%s %s %s\\0' {nonce} \"${status}\" \"${{PWD-}}\" >&3; \\builtin unset {status}",
+        restore_builtins(nonce)
+    )
+}
+
+/// Makes the names the agent's lines use mean the builtins again, whatever the previous
+/// command did: a function or an alias named `builtin`, `.`, `eval`, `printf`, `unset` or
+/// `enable`, or one of those builtins disabled with `enable -n`.
+///
+/// - Aliases: every command word the agent writes is quoted (`\builtin`), and a quoted word
+///   is never alias-expanded; the user's aliases are left alone.
+/// - Functions: `builtin X` skips functions named X, so only functions named `builtin` and
+///   `enable` must go. `unset -f` removes them, but `unset` can be a function too, and so
+///   can `command`: no regular builtin is safe from a function. In POSIX mode, though,
+///   *special* builtins (`unset` is one) are found before functions, and POSIX mode is
+///   entered by assigning `POSIXLY_CORRECT`, an assignment, which no function or alias can
+///   intercept. So `unset -f` runs in POSIX mode, which is left again only if the agent
+///   entered it (`[[ -o posix ]]` is syntax, not a command): the user's own mode is kept.
+///   The flag remembering that has the nonce in its name, so no command can have made it
+///   read-only beforehand.
+/// - `enable -n`: `enable` re-enables the builtins the agent uses (after `enable` itself
+///   was freed of a function).
+///
+/// A command that goes further (a read-only function named `builtin`, `enable -n enable`, a
+/// read-only `POSIXLY_CORRECT` together with a function named `unset`) leaves the shell
+/// unable to report; its call then times out and the shell is replaced.
+fn restore_builtins(nonce: &str) -> String {
+    let flag = format!("__cli_mcp_posix_{nonce}");
+    format!(
+        "[[ -o posix ]] || {flag}=1; [[ -z ${{{flag}-}} ]] || POSIXLY_CORRECT=y; \\unset -f builtin enable; [[ -z ${{{flag}-}} ]] || \\unset POSIXLY_CORRECT {flag}; \\enable builtin enable printf . eval unset; "
+    )
 }
 
 /// The agent's end of the status pipe.
@@ -159,18 +202,29 @@ mod tests {
     #[test]
     fn command_line_names_only_our_files() {
         let l = command_line(Path::new("/s/cmd/1"), "abc");
-        assert_eq!(
-            l,
-            ". '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; builtin printf '\\0%s %s %s\\0' abc \"$?\" \"$PWD\" >&3\n"
+        assert!(
+            l.starts_with(
+                "\\builtin . '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; __cli_mcp_status_abc=$?; "
+            ),
+            "{l}"
         );
+        assert!(
+            l.ends_with(
+                "\\builtin printf '\\0%s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc\n"
+            ),
+            "{l}"
+        );
+        assert_eq!(l.lines().count(), 1, "{l}");
     }
 
     #[test]
     fn an_inline_command_is_quoted_whole() {
         let l = inline_command_line("echo 'a'\nb", None, "n");
-        assert_eq!(
-            l,
-            "eval 'echo '\\''a'\\''\nb' </dev/null >/dev/null 2>/dev/null 3>&-; builtin printf '\\0%s %s %s\\0' n \"$?\" \"$PWD\" >&3\n"
+        assert!(
+            l.starts_with(
+                "\\builtin eval 'echo '\\''a'\\''\nb' </dev/null >/dev/null 2>/dev/null 3>&-; __cli_mcp_status_n=$?; "
+            ),
+            "{l}"
         );
     }
 
