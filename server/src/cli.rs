@@ -131,6 +131,16 @@ pub struct Flags {
     /// long, at least 1 s).
     #[arg(long, env = "CLI_MCP_AUTH_CACHE_SECONDS", default_value_t = 10)]
     pub auth_cache_seconds: u64,
+    /// A browser origin (`scheme://host[:port]`, port `*` for any) whose pages may call the MCP
+    /// listener (repeat the flag, or separate with commas in the env var). Requests without an
+    /// Origin header always pass; loopback origins pass when --listen is a loopback address;
+    /// any other Origin gets 403.
+    #[arg(
+        long = "allowed-origin",
+        env = "CLI_MCP_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
 }
 
 /// Everything the server needs, validated.
@@ -154,6 +164,8 @@ pub struct Settings {
     pub log_json: bool,
     /// See `--shutdown-delay`.
     pub shutdown_delay: Duration,
+    /// See `--allowed-origin`.
+    pub allowed_origins: Vec<crate::origin::AllowedOrigin>,
 }
 
 #[derive(Debug, Clone)]
@@ -364,6 +376,14 @@ impl Flags {
                 self.auth_cache_seconds
             )));
         }
+        let allowed_origins = self
+            .allowed_origins
+            .iter()
+            .map(|o| {
+                crate::origin::AllowedOrigin::parse(o)
+                    .map_err(|e| err(format!("--allowed-origin {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let auth_options = crate::auth::AuthOptions {
             audiences: self.token_audiences.clone(),
             allowed_ttl: Duration::from_secs(self.auth_cache_seconds),
@@ -395,6 +415,7 @@ impl Flags {
             agent_binary: self.agent_binary,
             log_json: self.log_json,
             shutdown_delay: Duration::from_secs(self.shutdown_delay),
+            allowed_origins,
         })
     }
 }
@@ -521,9 +542,32 @@ mod tests {
             (vec!["--output-budget", "10"], "--output-budget"),
             (vec!["--tls-cert", "/c"], "--tls-key"),
             (vec!["--shutdown-delay", "6"], "--shutdown-delay"),
+            (
+                vec!["--allowed-origin", "app.example.com"],
+                "--allowed-origin \"app.example.com\" is not an origin",
+            ),
         ] {
             let e = parse(&args).resolve(no_env).expect_err("invalid");
             assert!(e.to_string().contains(needle), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn allowed_origins_repeat_or_come_comma_separated() {
+        let s = parse(&[
+            "--allowed-origin",
+            "https://a.example",
+            "--allowed-origin",
+            "http://b.example:*",
+        ])
+        .resolve(no_env)
+        .expect("resolves");
+        let shown: Vec<String> = s.allowed_origins.iter().map(|o| o.to_string()).collect();
+        assert_eq!(shown, ["https://a.example:443", "http://b.example:*"]);
+        assert!(parse(&[])
+            .resolve(no_env)
+            .expect("resolves")
+            .allowed_origins
+            .is_empty());
     }
 }

@@ -28,6 +28,7 @@ use crate::audit;
 use crate::auth::{AuthError, Authenticator, Caller, Verb};
 use crate::mcp::{BashServer, McpState};
 use crate::metrics::{ErrorKind, Metrics};
+use crate::origin::OriginPolicy;
 use crate::sessions::SessionError;
 
 /// Shared state of the routes.
@@ -60,6 +61,8 @@ impl AppState {
 pub struct McpHttpOptions {
     /// Keep rmcp's loopback-only `Host` check (DNS-rebinding protection for a local server).
     pub loopback_hosts_only: bool,
+    /// Which `Origin` headers the MCP listener accepts.
+    pub origins: OriginPolicy,
     pub cancel: CancellationToken,
 }
 
@@ -88,11 +91,38 @@ pub fn mcp_router(state: Arc<AppState>, opts: McpHttpOptions) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), jsonrpc_guard))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        // Before auth: a refused cross-site request costs no token review.
+        .layer(middleware::from_fn_with_state(
+            (state.clone(), Arc::new(opts.origins)),
+            check_origin,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             close_when_draining,
         ))
         .with_state(state)
+}
+
+/// 403 for a request whose `Origin` is not allowed (see [`crate::origin`]).
+async fn check_origin(
+    State((s, policy)): State<(Arc<AppState>, Arc<OriginPolicy>)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let mut origins = req.headers().get_all(header::ORIGIN).iter();
+    let verdict = match (origins.next(), origins.next()) {
+        (None, _) => Ok(()),
+        (Some(origin), None) => policy.check(origin),
+        (Some(_), Some(_)) => Err("the Origin header is sent more than once".to_owned()),
+    };
+    match verdict {
+        Ok(()) => next.run(req).await,
+        Err(why) => {
+            s.metrics.error(ErrorKind::Forbidden);
+            tracing::warn!(reason = %why, "refused a request by its Origin");
+            error_response(StatusCode::FORBIDDEN, "forbidden_origin", why)
+        }
+    }
 }
 
 /// The health listener's router.

@@ -11,6 +11,7 @@
 //! - [`agent_client`]: the sandbox agent's HTTP client (bounded bodies).
 //! - [`auth`]: TokenReview + SubjectAccessReview, TLS config.
 //! - [`metrics`], [`audit`]: Prometheus metrics and the audit log line.
+//! - [`origin`]: `Origin` validation of the MCP listener.
 //! - [`schema`]: tool schemas limited to standard JSON Schema formats.
 //! - [`run`]: wiring and lifecycle (`main.rs` → [`cli`] → [`run`]).
 
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
+pub mod origin;
 pub mod render;
 pub mod run;
 pub mod schema;

@@ -173,6 +173,10 @@ async fn run_http(
         state.clone(),
         McpHttpOptions {
             loopback_hosts_only: listen.ip().is_loopback(),
+            origins: crate::origin::OriginPolicy {
+                allowed: settings.allowed_origins.clone(),
+                loopback: listen.ip().is_loopback(),
+            },
             // Not `stop`: in-flight calls must finish during the drain.
             cancel: CancellationToken::new(),
         },

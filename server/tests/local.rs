@@ -405,6 +405,64 @@ async fn bad_http_headers_are_rejected() {
 }
 
 #[tokio::test]
+async fn a_foreign_origin_is_refused_with_403() {
+    let server = local_server(&["--allowed-origin", "https://app.example.com"]).await;
+    let http = support::http();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let list = |origin: Option<&str>| {
+        let mut req = http
+            .post(server.url("/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", support::ACCEPT)
+            .body(body.clone());
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    for ok in [
+        None,
+        Some("http://localhost:5173"),
+        Some("http://127.0.0.1:8080"),
+        Some("https://app.example.com"),
+    ] {
+        let r = list(ok).await.expect("POST");
+        assert_eq!(r.status(), 200, "Origin {ok:?}");
+    }
+    for bad in [
+        "http://evil.example",
+        "null",
+        "https://app.example.com:8443",
+    ] {
+        let r = list(Some(bad)).await.expect("POST");
+        assert_eq!(r.status(), 403, "Origin {bad}");
+        let v: Value = r.json().await.expect("JSON error");
+        assert_eq!(v["code"], "forbidden_origin", "{v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("is not allowed") && e.contains("--allowed-origin")),
+            "{v}"
+        );
+    }
+    // The session routes are as exposed to a cross-site page as /mcp.
+    let del = http
+        .delete(server.url("/sessions/s1"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 403);
+    let get = http
+        .get(server.url("/sessions"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(get.status(), 403);
+}
+
+#[tokio::test]
 async fn delete_then_reuse_gives_a_fresh_shell_that_says_so() {
     let server = local_server(&[]).await;
     let mcp = Mcp::new(&server, Some("reuse"));
