@@ -315,17 +315,39 @@ impl TestCluster {
     /// The last `tail` lines of container `container`'s log in each pod of `namespace`
     /// (`usize::MAX`: all), for failure messages.
     pub fn pod_logs(&self, namespace: &str, container: &str, tail: usize) -> String {
-        let pods = std::fs::read_dir(self.info.kubelet_state_dir.join("pods"))
-            .into_iter()
-            .flatten()
-            .flatten();
+        // The process kubelet writes `<state>/pods/<ns>_<pod>_<uid>/<container>.log`, the
+        // real kubelet `<podLogsDir>/<ns>_<pod>_<uid>/<container>/<restarts>.log`.
+        let real = self.info.node == crate::node::NodeKind::Real;
+        let dir = if real {
+            self.info.run_dir.join("node/pod-logs")
+        } else {
+            self.info.kubelet_state_dir.join("pods")
+        };
+        let pods = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        let read = |pod: &Path| {
+            if !real {
+                return std::fs::read_to_string(pod.join(format!("{container}.log"))).ok();
+            }
+            let mut logs: Vec<PathBuf> = std::fs::read_dir(pod.join(container))
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect();
+            logs.sort();
+            let texts: Vec<String> = logs
+                .iter()
+                .filter_map(|l| std::fs::read_to_string(l).ok())
+                .collect();
+            Some(texts.join(""))
+        };
         let mut text: Vec<String> = pods
             .filter(|e| {
                 e.file_name()
                     .to_string_lossy()
                     .starts_with(&format!("{namespace}_"))
             })
-            .filter_map(|e| std::fs::read_to_string(e.path().join(format!("{container}.log"))).ok())
+            .filter_map(|e| read(&e.path()))
             .collect();
         text.iter_mut().for_each(|t| {
             let lines: Vec<&str> = t.lines().collect();

@@ -9,6 +9,8 @@
 //!   [`operator_overlay`]), instances, and the cleanup at the end.
 //! - [`Mcp`] (`mcp.rs`): the MCP client of one instance (requests and tool results are
 //!   [`crate::jsonrpc`]'s).
+//! - [`journeys`]: the admin, session, warm-pool and teardown journeys, run on the process
+//!   kubelet (`e2e/tests/journeys.rs`) and on the real node (`e2e/tests/journeys_real_node.rs`).
 //! - `pods.rs`: selectors, a pod's session and host process, the server pods' metrics,
 //!   faults on host processes.
 //!
@@ -17,6 +19,7 @@
 //! with the operator's and the server's tests and the benches.
 
 mod env;
+pub mod journeys;
 mod mcp;
 mod pods;
 
