@@ -115,14 +115,19 @@ impl Spills {
         let path = self.store().dir.join(name);
         let file = match create_new(&path) {
             Ok(f) => f,
-            // A command may have removed the spill directory: recreate it where it is needed.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // A full state dir is not repaired by recreating anything.
+            Err(e) if is_no_space(&e) => return Err(Cut::Failed(e.to_string())),
+            // A command may have removed the spill directory, replaced it or taken the access
+            // to it (or to the state dir) away: repair it where it is needed, and try once more.
+            Err(_) => {
                 let dir = self.store().dir.clone();
-                fs::create_dir_all(&dir)
+                if let Some(state) = dir.parent() {
+                    let _ = crate::state_files::own_dir(state);
+                }
+                crate::state_files::own_dir(&dir)
                     .and_then(|()| create_new(&path))
                     .map_err(|e| Cut::Failed(e.to_string()))?
             }
-            Err(e) => return Err(Cut::Failed(e.to_string())),
         };
         {
             let mut store = self.store();

@@ -7,6 +7,33 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+/// Mode of the agent's directories: the session's files are nobody else's business.
+pub const DIR_MODE: u32 = 0o700;
+
+/// Makes `path` a directory of ours, as the agent needs it: creates it (and missing
+/// parents) with [`DIR_MODE`]; replaces a link, file or FIFO a command put there (a link is
+/// removed, never followed); and gives a directory the agent owns its mode back when a
+/// command changed it (`chmod 000`). A directory owned by someone else is left as it is.
+pub fn own_dir(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let ours = m.uid() == nix::unistd::geteuid().as_raw();
+            if ours && m.mode() & 0o7777 != DIR_MODE {
+                fs::set_permissions(path, fs::Permissions::from_mode(DIR_MODE))?;
+            }
+            return Ok(());
+        }
+        Ok(_) => fs::remove_file(path)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(path)
+}
+
 /// Creates `path` (which must not exist, and is never followed if it is a link) with
 /// `bytes`.
 pub fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {

@@ -169,3 +169,82 @@ async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
     );
     answers(&a, false).await;
 }
+
+/// A uid of its own for a test that must run as non-root (root ignores file modes and
+/// process limits): nothing else on the machine runs as it, so counting or killing its
+/// processes touches only the test's.
+fn own_uid(salt: u32) -> Option<u32> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to run the agent as a uid of its own");
+        return None;
+    }
+    Some(3_000_000 + (std::process::id() % 100_000) * 10 + salt)
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .map(|m| m.mode() & 0o7777)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Every file and directory under `dir` with its mode.
+fn modes(dir: &Path) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        out.push((p.display().to_string(), mode(&p)));
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(modes(&p));
+        }
+    }
+    out
+}
+
+/// The state dir is writable by the shell user, who can take the agent's access to it
+/// away (`chmod 000`); the agent owns it and gives itself access back. Its files are the
+/// session's and readable by nobody else (0700 directories, 0600 files).
+#[tokio::test]
+async fn the_state_dir_is_private_and_a_chmod_000_of_it_is_repaired() {
+    let Some(uid) = own_uid(1) else { return };
+    let a = Agent::start_with(Opts {
+        run_as: Some(uid),
+        extra_args: &["--output-budget", "1024"],
+        ..Default::default()
+    });
+    let state = a.state_dir.display().to_string();
+    let spilled = |v: &Value| s(v, "stdout").contains("full output in");
+    let big = json!({"command": "head -c 5000 /dev/zero | tr '\\0' x", "request_id": "r1"});
+    let first = a.exec_with(big).await;
+    assert!(spilled(&first), "{first}");
+    assert_eq!(mode(&a.state_dir), 0o700);
+    let open: Vec<_> = modes(&a.state_dir)
+        .into_iter()
+        .filter(|(_, m)| m & 0o077 != 0)
+        .map(|(p, m)| format!("{p} {m:o}"))
+        .collect();
+    assert!(open.is_empty(), "open to others: {open:?}");
+
+    for target in ["", "/cmd", "/spill", "/replay", "/cmd /spill /replay"] {
+        let paths: Vec<String> = target.split(' ').map(|t| format!("{state}{t}")).collect();
+        let v = a.exec(&format!("chmod 000 {}", paths.join(" "))).await;
+        assert_eq!(v["exit_code"], 0, "{v}");
+        answers(&a, false).await;
+        let req = json!({
+            "command": "head -c 5000 /dev/zero | tr '\\0' y",
+            "request_id": format!("after {target}"),
+        });
+        let v = a.exec_with(req.clone()).await;
+        assert!(spilled(&v), "after chmod 000 {target}: {v}");
+        assert_eq!(
+            a.exec_with(req).await,
+            v,
+            "replayed after chmod 000 {target}"
+        );
+        let modes_now: Vec<_> = ["", "cmd", "spill", "replay"]
+            .iter()
+            .map(|d| mode(&a.state_dir.join(d)))
+            .collect();
+        assert_eq!(modes_now, [0o700; 4], "after chmod 000 {target}");
+    }
+}

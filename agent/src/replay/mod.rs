@@ -54,7 +54,7 @@ use sha2::{Digest, Sha256};
 
 use cli_mcp_api::wire::ExecResponse;
 
-use crate::state_files::write_in_place;
+use crate::state_files::{own_dir, write_in_place};
 use record::{encode_response, read_response, response_cap, within_output_budget, RequestFile};
 
 /// Requests remembered. More than one, so a retry still finds its record when another
@@ -284,13 +284,12 @@ impl Journal {
         fs::symlink_metadata(&self.dir).is_ok_and(|m| m.is_dir())
     }
 
+    /// The state dir first: a command may have taken the access to it away.
     fn repair_dir(&self) {
-        use std::os::unix::fs::PermissionsExt;
-        if fs::symlink_metadata(&self.dir).is_ok_and(|m| !m.is_dir()) {
-            let _ = fs::remove_file(&self.dir);
+        if let Some(state) = self.dir.parent() {
+            let _ = own_dir(state);
         }
-        let _ = fs::create_dir_all(&self.dir);
-        let _ = fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700));
+        let _ = own_dir(&self.dir);
     }
 }
 

@@ -100,11 +100,12 @@ impl Shell {
             dir: opts.state_dir.clone(),
             source,
         };
-        fs::create_dir_all(opts.state_dir.join("cmd")).map_err(files_err)?;
-        fs::create_dir_all(opts.state_dir.join("spill")).map_err(files_err)?;
+        for dir in state_dirs(&opts.state_dir) {
+            state_files::own_dir(&dir).map_err(files_err)?;
+        }
         // Leftovers of a previous agent process are never resumed.
         let _ = fs::remove_dir_all(opts.state_dir.join("cmd"));
-        fs::create_dir_all(opts.state_dir.join("cmd")).map_err(files_err)?;
+        state_files::own_dir(&opts.state_dir.join("cmd")).map_err(files_err)?;
         let started_marker = opts.state_dir.join("shell-used");
         // Whatever is there counts (also a link a command put there: it is never followed).
         let pending_reset = fs::symlink_metadata(&started_marker).is_ok().then(|| {
@@ -362,18 +363,19 @@ impl Shell {
         Ok(())
     }
 
-    /// Recreates the state directories and gives them back to us if a command removed them,
-    /// replaced them or changed their mode (errors surface on the file operations that follow).
+    /// Recreates the state dir and its directories and gives them back to us if a command
+    /// removed them, replaced them or changed their mode (errors surface on the file
+    /// operations that follow). The state dir first: without access to it nothing inside
+    /// can be repaired.
     fn ensure_dirs(&self) {
-        use std::os::unix::fs::PermissionsExt;
-        for sub in ["cmd", "spill"] {
-            let d = self.opts.state_dir.join(sub);
-            // Something that is not a directory (a file, a link) took its place: remove it.
-            if fs::symlink_metadata(&d).is_ok_and(|m| !m.is_dir()) {
-                let _ = fs::remove_file(&d);
-            }
-            let _ = fs::create_dir_all(&d);
-            let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o700));
+        for dir in state_dirs(&self.opts.state_dir) {
+            let _ = state_files::own_dir(&dir);
         }
     }
+}
+
+/// The state dir and the directories of the shell's files in it, outermost first. (Not
+/// `join("")`: its trailing slash would make a link in the state dir's place be followed.)
+fn state_dirs(state: &std::path::Path) -> [PathBuf; 3] {
+    [state.to_path_buf(), state.join("cmd"), state.join("spill")]
 }
