@@ -193,7 +193,10 @@ mod tests {
 
     #[test]
     fn start_states() {
-        let tok = key().session_token(&SessionId::parse("s").expect("valid"));
+        let tok = key().session_token(
+            &SessionId::parse("s").expect("valid"),
+            &cli_mcp_api::token::SandboxNonce::from_bytes([1; 16]),
+        );
         let c = tok.commitment().to_hex();
         assert!(Assignment::from_sources(Some(&c), None, None, "f")
             .expect("assigned")
@@ -217,7 +220,7 @@ mod tests {
         let pod = "cli-mcp-d-pool-abcdefghij";
         let sid = SessionId::parse("s1").expect("valid");
         let at = key().assign_token(pod);
-        let st = key().session_token(&sid);
+        let st = key().session_token(&sid, &cli_mcp_api::token::SandboxNonce::from_bytes([1; 16]));
         let mut a = Assignment::Unassigned {
             assign: at.commitment(),
         };

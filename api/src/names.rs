@@ -69,6 +69,9 @@ pub mod annotation {
     pub const LAST_ACTIVITY: &str = "cli-mcp.redhat.com/last-activity";
     pub const SANDBOX_HASH: &str = "cli-mcp.redhat.com/sandbox-hash";
     pub const TOKEN_SHA256: &str = "cli-mcp.redhat.com/token-sha256";
+    /// The per-sandbox nonce the session token is bound to (not a secret; see
+    /// `token::SandboxNonce`).
+    pub const SANDBOX_NONCE: &str = "cli-mcp.redhat.com/sandbox-nonce";
     pub const OWNER: &str = "cli-mcp.redhat.com/owner";
     /// Set by the server just before it deletes a sandbox that holds no session state worth
     /// reporting (ended by `DELETE /sessions/{id}`, a duplicate that lost, a pod that never

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::names::{annotation, label, InstanceName, PoolSuffix};
-use crate::token::{Commitment, HmacKey};
+use crate::token::{Commitment, HmacKey, SandboxNonce, Token};
 use crate::wire::AGENT_PORT;
 use crate::SessionId;
 
@@ -157,11 +157,31 @@ pub enum SandboxRole {
     /// A pod created on demand for one session (`launch=cold`).
     Session {
         sid: SessionId,
-        /// Commitment of `session_token(sid)`.
+        /// The nonce this sandbox's token is bound to.
+        nonce: SandboxNonce,
+        /// Commitment of `session_token(sid, nonce)`.
         token: Commitment,
         /// Hash of the caller identity, when auth is on.
         owner: Option<String>,
     },
+}
+
+impl SandboxRole {
+    /// A session's own pod whose token is `key.session_token(sid, nonce)`.
+    pub fn session(
+        key: &HmacKey,
+        sid: SessionId,
+        nonce: SandboxNonce,
+        owner: Option<String>,
+    ) -> Self {
+        let token = key.session_token(&sid, &nonce).commitment();
+        SandboxRole::Session {
+            sid,
+            nonce,
+            token,
+            owner,
+        }
+    }
 }
 
 /// Builds the sandbox pod for `role`. `now` is the RFC 3339 creation time stamped into the
@@ -195,11 +215,17 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             n.pool_pod(suffix),
             plain_env(ENV_ASSIGN_SHA256, &assign.to_hex()),
         ),
-        SandboxRole::Session { sid, token, owner } => {
+        SandboxRole::Session {
+            sid,
+            nonce,
+            token,
+            owner,
+        } => {
             labels.insert(label::SESSION_ID.to_owned(), sid.to_string());
             labels.insert(label::LAUNCH.to_owned(), label::LAUNCH_COLD.to_owned());
             annotations.insert(annotation::LAST_ACTIVITY.to_owned(), now.to_owned());
             annotations.insert(annotation::TOKEN_SHA256.to_owned(), token.to_hex());
+            annotations.insert(annotation::SANDBOX_NONCE.to_owned(), nonce.to_hex());
             if let Some(owner) = owner {
                 annotations.insert(annotation::OWNER.to_owned(), owner.clone());
             }
@@ -388,6 +414,31 @@ pub fn made_for_key(pod: &Pod, key: &HmacKey) -> bool {
         == Some(expected.as_str())
 }
 
+/// The nonce `pod`'s session token is bound to; `None` when the annotation is missing or
+/// malformed (a pod of an older version, or tampered with), which no token opens.
+pub fn sandbox_nonce(pod: &Pod) -> Option<SandboxNonce> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotation::SANDBOX_NONCE))
+        .and_then(|n| SandboxNonce::parse(n).ok())
+}
+
+/// The bearer token of session `sid` on `pod` under `key`, when the pod was made for exactly
+/// that: its nonce is well formed and its `token-sha256` commits to the token derived from
+/// it. `None` means the pod was made under another key, by an older version, or for another
+/// session, and must be replaced rather than talked to.
+pub fn session_token_of(pod: &Pod, sid: &SessionId, key: &HmacKey) -> Option<Token> {
+    let nonce = sandbox_nonce(pod)?;
+    let token = key.session_token(sid, &nonce);
+    let committed = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotation::TOKEN_SHA256))?;
+    (Commitment::parse(committed).ok()? == token.commitment()).then_some(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,16 +456,15 @@ mod tests {
         HmacKey::from_bytes([7; 32])
     }
 
+    fn nonce() -> SandboxNonce {
+        SandboxNonce::from_bytes([9; crate::token::NONCE_LEN])
+    }
+
     fn session_pod(cfg: &SandboxConfig) -> Pod {
         let sid = SessionId::parse("s1").expect("valid");
-        let token = key().session_token(&sid).commitment();
         build_sandbox_pod(
             cfg,
-            &SandboxRole::Session {
-                sid,
-                token,
-                owner: Some("ownerhash".into()),
-            },
+            &SandboxRole::session(&key(), sid, nonce(), Some("ownerhash".into())),
             "2026-11-30T00:00:00Z",
         )
     }
@@ -443,11 +493,12 @@ mod tests {
         assert_eq!(labels[label::SESSION_ID], "s1");
         assert_eq!(labels[label::LAUNCH], "cold");
         let ann = m.annotations.as_ref().expect("annotations");
-        let commitment = key()
-            .session_token(&SessionId::parse("s1").expect("valid"))
-            .commitment()
-            .to_hex();
+        let sid = SessionId::parse("s1").expect("valid");
+        let token = key().session_token(&sid, &nonce());
+        let commitment = token.commitment().to_hex();
         assert_eq!(ann[annotation::TOKEN_SHA256], commitment);
+        assert_eq!(ann[annotation::SANDBOX_NONCE], nonce().to_hex());
+        assert_eq!(session_token_of(&pod, &sid, &key()), Some(token));
         assert_eq!(ann[annotation::LAST_ACTIVITY], "2026-11-30T00:00:00Z");
         assert_eq!(ann[annotation::OWNER], "ownerhash");
         assert_eq!(ann[annotation::SANDBOX_HASH], cfg().hash());
@@ -462,6 +513,50 @@ mod tests {
             .as_deref()
             .expect("name")
             .starts_with("cli-mcp-demo-s-s1-"));
+    }
+
+    #[test]
+    fn a_session_pod_opens_only_with_the_token_of_its_own_nonce_key_and_session() {
+        let sid = SessionId::parse("s1").expect("valid");
+        let pod = session_pod(&cfg());
+        assert!(session_token_of(&pod, &sid, &key()).is_some());
+        let other_sid = SessionId::parse("s2").expect("valid");
+        assert_eq!(
+            session_token_of(&pod, &other_sid, &key()),
+            None,
+            "another session"
+        );
+        assert_eq!(
+            session_token_of(&pod, &sid, &HmacKey::from_bytes([8; 32])),
+            None,
+            "another key"
+        );
+        let set = |ann: &str, value: Option<&str>| {
+            let mut p = pod.clone();
+            let a = p.metadata.annotations.get_or_insert_with(Default::default);
+            match value {
+                Some(v) => a.insert(ann.to_owned(), v.to_owned()),
+                None => a.remove(ann),
+            };
+            p
+        };
+        for (what, p) in [
+            (
+                "no nonce (an older version's pod)",
+                set(annotation::SANDBOX_NONCE, None),
+            ),
+            (
+                "malformed nonce",
+                set(annotation::SANDBOX_NONCE, Some("xyz")),
+            ),
+            (
+                "another sandbox's nonce",
+                set(annotation::SANDBOX_NONCE, Some(&"07".repeat(16))),
+            ),
+            ("no commitment", set(annotation::TOKEN_SHA256, None)),
+        ] {
+            assert_eq!(session_token_of(&p, &sid, &key()), None, "{what}");
+        }
     }
 
     #[test]

@@ -1,9 +1,15 @@
 //! The token scheme.
 //!
 //! One random key per instance derives every token, so nothing per-session is ever stored:
-//! `session_token = hex(HMAC-SHA256(key, "cli-mcp/v1/session/" + sid))` and
+//! `session_token = hex(HMAC-SHA256(key, "cli-mcp/v2/session/" + sid + "/" + nonce))` and
 //! `assign_token = hex(HMAC-SHA256(key, "cli-mcp/v1/assign/" + pod_name))`. Pods only carry
 //! the *commitment* `sha256_hex(token)`, which proves nothing to whoever reads it.
+//!
+//! The nonce ([`SandboxNonce`]) is drawn afresh for every sandbox a session gets and stored in
+//! the clear on its pod: it is not a secret, it only binds the token to that one sandbox. A
+//! token that leaked from an earlier sandbox of the same session id (read from its memory, say)
+//! therefore never opens a later one — without the nonce, the session id alone would make
+//! every sandbox of that id accept the same token forever.
 
 use std::fmt;
 
@@ -15,7 +21,7 @@ use crate::SessionId;
 
 type HmacSha256 = Hmac<Sha256>;
 
-const SESSION_DOMAIN: &str = "cli-mcp/v1/session/";
+const SESSION_DOMAIN: &str = "cli-mcp/v2/session/";
 const ASSIGN_DOMAIN: &str = "cli-mcp/v1/assign/";
 
 /// Length of the instance key in bytes.
@@ -29,6 +35,49 @@ pub enum TokenError {
     KeyNotHex,
     #[error("commitment must be 64 lowercase hex characters (a SHA-256 digest)")]
     BadCommitment,
+    #[error("sandbox nonce must be {} lowercase hex characters", NONCE_LEN * 2)]
+    BadNonce,
+}
+
+/// Length of a sandbox nonce in bytes.
+pub const NONCE_LEN: usize = 16;
+
+/// The per-sandbox value a session token is bound to (see the module docs). Only a
+/// well-formed nonce can exist, so a derivation can never run over a truncated or empty one.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SandboxNonce([u8; NONCE_LEN]);
+
+impl SandboxNonce {
+    /// A nonce from random bytes the caller drew (the crate stays free of an RNG).
+    pub fn from_bytes(bytes: [u8; NONCE_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// Parses the lowercase hex form stored in the pod's annotation.
+    pub fn parse(text: &str) -> Result<Self, TokenError> {
+        if text.len() != NONCE_LEN * 2 || !is_lower_hex(text) {
+            return Err(TokenError::BadNonce);
+        }
+        let mut out = [0u8; NONCE_LEN];
+        hex::decode_to_slice(text, &mut out).map_err(|_| TokenError::BadNonce)?;
+        Ok(Self(out))
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for SandboxNonce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SandboxNonce({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for SandboxNonce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
 }
 
 /// The instance HMAC key. Its `Debug` never prints the key.
@@ -62,23 +111,26 @@ impl HmacKey {
         hex::encode(self.0)
     }
 
-    fn derive(&self, domain: &str, subject: &str) -> Token {
+    fn derive(&self, parts: &[&str]) -> Token {
         // HMAC takes keys of any length, so this cannot fail for any input.
         let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.0)
             .expect("HMAC accepts keys of any length");
-        mac.update(domain.as_bytes());
-        mac.update(subject.as_bytes());
+        for part in parts {
+            mac.update(part.as_bytes());
+        }
         Token(hex::encode(mac.finalize().into_bytes()))
     }
 
-    /// The bearer token that authorises `POST /exec` on the pod of session `sid`.
-    pub fn session_token(&self, sid: &SessionId) -> Token {
-        self.derive(SESSION_DOMAIN, sid.as_str())
+    /// The bearer token that authorises `POST /exec` on the one sandbox of session `sid`
+    /// that carries `nonce`. The nonce has a fixed length and comes last, so no two
+    /// (sid, nonce) pairs share an input.
+    pub fn session_token(&self, sid: &SessionId, nonce: &SandboxNonce) -> Token {
+        self.derive(&[SESSION_DOMAIN, sid.as_str(), "/", &nonce.to_hex()])
     }
 
     /// The bearer token that authorises `POST /assign` on warm pod `pod_name`.
     pub fn assign_token(&self, pod_name: &str) -> Token {
-        self.derive(ASSIGN_DOMAIN, pod_name)
+        self.derive(&[ASSIGN_DOMAIN, pod_name])
     }
 }
 
@@ -172,15 +224,19 @@ mod tests {
         HmacKey::from_hex(&"0f".repeat(32)).expect("valid key")
     }
 
+    fn nonce(b: u8) -> SandboxNonce {
+        SandboxNonce::from_bytes([b; NONCE_LEN])
+    }
+
     /// Known-answer vectors computed independently with
-    /// `printf %s 'cli-mcp/v1/session/abc' | openssl dgst -sha256 -mac HMAC -macopt hexkey:0f0f…`
+    /// `printf %s 'cli-mcp/v2/session/abc/0101…01' | openssl dgst -sha256 -mac HMAC -macopt hexkey:0f0f…`
     /// so the scheme cannot silently change under the other implementations.
     #[test]
     fn known_answer_vectors() {
         let sid = SessionId::parse("abc").expect("valid");
         assert_eq!(
-            key().session_token(&sid).expose(),
-            "a0172e494d868ae5627da400b69f18ab7befe1ced31dc1561a94c395cc8b4166"
+            key().session_token(&sid, &nonce(1)).expose(),
+            "8262fba4f0b6d448595ce3f505637902bf596041f3d94a4205e45a6b309dee3e"
         );
         assert_eq!(
             key().assign_token("cli-mcp-demo-pool-abcdefghij").expose(),
@@ -191,7 +247,44 @@ mod tests {
     #[test]
     fn domains_are_separated() {
         let sid = SessionId::parse("p1").expect("valid");
-        assert_ne!(key().session_token(&sid), key().assign_token("p1"));
+        assert_ne!(
+            key().session_token(&sid, &nonce(0)),
+            key().assign_token("p1")
+        );
+    }
+
+    #[test]
+    fn a_session_token_opens_only_its_own_sandbox() {
+        let sid = SessionId::parse("s1").expect("valid");
+        let earlier = key().session_token(&sid, &nonce(1));
+        let later = key().session_token(&sid, &nonce(2));
+        assert_ne!(earlier, later, "another sandbox of the same session id");
+        assert!(!later.commitment().verify(earlier.expose()));
+        assert_eq!(
+            earlier,
+            key().session_token(&sid, &nonce(1)),
+            "deterministic"
+        );
+    }
+
+    #[test]
+    fn nonces_parse_only_in_their_canonical_form() {
+        let n = nonce(0xab);
+        assert_eq!(SandboxNonce::parse(&n.to_hex()), Ok(n.clone()));
+        assert_eq!(n.to_string(), "ab".repeat(NONCE_LEN));
+        for bad in [
+            "",
+            "ab",
+            &"AB".repeat(NONCE_LEN),
+            &"ab".repeat(NONCE_LEN + 1),
+            &"zz".repeat(NONCE_LEN),
+        ] {
+            assert_eq!(
+                SandboxNonce::parse(bad),
+                Err(TokenError::BadNonce),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
@@ -234,7 +327,7 @@ mod tests {
     #[test]
     fn secrets_never_print() {
         let k = key();
-        let t = k.session_token(&SessionId::parse("s").expect("valid"));
+        let t = k.session_token(&SessionId::parse("s").expect("valid"), &nonce(3));
         assert_eq!(format!("{k:?}"), "HmacKey(<redacted>)");
         assert_eq!(format!("{t:?}"), "Token(<redacted>)");
     }

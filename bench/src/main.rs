@@ -131,7 +131,8 @@ fn start_agent(bin: &PathBuf, commitment: &str) -> anyhow::Result<AgentProc> {
 
 fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow::Result<()> {
     let sid = SessionId::parse("bench").context("session id")?;
-    let token = HmacKey::from_bytes([1; 32]).session_token(&sid);
+    let token = HmacKey::from_bytes([1; 32])
+        .session_token(&sid, &cli_mcp_api::token::SandboxNonce::from_bytes([2; 16]));
     let agent = start_agent(bin, &token.commitment().to_hex())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -147,12 +147,17 @@ pub fn unassigned(pods: &[Pod]) -> Vec<&Pod> {
 /// token commitment, guarded by the listed resourceVersion.
 pub async fn claim(api: &Api<Pod>, pod: &Pod, sid: &str, key: &HmacKey) -> kube::Result<Pod> {
     let sid = SessionId::parse(sid).expect("valid sid");
-    let commitment = key.session_token(&sid).commitment().to_hex();
+    let nonce = cli_mcp_api::token::SandboxNonce::from_bytes(rand::random());
+    let commitment = key.session_token(&sid, &nonce).commitment().to_hex();
     let now = cli_mcp_api::activity::stamp_now();
     let patch = json!({"metadata": {
         "resourceVersion": pod.resource_version(),
         "labels": {label::SESSION_ID: sid.as_str(), label::LAUNCH: label::LAUNCH_WARM},
-        "annotations": {annotation::TOKEN_SHA256: commitment, annotation::LAST_ACTIVITY: now},
+        "annotations": {
+            annotation::TOKEN_SHA256: commitment,
+            annotation::SANDBOX_NONCE: nonce.to_hex(),
+            annotation::LAST_ACTIVITY: now,
+        },
     }});
     api.patch(
         &pod.name_any(),

@@ -320,9 +320,7 @@ fn signed_with(p: &Pod, key: &HmacKey) -> bool {
     match session_of(p) {
         Some(sid) => {
             let sid = SessionId::parse(sid).expect("session id");
-            p.annotations()
-                .get(cli_mcp_api::names::annotation::TOKEN_SHA256)
-                .is_some_and(|c| *c == key.session_token(&sid).commitment().to_hex())
+            cli_mcp_api::sandbox::session_token_of(p, &sid, key).is_some()
         }
         None => made_for_key(p, key),
     }

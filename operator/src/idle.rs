@@ -17,6 +17,7 @@ use kube::{Api, ResourceExt};
 use cli_mcp_api::activity::{last_activity, STAMP_RESOLUTION};
 use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::{is_assigned, is_deleting, session_of};
+use cli_mcp_api::sandbox::session_token_of;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
@@ -53,10 +54,11 @@ fn has_stale_token(p: &Pod, key: &HmacKey) -> bool {
     let Some(sid) = session_of(p).and_then(|s| SessionId::parse(s).ok()) else {
         return false;
     };
-    match p.annotations().get(annotation::TOKEN_SHA256) {
-        Some(c) => *c != key.session_token(&sid).commitment().to_hex(),
-        None => false,
-    }
+    // A pod without a commitment is mid-claim or not ours to judge; one with a commitment
+    // that no token of this key opens (another key, or an older version's pod without a
+    // sandbox nonce) can never be used again.
+    p.annotations().contains_key(annotation::TOKEN_SHA256)
+        && session_token_of(p, &sid, key).is_none()
 }
 
 /// Decides which assigned sandboxes to collect. Pure.
@@ -143,14 +145,14 @@ mod tests {
     fn session(sid: &str, last: &str, key: &HmacKey) -> Arc<Pod> {
         let cfg = SandboxConfig::new(InstanceName::parse("demo").expect("n"), "ns", "img");
         let sid = SessionId::parse(sid).expect("sid");
-        let token = key.session_token(&sid).commitment();
         Arc::new(build_sandbox_pod(
             &cfg,
-            &SandboxRole::Session {
+            &SandboxRole::session(
+                key,
                 sid,
-                token,
-                owner: None,
-            },
+                cli_mcp_api::token::SandboxNonce::from_bytes([3; 16]),
+                None,
+            ),
             last,
         ))
     }
@@ -183,6 +185,19 @@ mod tests {
         assert_eq!(p.collect[0].1, CollectReason::StaleKey);
         let p = plan(&pods, Duration::from_secs(600), now, Some(&old));
         assert!(p.collect.is_empty());
+    }
+
+    #[test]
+    fn sessions_without_a_sandbox_nonce_are_collected() {
+        // An older version's pod: its token was bound to the session id alone, so a token
+        // leaked from any earlier sandbox of that id would open it.
+        let k = HmacKey::from_bytes([1; 32]);
+        let now: Timestamp = "2026-01-01T00:00:10Z".parse().expect("ts");
+        let mut pod = (*session("s", "2026-01-01T00:00:00Z", &k)).clone();
+        pod.annotations_mut().remove(annotation::SANDBOX_NONCE);
+        let p = plan(&[Arc::new(pod)], Duration::from_secs(600), now, Some(&k));
+        assert_eq!(p.collect.len(), 1);
+        assert_eq!(p.collect[0].1, CollectReason::StaleKey);
     }
 
     #[test]

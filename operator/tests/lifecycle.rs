@@ -445,16 +445,16 @@ async fn session_pod(
     let cfg = cr.sandbox_config(Some(SANDBOX_IMAGE)).expect("config");
     let key = hmac_key(ns, instance).await;
     let sid = SessionId::parse(sid).expect("sid");
-    let token = key.session_token(&sid).commitment();
     let then = k8s_openapi::jiff::Timestamp::now()
         - k8s_openapi::jiff::SignedDuration::try_from(age).expect("age");
     let pod = build_sandbox_pod(
         &cfg,
-        &SandboxRole::Session {
+        &SandboxRole::session(
+            &key,
             sid,
-            token,
-            owner: None,
-        },
+            cli_mcp_api::token::SandboxNonce::from_bytes(rand::random()),
+            None,
+        ),
         &cli_mcp_api::activity::stamp(then),
     );
     ns.api::<Pod>()

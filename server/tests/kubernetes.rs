@@ -201,9 +201,10 @@ async fn cold_create_when_the_pool_is_empty() {
     assert!(pod.name_any().starts_with("cli-mcp-demo-s-cold-1-"));
     assert_eq!(labels(&pod)[label::LAUNCH], "cold");
     let sid = cli_mcp_api::SessionId::parse("cold-1").expect("valid");
-    assert_eq!(
-        ann(&pod, annotation::TOKEN_SHA256),
-        Some(w.key.session_token(&sid).commitment().to_hex())
+    assert!(
+        cli_mcp_api::sandbox::session_token_of(&pod, &sid, &w.key).is_some(),
+        "the pod commits to the session token of its own nonce: {:?}",
+        pod.metadata.annotations
     );
     assert_eq!(
         ann(&pod, annotation::OWNER),
@@ -234,9 +235,10 @@ async fn claims_a_premade_warm_pod() {
     assert_eq!(labels(&pod)[label::SESSION_ID], "warm-1");
     assert!(ann(&pod, annotation::LAST_ACTIVITY).is_some());
     let sid = cli_mcp_api::SessionId::parse("warm-1").expect("valid");
-    assert_eq!(
-        ann(&pod, annotation::TOKEN_SHA256),
-        Some(w.key.session_token(&sid).commitment().to_hex())
+    assert!(
+        cli_mcp_api::sandbox::session_token_of(&pod, &sid, &w.key).is_some(),
+        "the pod commits to the session token of its own nonce: {:?}",
+        pod.metadata.annotations
     );
     // No cold pod was made.
     let all =
@@ -615,11 +617,12 @@ async fn a_failed_session_pod_is_replaced() {
     let sid = cli_mcp_api::SessionId::parse("failed-1").expect("valid");
     let mut pod = build_sandbox_pod(
         &w.cfg,
-        &SandboxRole::Session {
-            sid: sid.clone(),
-            token: w.key.session_token(&sid).commitment(),
-            owner: None,
-        },
+        &SandboxRole::session(
+            &w.key,
+            sid.clone(),
+            cli_mcp_api::token::SandboxNonce::from_bytes([5; 16]),
+            None,
+        ),
         &now(),
     );
     // The same pod, made to end in phase Failed: its agent exits at once and is not restarted.
@@ -712,6 +715,79 @@ async fn delete_removes_the_pod() {
         .await
         .expect("JSON");
     assert_eq!(list["sessions"], json!([]));
+    drop(server);
+    w.done().await;
+}
+
+/// `POST /exec` of `echo bound` straight to a session pod's agent with `token`: the status.
+async fn exec_status(pod: &Pod, token: &str) -> u16 {
+    let ip = cli_mcp_e2e::testing::pod_ip(pod).expect("pod IP");
+    support::http()
+        .post(format!(
+            "http://{ip}:{}/exec",
+            cli_mcp_api::wire::AGENT_PORT
+        ))
+        .bearer_auth(token)
+        .json(&json!({"command": "echo bound"}))
+        .send()
+        .await
+        .expect("POST /exec to the agent")
+        .status()
+        .as_u16()
+}
+
+/// Session tokens are bound to one sandbox (a nonce on its pod): the token of an earlier
+/// sandbox of the same session id — which its shell could read from its own agent's memory
+/// — never opens the sandbox the session gets next.
+#[tokio::test]
+async fn a_token_of_an_earlier_sandbox_never_opens_a_later_one() {
+    let w = World::new("srv-bind").await;
+    let server = w.server().await;
+    let sid = cli_mcp_api::SessionId::parse("bind-1").expect("sid");
+    let mcp = Mcp::new(&server, Some(sid.as_str()));
+    mcp.bash("true").await;
+    let first = w.one_pod(sid.as_str()).await;
+    let first_token = cli_mcp_api::sandbox::session_token_of(&first, &sid, &w.key)
+        .expect("the first pod carries a token of its own nonce");
+    assert_eq!(exec_status(&first, first_token.expose()).await, 200);
+
+    let del = support::http()
+        .delete(server.url("/sessions/bind-1"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 204);
+    wait_for(
+        w.ns.api::<Pod>(),
+        &first.name_any(),
+        "first session pod deleted",
+        TIMEOUT,
+        is_deleted(&first.uid().expect("uid")),
+    )
+    .await
+    .expect("first pod removed");
+
+    mcp.bash("true").await;
+    let second = w.one_pod(sid.as_str()).await;
+    assert_ne!(
+        second.uid(),
+        first.uid(),
+        "a new sandbox for the same session id"
+    );
+    assert_eq!(
+        second.name_any(),
+        first.name_any(),
+        "same pod name: only the nonce differs"
+    );
+    let second_token = cli_mcp_api::sandbox::session_token_of(&second, &sid, &w.key)
+        .expect("the second pod carries a token of its own nonce");
+    assert_ne!(second_token, first_token);
+    assert_eq!(
+        exec_status(&second, first_token.expose()).await,
+        401,
+        "the earlier sandbox's token is refused by the later sandbox"
+    );
+    assert_eq!(exec_status(&second, second_token.expose()).await, 200);
     drop(server);
     w.done().await;
 }

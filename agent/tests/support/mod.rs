@@ -20,7 +20,10 @@ pub fn key() -> HmacKey {
 }
 
 pub fn session_token() -> Token {
-    key().session_token(&SessionId::parse("s1").expect("valid"))
+    key().session_token(
+        &SessionId::parse("s1").expect("valid"),
+        &cli_mcp_api::token::SandboxNonce::from_bytes([4; 16]),
+    )
 }
 
 pub fn assign_token() -> Token {

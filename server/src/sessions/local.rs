@@ -19,7 +19,7 @@ use tokio::process::{ChildStderr, Command};
 use tokio::sync::watch;
 
 use cli_mcp_api::activity::stamp_now;
-use cli_mcp_api::token::HmacKey;
+use cli_mcp_api::token::{HmacKey, SandboxNonce, Token};
 use cli_mcp_api::wire::ENV_TOKEN_SHA256;
 use cli_mcp_api::SessionId;
 
@@ -94,6 +94,9 @@ struct LocalAgent {
     pid: u32,
     uid: String,
     endpoint: String,
+    /// Bound to this agent's own nonce: a token of an earlier agent of the session never
+    /// opens this one.
+    token: Token,
     owner: Option<String>,
     created_at: String,
     last_activity: Mutex<String>,
@@ -189,16 +192,10 @@ impl LocalBackend {
         self.metrics.sessions_active.set(n as i64);
     }
 
-    fn sandbox(
-        &self,
-        sid: &SessionId,
-        a: &LocalAgent,
-        started: Option<Launch>,
-        replaced: bool,
-    ) -> Sandbox {
+    fn sandbox(&self, a: &LocalAgent, started: Option<Launch>, replaced: bool) -> Sandbox {
         Sandbox {
             endpoint: a.endpoint.clone(),
-            token: self.key.session_token(sid),
+            token: a.token.clone(),
             name: format!("local/{}", a.pid),
             uid: a.uid.clone(),
             started,
@@ -213,7 +210,7 @@ impl LocalBackend {
             return None;
         }
         Some(if owner_allows(agent.owner.as_deref(), caller) {
-            Ok(self.sandbox(sid, &agent, None, false))
+            Ok(self.sandbox(&agent, None, false))
         } else {
             Err(SessionError::Forbidden(sid.clone()))
         })
@@ -229,7 +226,10 @@ impl LocalBackend {
                 SessionError::Sandbox(format!("cannot create {}: {e}", d.display()))
             })?;
         }
-        let token = self.key.session_token(sid).commitment().to_hex();
+        let session_token = self
+            .key
+            .session_token(sid, &SandboxNonce::from_bytes(rand::random()));
+        let token = session_token.commitment().to_hex();
         let mut cmd = Command::new(&self.agent_binary);
         cmd.arg("--listen")
             .arg("127.0.0.1:0")
@@ -302,6 +302,7 @@ impl LocalBackend {
         let now = stamp_now();
         Ok(LocalAgent {
             pid,
+            token: session_token,
             uid: format!("local-{uid}"),
             endpoint: format!("http://{listen}"),
             owner: caller.owner.clone(),
@@ -425,7 +426,7 @@ impl Backend for LocalBackend {
         self.metrics.started(Launch::Local, t0.elapsed());
         tracing::info!(session = %sid, pid = agent.pid, took_ms = t0.elapsed().as_millis() as u64,
             "local session agent started");
-        Ok(self.sandbox(sid, &agent, Some(Launch::Local), dead.is_some()))
+        Ok(self.sandbox(&agent, Some(Launch::Local), dead.is_some()))
     }
 
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {

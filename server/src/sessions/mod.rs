@@ -439,7 +439,8 @@ mod tests {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let sandbox = Sandbox {
             endpoint: format!("http://{}", silent.local_addr().expect("addr")),
-            token: cli_mcp_api::token::HmacKey::from_bytes([1; 32]).session_token(&sid),
+            token: cli_mcp_api::token::HmacKey::from_bytes([1; 32])
+                .session_token(&sid, &cli_mcp_api::token::SandboxNonce::from_bytes([2; 16])),
             name: "p".into(),
             uid: "u".into(),
             started: None,
@@ -536,7 +537,8 @@ mod tests {
             };
             Ok(Sandbox {
                 endpoint: endpoint.clone(),
-                token: cli_mcp_api::token::HmacKey::from_bytes([1; 32]).session_token(sid),
+                token: cli_mcp_api::token::HmacKey::from_bytes([1; 32])
+                    .session_token(sid, &cli_mcp_api::token::SandboxNonce::from_bytes([2; 16])),
                 name: name.into(),
                 uid: name.into(),
                 started: None,

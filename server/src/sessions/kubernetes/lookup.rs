@@ -9,6 +9,7 @@ use kube::ResourceExt;
 
 use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::{is_deleting, is_terminal};
+use cli_mcp_api::sandbox::session_token_of;
 use cli_mcp_api::SessionId;
 
 use super::pods::{annotation_of, has_run};
@@ -74,10 +75,9 @@ impl KubeBackend {
                 Found::Stale
             });
         };
-        let expected = self.key.session_token(sid).commitment().to_hex();
-        if annotation_of(&winner, annotation::TOKEN_SHA256) != Some(expected.as_str()) {
+        if session_token_of(&winner, sid, &self.key).is_none() {
             tracing::warn!(session = %sid, pod = %winner.name_any(),
-                "session pod was made with another HMAC key (the instance key changed); replacing it");
+                "session pod holds no token of this session under this server's key (the instance key changed, or an older version made it without a sandbox nonce); replacing it");
             self.delete_pod(&winner).await;
             return Ok(Found::Stale);
         }

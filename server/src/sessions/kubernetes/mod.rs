@@ -40,7 +40,7 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::{annotation, label, InstanceName};
-use cli_mcp_api::sandbox::SandboxConfig;
+use cli_mcp_api::sandbox::{session_token_of, SandboxConfig};
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
@@ -160,16 +160,10 @@ impl KubeBackend {
         ]
     }
 
-    fn sandbox(
-        &self,
-        sid: &SessionId,
-        route: &Route,
-        started: Option<Launch>,
-        replaced: bool,
-    ) -> Sandbox {
+    fn sandbox(&self, route: &Route, started: Option<Launch>, replaced: bool) -> Sandbox {
         Sandbox {
             endpoint: route.endpoint.clone(),
-            token: self.key.session_token(sid),
+            token: route.token.clone(),
             name: route.pod.clone(),
             uid: route.uid.clone(),
             started,
@@ -177,13 +171,20 @@ impl KubeBackend {
         }
     }
 
-    fn route_of(&self, pod: &Pod) -> Result<Route, SessionError> {
+    fn route_of(&self, sid: &SessionId, pod: &Pod) -> Result<Route, SessionError> {
         let endpoint = endpoint_of(pod)
             .ok_or_else(|| SessionError::Sandbox(format!("pod {} has no IP", pod.name_any())))?;
+        let token = session_token_of(pod, sid, &self.key).ok_or_else(|| {
+            SessionError::Sandbox(format!(
+                "pod {} was not made for session {sid} under this server's key; retry (it is replaced)",
+                pod.name_any()
+            ))
+        })?;
         Ok(Route {
             pod: pod.name_any(),
             uid: pod.uid().unwrap_or_default(),
             endpoint,
+            token,
             owner: annotation_of(pod, annotation::OWNER).map(str::to_owned),
             launch: match pod.labels().get(label::LAUNCH).map(String::as_str) {
                 Some(label::LAUNCH_WARM) => Some(Launch::Warm),
@@ -232,10 +233,10 @@ impl KubeBackend {
         let stale = match self.find(sid).await? {
             Found::Pod(pod) => {
                 let pod = self.adopt(*pod, sid, caller).await?;
-                let route = self.route_of(&pod)?;
+                let route = self.route_of(sid, &pod)?;
                 let replaced = previous.is_some_and(|p| p != route.uid);
                 self.cache.insert(sid.clone(), route.clone());
-                return Ok(self.sandbox(sid, &route, None, replaced));
+                return Ok(self.sandbox(&route, None, replaced));
             }
             Found::Stale => true,
             Found::Nothing => false,
@@ -260,12 +261,12 @@ impl KubeBackend {
                 _ => return Err(e),
             },
         };
-        let route = self.route_of(&pod)?;
+        let route = self.route_of(sid, &pod)?;
         self.metrics.started(launch, t0.elapsed());
         tracing::info!(session = %sid, pod = %route.pod, launch = launch.as_str(),
             took_ms = t0.elapsed().as_millis() as u64, "session sandbox started");
         self.cache.insert(sid.clone(), route.clone());
-        Ok(self.sandbox(sid, &route, Some(launch), previous.is_some() || stale))
+        Ok(self.sandbox(&route, Some(launch), previous.is_some() || stale))
     }
 }
 
@@ -285,7 +286,7 @@ impl Backend for KubeBackend {
         let cached = |this: &Self| -> Option<Result<Sandbox, SessionError>> {
             let route = this.cache.get(sid)?;
             Some(if owner_allows(route.owner.as_deref(), caller) {
-                Ok(this.sandbox(sid, &route, None, false))
+                Ok(this.sandbox(&route, None, false))
             } else {
                 Err(SessionError::Forbidden(sid.clone()))
             })

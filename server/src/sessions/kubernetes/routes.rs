@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use cli_mcp_api::token::Token;
 use cli_mcp_api::SessionId;
 
 use crate::metrics::Launch;
@@ -19,6 +20,8 @@ pub struct Route {
     pub pod: String,
     pub uid: String,
     pub endpoint: String,
+    /// The session token this sandbox accepts (bound to its nonce).
+    pub token: Token,
     /// Owner hash stamped on the pod (None: auth was off when it was made).
     pub owner: Option<String>,
     pub launch: Option<Launch>,
@@ -193,6 +196,10 @@ mod tests {
             pod: format!("pod-{uid}"),
             uid: uid.into(),
             endpoint: "http://10.0.0.1:8090".into(),
+            token: cli_mcp_api::token::HmacKey::from_bytes([1; 32]).session_token(
+                &sid("s"),
+                &cli_mcp_api::token::SandboxNonce::from_bytes([2; 16]),
+            ),
             owner: None,
             launch: None,
         }

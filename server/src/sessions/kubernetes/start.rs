@@ -12,7 +12,8 @@ use serde_json::json;
 use cli_mcp_api::activity::stamp_now;
 use cli_mcp_api::names::{annotation, label};
 use cli_mcp_api::pod_state::{is_assigned, is_deleting, is_ready};
-use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxRole};
+use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, session_token_of, SandboxRole};
+use cli_mcp_api::token::SandboxNonce;
 use cli_mcp_api::wire::AssignRequest;
 use cli_mcp_api::SessionId;
 
@@ -106,7 +107,9 @@ impl KubeBackend {
         caller: &Caller,
     ) -> Result<Option<Pod>, SessionError> {
         let name = pod.name_any();
-        let token = self.key.session_token(sid).commitment().to_hex();
+        // A fresh nonce per claim: the token opens this sandbox and no other of the session.
+        let nonce = SandboxNonce::from_bytes(rand::random());
+        let token = self.key.session_token(sid, &nonce).commitment().to_hex();
         let mut claimed = None;
         for attempt in 0..CLAIM_ATTEMPTS_PER_POD {
             // Without a resourceVersion the patch would not be guarded.
@@ -115,6 +118,7 @@ impl KubeBackend {
             };
             let mut annotations = serde_json::Map::new();
             annotations.insert(annotation::TOKEN_SHA256.into(), json!(token));
+            annotations.insert(annotation::SANDBOX_NONCE.into(), json!(nonce.to_hex()));
             annotations.insert(annotation::LAST_ACTIVITY.into(), json!(stamp_now()));
             if let Some(owner) = &caller.owner {
                 annotations.insert(annotation::OWNER.into(), json!(owner));
@@ -153,7 +157,7 @@ impl KubeBackend {
         let Some(claimed) = claimed else {
             return Ok(None);
         };
-        match self.assign(&claimed, sid).await {
+        match self.assign(&claimed, sid, &token).await {
             Ok(()) => Ok(Some(claimed)),
             Err(e) => {
                 tracing::warn!(pod = %name, session = %sid, error = %e,
@@ -166,11 +170,16 @@ impl KubeBackend {
 
     /// `POST /assign` on a warm pod (idempotent in the agent: a repeat of the same
     /// assignment succeeds).
-    pub(super) async fn assign(&self, pod: &Pod, sid: &SessionId) -> Result<(), String> {
+    pub(super) async fn assign(
+        &self,
+        pod: &Pod,
+        sid: &SessionId,
+        token_sha256: &str,
+    ) -> Result<(), String> {
         let endpoint = endpoint_of(pod).ok_or("the pod has no IP")?;
         let req = AssignRequest {
             session_id: sid.clone(),
-            token_sha256: self.key.session_token(sid).commitment().to_hex(),
+            token_sha256: token_sha256.to_owned(),
         };
         self.agent
             .assign(&endpoint, &self.key.assign_token(&pod.name_any()), &req)
@@ -187,11 +196,12 @@ impl KubeBackend {
     ) -> Result<Pod, SessionError> {
         let pod = build_sandbox_pod(
             &self.cfg,
-            &SandboxRole::Session {
-                sid: sid.clone(),
-                token: self.key.session_token(sid).commitment(),
-                owner: caller.owner.clone(),
-            },
+            &SandboxRole::session(
+                &self.key,
+                sid.clone(),
+                SandboxNonce::from_bytes(rand::random()),
+                caller.owner.clone(),
+            ),
             &stamp_now(),
         );
         let name = pod.name_any();
@@ -329,11 +339,19 @@ impl KubeBackend {
         if !has_launch(pod, label::LAUNCH_WARM) || !is_ready(pod) {
             return Ok(());
         }
-        self.assign(pod, sid).await.map_err(|e| {
+        let token = session_token_of(pod, sid, &self.key).ok_or_else(|| {
             SessionError::Sandbox(format!(
-                "pod {} did not accept /assign: {e}",
+                "pod {} was claimed for session {sid} without a token of this server's key",
                 pod.name_any()
             ))
-        })
+        })?;
+        self.assign(pod, sid, &token.commitment().to_hex())
+            .await
+            .map_err(|e| {
+                SessionError::Sandbox(format!(
+                    "pod {} did not accept /assign: {e}",
+                    pod.name_any()
+                ))
+            })
     }
 }
