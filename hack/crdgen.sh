@@ -9,7 +9,7 @@ cd "$root"
 cargo build -q -p cli-mcp-operator --bin cli-mcp-operator
 yaml="$(mktemp)"
 trap 'rm -f "$yaml"' EXIT
-target/debug/cli-mcp-operator crdgen >"$yaml"
+"${CARGO_TARGET_DIR:-target}/debug/cli-mcp-operator" crdgen >"$yaml"
 status=0
 for f in config/crd/bases/cli-mcp.redhat.com_climcpinstances.yaml \
          charts/cli-mcp-operator/crds/cli-mcp.redhat.com_climcpinstances.yaml; do

@@ -400,6 +400,14 @@ pub struct ServerSpec {
         "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
     ).message("spec.server.tlsSecretName must be the name of a Secret (a DNS-1123 subdomain)"))]
     pub tls_secret_name: Option<String>,
+
+    /// Text for the MCP clients' models, sent after the server's own instructions in the
+    /// MCP `initialize` (and `server/discover`) result: what the sandbox has and is for, e.g.
+    /// "kubectl with context prod-readonly (read-only), oc, jq, yq; investigate, never
+    /// change". At most 8192 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 8192))]
+    pub instructions: Option<String>,
 }
 
 impl Default for ServerSpec {
@@ -409,6 +417,7 @@ impl Default for ServerSpec {
             image_pull_policy: None,
             auth: AuthMode::Kubernetes,
             tls_secret_name: None,
+            instructions: None,
         }
     }
 }

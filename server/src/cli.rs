@@ -141,6 +141,10 @@ pub struct Flags {
         value_delimiter = ','
     )]
     pub allowed_origins: Vec<String>,
+    /// Text for the MCP clients' models, sent after the server's own instructions in the
+    /// initialize result: which CLIs and kube contexts the sandbox has, what it is for.
+    #[arg(long, env = "CLI_MCP_INSTRUCTIONS")]
+    pub instructions: Option<String>,
 }
 
 /// Everything the server needs, validated.
@@ -166,6 +170,8 @@ pub struct Settings {
     pub shutdown_delay: Duration,
     /// See `--allowed-origin`.
     pub allowed_origins: Vec<crate::origin::AllowedOrigin>,
+    /// See `--instructions`.
+    pub instructions: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -384,6 +390,17 @@ impl Flags {
                     .map_err(|e| err(format!("--allowed-origin {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let instructions = self.instructions.filter(|t| !t.trim().is_empty());
+        if let Some(t) = &instructions {
+            let max = crate::mcp::MAX_INSTRUCTIONS_BYTES;
+            if t.len() > max {
+                return Err(err(format!(
+                    "--instructions is {} bytes; the limit is {max}: keep it to what the model \
+                     needs on every connection",
+                    t.len()
+                )));
+            }
+        }
         let auth_options = crate::auth::AuthOptions {
             audiences: self.token_audiences.clone(),
             allowed_ttl: Duration::from_secs(self.auth_cache_seconds),
@@ -416,6 +433,7 @@ impl Flags {
             log_json: self.log_json,
             shutdown_delay: Duration::from_secs(self.shutdown_delay),
             allowed_origins,
+            instructions,
         })
     }
 }
@@ -532,6 +550,7 @@ mod tests {
 
     #[test]
     fn limits_are_checked() {
+        let huge = "x".repeat(crate::mcp::MAX_INSTRUCTIONS_BYTES + 1);
         for (args, needle) in [
             (vec!["--max-timeout", "301"], "--max-timeout"),
             (
@@ -542,6 +561,10 @@ mod tests {
             (vec!["--output-budget", "10"], "--output-budget"),
             (vec!["--tls-cert", "/c"], "--tls-key"),
             (vec!["--shutdown-delay", "6"], "--shutdown-delay"),
+            (
+                vec!["--instructions", &huge],
+                "--instructions is 16385 bytes",
+            ),
             (
                 vec!["--allowed-origin", "app.example.com"],
                 "--allowed-origin \"app.example.com\" is not an origin",

@@ -28,10 +28,37 @@ use crate::sessions::SessionManager;
 pub const TOOL_NAME: &str = "bash";
 pub const SESSION_HEADER: &str = "x-session-id";
 
-const INSTRUCTIONS: &str = "One tool, `bash`, runs a command in a persistent bash shell of \
-your session (HTTP header X-Session-ID): `cd`, `export` and functions carry over between \
-calls. stdin is /dev/null, so use non-interactive commands. Output is stdout, then stderr, \
-then a one-line summary with the exit code. End a session with DELETE /sessions/{id}.";
+/// What the model needs to know about the shell, whatever the transport.
+const SHELL_INSTRUCTIONS: &str = "`cd`, `export` and functions carry over between calls. stdin \
+is /dev/null, so use non-interactive commands. Output is stdout, then stderr, then a one-line \
+summary with the exit code. `exit` ends the shell itself: the next call starts a new one and \
+the session's state (directory, variables, functions) is lost. To end a command with a \
+status, use `(exit N)`, or `return N` inside a function.";
+
+/// Largest `--instructions` text (bytes).
+pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
+
+/// The `instructions` of the `initialize` (and `server/discover`) result: the tool's own,
+/// then the admin's (`--instructions`, which the operator renders from
+/// `spec.server.instructions`) as written. Over stdio there is one session and no HTTP, so
+/// neither the session header nor `DELETE /sessions` is mentioned: such a client cannot use
+/// them.
+pub fn instructions(stdio: bool, admin: Option<&str>) -> String {
+    let mut text = if stdio {
+        format!("One tool, `bash`, runs a command in a persistent bash shell. {SHELL_INSTRUCTIONS}")
+    } else {
+        format!(
+            "One tool, `bash`, runs a command in a persistent bash shell of your session, \
+             named by the HTTP header X-Session-ID (calls with the same id share one shell). \
+             {SHELL_INSTRUCTIONS} End a session with DELETE /sessions/{{id}}."
+        )
+    };
+    if let Some(admin) = admin.map(str::trim).filter(|a| !a.is_empty()) {
+        text.push_str("\n\n");
+        text.push_str(admin);
+    }
+    text
+}
 
 /// Everything a tool call needs.
 pub struct McpState {
@@ -39,6 +66,8 @@ pub struct McpState {
     pub limits: Limits,
     /// The session of the stdio transport.
     pub stdio_session: Option<SessionId>,
+    /// The `instructions` of the initialize result (see [`instructions`]).
+    pub instructions: String,
 }
 
 #[derive(Clone)]
@@ -317,7 +346,7 @@ impl ServerHandler for BashServer {
                 Implementation::new("cli-mcp-server", env!("CARGO_PKG_VERSION"))
                     .with_title("cli-mcp: bash in a sandbox per session"),
             )
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(self.state.instructions.clone())
     }
 
     async fn list_tools(
@@ -433,6 +462,34 @@ mod tests {
         assert_eq!(t.input_schema["required"], json!(["command"]));
         assert_eq!(t.input_schema["properties"]["timeout"]["maximum"], 300);
         assert!(t.output_schema.is_some());
+    }
+
+    #[test]
+    fn instructions_explain_exit_and_fit_the_transport() {
+        let http = instructions(false, None);
+        let stdio = instructions(true, None);
+        for text in [&http, &stdio] {
+            assert!(text.contains("`exit` ends the shell"), "{text}");
+            assert!(
+                text.contains("`(exit N)`") && text.contains("`return N`"),
+                "{text}"
+            );
+        }
+        assert!(http.contains("X-Session-ID") && http.contains("DELETE /sessions/{id}"));
+        for http_only in ["X-Session-ID", "header", "DELETE", "/sessions"] {
+            assert!(
+                !stdio.contains(http_only),
+                "stdio mentions {http_only}: {stdio}"
+            );
+        }
+        let admin = "kubectl (context prod-ro) and jq.\nRead only.";
+        let with = instructions(false, Some(admin));
+        assert_eq!(with, format!("{http}\n\n{admin}"));
+        assert_eq!(
+            instructions(false, Some("  \n")),
+            http,
+            "blank text adds nothing"
+        );
     }
 
     #[test]

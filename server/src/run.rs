@@ -122,6 +122,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         sessions: SessionManager::new(backend.clone(), agent, metrics.clone()),
         limits,
         stdio_session: settings.stdio_session.clone(),
+        instructions: crate::mcp::instructions(
+            settings.transport == Transport::Stdio,
+            settings.instructions.as_deref(),
+        ),
     });
 
     let result = match settings.transport {

@@ -808,6 +808,8 @@ async fn stdio_transport_serves_one_session() {
             "local",
             "--auth",
             "none",
+            "--instructions",
+            "This sandbox has jq.",
         ])
         .arg("--agent-binary")
         .arg(support::agent_bin())
@@ -829,6 +831,21 @@ async fn stdio_transport_serves_one_session() {
     let init: Value =
         serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("JSON");
     assert_eq!(init["result"]["serverInfo"]["name"], "cli-mcp-server");
+    let instructions = init["result"]["instructions"].as_str().unwrap_or_default();
+    assert_eq!(
+        instructions,
+        cli_mcp_server::mcp::instructions(true, Some("This sandbox has jq."))
+    );
+    assert!(
+        instructions.ends_with("\n\nThis sandbox has jq.") && instructions.contains("(exit N)"),
+        "{instructions}"
+    );
+    for http_only in ["X-Session-ID", "DELETE", "/sessions"] {
+        assert!(
+            !instructions.contains(http_only),
+            "a stdio client cannot use {http_only}: {instructions}"
+        );
+    }
     stdin
         .write_all(
             send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).as_bytes(),

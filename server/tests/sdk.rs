@@ -24,6 +24,11 @@ use support::Server;
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Text an admin gives with `--instructions` (the operator renders it from
+/// `spec.server.instructions`); the SDKs must receive it as sent.
+const ADMIN_INSTRUCTIONS: &str =
+    "This sandbox has kubectl (context `prod-readonly`, read only) and jq.\nInvestigate; never apply.";
+
 fn sdk_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk")
 }
@@ -238,12 +243,12 @@ async fn node_modules() -> &'static Path {
     }
 }
 
-async fn local_server(extra: &[&str]) -> Server {
+async fn local_server() -> Server {
     support::ensure_built(false);
     let agent = support::agent_bin();
     let agent = agent.to_str().expect("utf-8 path");
     let mut args = LocalServer::local_backend(agent);
-    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--instructions", ADMIN_INSTRUCTIONS]);
     Server::start(&args, &[]).await
 }
 
@@ -310,6 +315,16 @@ fn check(report: &Report, protocol: &str) {
     let r = &report.json;
     assert_eq!(r["protocol_version"], protocol, "{r}");
     assert_eq!(r["server_name"], "cli-mcp-server", "{r}");
+    assert_eq!(
+        r["instructions"],
+        cli_mcp_server::mcp::instructions(false, Some(ADMIN_INSTRUCTIONS)),
+        "the server's instructions, then the admin's as written"
+    );
+    let instructions = r["instructions"].as_str().unwrap_or_default();
+    assert!(
+        instructions.contains("`exit` ends the shell") && instructions.contains("(exit N)"),
+        "{instructions}"
+    );
 
     let tools = r["tools"].as_array().expect("tools");
     assert_eq!(tools.len(), 1, "{r}");
@@ -369,21 +384,21 @@ fn check(report: &Report, protocol: &str) {
 
 #[tokio::test]
 async fn python_sdk_legacy_handshake() {
-    let server = local_server(&[]).await;
+    let server = local_server().await;
     let report = python_client(&server, "py-legacy", "legacy").await;
     check(&report, "2025-11-25");
 }
 
 #[tokio::test]
 async fn python_sdk_negotiates_2026_07_28() {
-    let server = local_server(&[]).await;
+    let server = local_server().await;
     let report = python_client(&server, "py-modern", "auto").await;
     check(&report, "2026-07-28");
 }
 
 #[tokio::test]
 async fn typescript_sdk_legacy_handshake() {
-    let server = local_server(&[]).await;
+    let server = local_server().await;
     let report = typescript_client(&server, "v1", "ts-v1", "legacy").await;
     check(&report, "2025-11-25");
     assert_eq!(
@@ -395,7 +410,7 @@ async fn typescript_sdk_legacy_handshake() {
 
 #[tokio::test]
 async fn typescript_client_package_negotiates_2026_07_28() {
-    let server = local_server(&[]).await;
+    let server = local_server().await;
     let report = typescript_client(&server, "v2", "ts-v2", "auto").await;
     check(&report, "2026-07-28");
 }

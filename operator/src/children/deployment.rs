@@ -24,6 +24,28 @@ use super::{
 pub const CONTAINER: &str = "server";
 /// Env var carrying the serde JSON of the `SandboxConfig` (the `--sandbox-config` flag).
 pub const SANDBOX_CONFIG_ENV: &str = "CLI_MCP_SANDBOX_CONFIG";
+/// Env var carrying `spec.server.instructions` (the `--instructions` flag): an env var
+/// rather than an argument, because the text is free-form and may span lines.
+pub const INSTRUCTIONS_ENV: &str = "CLI_MCP_INSTRUCTIONS";
+
+/// The server container's environment.
+fn server_env(inp: &Inputs) -> Vec<EnvVar> {
+    let var = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    };
+    // Serialising a SandboxConfig cannot fail (plain data, string map keys).
+    let sandbox_json = serde_json::to_string(&inp.spec.sandbox).unwrap_or_default();
+    let mut env = vec![
+        var(SANDBOX_CONFIG_ENV, sandbox_json),
+        var("RUST_LOG", "info".into()),
+    ];
+    if let Some(text) = &inp.spec.server_instructions {
+        env.push(var(INSTRUCTIONS_ENV, text.clone()));
+    }
+    env
+}
 
 /// The server's command line, rendered from the spec.
 pub fn server_args(inp: &Inputs) -> Vec<String> {
@@ -123,8 +145,6 @@ pub fn deployment(inp: &Inputs) -> Deployment {
             annotations.insert(TLS_VERSION_ANNOTATION.to_owned(), v.clone());
         }
     }
-    // Serialising a SandboxConfig cannot fail (plain data, string map keys).
-    let sandbox_json = serde_json::to_string(&inp.spec.sandbox).unwrap_or_default();
     let mcp_port_name = match inp.spec.auth {
         AuthMode::Kubernetes => "https",
         AuthMode::None => "http",
@@ -134,18 +154,7 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         image: Some(inp.spec.server_image.clone()),
         image_pull_policy: inp.spec.server_pull_policy.clone(),
         args: Some(server_args(inp)),
-        env: Some(vec![
-            EnvVar {
-                name: SANDBOX_CONFIG_ENV.into(),
-                value: Some(sandbox_json),
-                ..Default::default()
-            },
-            EnvVar {
-                name: "RUST_LOG".into(),
-                value: Some("info".into()),
-                ..Default::default()
-            },
-        ]),
+        env: Some(server_env(inp)),
         ports: Some(vec![
             ContainerPort {
                 name: Some(mcp_port_name.into()),
@@ -219,6 +228,32 @@ mod tests {
         args.iter()
             .position(|a| a == flag)
             .and_then(|i| args.get(i + 1).cloned())
+    }
+
+    fn env_value(inp: &Inputs, name: &str) -> Option<String> {
+        server_env(inp)
+            .into_iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value)
+    }
+
+    #[test]
+    fn instructions_reach_the_server_as_they_are_written() {
+        let text = "kubectl (context `prod-ro`), jq.\nRead only: never apply.";
+        let inp = inputs(serde_json::json!({"server": {"instructions": text}}));
+        assert_eq!(env_value(&inp, INSTRUCTIONS_ENV).as_deref(), Some(text));
+        let d = deployment(&inp);
+        let env = d
+            .spec
+            .template
+            .spec
+            .and_then(|p| p.containers.into_iter().next())
+            .and_then(|c| c.env)
+            .unwrap_or_default();
+        assert!(env.iter().any(|e| e.name == INSTRUCTIONS_ENV));
+        let without = inputs(serde_json::json!({}));
+        assert_eq!(env_value(&without, INSTRUCTIONS_ENV), None);
+        assert!(env_value(&without, SANDBOX_CONFIG_ENV).is_some());
     }
 
     #[test]

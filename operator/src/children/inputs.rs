@@ -28,6 +28,8 @@ pub struct Spec {
     pub server_image: String,
     pub server_pull_policy: Option<String>,
     pub server_resources: ResourceRequirements,
+    /// `spec.server.instructions`, for the MCP clients' models.
+    pub server_instructions: Option<String>,
     pub sandbox: SandboxConfig,
     pub warm_pool_size: i32,
     pub idle_timeout: Duration,
@@ -70,6 +72,7 @@ impl Spec {
             server_image: server_image.to_owned(),
             server_pull_policy: s.server.image_pull_policy.map(|p| p.as_str().to_owned()),
             server_resources: s.server.resources.clone(),
+            server_instructions: s.server.instructions.clone(),
             warm_pool_size: s.sandbox.warm_pool_size,
             idle_timeout: s.sandbox.idle_timeout()?,
             max_sessions: s.sandbox.max_sessions,
