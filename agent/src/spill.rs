@@ -112,7 +112,11 @@ impl Spills {
 
     /// Starts a spill file named `name` in the spill dir.
     pub fn create(&self, name: &str) -> Result<SpillFile, Cut> {
-        let path = self.store().dir.join(name);
+        let path = {
+            let mut store = self.store();
+            store.keep_dir_real();
+            store.dir.join(name)
+        };
         let file = match create_new(&path) {
             Ok(f) => f,
             // A full state dir is not repaired by recreating anything.
@@ -151,6 +155,7 @@ impl Spills {
     /// dir: the agent's own files go first.
     pub fn free_all(&self) -> u64 {
         let mut store = self.store();
+        store.keep_dir_real();
         let mut freed = 0;
         store.files.retain(|e| {
             if e.open {
@@ -198,7 +203,23 @@ impl Store {
 
     /// Removes the oldest closed spills until `more` bytes fit within the total cap and the
     /// file count is within `SPILLS_KEPT`.
+    /// Puts a real directory back if a command replaced the spill dir with a link (or
+    /// anything else), so that no spill is written or removed through it; the spills it
+    /// held are then out of the agent's reach and no longer counted (the ones still being
+    /// written stay counted until they are done).
+    fn keep_dir_real(&mut self) {
+        if !crate::state_files::is_real_dir(&self.dir) {
+            tracing::warn!(path = %self.dir.display(),
+                "the spill directory was replaced (by a link?); making a new one");
+            let _ = crate::state_files::own_dir(&self.dir);
+            self.files.retain(|e| e.open);
+        }
+    }
+
     fn make_room(&mut self, more: u64) {
+        if self.total() + more > self.limits.max_total || self.files.len() > SPILLS_KEPT {
+            self.keep_dir_real();
+        }
         while self.total() + more > self.limits.max_total || self.files.len() > SPILLS_KEPT {
             let Some(i) = self.files.iter().position(|e| !e.open) else {
                 return;

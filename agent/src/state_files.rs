@@ -10,6 +10,13 @@ use std::path::Path;
 /// Mode of the agent's directories: the session's files are nobody else's business.
 pub const DIR_MODE: u32 = 0o700;
 
+/// Whether `path` itself is a directory (a link to one is not). Checked before the agent
+/// writes or removes anything in one of its directories, since a command may have replaced
+/// the directory with a link to somewhere else.
+pub fn is_real_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+}
+
 /// Makes `path` a directory of ours, as the agent needs it: creates it (and missing
 /// parents) with [`DIR_MODE`]; replaces a link, file or FIFO a command put there (a link is
 /// removed, never followed); and gives a directory the agent owns its mode back when a

@@ -248,3 +248,69 @@ async fn the_state_dir_is_private_and_a_chmod_000_of_it_is_repaired() {
         assert_eq!(modes_now, [0o700; 4], "after chmod 000 {target}");
     }
 }
+
+/// Names under `dir`, sorted, recursively (`a/b`).
+fn listing(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = walk(dir, dir);
+    out.sort();
+    out
+}
+
+fn walk(root: &Path, dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        out.push(p.strip_prefix(root).unwrap_or(&p).display().to_string());
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(root, &p));
+        }
+    }
+    out
+}
+
+/// A command can replace the agent's directories with links to somewhere else (copies of
+/// the agent's files included, so that removing "old spills" would remove those): the agent
+/// must neither write there nor remove anything there, and must put real directories back.
+#[tokio::test]
+async fn directories_replaced_by_links_are_never_followed() {
+    let a = Agent::start_with(Opts {
+        extra_args: &["--output-budget", "1024"],
+        ..Default::default()
+    });
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let big = |i: usize| {
+        json!({
+            "command": format!("head -c 5000 /dev/zero | tr '\\0' x; echo {i}"),
+            "request_id": format!("big-{i}"),
+        })
+    };
+    // Spill files and journal records to copy.
+    for i in 0..3 {
+        a.exec_with(big(i)).await;
+    }
+    let state = a.state_dir.display().to_string();
+    let other = elsewhere.path().display().to_string();
+    let v = a
+        .exec(&format!(
+            "set -e; for d in replay spill cmd; do mkdir {other}/$d; cp -a {state}/$d/. {other}/$d/ 2>/dev/null || :; \
+             mv {state}/$d {state}/$d.moved; ln -s {other}/$d {state}/$d; done; echo planted"
+        ))
+        .await;
+    assert_eq!(s(&v, "stdout"), "planted\n", "{v}");
+    let planted = listing(elsewhere.path());
+    // More spills than are kept, so old ones are removed; records in every journal slot.
+    for i in 3..24 {
+        let v = a.exec_with(big(i)).await;
+        assert!(s(&v, "stdout").ends_with(&format!("{i}\n")), "{v}");
+    }
+    answers(&a, false).await;
+    assert_eq!(
+        listing(elsewhere.path()),
+        planted,
+        "the agent wrote or removed files through the links"
+    );
+    for d in ["replay", "spill", "cmd"] {
+        let m = std::fs::symlink_metadata(a.state_dir.join(d)).expect("lstat");
+        assert!(m.is_dir(), "{d} is not a real directory again: {m:?}");
+    }
+}

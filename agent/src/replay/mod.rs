@@ -211,6 +211,9 @@ impl Journal {
     pub fn forget(&mut self, slot: usize) {
         if let Some(s) = self.slots.get_mut(slot) {
             *s = None;
+            if !self.dir_is_ours() {
+                self.replace_dir();
+            }
             let _ = fs::remove_file(self.request_path(slot));
         }
     }
@@ -259,6 +262,11 @@ impl Journal {
     /// but our own regular file there (a link, a FIFO, a directory, a hard link to another
     /// file) is removed and the write tried once more.
     fn write(&self, path: &Path, bytes: &[u8]) {
+        // One lstat per write: a command may have replaced the directory with a link, and a
+        // record must never be written through it.
+        if !self.dir_is_ours() {
+            self.replace_dir();
+        }
         if write_in_place(path, bytes).is_ok() {
             return;
         }
@@ -281,7 +289,13 @@ impl Journal {
 
     /// True when the journal directory is a real directory (not a link to elsewhere).
     fn dir_is_ours(&self) -> bool {
-        fs::symlink_metadata(&self.dir).is_ok_and(|m| m.is_dir())
+        crate::state_files::is_real_dir(&self.dir)
+    }
+
+    fn replace_dir(&self) {
+        tracing::warn!(path = %self.dir.display(),
+            "the replay directory was replaced (by a link?); making a new one");
+        self.repair_dir();
     }
 
     /// The state dir first: a command may have taken the access to it away.

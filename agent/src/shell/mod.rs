@@ -320,7 +320,13 @@ impl Shell {
 
     /// Removes the command's directory and restores what the command may have removed.
     fn clean_up(&mut self, files: &CommandFiles) {
-        let _ = fs::remove_dir_all(&files.dir);
+        if state_files::is_real_dir(&self.cmd_dir()) {
+            let _ = fs::remove_dir_all(&files.dir);
+        } else {
+            // The command replaced `cmd` (with a link?): its directory went with the old
+            // one, and nothing is removed through the new one.
+            self.ensure_dirs();
+        }
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
         // restart before the next command must still be reported.
         self.keep_marker();

@@ -86,10 +86,12 @@ impl Shell {
         ))
     }
 
+    pub(super) fn cmd_dir(&self) -> std::path::PathBuf {
+        self.opts.state_dir.join("cmd")
+    }
+
     fn command_dir(&self, nonce: &str) -> std::path::PathBuf {
-        self.opts
-            .state_dir
-            .join("cmd")
+        self.cmd_dir()
             .join(format!("{}-{}", self.seq, &nonce[..16]))
     }
 
@@ -108,6 +110,11 @@ impl Shell {
             inline_command_line(command, Some(&dir), &nonce)
         };
         let files = CommandFiles { dir, nonce, line };
+        // One lstat per command: a `cmd` replaced with a link would have the command's
+        // files made (and later removed) wherever it points.
+        if !state_files::is_real_dir(&self.cmd_dir()) {
+            self.ensure_dirs();
+        }
         if fs::create_dir(&files.dir).is_err() {
             // The state dir is writable by the sandbox user: repair it (off the hot path,
             // only when a command broke it) and try once more.
