@@ -12,7 +12,7 @@ CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-run: ## host prereqs, local Kubernetes + operator + sample instance until Ctrl-C; prints how to reach MCP
+run: ## host prereqs, local Kubernetes (real node + project images; CLI_MCP_NODE=process: process kubelet) + operator + sample instance until Ctrl-C; prints how to reach MCP
 	hack/run.sh
 
 cluster: ## host prereqs, then only the local Kubernetes, until Ctrl-C

@@ -4,7 +4,11 @@
 #   1. installs and sets what the host lacks (hack/prereqs.sh: apt packages, IPv4 forwarding,
 #      the unreachable routes for the pod and Service ranges), prints a line per step it takes;
 #   2. builds what is missing (control plane from the Go module proxy, cached; our binaries);
-#   3. brings up the local Kubernetes (real control plane + process kubelet);
+#   3. brings up the local Kubernetes: a real control plane and, by default, the real node
+#      (kubelet + kube-proxy on containerd/runc) with the operator, server and sandbox images
+#      built from those binaries (hack/build-images.sh, cached outside the repo) and imported
+#      into it; CLI_MCP_NODE=process runs pods as host processes instead (faster to start,
+#      nothing to build);
 #   4. installs the operator from config/default, as an admin would;
 #   5. creates namespace cli-mcp-demo with a read-only investigation kubeconfig Secret and the
 #      sample CliMcpInstance `demo`, and waits for it to be Ready;
@@ -28,6 +32,11 @@ ns=cli-mcp-demo
 name=demo
 svc="cli-mcp-$name"
 mkdir -p "$run"
+node="${CLI_MCP_NODE:-real}"
+case "$node" in
+real | process) ;;
+*) printf 'make run: CLI_MCP_NODE=%s: expected real or process\n' "$node" >&2; exit 2 ;;
+esac
 
 say() { printf '\n==> %s\n' "$*"; }
 die() { printf '\nmake run: %s\n' "$*" >&2; exit 1; }
@@ -58,10 +67,15 @@ trap cleanup EXIT
 # Stopping is what the user asked for: exit 0, so `make` does not report an error for it.
 trap 'cleanup; exit 0' INT TERM
 
-say "starting the local Kubernetes (log: $run/cluster.log)"
-start_logged "$run/cluster.log" "$cluster_bin" up --control-plane-bin "$control_plane_bin"
+if [[ $node == real ]]; then
+    say "starting the local Kubernetes on the real node, with the project's images (log: $run/cluster.log;
+    the first run builds the images' Debian layers, a few minutes; CLI_MCP_NODE=process for the process kubelet)"
+else
+    say "starting the local Kubernetes on the process kubelet (log: $run/cluster.log)"
+fi
+start_logged "$run/cluster.log" "$cluster_bin" up --node "$node" --control-plane-bin "$control_plane_bin"
 pids+=("$start_pid")
-wait_cluster_ready "$run/cluster.log" "$start_pid" 300 ||
+wait_cluster_ready "$run/cluster.log" "$start_pid" 1200 ||
     die "the local Kubernetes did not start (log: $run/cluster.log)"
 KUBECONFIG="$(jq -r .kubeconfig "$cluster_json")"
 export KUBECONFIG
@@ -81,8 +95,8 @@ for _ in $(seq 1 120); do
 done
 [[ -n "${token:-}" ]] || die "the investigator token was never issued"
 ca="$(kubectl -n "$ns" get secret cli-mcp-investigator-token -o jsonpath='{.data.ca\.crt}')"
-# The local cluster has no cluster DNS or kube-proxy: the sandbox talks to the API server's
-# own address (reachable from every pod), which is what the admin kubeconfig uses too.
+# The sandbox talks to the API server's own address (reachable from every pod on either node;
+# the process kubelet has no kube-proxy for the kubernetes Service), as the admin kubeconfig does.
 server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 cat >"$run/investigator.kubeconfig" <<KC
 apiVersion: v1
