@@ -247,11 +247,20 @@ async fn bring_up(args: &UpArgs, signals: &mut Signals) -> anyhow::Result<Option
         }
         // The images build (seconds when cached) while the cluster starts.
         let bin_dir = exe_dir()?;
-        let (cluster, images) =
-            tokio::join!(Cluster::up(cfg), project_images::build_async(&bin_dir));
-        let cluster = cluster.context("bringing the local cluster up")?;
-        let images = images.context(
-            "building the project's images (hack/build-images.sh; --no-project-images skips them)",
+        // The first error drops the other future: a cluster half up is torn down, a build
+        // in progress is terminated.
+        let (cluster, images) = tokio::try_join!(
+            async {
+                Cluster::up(cfg)
+                    .await
+                    .context("bringing the local cluster up")
+            },
+            async {
+                project_images::build_async(&bin_dir).await.context(
+                    "building the project's images (hack/build-images.sh; \
+                     --no-project-images skips them)",
+                )
+            },
         )?;
         let names = cluster
             .import_project_images(&images)
