@@ -1043,6 +1043,34 @@ pub fn pod_netns(uid: &str) -> PathBuf {
     PathBuf::from("/run/netns").join(format!("cm-{short}"))
 }
 
+/// The network namespace of a container on the real node, `/proc/<pid>/ns/net` of its task
+/// (found through the node's containerd at `socket`). `container_id` is the pod status's
+/// `containerID` (`containerd://<id>`, or the bare id). Valid while the container runs.
+pub fn container_netns(socket: &Path, container_id: &str) -> Result<PathBuf> {
+    let id = container_id
+        .strip_prefix("containerd://")
+        .unwrap_or(container_id);
+    let sock = socket.display().to_string();
+    let tasks = run_text(
+        "ctr",
+        &["--address", &sock, "--namespace", "k8s.io", "tasks", "ls"],
+    )?;
+    let pid = tasks
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?, w.next()?.parse::<u32>().ok()?))
+        })
+        .find(|(task, _)| *task == id)
+        .map(|(_, pid)| pid)
+        .ok_or_else(|| {
+            Error::Other(format!(
+                "container {id} has no running task in the node's containerd ({sock})"
+            ))
+        })?;
+    Ok(PathBuf::from(format!("/proc/{pid}/ns/net")))
+}
+
 /// Run `f` on a new thread that has joined the network namespace at `netns`: sockets it
 /// opens live in that namespace (source address = the pod's IP), exactly like the pod's own.
 pub fn in_netns<T, F>(netns: &Path, f: F) -> Result<T>

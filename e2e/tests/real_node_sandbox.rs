@@ -1,0 +1,700 @@
+//! The operator's own NetworkPolicies and its sandboxes on real containers: a private
+//! real-node cluster (kubelet + kube-proxy on containerd/runc) with the project's images
+//! (built from this run's binaries by `hack/build-images.sh`, imported under the names the
+//! operator uses), CoreDNS as a `kube-system` pod, kube-router's firewall enforcing
+//! NetworkPolicy, and the operator installed from `config/default` into a namespace that
+//! enforces the `restricted` Pod Security level. Two instances, `a` and `b`, each with a warm
+//! pool; a busybox pod of the namespace and one of another namespace.
+//!
+//! Traffic is real TCP/UDP opened inside the pods' network namespaces (entered through their
+//! containers' tasks; source = the pod's IP), polled with a deadline because policy changes
+//! take effect asynchronously:
+//! - ingress: only `a`'s server pods reach an `a` sandbox's agent port; the namespace's other
+//!   pod, `b`'s server, `b`'s sandbox and a pod of another namespace cannot (the node itself
+//!   can: that is the positive control that the agent listens);
+//! - egress: an `a` sandbox reaches cluster DNS (through the `kube-dns` ClusterIP, answered by
+//!   the CoreDNS pod) and the API server (ClusterIP and endpoint), nothing else: not the
+//!   server's ports, not `b`'s sandbox, not the other pods, not CoreDNS's health port;
+//! - deleting the sandbox NetworkPolicy: the operator restores it and isolation holds again.
+//!
+//! Then the sandbox itself, through the MCP endpoint as a client uses it: admitted under
+//! `restricted`, non-root on a read-only root filesystem, `kubectl get ns` with the mounted
+//! kubeconfig, `jq`, `yq`, `kubectl version --client` (the image has no `oc`), short cluster
+//! names resolving through libc, a session in a pod running as an arbitrary UID in group 0
+//! (OpenShift's restricted SCC), and a memory limit: a command allocating past it is
+//! OOM-killed with a clear result and the session goes on.
+//!
+//! Skipped, saying so, when not root or when the host cannot run the real node.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::{annotation, label};
+use cli_mcp_api::pod_state::is_ready;
+use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
+use cli_mcp_api::SessionId;
+use cli_mcp_e2e::addons::{
+    self, container_netns, in_netns, query_a, tcp_reach, Enforcer, Ipv4Net, Reach, DNS_SERVICE_IP,
+    RCODE_NOERROR,
+};
+use cli_mcp_e2e::cluster::ClusterConfig;
+use cli_mcp_e2e::instance::{delete_instance, hmac_key};
+use cli_mcp_e2e::journey::{apply_yaml, stdout, text, Env, Mcp};
+use cli_mcp_e2e::node::{self, NodeKind};
+use cli_mcp_e2e::project_images;
+use cli_mcp_e2e::testing::{self, pod_ip, wait_for, wait_for_set, workspace_root, TIMEOUT};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{json, Value};
+
+/// One connection attempt; a policy's REJECT answers at once, a drop times out.
+const CONNECT: Duration = Duration::from_millis(700);
+/// How long a policy change may take to show in the traffic.
+const SETTLE: Duration = Duration::from_secs(60);
+const BUSYBOX: &str = "localhost/e2e-busybox:1";
+const AGENT_PORT: u16 = cli_mcp_api::wire::AGENT_PORT;
+/// The sandbox memory limit of instance `a`: room for the agent, bash and kubectl.
+const SANDBOX_MEMORY: &str = "256Mi";
+/// An arbitrary UID as OpenShift's restricted SCC assigns one (never the image's 1001).
+const ARBITRARY_UID: i64 = 1_000_650_000;
+
+/// A running pod and the network namespace its containers share.
+#[derive(Clone, Debug)]
+struct Peer {
+    name: String,
+    ip: Ipv4Addr,
+    netns: PathBuf,
+}
+
+fn peer(socket: &Path, name: &str, pod: &Pod) -> Peer {
+    let ip = pod_ip(pod)
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("{name}: no pod IPv4"));
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find_map(|c| c.container_id.clone()))
+        .unwrap_or_else(|| panic!("{name}: no containerID"));
+    let netns = container_netns(socket, &id).unwrap_or_else(|e| panic!("{name}: {e}"));
+    Peer {
+        name: name.into(),
+        ip,
+        netns,
+    }
+}
+
+/// One TCP connection from `from`'s network namespace to `to:port`.
+async fn reach(from: &Peer, to: Ipv4Addr, port: u16) -> Reach {
+    let netns = from.netns.clone();
+    tokio::task::spawn_blocking(move || {
+        in_netns(&netns, move || {
+            tcp_reach(SocketAddr::from((to, port)), CONNECT)
+        })
+    })
+    .await
+    .expect("join")
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Poll until a connection from `from` to `to:port` is allowed (`true`) or denied (`false`),
+/// at most [`SETTLE`]. A denied connection must be refused or time out, nothing else.
+async fn expect(from: &Peer, to: Ipv4Addr, port: u16, to_name: &str, allowed: bool) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let got = reach(from, to, port).await;
+        if let Reach::Failed(e) = &got {
+            panic!("{} -> {to_name}:{port}: unexpected error {e}", from.name);
+        }
+        if (got == Reach::Connected) == allowed {
+            eprintln!("  {} -> {to_name} ({to}:{port}): {got:?}", from.name);
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} -> {to_name} ({to}:{port}) still {got:?} after {SETTLE:?}; want {}",
+            from.name,
+            if allowed { "connected" } else { "denied" }
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Poll until `name` resolves from `from` through `server` (UDP) to exactly `want`.
+async fn expect_resolves(from: &Peer, server: Ipv4Addr, name: &str, want: Ipv4Addr) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let (netns, n) = (from.netns.clone(), name.to_string());
+        let got = tokio::task::spawn_blocking(move || {
+            in_netns(&netns, move || {
+                query_a(SocketAddr::from((server, 53)), &n, Duration::from_secs(2))
+            })
+        })
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("{e}"));
+        if let Ok(r) = &got {
+            if r.rcode == RCODE_NOERROR && r.addrs == vec![want] {
+                eprintln!("  {} resolves {name} -> {want} via {server}", from.name);
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: {name} did not resolve to {want} via {server} within {SETTLE:?}: {got:?}",
+            from.name
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A one-layer image with the host's static busybox and its applets as symlinks.
+fn build_busybox_image(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("bin")).expect("busybox rootfs");
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("copying /bin/busybox");
+    for applet in ["sh", "httpd", "sleep"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).expect("applet");
+    }
+    let out = dir.join("busybox.tar");
+    node::build_image_archive(&root, BUSYBOX, &["/bin/sh"], &dir.join("work"), &out)
+        .expect("busybox image");
+    let _ = std::fs::remove_dir_all(&root);
+    out
+}
+
+/// A restricted busybox pod serving TCP 8080.
+fn listener_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {
+                "runAsNonRoot": true, "runAsUser": 1002, "runAsGroup": 1002,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [{
+                "name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                "command": ["/bin/httpd", "-f", "-p", "8080", "-h", "/"],
+                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                "securityContext": {
+                    "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }],
+        }
+    }))
+    .expect("pod manifest")
+}
+
+async fn ready_pod(api: Api<Pod>, name: &str) -> Pod {
+    wait_for(
+        api,
+        name,
+        &format!("pod {name} ready"),
+        TIMEOUT,
+        |p: Option<&Pod>| p.is_some_and(|p| is_ready(p) && pod_ip(p).is_some()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|| panic!("pod {name} gone"))
+}
+
+/// The one ready pod of `selector` in `api`, waiting for it.
+async fn one_ready(api: Api<Pod>, selector: &str) -> Pod {
+    let pods = wait_for_set(api, selector, selector, TIMEOUT, |ps: &[Pod]| {
+        ps.iter()
+            .any(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    pods.into_iter()
+        .find(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+        .expect("a ready pod")
+}
+
+fn structured_exit(result: &Value) -> i64 {
+    result["structuredContent"]["exit_code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no exit code in {result}"))
+}
+
+/// A session through MCP whose command must succeed; its stdout.
+async fn ok(mcp: &Mcp, sid: &str, command: &str) -> String {
+    let r = mcp.bash(sid, command).await;
+    assert_eq!(r["isError"], false, "{command}: {}", text(&r));
+    stdout(&r).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP real_node_sandbox: needs root (containerd, cgroups, network namespaces)");
+        return;
+    }
+    let t0 = Instant::now();
+    let bin_dir = testing::binaries_dir().expect("binaries dir");
+    let run_dir = workspace_root().join(".run/e2e-real-node-sandbox");
+    let mut cfg = ClusterConfig::local(&bin_dir, run_dir.clone()).expect("cluster config");
+    if let Err(e) = node::preflight(&cfg.control_plane_bin) {
+        eprintln!("SKIP real_node_sandbox: {e}");
+        return;
+    }
+    addons::enforcer_preflight().unwrap_or_else(|e| panic!("{e}"));
+    cfg.node = NodeKind::Real;
+    cfg.images.clear();
+    let addons_bin = tokio::task::spawn_blocking(|| addons::locate_addons(None))
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let build = tokio::task::spawn_blocking(move || project_images::build(&bin_dir));
+    let pc = testing::private_cluster_with(cfg)
+        .await
+        .unwrap_or_else(|e| panic!("a private real-node cluster: {e}"));
+    let images = build
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("hack/build-images.sh: {e}"));
+    pc.cluster
+        .import_project_images(&images)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let info = pc.test.info.clone();
+    let socket = info.containerd_socket.clone().expect("containerd socket");
+    let busybox = build_busybox_image(&run_dir.join("test-image"));
+    node::import_image(&socket, &busybox).unwrap_or_else(|e| panic!("{e}"));
+    let mut enforcer = Enforcer::start(&info, &addons_bin)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gateway = Ipv4Net::parse(&info.pod_cidr)
+        .expect("pod CIDR")
+        .first_host();
+    eprintln!(
+        "cluster, images and enforcer ready after {:.1?}",
+        t0.elapsed()
+    );
+
+    // --- The namespace enforces `restricted` before any instance pod exists ------------------
+    let mut env = Env::install_on(pc.test.clone(), "rn-sandbox").await;
+    let ns = env.ns.name.clone();
+    Api::<Namespace>::all(pc.test.client.clone())
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }}})),
+        )
+        .await
+        .expect("labelling the namespace restricted");
+    let mut root_pod = listener_pod("root");
+    if let Some(spec) = root_pod.spec.as_mut() {
+        spec.security_context = None;
+    }
+    let refused = env
+        .api::<Pod>()
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &root_pod,
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(e)) => assert!(
+            e.code == 403 && e.message.contains("violates PodSecurity"),
+            "{e:?}"
+        ),
+        other => panic!("a pod breaking `restricted` was admitted: {other:?}"),
+    }
+
+    // config/rbac lets the operator read the API server's addresses in `default` (a Role
+    // there). The overlay's `namespace:` moves every namespaced object of config/default into
+    // the test's namespace, that Role too, so it is applied here as config/rbac has it, bound
+    // to this install's operator.
+    let rbac =
+        std::fs::read_to_string(workspace_root().join("config/rbac/apiserver_endpoints_role.yaml"))
+            .expect("config/rbac/apiserver_endpoints_role.yaml");
+    let prefixed = |v: &Value| format!("{ns}-{}", v.as_str().unwrap_or_default());
+    let outside = apply_yaml(&env.c, &ns, &rbac, |v| {
+        v["metadata"]["name"] = json!(prefixed(&v["metadata"]["name"]));
+        if v["kind"] == "RoleBinding" {
+            v["roleRef"]["name"] = json!(prefixed(&v["roleRef"]["name"]));
+            v["subjects"][0]["name"] = json!(prefixed(&v["subjects"][0]["name"]));
+            v["subjects"][0]["namespace"] = json!(ns);
+        }
+    })
+    .await;
+    assert_eq!(outside.len(), 2, "the Role and RoleBinding in default");
+
+    // --- Pods that are not the instance's -----------------------------------------------------
+    let other_ns = pc.test.namespace("rn-other").await.expect("namespace");
+    for (api, name) in [
+        (env.api::<Pod>(), "stranger"),
+        (other_ns.api::<Pod>(), "elsewhere"),
+    ] {
+        api.create(&PostParams::default(), &listener_pod(name))
+            .await
+            .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+    }
+
+    // --- Two instances -----------------------------------------------------------------------
+    env.investigation_kubeconfig("a").await;
+    env.dummy_kubeconfig("b").await;
+    let mut cr_a = env.cr("a", 1);
+    cr_a["spec"]["sandbox"]["resources"] = json!({
+        "requests": {"cpu": "5m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": SANDBOX_MEMORY},
+    });
+    env.apply_cr(&cr_a).await;
+    env.apply_cr(&env.cr("b", 1)).await;
+    env.wait_ready("a").await;
+    env.wait_ready("b").await;
+    let mcp = env.client("a").await;
+    let first = mcp.bash("s1", "export MARK=kept; cd /tmp; id -u").await;
+    assert_eq!(first["isError"], false, "{}", text(&first));
+    eprintln!(
+        "instances ready, session s1 started after {:.1?}",
+        t0.elapsed()
+    );
+
+    let pods = env.api::<Pod>();
+    let sel = |instance: &str, component: &str| {
+        format!(
+            "{}={instance},{}={component}",
+            label::INSTANCE,
+            label::COMPONENT
+        )
+    };
+    let s1_pod = one_ready(
+        pods.clone(),
+        &format!("{},{}=s1", sel("a", "sandbox"), label::SESSION_ID),
+    )
+    .await;
+    let server_a_pod = one_ready(pods.clone(), &sel("a", "server")).await;
+    let server_b_pod = one_ready(pods.clone(), &sel("b", "server")).await;
+    let sandbox_b_pod = one_ready(pods.clone(), &sel("b", "sandbox")).await;
+    let stranger_pod = ready_pod(pods.clone(), "stranger").await;
+    let elsewhere_pod = ready_pod(other_ns.api::<Pod>(), "elsewhere").await;
+    let dns_pod = one_ready(
+        Api::namespaced(pc.test.client.clone(), "kube-system"),
+        "k8s-app=kube-dns",
+    )
+    .await;
+    let sandbox_a = peer(&socket, "sandbox a", &s1_pod);
+    let server_a = peer(&socket, "server a", &server_a_pod);
+    let server_b = peer(&socket, "server b", &server_b_pod);
+    let sandbox_b = peer(&socket, "sandbox b", &sandbox_b_pod);
+    let stranger = peer(&socket, "stranger", &stranger_pod);
+    let elsewhere = peer(&socket, "pod of another namespace", &elsewhere_pod);
+    let coredns = peer(&socket, "coredns", &dns_pod);
+    for p in [&server_a_pod, &s1_pod] {
+        let status = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.first())
+            .expect("container status");
+        assert!(
+            status.image.starts_with("docker.io/library/cli-mcp-"),
+            "{} runs the project's image: {status:?}",
+            p.name_any()
+        );
+    }
+
+    // The operator's policy names the API server's endpoint (the address kube-proxy DNATs
+    // 10.96.0.1 to, and the one the instance's kubeconfig names).
+    let np = env
+        .api::<NetworkPolicy>()
+        .get("cli-mcp-a-sandbox")
+        .await
+        .expect("the sandbox NetworkPolicy");
+    let egress = np.spec.and_then(|s| s.egress).unwrap_or_default();
+    let api_rule = egress.iter().any(|r| {
+        r.to.iter()
+            .flatten()
+            .any(|p| p.ip_block.as_ref().map(|b| b.cidr.as_str()) == Some(&format!("{gateway}/32")))
+            && r.ports.iter().flatten().any(|p| {
+                p.port
+                    == Some(
+                        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
+                            info.apiserver_port,
+                        )),
+                    )
+            })
+    });
+    assert!(
+        api_rule,
+        "no egress rule to the API server endpoint {gateway}:{}: {egress:?}\n{}",
+        info.apiserver_port,
+        env.logs("operator")
+    );
+
+    // --- Ingress: only a's server reaches a's sandbox agent ---------------------------------
+    eprintln!("ingress to sandbox a ({}:{AGENT_PORT})", sandbox_a.ip);
+    // The positive controls: the agent listens (the node is always let in), and b's server
+    // reaches b's own sandbox.
+    let host = tcp_reach(SocketAddr::from((sandbox_a.ip, AGENT_PORT)), CONNECT);
+    assert_eq!(host, Reach::Connected, "node -> sandbox a");
+    expect(&server_b, sandbox_b.ip, AGENT_PORT, "sandbox b", true).await;
+    expect(&server_a, sandbox_a.ip, AGENT_PORT, "sandbox a", true).await;
+    for from in [&stranger, &server_b, &sandbox_b, &elsewhere] {
+        expect(from, sandbox_a.ip, AGENT_PORT, "sandbox a", false).await;
+    }
+
+    // --- Egress: cluster DNS and the API server, nothing else ----------------------------------
+    eprintln!("egress of sandbox a");
+    expect_resolves(
+        &sandbox_a,
+        DNS_SERVICE_IP,
+        "kubernetes.default.svc.cluster.local",
+        Ipv4Addr::new(10, 96, 0, 1),
+    )
+    .await;
+    expect(&sandbox_a, DNS_SERVICE_IP, 53, "kube-dns (TCP)", true).await;
+    expect(&sandbox_a, gateway, info.apiserver_port, "apiserver", true).await;
+    expect(
+        &sandbox_a,
+        Ipv4Addr::new(10, 96, 0, 1),
+        443,
+        "kubernetes",
+        true,
+    )
+    .await;
+    for (to, port) in [
+        (&server_a, 8443),
+        (&server_a, 8081),
+        (&sandbox_b, AGENT_PORT),
+        (&stranger, 8080),
+        (&elsewhere, 8080),
+        (&coredns, addons::DNS_POD_HEALTH_PORT),
+    ] {
+        expect(&sandbox_a, to.ip, port, &to.name, false).await;
+    }
+    // The same from inside the session: libc through the pod's resolv.conf, kubectl through
+    // the mounted kubeconfig.
+    let names = ok(
+        &mcp,
+        "s1",
+        "getent hosts kubernetes.default.svc | cut -d' ' -f1; kubectl get ns -o name",
+    )
+    .await;
+    let mut lines = names.lines();
+    assert_eq!(lines.next(), Some("10.96.0.1"), "{names}");
+    let listed: Vec<&str> = lines.collect();
+    for want in ["namespace/kube-system", "namespace/default"] {
+        assert!(listed.contains(&want), "kubectl get ns: {names}");
+    }
+    assert!(
+        listed.contains(&format!("namespace/{ns}").as_str()),
+        "kubectl get ns: {names}"
+    );
+
+    // --- Deleting the sandbox policy: the operator restores it ----------------------------------
+    let policies = env.api::<NetworkPolicy>();
+    let np_name = "cli-mcp-a-sandbox";
+    let old_uid = policies
+        .get(np_name)
+        .await
+        .expect("the sandbox NetworkPolicy")
+        .uid();
+    policies
+        .delete(np_name, &DeleteParams::default())
+        .await
+        .expect("deleting the sandbox NetworkPolicy");
+    let restored = wait_for(
+        policies.clone(),
+        np_name,
+        "the sandbox NetworkPolicy restored by the operator",
+        TIMEOUT,
+        |p: Option<&NetworkPolicy>| p.is_some_and(|p| p.uid() != old_uid),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")))
+    .expect("restored policy");
+    eprintln!("sandbox policy restored (uid {:?})", restored.uid());
+    expect(&stranger, sandbox_a.ip, AGENT_PORT, "sandbox a", false).await;
+    expect(&server_b, sandbox_a.ip, AGENT_PORT, "sandbox a", false).await;
+    expect(&sandbox_a, stranger.ip, 8080, "stranger", false).await;
+    expect(&sandbox_a, server_a.ip, 8443, "server a", false).await;
+    expect(&server_a, sandbox_a.ip, AGENT_PORT, "sandbox a", true).await;
+
+    // --- The sandbox as its session sees it ---------------------------------------------------
+    let spec = s1_pod.spec.clone().expect("sandbox spec");
+    let sc = spec.containers[0]
+        .security_context
+        .clone()
+        .expect("container securityContext");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let out = ok(
+        &mcp,
+        "s1",
+        "echo \"$MARK $PWD\"; id -u; touch /probe 2>&1 || true; \
+         echo '{\"a\": 1}' | jq .a; printf 'b: 2\\n' | yq .b; \
+         if command -v oc >/dev/null; then oc version --client; \
+         else echo no-oc; kubectl version --client; fi",
+    )
+    .await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"kept /tmp"), "state kept: {out}");
+    assert_ne!(lines.get(1), Some(&"0"), "non-root: {out}");
+    assert!(
+        out.contains("Read-only file system"),
+        "read-only root: {out}"
+    );
+    assert_eq!(lines.get(3..5), Some(&["1", "2"][..]), "jq, yq: {out}");
+    assert!(
+        out.contains("Client Version: v1."),
+        "oc or kubectl version --client: {out}"
+    );
+
+    // --- A session under an arbitrary UID in group 0 --------------------------------------------
+    // OpenShift's restricted SCC picks the UID per namespace: the same pod as s1, as the
+    // operator's builder made it, but under another UID with group 0, for session "uid".
+    let sid = SessionId::parse("uid").expect("sid");
+    let key = hmac_key(&env.ns, "a").await;
+    let nonce = cli_mcp_api::sandbox::sandbox_nonce(&s1_pod).expect("s1's sandbox nonce");
+    let commitment = key.session_token(&sid, &nonce).commitment().to_hex();
+    let mut uid_pod = s1_pod.clone();
+    uid_pod.status = None;
+    uid_pod.metadata = kube::api::ObjectMeta {
+        name: Some("cli-mcp-a-s-uid".into()),
+        labels: s1_pod.metadata.labels.clone().map(|mut l| {
+            l.insert(label::SESSION_ID.into(), sid.to_string());
+            // Created for its session, as the server's own cold starts are (no /assign).
+            l.insert(label::LAUNCH.into(), label::LAUNCH_COLD.into());
+            l
+        }),
+        annotations: s1_pod.metadata.annotations.clone().map(|mut a| {
+            a.insert(annotation::TOKEN_SHA256.into(), commitment.clone());
+            a.insert(
+                annotation::LAST_ACTIVITY.into(),
+                cli_mcp_api::activity::stamp_now(),
+            );
+            a
+        }),
+        owner_references: s1_pod.metadata.owner_references.clone(),
+        ..Default::default()
+    };
+    if let Some(spec) = uid_pod.spec.as_mut() {
+        spec.node_name = None;
+        if let Some(psc) = spec.security_context.as_mut() {
+            psc.run_as_user = Some(ARBITRARY_UID);
+            psc.run_as_group = Some(0);
+            psc.fs_group = Some(ARBITRARY_UID);
+        }
+        // Started assigned to "uid" (a pool pod like s1's waits for /assign instead).
+        let env = spec.containers[0].env.get_or_insert_with(Vec::new);
+        env.retain(|e| e.name != ENV_TOKEN_SHA256 && e.name != ENV_ASSIGN_SHA256);
+        env.push(k8s_openapi::api::core::v1::EnvVar {
+            name: ENV_TOKEN_SHA256.into(),
+            value: Some(commitment.clone()),
+            ..Default::default()
+        });
+    }
+    pods.create(&PostParams::default(), &uid_pod)
+        .await
+        .expect("a sandbox under an arbitrary UID is admitted under restricted");
+    ready_pod(pods.clone(), "cli-mcp-a-s-uid").await;
+    let out = ok(
+        &mcp,
+        "uid",
+        "id -u; id -g; echo \"$HOME\"; \
+         touch \"$HOME/h\" /workspace/w /tmp/cli-mcp-agent/probe && echo writable; \
+         export KEPT=yes; cd /workspace",
+    )
+    .await;
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            ARBITRARY_UID.to_string().as_str(),
+            "0",
+            "/workspace",
+            "writable"
+        ],
+        "{out}"
+    );
+    // The agent journals and spills in its state dir as that UID: output past the budget.
+    let r = mcp
+        .bash(
+            "uid",
+            "echo \"$KEPT $PWD\"; head -c 200000 /dev/zero | tr '\\0' x",
+        )
+        .await;
+    assert_eq!(r["isError"], false, "{}", text(&r));
+    assert!(stdout(&r).starts_with("yes /workspace\n"), "{}", text(&r));
+    assert_eq!(r["structuredContent"]["truncated"], true, "{}", text(&r));
+    let spills = ok(&mcp, "uid", "ls /tmp/cli-mcp-agent/spill | wc -l").await;
+    assert_ne!(spills.trim(), "0", "a spill file was written: {spills}");
+
+    // --- The memory limit ---------------------------------------------------------------------
+    // A command allocating past the sandbox's limit: the kernel kills it (SIGKILL, 137), the
+    // caller gets an error result, and the session's shell goes on with its state.
+    let r = mcp
+        .bash("s1", "head -c 1G /dev/zero | tail -c 1G > /dev/null")
+        .await;
+    eprintln!("allocation past {SANDBOX_MEMORY}: {}", text(&r));
+    assert_eq!(r["isError"], true, "{}", text(&r));
+    assert_eq!(structured_exit(&r), 137, "{}", text(&r));
+    let after = mcp.bash("s1", "echo \"$MARK $PWD\"").await;
+    assert_eq!(after["isError"], false, "{}", text(&after));
+    assert_eq!(stdout(&after), "kept /tmp\n", "{}", text(&after));
+    assert_eq!(
+        after["structuredContent"]["state_reset"],
+        false,
+        "{}",
+        text(&after)
+    );
+    // The shell itself allocating past the limit: the shell is killed, and the caller is told
+    // that the shell (and so the session's state) was reset; the session goes on.
+    let r = mcp
+        .bash(
+            "s1",
+            "x=$(head -c 1G /dev/zero | tr '\\0' x); echo survived",
+        )
+        .await;
+    eprintln!("the shell allocating past {SANDBOX_MEMORY}: {}", text(&r));
+    assert_eq!(r["isError"], true, "{}", text(&r));
+    assert!(!stdout(&r).contains("survived"), "{}", text(&r));
+    let next = mcp.bash("s1", "echo \"[$MARK]\"").await;
+    eprintln!("next call: {}", text(&next));
+    assert_eq!(next["isError"], false, "{}", text(&next));
+    let reset_reported = r["structuredContent"]["shell_restarted"] == true
+        || r["structuredContent"]["state_reset"] == true
+        || next["structuredContent"]["shell_restarted"] == true
+        || next["structuredContent"]["state_reset"] == true;
+    assert!(
+        reset_reported,
+        "the lost state is reported:\n{}\n{}",
+        text(&r),
+        text(&next)
+    );
+    assert_eq!(stdout(&next), "[]\n", "{}", text(&next));
+
+    if let Some(e) = enforcer.exited_error() {
+        panic!("{e}");
+    }
+    eprintln!("all checks passed after {:.1?}", t0.elapsed());
+
+    // --- Teardown ---------------------------------------------------------------------------
+    delete_instance(env.api::<CliMcpInstance>(), "b", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(mcp);
+    env.finish(Some("a")).await;
+    for (api, name) in &outside {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+    other_ns.delete().await.expect("deleting namespace");
+    enforcer.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    drop(pc);
+    let _ = std::fs::remove_dir_all(run_dir.join("test-image"));
+}
