@@ -297,7 +297,12 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
             }
         }
         Ok(None) => {}
-        Err(e) => tracing::debug!("reading Service default/kubernetes: {e}"),
+        // Without these addresses the sandbox NetworkPolicy has no API server rule, so an
+        // enforcing CNI cuts sandboxes off the API: say so where an admin looks.
+        Err(e) => tracing::warn!(
+            "reading Service default/kubernetes: {e}; sandboxes get no API server egress \
+             (the operator needs config/rbac's Role in namespace default)"
+        ),
     }
     let lp = ListParams::default().labels("kubernetes.io/service-name=kubernetes");
     match Api::<EndpointSlice>::namespaced(ctx.client.clone(), "default")
@@ -314,7 +319,11 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
                     .extend(slice.ports.into_iter().flatten().filter_map(|p| p.port));
             }
         }
-        Err(e) => tracing::debug!("listing EndpointSlices of default/kubernetes: {e}"),
+        Err(e) => tracing::warn!(
+            "listing EndpointSlices of default/kubernetes: {e}; sandboxes get no egress to \
+             the API server's endpoints (the operator needs config/rbac's Role in namespace \
+             default)"
+        ),
     }
     peers.ips.sort();
     peers.ips.dedup();
