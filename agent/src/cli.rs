@@ -83,6 +83,13 @@ pub struct Flags {
     /// container's end already ends everything in it.
     #[arg(long, env = "CLI_MCP_AGENT_PARENT_PID")]
     pub parent_pid: Option<i32>,
+    /// Processes the shell may have: its `RLIMIT_NPROC` (on top of the agent's own threads;
+    /// the kernel counts every task of the uid, and does not limit root). At three quarters
+    /// of it the agent kills the session's largest process groups (a fork bomb) before the
+    /// next command. 0: no limit. On Kubernetes, also set the kubelet's `podPidsLimit`: it
+    /// is the bound per pod.
+    #[arg(long, env = "CLI_MCP_AGENT_MAX_PROCESSES", default_value_t = 4096)]
+    pub max_processes: u64,
     /// Log as JSON lines (the default in a cluster).
     #[arg(long, env = "CLI_MCP_AGENT_LOG_JSON", default_value_t = false)]
     pub log_json: bool,

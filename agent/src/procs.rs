@@ -128,6 +128,52 @@ pub fn jobs_since(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
     }
 }
 
+/// The shell's processes: its descendants, and the orphans they left, which the agent (a
+/// subreaper) adopted. Walked through the `children` files of each process's main thread,
+/// so a session of a few processes costs a few reads; the walk stops once `cap` processes
+/// are found. Children of a multi-threaded program's other threads are not seen: this is a
+/// count for spotting a runaway, the kernel's limit is the bound. `None` when the kernel
+/// offers no `children` files.
+pub fn session_count(shell: i32, cap: usize) -> Option<usize> {
+    let me = std::process::id() as i32;
+    let mut stack: Vec<i32> = children(me)?.into_iter().filter(|&p| p != shell).collect();
+    stack.extend(children(shell)?);
+    let mut seen = BTreeSet::new();
+    while let Some(pid) = stack.pop() {
+        if seen.len() >= cap {
+            break;
+        }
+        if seen.insert(pid) {
+            stack.extend(children(pid).into_iter().flatten());
+        }
+    }
+    Some(seen.len())
+}
+
+/// The shell's processes as [`session_count`] finds them (every process below the agent
+/// but the shell), with their groups, from a full scan.
+pub fn session(shell: i32) -> Vec<ProcInfo> {
+    let me = std::process::id() as i32;
+    let table = snapshot();
+    let below = descendants(&table, me);
+    table
+        .into_iter()
+        .filter(|p| p.pid != shell && below.contains(&p.pid))
+        .collect()
+}
+
+/// Threads of this process (`Threads:` in its status), 0 if unknown.
+pub fn own_threads() -> u64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// Marks every descriptor this process inherited (fd >= 3) close-on-exec, so nothing the
 /// agent's launcher left open (a runtime's pipe, a test harness socket) reaches bash and the
 /// commands it runs. Call once at startup, before anything else opens files.

@@ -97,6 +97,7 @@ fn start(flags: &Flags) -> anyhow::Result<Arc<AgentState>> {
             // The largest command file, plus its directory and the journal's records.
             reserve_bytes: flags.max_body_bytes as u64 + 64 * 1024,
             kill_grace: flags.kill_grace(),
+            max_processes: (flags.max_processes > 0).then_some(flags.max_processes),
         },
         reaper,
     )?;

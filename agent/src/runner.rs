@@ -192,6 +192,7 @@ mod tests {
                     reserve_bytes: 1 << 20,
                     // Generous: two loaded cores can make a healthy shell slow to answer.
                     kill_grace: Duration::from_secs(3),
+                    max_processes: Some(4096),
                 },
                 self.reaper.clone(),
             )

@@ -314,3 +314,140 @@ async fn directories_replaced_by_links_are_never_followed() {
         assert!(m.is_dir(), "{d} is not a real directory again: {m:?}");
     }
 }
+
+/// Pids of the processes whose real uid is `uid`.
+fn processes_of(uid: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u32>().ok())
+                    == Some(uid)
+            })
+        })
+        .collect()
+}
+
+/// Kills every process of a test's own uid when dropped (also when the test fails): a fork
+/// bomb must not outlive its test.
+struct KillAll(u32);
+
+impl Drop for KillAll {
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let left = processes_of(self.0);
+            if left.is_empty() || std::time::Instant::now() > deadline {
+                break;
+            }
+            for pid in left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// A fork bomb started in the background returns at once and then holds every process the
+/// uid may have: each later fork in the session fails. The shell's process limit bounds it
+/// (also below the test's own, larger limit on the whole agent), and the agent kills it before
+/// the next command, keeping the shell.
+#[tokio::test]
+async fn a_fork_bomb_is_bounded_and_killed_and_the_shell_is_kept() {
+    let Some(uid) = own_uid(2) else { return };
+    // The agent's own flag is 40; 100 for everything of the uid bounds the test even if the
+    // agent set no limit at all.
+    const MAX: usize = 40;
+    const OUTER: u64 = 100;
+    let _cleanup = KillAll(uid);
+    let a = Agent::start_with(Opts {
+        run_as: Some(uid),
+        nproc_limit: Some(OUTER),
+        extra_args: &["--max-processes", "40"],
+        ..Default::default()
+    });
+    a.exec("cd /tmp; export KEPT=yes").await;
+    let before = processes_of(uid).len();
+    let v = a
+        .exec_with(json!({"command": ":(){ :|:& };:", "timeout_ms": QUICK_MS}))
+        .await;
+    assert_eq!(v["timed_out"], false, "{v}");
+    // The bomb grows to the limit; the largest count seen is the bound that held.
+    let mut most = 0;
+    let grew = support::eventually(std::time::Duration::from_secs(20), || {
+        most = most.max(processes_of(uid).len());
+        most >= MAX * 3 / 4
+    })
+    .await;
+    assert!(
+        grew,
+        "the bomb never grew: at most {most} processes of uid {uid}"
+    );
+    support::eventually(std::time::Duration::from_secs(2), || {
+        most = most.max(processes_of(uid).len());
+        false
+    })
+    .await;
+    let threads = std::fs::read_to_string(format!("/proc/{}/status", a.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0usize);
+    assert!(
+        most <= MAX + threads,
+        "the bomb reached {most} processes, over --max-processes {MAX} (+ {threads} agent threads)"
+    );
+
+    let v = a
+        .exec_with(json!({"command": "echo \"$KEPT\"; pwd; /bin/true && echo forked", "timeout_ms": QUICK_MS}))
+        .await;
+    assert_eq!(s(&v, "stdout"), "yes\n/tmp\nforked\n", "{v}");
+    assert_eq!(v["shell_restarted"], false, "{v}");
+    assert!(s(&v, "stderr").contains("--max-processes"), "{v}");
+    let mut now = usize::MAX;
+    let fell = support::eventually(std::time::Duration::from_secs(20), || {
+        now = processes_of(uid).len();
+        now <= before
+    })
+    .await;
+    assert!(
+        fell,
+        "{now} processes of uid {uid} are left after the bomb was stopped ({before} before it, \
+         at most {most})"
+    );
+    answers(&a, false).await;
+
+    // In the foreground, the bomb is the command: its timeout kills it.
+    let v = a
+        .exec_with(json!({"command": "bomb() { bomb | bomb; }; bomb", "timeout_ms": 3000}))
+        .await;
+    assert_eq!(
+        (v["timed_out"].as_bool(), v["exit_code"].as_i64()),
+        (Some(true), Some(124)),
+        "{v}"
+    );
+    let fell = support::eventually(std::time::Duration::from_secs(20), || {
+        now = processes_of(uid).len();
+        now <= before
+    })
+    .await;
+    assert!(
+        fell,
+        "{now} processes of uid {uid} are left after the foreground bomb timed out"
+    );
+    let v = a.exec("echo \"$KEPT\"").await;
+    assert_eq!(s(&v, "stdout"), "yes\n", "the shell was replaced: {v}");
+    answers(&a, false).await;
+}

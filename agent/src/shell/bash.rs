@@ -65,7 +65,12 @@ impl Bash {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        prepare_child(&mut cmd, status_w.as_raw_fd());
+        // The agent's threads count against the uid's limit too: the shell gets its own
+        // allowance on top of them.
+        let nproc = opts
+            .max_processes
+            .map(|max| max.saturating_add(procs::own_threads()));
+        prepare_child(&mut cmd, status_w.as_raw_fd(), nproc);
         let (mut child, exited) = reaper.spawn(&mut cmd).map_err(spawn_err)?;
         // Our copy of the write end must go, so that EOF on the pipe means "shell gone".
         drop(status_w);
@@ -158,15 +163,21 @@ impl Bash {
 /// SIGKILLed agent cannot stop its shell; bash is spawned from a runtime worker thread,
 /// which lives as long as the agent, and the signal follows the spawning thread) and the
 /// status pipe as fd 3. bash's stderr is /dev/null, so nothing it prints at startup can land
-/// on the status pipe.
+/// on the status pipe. With `nproc`, the shell's process limit (soft and hard, so no command
+/// can raise it).
 #[allow(unsafe_code)]
-fn prepare_child(cmd: &mut Command, status_fd: RawFd) {
+fn prepare_child(cmd: &mut Command, status_fd: RawFd, nproc: Option<u64>) {
     let agent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and calls only setsid(2),
-    // prctl(2), getppid(2), _exit(2) and dup2(2), all async-signal-safe; it touches no memory
-    // shared with the parent. `status_fd` stays open in the parent until after spawn returns.
+    // prctl(2), getppid(2), _exit(2), setrlimit(2) and dup2(2), all async-signal-safe; it
+    // touches no memory shared with the parent. `status_fd` stays open in the parent until
+    // after spawn returns.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(n) = nproc {
+                use nix::sys::resource::{setrlimit, Resource};
+                setrlimit(Resource::RLIMIT_NPROC, n, n).map_err(io::Error::from)?;
+            }
             nix::unistd::setsid().map_err(io::Error::from)?;
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
                 .map_err(io::Error::from)?;

@@ -24,6 +24,7 @@ mod options;
 mod prepare;
 mod report;
 mod reserve;
+mod runaway;
 mod streams;
 
 use std::collections::BTreeSet;
@@ -176,6 +177,8 @@ impl Shell {
         let deadline = tokio::time::Instant::now() + timeout;
         self.keep_marker();
         let mut notes = Notes::new(self.pending_reset.take());
+        // Before the command, so that it finds room to fork.
+        self.stop_runaway(&mut notes).await;
         let (files, streams) = self.prepare(command, &mut notes)?;
         let before = self.send(&files.line, &mut notes).await?;
         // Output is read while the command runs, in this task; the end of the wait tells the
@@ -203,7 +206,11 @@ impl Shell {
             .await
             .map_err(after_send)?;
         let exit_code = match stop {
-            Some(stop) => notes.stopped(stop, timeout),
+            Some(stop) => {
+                // Killing the command's groups misses processes whose group leader is gone.
+                self.stop_runaway(&mut notes).await;
+                notes.stopped(stop, timeout)
+            }
             None => status,
         };
         let (out, mut err) = match collected {

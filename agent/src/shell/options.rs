@@ -39,6 +39,9 @@ pub struct ShellOptions {
     /// file can still be written (at least the largest command accepted).
     pub reserve_bytes: u64,
     pub kill_grace: Duration,
+    /// Processes the shell's uid may have (`RLIMIT_NPROC`, plus the agent's own threads);
+    /// near it the agent kills the largest groups. `None`: no limit.
+    pub max_processes: Option<u64>,
 }
 
 impl ShellOptions {
