@@ -55,9 +55,10 @@ pub struct Flags {
     /// 0.0.0.0:8443 with --auth kubernetes, else 127.0.0.1:8080.
     #[arg(long, env = "CLI_MCP_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Plain-HTTP address of /livez, /readyz and /metrics (never needs auth or TLS).
-    #[arg(long, env = "CLI_MCP_HEALTH_LISTEN", default_value = "0.0.0.0:8081")]
-    pub health_listen: SocketAddr,
+    /// Plain-HTTP address of /livez, /readyz and /metrics (never needs auth or TLS). Default
+    /// 127.0.0.1:8081 with --backend local, else 0.0.0.0:8081.
+    #[arg(long, env = "CLI_MCP_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
     #[arg(long, env = "CLI_MCP_TRANSPORT", value_enum, default_value_t = Transport::Http)]
     pub transport: Transport,
     /// Session of the stdio transport.
@@ -412,7 +413,11 @@ impl Flags {
             transport: self.transport,
             stdio_session,
             listen,
-            health_listen: self.health_listen,
+            // A local server is for one user's machine: its metrics are nobody else's business.
+            health_listen: self.health_listen.unwrap_or(match backend {
+                BackendKind::Local => SocketAddr::from(([127, 0, 0, 1], 8081)),
+                BackendKind::Kubernetes => SocketAddr::from(([0, 0, 0, 0], 8081)),
+            }),
             backend,
             auth,
             tls,
@@ -468,7 +473,7 @@ mod tests {
         assert_eq!(s.backend, BackendKind::Local);
         assert_eq!(s.auth, AuthMode::None);
         assert_eq!(s.listen, "127.0.0.1:8080".parse().expect("addr"));
-        assert_eq!(s.health_listen, "0.0.0.0:8081".parse().expect("addr"));
+        assert_eq!(s.health_listen, "127.0.0.1:8081".parse().expect("addr"));
         assert_eq!(s.limits.max_sessions, 100);
         assert_eq!(s.limits.default_timeout, Duration::from_secs(60));
         assert_eq!(s.limits.max_timeout, Duration::from_secs(300));
@@ -500,6 +505,7 @@ mod tests {
         assert_eq!(s.auth, AuthMode::Kubernetes);
         assert_eq!(s.backend, BackendKind::Kubernetes);
         assert_eq!(s.listen, "0.0.0.0:8443".parse().expect("addr"));
+        assert_eq!(s.health_listen, "0.0.0.0:8081".parse().expect("addr"));
         assert_eq!(s.namespace.as_deref(), Some("ns1"));
         assert_eq!(s.instance.map(|i| i.to_string()).as_deref(), Some("demo"));
     }

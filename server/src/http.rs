@@ -27,7 +27,7 @@ use cli_mcp_api::SessionId;
 use crate::audit;
 use crate::auth::{AuthError, Authenticator, Caller, Verb};
 use crate::mcp::{BashServer, McpState};
-use crate::metrics::{ErrorKind, Metrics};
+use crate::metrics::{ErrorKind, Format as MetricsFormat, Listener, Metrics};
 use crate::origin::OriginPolicy;
 use crate::sessions::SessionError;
 
@@ -100,7 +100,23 @@ pub fn mcp_router(state: Arc<AppState>, opts: McpHttpOptions) -> Router {
             state.clone(),
             close_when_draining,
         ))
+        .layer(middleware::from_fn_with_state(
+            (state.metrics.clone(), Listener::Mcp),
+            count_requests,
+        ))
         .with_state(state)
+}
+
+/// Counts every answered request (`cli_mcp_http_requests_total`), refusals included.
+async fn count_requests(
+    State((metrics, listener)): State<(Arc<Metrics>, Listener)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let path = req.uri().path().to_owned();
+    let res = next.run(req).await;
+    metrics.http_request(listener, &path, res.status().as_u16());
+    res
 }
 
 /// 403 for a request whose `Origin` is not allowed (see [`crate::origin`]).
@@ -131,6 +147,10 @@ pub fn health_router(state: Arc<AppState>) -> Router {
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(
+            (state.metrics.clone(), Listener::Health),
+            count_requests,
+        ))
         .with_state(state)
 }
 
@@ -427,13 +447,18 @@ async fn readyz(State(s): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+/// OpenMetrics, or the Prometheus text format for a scraper that prefers `text/plain`.
+async fn metrics(State(s): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    let accept = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    let format = MetricsFormat::negotiate(Some(&accept));
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
+        [(header::CONTENT_TYPE, format.content_type())],
+        s.metrics.encode_as(format),
     )
         .into_response()
 }

@@ -762,6 +762,33 @@ async fn concurrent_new_sessions_never_overshoot_max_sessions() {
 async fn health_and_metrics() {
     let server = local_server(&[]).await;
     let http = support::http();
+    // Before any call: every labelled family is there at zero, with build and process facts.
+    let fresh = http
+        .get(server.health_url("/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(
+        fresh.headers().get("content-type").map(|v| v.as_bytes()),
+        Some(&b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..])
+    );
+    let fresh = fresh.text().await.expect("text");
+    for needle in [
+        "cli_mcp_errors_total{kind=\"agent\"} 0",
+        "cli_mcp_exec_duration_seconds_count{outcome=\"timed_out\"} 0",
+        "cli_mcp_http_requests_total{listener=\"mcp\",route=\"/mcp\",status=\"5xx\"} 0",
+        &format!(
+            "cli_mcp_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        ),
+        "# TYPE process_cpu_seconds counter",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_start_time_seconds ",
+    ] {
+        assert!(fresh.contains(needle), "missing {needle} in\n{fresh}");
+    }
+    assert!(fresh.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
     for path in ["/livez", "/readyz"] {
         let r = http.get(server.health_url(path)).send().await.expect("GET");
         assert_eq!(r.status(), 200, "{path}");
@@ -782,9 +809,30 @@ async fn health_and_metrics() {
         "cli_mcp_session_start_seconds_count{launch=\"local\"} 1",
         "cli_mcp_exec_duration_seconds_count{outcome=\"ok\"} 1",
         "cli_mcp_exec_duration_seconds_count{outcome=\"failed\"} 1",
+        "cli_mcp_http_requests_total{listener=\"mcp\",route=\"/mcp\",status=\"2xx\"} 2",
+        "cli_mcp_http_requests_total{listener=\"health\",route=\"/livez\",status=\"2xx\"} 1",
+        "cli_mcp_http_requests_total{listener=\"health\",route=\"/metrics\",status=\"2xx\"} 1",
     ] {
         assert!(m.contains(needle), "missing {needle} in\n{m}");
     }
+    // A scraper that asks for the Prometheus text format gets it.
+    let text = http
+        .get(server.health_url("/metrics"))
+        .header("accept", "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(
+        text.headers().get("content-type").map(|v| v.as_bytes()),
+        Some(&b"text/plain; version=0.0.4; charset=utf-8"[..])
+    );
+    let text = text.text().await.expect("text");
+    assert!(
+        text.contains("# TYPE cli_mcp_errors_total counter")
+            && text.contains("cli_mcp_errors_total{kind=\"agent\"} 0")
+            && !text.contains("# EOF"),
+        "Prometheus text format:\n{text}"
+    );
     // The audit line of the calls is in the log.
     let log = server.log_text();
     assert!(
