@@ -5,6 +5,7 @@
 //! server's machine, with its environment and file system. **Nothing is isolated.**
 
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -32,6 +33,17 @@ use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
 
 pub const AGENT_BINARY_NAME: &str = "cli-mcp-agent";
+/// Mode of every directory the backend makes.
+const PRIVATE_DIR: u32 = 0o700;
+
+/// Creates `dir` and its missing parents with [`PRIVATE_DIR`].
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR)
+        .create(dir)
+}
 /// How long a new agent may take to report that it listens.
 const AGENT_START_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long an agent lets a running command go on after SIGTERM (its `--drain-timeout-ms`;
@@ -166,8 +178,12 @@ impl LocalBackend {
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, std::io::Error> {
+        // Sessions' workspaces and agent state (commands, output, journals) are private to
+        // the server's user: the root is 0700 (tempfile's default would be 0755 here) and so
+        // is every directory created in it.
         let root = tempfile::Builder::new()
             .prefix("cli-mcp-local-")
+            .permissions(std::fs::Permissions::from_mode(PRIVATE_DIR))
             .tempdir()?;
         Ok(Arc::new(Self {
             agent_binary,
@@ -222,7 +238,7 @@ impl LocalBackend {
         let workspace = dir.join("workspace");
         let state = dir.join("state");
         for d in [&workspace, &state] {
-            std::fs::create_dir_all(d).map_err(|e| {
+            private_dir(d).map_err(|e| {
                 SessionError::Sandbox(format!("cannot create {}: {e}", d.display()))
             })?;
         }
@@ -504,5 +520,35 @@ impl Backend for LocalBackend {
         let all: Vec<Arc<LocalAgent>> = self.lock().drain().map(|(_, a)| a).collect();
         futures::future::join_all(all.into_iter().map(|a| self.discard(a))).await;
         self.update_gauge();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).expect("stat").mode() & 0o7777
+    }
+
+    #[test]
+    fn session_directories_are_private() {
+        let backend = LocalBackend::new(
+            PathBuf::from("/nonexistent/cli-mcp-agent"),
+            Limits::default(),
+            Arc::new(Metrics::new()),
+        )
+        .expect("backend");
+        let root = backend.root.path();
+        let session = root.join("s-1");
+        private_dir(&session.join("workspace")).expect("create");
+        assert_eq!(
+            [mode(root), mode(&session), mode(&session.join("workspace"))],
+            [0o700; 3],
+            "{}",
+            root.display()
+        );
     }
 }
