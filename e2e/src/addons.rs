@@ -77,6 +77,45 @@ pub fn locate_addons(dir: Option<PathBuf>) -> Result<PathBuf> {
     crate::cluster::bin_dir_from(&script, out, ADDONS_BIN_ENV)
 }
 
+/// [`locate_addons`] for a caller that may give up on it (`cli-mcp-cluster up` on SIGTERM,
+/// while the real node's cluster DNS waits for a cold add-on build): the script runs in a
+/// process group of its own, and dropping the future terminates that group.
+pub async fn locate_addons_async(dir: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(dir) = dir.or_else(|| std::env::var_os(ADDONS_BIN_ENV).map(PathBuf::from)) {
+        return Ok(dir);
+    }
+    let script = crate::workspace::workspace_root().join("hack/build-addons.sh");
+    let spawn_error = |e: std::io::Error| Error::Command {
+        command: script.display().to_string(),
+        detail: e.to_string(),
+    };
+    let child = tokio::process::Command::new("bash")
+        .arg(&script)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .map_err(spawn_error)?;
+    /// Terminates the script's process group unless it finished.
+    struct Group(Option<u32>);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            if let Some(pid) = self.0 {
+                // SIGTERM: the script's EXIT trap removes its unfinished build directory.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+    }
+    let mut group = Group(child.id());
+    let out = child.wait_with_output().await.map_err(spawn_error)?;
+    group.0 = None;
+    crate::cluster::bin_dir_from(&script, out, ADDONS_BIN_ENV)
+}
+
 /// An IPv4 network `a.b.c.d/len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv4Net {
@@ -892,7 +931,7 @@ where
 /// `kube-system`, apply the ServiceAccount, RBAC, Corefile, Deployment and the `kube-dns`
 /// Service (ClusterIP [`DNS_SERVICE_IP`], the kubelet's `clusterDNS`), then wait until the
 /// Service's EndpointSlice lists a ready CoreDNS pod (its Kubernetes caches synced) or
-/// `timeout` passes. The `coredns` binary comes from [`locate_addons`].
+/// `timeout` passes. The `coredns` binary comes from [`locate_addons_async`].
 pub async fn deploy_dns_pod(info: &ClusterInfo, timeout: Duration) -> Result<()> {
     let socket = info.containerd_socket.clone().ok_or_else(|| {
         Error::Prerequisite(
@@ -901,9 +940,7 @@ pub async fn deploy_dns_pod(info: &ClusterInfo, timeout: Duration) -> Result<()>
                 .into(),
         )
     })?;
-    let bin_dir = tokio::task::spawn_blocking(|| locate_addons(None))
-        .await
-        .map_err(|e| Error::Other(format!("locating the add-ons panicked: {e}")))??;
+    let bin_dir = locate_addons_async(None).await?;
     let coredns = bin_dir.join("coredns");
     if !coredns.is_file() {
         return Err(Error::Prerequisite(format!(
