@@ -135,7 +135,7 @@ async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
         "enable -n .; enable -n eval",
         ".() { echo hijacked; }; source() { :; }",
         "alias .=false source=false eval=false",
-        "printf() { :; }; eval() { :; }",
+        "printf() { :; }; eval() { :; }; command() { :; }",
         "unset() { :; }; builtin() { return 3; }",
         "alias unset=false enable=false; builtin() { :; }",
         "unalias -a; set -o posix; builtin() { :; }",
@@ -266,6 +266,29 @@ fn walk(root: &Path, dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// A state dir that is a link when the agent starts (a command of an earlier agent process
+/// put it there) is replaced by a real directory, never followed.
+#[tokio::test]
+async fn a_state_dir_replaced_by_a_link_is_replaced_at_start() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let elsewhere = base.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    let link = base.path().join("state");
+    std::os::unix::fs::symlink(&elsewhere, &link).expect("symlink");
+    let a = Agent::start_with(Opts {
+        state_dir: Some(&link),
+        ..Default::default()
+    });
+    answers(&a, false).await;
+    let m = std::fs::symlink_metadata(&link).expect("lstat");
+    assert!(m.is_dir(), "the state dir is not a real directory: {m:?}");
+    assert_eq!(
+        listing(&elsewhere),
+        Vec::<String>::new(),
+        "written through the link"
+    );
 }
 
 /// A command can replace the agent's directories with links to somewhere else (copies of

@@ -69,9 +69,9 @@ impl Shell {
             "the shell's processes ran away; killed the largest groups"
         );
         notes.note(format!(
-            "the shell's processes reached {found} ({max} are allowed, --max-processes; a fork \
-             bomb?): the agent killed the {groups_killed} largest process group(s), {left} of \
-             the shell's processes are left; the shell and its state were kept"
+            "the shell had {found} processes or more ({max} are allowed, --max-processes; a \
+             fork bomb?): the agent killed its {groups_killed} largest process group(s), {left} \
+             of its processes are left; the shell and its state were kept"
         ));
     }
 }
