@@ -1544,6 +1544,27 @@ COMMIT
     }
 
     #[test]
+    fn process_pods_get_no_cluster_dns_where_port_53_is_taken() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: binding port 53 needs root");
+            return;
+        }
+        // Loopback addresses no cluster uses (every pod gateway is in 10.244.0.0/16).
+        let free = Ipv4Addr::new(127, 77, 0, 1);
+        assert_eq!(process_cluster_dns(free), Some(free));
+        let taken = Ipv4Addr::new(127, 77, 0, 2);
+        let _resolver = UdpSocket::bind((taken, 53)).expect("holding UDP 53");
+        assert_eq!(process_cluster_dns(taken), None, "a resolver holds UDP 53");
+        let tcp_only = Ipv4Addr::new(127, 77, 0, 3);
+        let _listener = std::net::TcpListener::bind((tcp_only, 53)).expect("holding TCP 53");
+        assert_eq!(
+            process_cluster_dns(tcp_only),
+            None,
+            "a resolver holds TCP 53"
+        );
+    }
+
+    #[test]
     fn kube_dns_service_points_at_coredns() {
         let (svc, slice) = kube_dns_objects(Ipv4Addr::new(10, 244, 3, 1), 53);
         let spec = svc.spec.expect("spec");
