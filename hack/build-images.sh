@@ -196,13 +196,22 @@ start=$(date +%s)
 say "assembling ${names[*]} ($ARCH, tag $TAG) into $final"
 
 # A layer of files under /usr/local/bin: "layer OUT SRC:NAME..." (root-owned, mode 0755).
+strip=
+if [[ $ARCH == "$host_arch" ]]; then strip="$(command -v strip || true)"; fi
 layer() {
     local out="$1" d="$tmp/layer-dir"
     shift
     rm -rf "$d"
     install -d -m 0755 "$d/usr" "$d/usr/local" "$d/usr/local/bin"
     local spec
-    for spec in "$@"; do install -m 0755 "${spec%%:*}" "$d/usr/local/bin/${spec##*:}"; done
+    for spec in "$@"; do
+        install -m 0755 "${spec%%:*}" "$d/usr/local/bin/${spec##*:}"
+        # Our debug builds (what the tests and make run put in the images) are half debug
+        # info; release builds are stripped already, so this changes nothing for them.
+        if [[ -n $strip && ${spec##*:} == cli-mcp-* ]]; then
+            "$strip" --strip-debug "$d/usr/local/bin/${spec##*:}"
+        fi
+    done
     layer_tar "$d" "$out"
     rm -rf "$d"
 }

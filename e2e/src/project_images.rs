@@ -205,7 +205,7 @@ fn build_command(bin_dir: &Path) -> Result<(PathBuf, Command)> {
 /// Imports the archives into the containerd at `socket` (the CRI namespace the kubelet
 /// uses) and tags each under its [`ALIASES`]. Idempotent. Returns the names now present.
 pub fn import_into(socket: &Path, images: &ProjectImages) -> Result<Vec<String>> {
-    for image in &images.images {
+    let import = |image: &ProjectImage| -> Result<()> {
         crate::node::import_image(socket, &image.archive)?;
         let source = normalize(&image.reference);
         for alias in &image.aliases {
@@ -214,7 +214,21 @@ pub fn import_into(socket: &Path, images: &ProjectImages) -> Result<Vec<String>>
                 &["images", "tag", "--force", source.as_str(), alias.as_str()],
             )?;
         }
-    }
+        Ok(())
+    };
+    // One import at a time unpacks layer after layer on one core; three at once take about
+    // as long as the biggest (the sandbox).
+    std::thread::scope(|scope| {
+        let running: Vec<_> = images
+            .images
+            .iter()
+            .map(|image| scope.spawn(move || import(image)))
+            .collect();
+        running.into_iter().try_for_each(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err(Error::Other("an image import thread panicked".into())))
+        })
+    })?;
     let listed = ctr(socket, &["images", "list", "--quiet"])?;
     let present: Vec<&str> = listed.lines().map(str::trim).collect();
     let names = images.names();
