@@ -258,17 +258,20 @@ struct Report {
     stderr: String,
 }
 
-async fn run_client(what: &str, cmd: Command, server: &Server) -> Report {
+/// Runs a client script. `server` is the HTTP server it talks to (for its log when the
+/// script fails); a stdio server's log is in the script's stderr.
+async fn run_client(what: &str, cmd: Command, server: Option<&Server>) -> Report {
+    let log = || server.map(|s| s.log_text()).unwrap_or_default();
     let out = match run(cmd, what, CLIENT_TIMEOUT).await {
         Ok(out) => out,
-        Err(e) => panic!("{e}; server log:\n{}", server.log_text()),
+        Err(e) => panic!("{e}; server log:\n{}", log()),
     };
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
         "{what} failed ({}):\n{stderr}\nserver log:\n{}",
         out.status,
-        server.log_text()
+        log()
     );
     let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -289,7 +292,34 @@ async fn python_client(server: &Server, session: &str, mode: &str) -> Report {
         "--mode",
         mode,
     ]);
-    run_client(&format!("the Python SDK client (mode {mode})"), cmd, server).await
+    run_client(
+        &format!("the Python SDK client (mode {mode})"),
+        cmd,
+        Some(server),
+    )
+    .await
+}
+
+/// The command line of a stdio server for session `sid`.
+fn stdio_server(sid: &str) -> String {
+    support::ensure_built(false);
+    let agent = support::agent_bin();
+    let line = [
+        support::SERVER_BIN,
+        "--transport",
+        "stdio",
+        "--session-id",
+        sid,
+        "--backend",
+        "local",
+        "--auth",
+        "none",
+        "--agent-binary",
+        agent.to_str().expect("utf-8 path"),
+        "--instructions",
+        ADMIN_INSTRUCTIONS,
+    ];
+    serde_json::to_string(&line).expect("JSON")
 }
 
 async fn typescript_client(server: &Server, sdk: &str, session: &str, mode: &str) -> Report {
@@ -301,7 +331,7 @@ async fn typescript_client(server: &Server, sdk: &str, session: &str, mode: &str
     run_client(
         &format!("the TypeScript SDK client ({sdk}, mode {mode})"),
         cmd,
-        server,
+        Some(server),
     )
     .await
 }
@@ -310,16 +340,34 @@ fn first_text(result: &Value) -> &str {
     result["text"][0].as_str().unwrap_or_default()
 }
 
-/// The checks every SDK and protocol mode must pass.
-fn check(report: &Report, protocol: &str) {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Http,
+    Stdio,
+}
+
+/// The checks every SDK, protocol mode and transport must pass.
+fn check(report: &Report, protocol: &str, transport: Transport) {
     let r = &report.json;
     assert_eq!(r["protocol_version"], protocol, "{r}");
     assert_eq!(r["server_name"], "cli-mcp-server", "{r}");
     assert_eq!(
         r["instructions"],
-        cli_mcp_server::mcp::instructions(false, Some(ADMIN_INSTRUCTIONS)),
+        cli_mcp_server::mcp::instructions(transport == Transport::Stdio, Some(ADMIN_INSTRUCTIONS)),
         "the server's instructions, then the admin's as written"
     );
+    if transport == Transport::Stdio {
+        for http_only in ["X-Session-ID", "DELETE", "/sessions"] {
+            assert!(
+                !r["instructions"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(http_only),
+                "a stdio client cannot use {http_only}: {}",
+                r["instructions"]
+            );
+        }
+    }
     let instructions = r["instructions"].as_str().unwrap_or_default();
     assert!(
         instructions.contains("`exit` ends the shell") && instructions.contains("(exit N)"),
@@ -368,12 +416,14 @@ fn check(report: &Report, protocol: &str) {
         "{bad}"
     );
 
-    let missing = &r["no_session"];
-    assert_eq!(missing["is_error"], true, "{missing}");
-    assert!(
-        first_text(missing).starts_with("missing X-Session-ID header"),
-        "{missing}"
-    );
+    if transport == Transport::Http {
+        let missing = &r["no_session"];
+        assert_eq!(missing["is_error"], true, "{missing}");
+        assert!(
+            first_text(missing).starts_with("missing X-Session-ID header"),
+            "{missing}"
+        );
+    }
 
     assert!(
         !report.stderr.contains("unknown format"),
@@ -386,21 +436,21 @@ fn check(report: &Report, protocol: &str) {
 async fn python_sdk_legacy_handshake() {
     let server = local_server().await;
     let report = python_client(&server, "py-legacy", "legacy").await;
-    check(&report, "2025-11-25");
+    check(&report, "2025-11-25", Transport::Http);
 }
 
 #[tokio::test]
 async fn python_sdk_negotiates_2026_07_28() {
     let server = local_server().await;
     let report = python_client(&server, "py-modern", "auto").await;
-    check(&report, "2026-07-28");
+    check(&report, "2026-07-28", Transport::Http);
 }
 
 #[tokio::test]
 async fn typescript_sdk_legacy_handshake() {
     let server = local_server().await;
     let report = typescript_client(&server, "v1", "ts-v1", "legacy").await;
-    check(&report, "2025-11-25");
+    check(&report, "2025-11-25", Transport::Http);
     assert_eq!(
         report.json["mcp_session_id"],
         Value::Null,
@@ -412,5 +462,31 @@ async fn typescript_sdk_legacy_handshake() {
 async fn typescript_client_package_negotiates_2026_07_28() {
     let server = local_server().await;
     let report = typescript_client(&server, "v2", "ts-v2", "auto").await;
-    check(&report, "2026-07-28");
+    check(&report, "2026-07-28", Transport::Http);
+}
+
+#[tokio::test]
+async fn python_sdk_over_stdio() {
+    let mut cmd = Command::new(python_interpreter().await);
+    cmd.arg(sdk_dir().join("python/client.py")).args([
+        "--stdio",
+        &stdio_server("py-stdio"),
+        "--mode",
+        "legacy",
+    ]);
+    let report = run_client("the Python SDK client (stdio)", cmd, None).await;
+    check(&report, "2025-11-25", Transport::Stdio);
+    assert_eq!(report.json["echo"]["structured"]["session_id"], "py-stdio");
+}
+
+#[tokio::test]
+async fn typescript_sdk_over_stdio() {
+    let mut cmd = Command::new("node");
+    cmd.env("NODE_PATH", node_modules().await)
+        .arg(sdk_dir().join("typescript/client.cjs"))
+        // v2: v1's stdio transport does not expose the negotiated protocol version.
+        .args(["--sdk", "v2", "--stdio", &stdio_server("ts-stdio")]);
+    let report = run_client("the TypeScript SDK client (stdio)", cmd, None).await;
+    check(&report, "2025-11-25", Transport::Stdio);
+    assert_eq!(report.json["echo"]["structured"]["session_id"], "ts-stdio");
 }

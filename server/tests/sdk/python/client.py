@@ -6,6 +6,7 @@ runs this script and asserts on that object, so the checks and their messages st
 place for every SDK.
 
 Usage: client.py --url URL --session SID --mode legacy|auto|2026-07-28
+       client.py --stdio '["cli-mcp-server", "--transport", "stdio", ...]' --mode legacy
 """
 
 import argparse
@@ -15,6 +16,7 @@ import sys
 
 import httpx2
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -41,26 +43,14 @@ async def call(client, name, arguments):
         return {"mcp_error": {"code": e.code, "message": e.message}}
 
 
-async def scenario(url, session, mode):
-    report = {}
+async def scenario(url, stdio, session, mode):
+    if stdio is not None:
+        server = StdioServerParameters(command=stdio[0], args=stdio[1:])
+        async with Client(server, mode=mode) as client:
+            return await calls(client)
     async with http_client(session) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
-            report["protocol_version"] = client.protocol_version
-            info = client.server_info
-            report["server_name"] = info.name if info else None
-            report["instructions"] = client.instructions
-            listed = await client.list_tools()
-            report["tools"] = [
-                t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools
-            ]
-            report["echo"] = await call(client, "bash", {"command": "echo hi"})
-            report["set_state"] = await call(
-                client, "bash", {"command": "cd /tmp && export SDK_VAR=kept"}
-            )
-            report["read_state"] = await call(client, "bash", {"command": 'echo "$PWD $SDK_VAR"'})
-            report["exit_3"] = await call(client, "bash", {"command": "(exit 3)"})
-            report["unknown_tool"] = await call(client, "no-such-tool", {})
-            report["bad_arguments"] = await call(client, "bash", {"command": 5})
+            report = await calls(client)
     # A second client without X-Session-ID: the tool error must say what is missing.
     async with http_client(None) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
@@ -68,13 +58,39 @@ async def scenario(url, session, mode):
     return report
 
 
+async def calls(client):
+    """What one connected client sees: its handshake, the tools, and a fixed list of calls."""
+    report = {}
+    report["protocol_version"] = client.protocol_version
+    info = client.server_info
+    report["server_name"] = info.name if info else None
+    report["instructions"] = client.instructions
+    listed = await client.list_tools()
+    report["tools"] = [
+        t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools
+    ]
+    report["echo"] = await call(client, "bash", {"command": "echo hi"})
+    report["set_state"] = await call(
+        client, "bash", {"command": "cd /tmp && export SDK_VAR=kept"}
+    )
+    report["read_state"] = await call(client, "bash", {"command": 'echo "$PWD $SDK_VAR"'})
+    report["exit_3"] = await call(client, "bash", {"command": "(exit 3)"})
+    report["unknown_tool"] = await call(client, "no-such-tool", {})
+    report["bad_arguments"] = await call(client, "bash", {"command": 5})
+    return report
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--session", required=True)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="Streamable HTTP endpoint")
+    target.add_argument("--stdio", type=json.loads, help="JSON list: the server's command line")
+    parser.add_argument("--session", help="X-Session-ID (HTTP only)")
     parser.add_argument("--mode", required=True, choices=["legacy", "auto", "2026-07-28"])
     args = parser.parse_args()
-    report = asyncio.run(scenario(args.url, args.session, args.mode))
+    if args.url and not args.session:
+        parser.error("--url needs --session")
+    report = asyncio.run(scenario(args.url, args.stdio, args.session, args.mode))
     json.dump(report, sys.stdout)
     sys.stdout.write("\n")
 

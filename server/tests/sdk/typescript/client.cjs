@@ -10,6 +10,7 @@
 // finds through NODE_PATH (ES module resolution ignores NODE_PATH).
 //
 // Usage: node client.cjs --sdk v1|v2 --url URL --session SID [--mode legacy|auto|2026-07-28]
+//        node client.cjs --sdk v1|v2 --stdio '["cli-mcp-server", "--transport", "stdio", ...]'
 'use strict';
 
 function parseArgs(argv) {
@@ -22,8 +23,11 @@ function parseArgs(argv) {
     }
     out[key.slice(2)] = value;
   }
-  for (const required of ['sdk', 'url', 'session']) {
-    if (!out[required]) throw new Error(`missing --${required}`);
+  if (!out.sdk) throw new Error('missing --sdk');
+  if (out.stdio !== undefined) {
+    out.stdio = JSON.parse(out.stdio);
+  } else if (!out.url || !out.session) {
+    throw new Error('give --url and --session, or --stdio');
   }
   return out;
 }
@@ -32,11 +36,13 @@ function loadSdk(which) {
   if (which === 'v1') {
     const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
     const { StreamableHTTPClientTransport } = require('@modelcontextprotocol/sdk/client/streamableHttp.js');
-    return { Client, StreamableHTTPClientTransport };
+    const { StdioClientTransport } = require('@modelcontextprotocol/sdk/client/stdio.js');
+    return { Client, StreamableHTTPClientTransport, StdioClientTransport };
   }
   if (which === 'v2') {
     const { Client, StreamableHTTPClientTransport } = require('@modelcontextprotocol/client');
-    return { Client, StreamableHTTPClientTransport };
+    const { StdioClientTransport } = require('@modelcontextprotocol/client/stdio');
+    return { Client, StreamableHTTPClientTransport, StdioClientTransport };
   }
   throw new Error(`--sdk must be v1 or v2, not ${JSON.stringify(which)}`);
 }
@@ -50,9 +56,15 @@ function clientOptions(sdk, mode) {
   return { versionNegotiation: { mode: negotiation } };
 }
 
-async function connect(sdkName, sdk, url, session, mode) {
-  const headers = session ? { 'X-Session-ID': session } : {};
-  const transport = new sdk.StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } });
+async function connect(sdkName, sdk, target, session, mode) {
+  let transport;
+  if (Array.isArray(target)) {
+    // stderr: 'inherit', so the server's log lands in this script's stderr for the test to show.
+    transport = new sdk.StdioClientTransport({ command: target[0], args: target.slice(1), stderr: 'inherit' });
+  } else {
+    const headers = session ? { 'X-Session-ID': session } : {};
+    transport = new sdk.StreamableHTTPClientTransport(new URL(target), { requestInit: { headers } });
+  }
   const client = new sdk.Client({ name: `cli-mcp-sdk-test-${sdkName}`, version: '1.0.0' }, clientOptions(sdkName, mode));
   await client.connect(transport);
   return { client, transport };
@@ -76,7 +88,8 @@ async function main() {
   const args = parseArgs(process.argv.slice(2));
   const sdk = loadSdk(args.sdk);
   const report = {};
-  const { client, transport } = await connect(args.sdk, sdk, args.url, args.session, args.mode);
+  const target = args.stdio !== undefined ? args.stdio : args.url;
+  const { client, transport } = await connect(args.sdk, sdk, target, args.session, args.mode);
   report.protocol_version =
     typeof client.getNegotiatedProtocolVersion === 'function'
       ? client.getNegotiatedProtocolVersion()
@@ -94,10 +107,12 @@ async function main() {
   report.bad_arguments = await call(client, 'bash', { command: 5 });
   await client.close();
 
-  // A second client without X-Session-ID: the tool error must say what is missing.
-  const other = await connect(args.sdk, sdk, args.url, null, args.mode);
-  report.no_session = await call(other.client, 'bash', { command: 'echo hi' });
-  await other.client.close();
+  if (args.stdio === undefined) {
+    // A second client without X-Session-ID: the tool error must say what is missing.
+    const other = await connect(args.sdk, sdk, args.url, null, args.mode);
+    report.no_session = await call(other.client, 'bash', { command: 'echo hi' });
+    await other.client.close();
+  }
 
   process.stdout.write(JSON.stringify(report) + '\n');
 }
