@@ -408,6 +408,50 @@ pub struct ServerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 8192))]
     pub instructions: Option<String>,
+
+    /// Who may use the MCP endpoint besides the instance's own client ServiceAccount
+    /// `cli-mcp-<name>-client`: users, groups and ServiceAccounts bound by the operator to
+    /// the instance's client Role (verbs create, get, delete on `climcpinstances/mcp` for
+    /// this instance only). At most 64.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub clients: Vec<ClientSubject>,
+}
+
+/// One identity allowed to use the MCP endpoint.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.__namespace__) || self.kind == 'ServiceAccount'")
+    .message("spec.server.clients[].namespace is only for kind ServiceAccount (users and groups are cluster-wide)"))]
+pub struct ClientSubject {
+    /// `User`, `Group` or `ServiceAccount`.
+    pub kind: ClientKind,
+    /// The user name, group name or ServiceAccount name, as the API server authenticates it
+    /// (for an OIDC user, with the issuer's prefix if the API server adds one).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// ServiceAccount only: its namespace. Default: the instance's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+}
+
+/// The kind of a [`ClientSubject`] (the RBAC subject kinds).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ClientKind {
+    User,
+    Group,
+    ServiceAccount,
+}
+
+impl ClientKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientKind::User => "User",
+            ClientKind::Group => "Group",
+            ClientKind::ServiceAccount => "ServiceAccount",
+        }
+    }
 }
 
 impl Default for ServerSpec {
@@ -418,6 +462,7 @@ impl Default for ServerSpec {
             auth: AuthMode::Kubernetes,
             tls_secret_name: None,
             instructions: None,
+            clients: Vec::new(),
         }
     }
 }

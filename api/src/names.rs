@@ -58,6 +58,7 @@ pub mod label {
 
     pub const COMPONENT_SERVER: &str = "server";
     pub const COMPONENT_SANDBOX: &str = "sandbox";
+    pub const COMPONENT_CLIENT: &str = "client";
     pub const LAUNCH_WARM: &str = "warm";
     pub const LAUNCH_COLD: &str = "cold";
     pub const PART_OF: &str = "cli-mcp";
@@ -124,6 +125,10 @@ impl InstanceName {
     /// Sandbox ServiceAccount and NetworkPolicy.
     pub fn sandbox(&self) -> String {
         self.prefixed("-sandbox")
+    }
+    /// The client ServiceAccount, Role and RoleBinding: who may use the MCP endpoint.
+    pub fn client(&self) -> String {
+        self.prefixed("-client")
     }
     pub fn hmac_secret(&self) -> String {
         self.prefixed("-hmac")

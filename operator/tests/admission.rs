@@ -96,6 +96,16 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
             json!({"server": {"auth": "Basic"}}),
             "supported values: \"Kubernetes\", \"None\"",
         ),
+        (
+            "clientns",
+            json!({"server": {"clients": [{"kind": "User", "name": "alice", "namespace": "x"}]}}),
+            "namespace is only for kind ServiceAccount",
+        ),
+        (
+            "clientkind",
+            json!({"server": {"clients": [{"kind": "Robot", "name": "r2"}]}}),
+            "supported values: \"User\", \"Group\", \"ServiceAccount\"",
+        ),
     ];
     for (name, spec, want) in cases {
         let msg = rejected(&c, &ns, name, spec).await;

@@ -1030,3 +1030,117 @@ async fn auth_none_serves_plain_http_without_tls_material() {
     assert_eq!(ports[0].name.as_deref(), Some("http"));
     finish(ns, "plain", &op).await;
 }
+
+/// Whether the API server's RBAC lets `user` (in `groups`) use `verb` on instance
+/// `instance`'s MCP endpoint — the very check the server makes with a SubjectAccessReview.
+async fn may_use(
+    c: &cli_mcp_e2e::testing::TestCluster,
+    ns: &str,
+    instance: &str,
+    user: &str,
+    groups: &[&str],
+    verb: &str,
+) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.into()),
+            groups: Some(groups.iter().map(|g| (*g).to_owned()).collect()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("cli-mcp.redhat.com".into()),
+                resource: Some("climcpinstances".into()),
+                subresource: Some("mcp".into()),
+                name: Some(instance.into()),
+                namespace: Some(ns.into()),
+                verb: Some(verb.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<SubjectAccessReview>::all(c.client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// The operator provisions who may use an instance: its client ServiceAccount and the
+/// subjects of `spec.server.clients`, with exactly the verbs the server checks, on this
+/// instance only; an edit of the list is followed both ways.
+#[tokio::test]
+async fn the_client_identity_may_use_its_instance_and_nothing_else() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("clients").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(
+        &ns,
+        "cl",
+        json!({"server": {"clients": [
+            {"kind": "ServiceAccount", "name": "bot"},
+            {"kind": "User", "name": "alice"},
+            {"kind": "Group", "name": "sre"},
+        ]}}),
+    )
+    .await;
+    wait_ready(&ns, "cl", &op).await;
+    let n = &ns.name;
+    let sa = |name: &str| format!("system:serviceaccount:{n}:{name}");
+    let client = sa("cli-mcp-cl-client");
+    assert!(ns
+        .api::<ServiceAccount>()
+        .get("cli-mcp-cl-client")
+        .await
+        .is_ok());
+    for verb in ["create", "get", "delete"] {
+        assert!(may_use(&c, n, "cl", &client, &[], verb).await, "{verb}");
+    }
+    for (who, groups) in [
+        (sa("bot"), vec![]),
+        ("alice".into(), vec![]),
+        ("bob".to_string(), vec!["sre"]),
+    ] {
+        assert!(
+            may_use(&c, n, "cl", &who, &groups, "create").await,
+            "{who} {groups:?}"
+        );
+    }
+    // Not another verb, not another instance, not anyone else.
+    assert!(!may_use(&c, n, "cl", &client, &[], "update").await);
+    assert!(!may_use(&c, n, "other", &client, &[], "create").await);
+    assert!(!may_use(&c, n, "cl", "mallory", &[], "create").await);
+    assert!(!may_use(&c, n, "cl", &sa("default"), &[], "create").await);
+
+    // Dropping a subject from the list takes its access away.
+    ns.api::<CliMcpInstance>()
+        .patch(
+            "cl",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"server": {"clients": [{"kind": "User", "name": "alice"}]}}}),
+            ),
+        )
+        .await
+        .expect("patch clients");
+    wait_for(
+        ns.api::<RoleBinding>(),
+        "cli-mcp-cl-client",
+        "the client RoleBinding follows spec.server.clients",
+        Duration::from_secs(60),
+        |b: Option<&RoleBinding>| {
+            b.and_then(|b| b.subjects.as_ref())
+                .is_some_and(|s| s.len() == 2 && s.iter().all(|s| s.name != "bot"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    assert!(!may_use(&c, n, "cl", &sa("bot"), &[], "create").await);
+    assert!(may_use(&c, n, "cl", "alice", &[], "create").await);
+    assert!(may_use(&c, n, "cl", &client, &[], "create").await);
+    finish(ns, "cl", &op).await;
+}

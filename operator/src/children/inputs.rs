@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::api::networking::v1::NetworkPolicyEgressRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use cli_mcp_api::crd::{AuthMode, CliMcpInstance, CrdError};
+use cli_mcp_api::crd::{AuthMode, CliMcpInstance, ClientSubject, CrdError};
 use cli_mcp_api::names::{label, InstanceName};
 use cli_mcp_api::sandbox::SandboxConfig;
 
@@ -30,6 +30,8 @@ pub struct Spec {
     pub server_resources: ResourceRequirements,
     /// `spec.server.instructions`, for the MCP clients' models.
     pub server_instructions: Option<String>,
+    /// `spec.server.clients`: bound to the client Role besides the client ServiceAccount.
+    pub clients: Vec<ClientSubject>,
     pub sandbox: SandboxConfig,
     pub warm_pool_size: i32,
     pub idle_timeout: Duration,
@@ -73,6 +75,7 @@ impl Spec {
             server_pull_policy: s.server.image_pull_policy.map(|p| p.as_str().to_owned()),
             server_resources: s.server.resources.clone(),
             server_instructions: s.server.instructions.clone(),
+            clients: s.server.clients.clone(),
             warm_pool_size: s.sandbox.warm_pool_size,
             idle_timeout: s.sandbox.idle_timeout()?,
             max_sessions: s.sandbox.max_sessions,

@@ -1,5 +1,6 @@
-//! ServiceAccounts, the server's Role and RoleBinding, and the per-instance
-//! ClusterRoleBinding to `system:auth-delegator` (TokenReview + SubjectAccessReview).
+//! ServiceAccounts, the server's Role and RoleBinding, the per-instance ClusterRoleBinding
+//! to `system:auth-delegator` (TokenReview + SubjectAccessReview), and the client identity:
+//! who may use the MCP endpoint.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,8 @@ use k8s_openapi::api::rbac::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use cli_mcp_api::names::label;
+use cli_mcp_api::crd::ClientKind;
+use cli_mcp_api::names::{label, GROUP, PLURAL};
 
 use super::{Inputs, INSTANCE_NAMESPACE_LABEL};
 
@@ -77,6 +79,84 @@ pub fn server_role_binding(inp: &Inputs) -> RoleBinding {
     }
 }
 
+/// The verbs the server's SubjectAccessReview asks for: `create` (POST), `get`, `delete`.
+pub const MCP_VERBS: [&str; 3] = ["create", "get", "delete"];
+
+/// The instance's client ServiceAccount: an identity that may use the MCP endpoint and
+/// nothing else (`kubectl create token cli-mcp-<name>-client`).
+pub fn client_service_account(inp: &Inputs) -> ServiceAccount {
+    ServiceAccount {
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.client(), label::COMPONENT_CLIENT),
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    }
+}
+
+/// Use of this one instance's MCP endpoint: the subresource `climcpinstances/mcp` of this
+/// instance by name, with exactly the verbs the server checks. Nothing else.
+pub fn client_role(inp: &Inputs) -> Role {
+    Role {
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.client(), label::COMPONENT_CLIENT),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![GROUP.to_owned()]),
+            resources: Some(vec![format!("{PLURAL}/mcp")]),
+            resource_names: Some(vec![inp.spec.name.to_string()]),
+            verbs: MCP_VERBS.iter().map(|v| (*v).to_owned()).collect(),
+            ..Default::default()
+        }]),
+    }
+}
+
+/// Binds the client Role to the client ServiceAccount and to `spec.server.clients`.
+pub fn client_role_binding(inp: &Inputs) -> RoleBinding {
+    let own = Subject {
+        kind: "ServiceAccount".into(),
+        name: inp.spec.name.client(),
+        namespace: Some(inp.spec.namespace.clone()),
+        ..Default::default()
+    };
+    let extra = inp.spec.clients.iter().map(|c| match c.kind {
+        ClientKind::ServiceAccount => Subject {
+            kind: c.kind.as_str().into(),
+            name: c.name.clone(),
+            namespace: Some(
+                c.namespace
+                    .clone()
+                    .unwrap_or_else(|| inp.spec.namespace.clone()),
+            ),
+            ..Default::default()
+        },
+        ClientKind::User | ClientKind::Group => Subject {
+            kind: c.kind.as_str().into(),
+            name: c.name.clone(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        },
+    });
+    let mut subjects = vec![own];
+    for s in extra {
+        // A subject listed twice would be harmless to RBAC but noisy in every diff.
+        if !subjects.contains(&s) {
+            subjects.push(s);
+        }
+    }
+    RoleBinding {
+        metadata: inp
+            .spec
+            .meta(inp.spec.name.client(), label::COMPONENT_CLIENT),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: inp.spec.name.client(),
+        },
+        subjects: Some(subjects),
+    }
+}
+
 /// Labels of the per-instance ClusterRoleBinding (it cannot have an owner reference to a
 /// namespaced CR, so the finalizer removes it; the labels map it back to the instance).
 pub fn cluster_binding_labels(inp: &Inputs) -> BTreeMap<String, String> {
@@ -138,6 +218,67 @@ mod tests {
         assert_eq!(
             b.metadata.labels.expect("labels")[INSTANCE_NAMESPACE_LABEL],
             "ns1"
+        );
+    }
+
+    #[test]
+    fn the_client_role_allows_only_this_instances_mcp_endpoint() {
+        let inp = inputs(serde_json::json!({}));
+        let r = client_role(&inp);
+        assert_eq!(r.metadata.name.as_deref(), Some("cli-mcp-demo-client"));
+        let rules = r.rules.expect("rules");
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].api_groups, Some(vec![GROUP.to_owned()]));
+        assert_eq!(
+            rules[0].resources,
+            Some(vec!["climcpinstances/mcp".to_owned()])
+        );
+        assert_eq!(rules[0].resource_names, Some(vec!["demo".to_owned()]));
+        assert_eq!(rules[0].verbs, ["create", "get", "delete"]);
+        let sa = client_service_account(&inp);
+        assert_eq!(sa.metadata.name.as_deref(), Some("cli-mcp-demo-client"));
+        assert_eq!(sa.automount_service_account_token, Some(false));
+    }
+
+    #[test]
+    fn the_client_binding_names_the_client_account_and_spec_clients() {
+        let inp = inputs(serde_json::json!({"server": {"clients": [
+            {"kind": "User", "name": "alice@example.com"},
+            {"kind": "Group", "name": "sre"},
+            {"kind": "ServiceAccount", "name": "bot"},
+            {"kind": "ServiceAccount", "name": "ci", "namespace": "pipelines"},
+            {"kind": "Group", "name": "sre"},
+        ]}}));
+        let b = client_role_binding(&inp);
+        assert_eq!(b.role_ref.kind, "Role");
+        assert_eq!(b.role_ref.name, "cli-mcp-demo-client");
+        let got: Vec<(String, String, Option<String>, Option<String>)> = b
+            .subjects
+            .expect("subjects")
+            .into_iter()
+            .map(|s| (s.kind, s.name, s.namespace, s.api_group))
+            .collect();
+        let rbac = Some("rbac.authorization.k8s.io".to_owned());
+        let ns = |n: &str| Some(n.to_owned());
+        assert_eq!(
+            got,
+            [
+                (
+                    "ServiceAccount".into(),
+                    "cli-mcp-demo-client".into(),
+                    ns("ns1"),
+                    None
+                ),
+                (
+                    "User".into(),
+                    "alice@example.com".into(),
+                    None,
+                    rbac.clone()
+                ),
+                ("Group".into(), "sre".into(), None, rbac.clone()),
+                ("ServiceAccount".into(), "bot".into(), ns("ns1"), None),
+                ("ServiceAccount".into(), "ci".into(), ns("pipelines"), None),
+            ]
         );
     }
 }
