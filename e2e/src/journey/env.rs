@@ -164,6 +164,27 @@ pub async fn apply_yaml(
     outside
 }
 
+/// config/rbac's Role and RoleBinding in `default` that let the operator read the API
+/// server's addresses (the sandbox NetworkPolicy's API rule), for the operator installed into
+/// `ns` by [`operator_overlay`]: its `namespace:` moves every namespaced object into `ns`,
+/// that Role too, which then grants nothing. Applied where config/rbac puts them, with the
+/// overlay's name prefix and bound to `ns`'s operator; returns them (outside `ns`).
+async fn apiserver_endpoints_rbac(c: &TestCluster, ns: &str) -> Vec<(Api<DynamicObject>, String)> {
+    let yaml =
+        std::fs::read_to_string(workspace_root().join("config/rbac/apiserver_endpoints_role.yaml"))
+            .expect("config/rbac/apiserver_endpoints_role.yaml");
+    let prefixed = |v: &Value| json!(format!("{ns}-{}", v.as_str().unwrap_or_default()));
+    apply_yaml(c, ns, &yaml, |v| {
+        v["metadata"]["name"] = prefixed(&v["metadata"]["name"]);
+        if v["kind"] == "RoleBinding" {
+            v["roleRef"]["name"] = prefixed(&v["roleRef"]["name"]);
+            v["subjects"][0]["name"] = prefixed(&v["subjects"][0]["name"]);
+            v["subjects"][0]["namespace"] = json!(ns);
+        }
+    })
+    .await
+}
+
 impl Env {
     /// A namespace with the operator installed from config/default: a kustomize overlay
     /// that scopes it to the namespace (WATCH_NAMESPACE, a name prefix for its cluster-wide
@@ -178,7 +199,8 @@ impl Env {
         let ns = c.namespace(prefix).await.expect("namespace");
         let n = ns.name.clone();
         let yaml = kustomize_build(&format!("journeys-{n}"), &operator_overlay(&n, true));
-        let outside = apply_yaml(&c, &n, &yaml, |_| {}).await;
+        let mut outside = apply_yaml(&c, &n, &yaml, |_| {}).await;
+        outside.extend(apiserver_endpoints_rbac(&c, &n).await);
         let env = Env { c, ns, outside };
         let op = format!("{n}-cli-mcp-operator");
         if let Err(e) = wait_deployment_ready(env.ns.api::<Deployment>(), &op, TIMEOUT).await {
