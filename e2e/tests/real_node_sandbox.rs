@@ -41,7 +41,7 @@ use cli_mcp_e2e::addons::{
 };
 use cli_mcp_e2e::cluster::ClusterConfig;
 use cli_mcp_e2e::instance::{delete_instance, hmac_key};
-use cli_mcp_e2e::journey::{apply_yaml, stdout, text, Env, Mcp};
+use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::node::{self, NodeKind};
 use cli_mcp_e2e::project_images;
 use cli_mcp_e2e::testing::{self, pod_ip, wait_for, wait_for_set, workspace_root, TIMEOUT};
@@ -314,25 +314,6 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         ),
         other => panic!("a pod breaking `restricted` was admitted: {other:?}"),
     }
-
-    // config/rbac lets the operator read the API server's addresses in `default` (a Role
-    // there). The overlay's `namespace:` moves every namespaced object of config/default into
-    // the test's namespace, that Role too, so it is applied here as config/rbac has it, bound
-    // to this install's operator.
-    let rbac =
-        std::fs::read_to_string(workspace_root().join("config/rbac/apiserver_endpoints_role.yaml"))
-            .expect("config/rbac/apiserver_endpoints_role.yaml");
-    let prefixed = |v: &Value| format!("{ns}-{}", v.as_str().unwrap_or_default());
-    let outside = apply_yaml(&env.c, &ns, &rbac, |v| {
-        v["metadata"]["name"] = json!(prefixed(&v["metadata"]["name"]));
-        if v["kind"] == "RoleBinding" {
-            v["roleRef"]["name"] = json!(prefixed(&v["roleRef"]["name"]));
-            v["subjects"][0]["name"] = json!(prefixed(&v["subjects"][0]["name"]));
-            v["subjects"][0]["namespace"] = json!(ns);
-        }
-    })
-    .await;
-    assert_eq!(outside.len(), 2, "the Role and RoleBinding in default");
 
     // --- Pods that are not the instance's -----------------------------------------------------
     let other_ns = pc.test.namespace("rn-other").await.expect("namespace");
@@ -690,9 +671,6 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         .unwrap_or_else(|e| panic!("{e}"));
     drop(mcp);
     env.finish(Some("a")).await;
-    for (api, name) in &outside {
-        let _ = api.delete(name, &DeleteParams::default()).await;
-    }
     other_ns.delete().await.expect("deleting namespace");
     enforcer.stop().await.unwrap_or_else(|e| panic!("{e}"));
     drop(pc);
