@@ -377,6 +377,76 @@ mod tests {
         assert_eq!(parse_images_list(out, "docker.io/library/other:1"), None);
     }
 
+    /// The read paths over HTTP, from a content store laid out as containerd's.
+    #[tokio::test]
+    async fn serves_manifests_and_blobs_by_digest_and_refuses_the_rest() {
+        use sha2::Digest as _;
+        let root = std::env::temp_dir().join(format!("cli-mcp-mirror-{}", std::process::id()));
+        let blobs = root.join("io.containerd.content.v1.content/blobs/sha256");
+        std::fs::create_dir_all(&blobs).expect("mkdir");
+        let manifest =
+            br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}"#;
+        let hex = hex::encode(sha2::Sha256::digest(manifest));
+        std::fs::write(blobs.join(&hex), manifest).expect("blob");
+        let mirror = Mirror::start(Store {
+            socket: root.join("no-containerd.sock"),
+            root: root.clone(),
+            namespace: "k8s.io".into(),
+        })
+        .await
+        .expect("mirror");
+        let http = reqwest::Client::new();
+        let get = |path: &str| http.get(format!("{}{path}", mirror.url())).send();
+
+        let base = get("/v2/").await.expect("GET /v2/");
+        assert_eq!(base.status(), 200);
+        assert_eq!(
+            base.headers()["docker-distribution-api-version"],
+            "registry/2.0"
+        );
+
+        let digest = format!("sha256:{hex}");
+        let m = get(&format!("/v2/library/x/manifests/{digest}?ns=docker.io"))
+            .await
+            .expect("GET manifest");
+        assert_eq!(m.status(), 200);
+        assert_eq!(
+            m.headers()["content-type"],
+            "application/vnd.oci.image.manifest.v1+json"
+        );
+        assert_eq!(m.headers()["docker-content-digest"], digest.as_str());
+        assert_eq!(m.bytes().await.expect("body").as_ref(), manifest);
+
+        let head = http
+            .head(format!("{}/v2/library/x/blobs/{digest}", mirror.url()))
+            .send()
+            .await
+            .expect("HEAD blob");
+        assert_eq!(head.status(), 200);
+        assert_eq!(
+            head.headers()["content-length"],
+            manifest.len().to_string().as_str()
+        );
+
+        let missing = format!("sha256:{}", "0".repeat(64));
+        for path in [
+            format!("/v2/library/x/blobs/{missing}"),
+            "/v2/library/x/blobs/sha256:..%2F..%2Fetc%2Fpasswd".into(),
+            "/v2/_catalog".into(),
+        ] {
+            let r = get(&path).await.expect("GET");
+            assert_eq!(r.status(), 404, "{path}");
+        }
+        let put = http
+            .put(format!("{}/v2/library/x/blobs/uploads/", mirror.url()))
+            .send()
+            .await
+            .expect("PUT");
+        assert_eq!(put.status(), 405, "read-only");
+        drop(mirror);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     #[test]
     fn hosts_toml_has_only_the_mirror() {
         let t = hosts_toml("http://127.0.0.1:5000");
