@@ -24,6 +24,8 @@ use cli_mcp_e2e::cluster::{ClusterConfig, KUBECONFIG_ENV};
 use cli_mcp_e2e::journey::{
     container_pid, sandbox_selector, server_selector, session_of, Env, Mcp,
 };
+use cli_mcp_e2e::node::NodeKind;
+use cli_mcp_e2e::project_images;
 use cli_mcp_e2e::testing::{
     cluster, pod_ip, private_cluster_with, wait_for, wait_for_set, workspace_root, PrivateCluster,
     TestCluster,
@@ -61,6 +63,11 @@ pub struct ClusterArgs {
     /// `maxSessions` of the admission burst (twice as many new sessions are sent at once).
     #[arg(long, default_value_t = 100)]
     pub admission_limit: usize,
+    /// Where the pods run: `process` (the process kubelet; images map to the binaries) or
+    /// `real` (kubelet + containerd/runc; the project's images are built from the binaries in
+    /// --bin-dir and imported). Default: `$CLI_MCP_NODE`, else `process`.
+    #[arg(long)]
+    pub node: Option<NodeKind>,
 }
 
 fn default_bin_dir() -> anyhow::Result<PathBuf> {
@@ -115,12 +122,34 @@ async fn the_cluster(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if let Some(node) = args.node {
+        cfg.node = node;
+    }
+    let node = cfg.node;
+    // On the real node the pods are containers of the images built from these binaries
+    // (seconds when cached); they build while the cluster starts.
+    let images = (node == NodeKind::Real).then(|| {
+        cfg.images.clear();
+        let dir = bin_dir.clone();
+        tokio::task::spawn_blocking(move || project_images::build(&dir))
+    });
     let pc = private_cluster_with(cfg).await?;
+    let mut kind = "process kubelet: pods are host processes";
+    if let Some(build) = images {
+        let images = build
+            .await
+            .context("the image build task")?
+            .context("building the project's images (hack/build-images.sh)")?;
+        pc.cluster
+            .import_project_images(&images)
+            .context("importing the project's images into the real node")?;
+        kind = "real node: containerd/runc containers of the built images";
+    }
     let c = pc.test.clone();
     Ok((
         c,
         format!(
-            "a private cluster; server, operator and agents from {} ({profile} build)",
+            "a private cluster ({kind}); server, operator and agents from {} ({profile} build)",
             bin_dir.display()
         ),
         Some(pc),
@@ -241,7 +270,21 @@ async fn server_pod(env: &Env) -> anyhow::Result<(String, i32)> {
         .iter()
         .find(|p| !pod_state::is_deleting(p))
         .context("no server pod")?;
-    Ok((pod_ip(p).context("server pod IP")?, container_pid(p)))
+    let pid = match &env.c.info.containerd_socket {
+        // Real node: the container's init process, from the node's containerd.
+        Some(socket) => {
+            let id = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.first())
+                .and_then(|c| c.container_id.clone())
+                .context("the server pod has no containerID yet")?;
+            i32::try_from(cli_mcp_e2e::addons::container_task_pid(socket, &id)?)?
+        }
+        None => container_pid(p),
+    };
+    Ok((pod_ip(p).context("server pod IP")?, pid))
 }
 
 struct Load {

@@ -1084,6 +1084,13 @@ pub fn pod_netns(uid: &str) -> PathBuf {
 /// (found through the node's containerd at `socket`). `container_id` is the pod status's
 /// `containerID` (`containerd://<id>`, or the bare id). Valid while the container runs.
 pub fn container_netns(socket: &Path, container_id: &str) -> Result<PathBuf> {
+    let pid = container_task_pid(socket, container_id)?;
+    Ok(PathBuf::from(format!("/proc/{pid}/ns/net")))
+}
+
+/// The host pid of a container's task on the real node (its init process), from the node's
+/// containerd at `socket`; `container_id` as for [`container_netns`].
+pub fn container_task_pid(socket: &Path, container_id: &str) -> Result<u32> {
     let id = container_id
         .strip_prefix("containerd://")
         .unwrap_or(container_id);
@@ -1105,7 +1112,7 @@ pub fn container_netns(socket: &Path, container_id: &str) -> Result<PathBuf> {
                 "container {id} has no running task in the node's containerd ({sock})"
             ))
         })?;
-    Ok(PathBuf::from(format!("/proc/{pid}/ns/net")))
+    Ok(pid)
 }
 
 /// Run `f` on a new thread that has joined the network namespace at `netns`: sockets it
