@@ -474,3 +474,33 @@ async fn a_fork_bomb_is_bounded_and_killed_and_the_shell_is_kept() {
     assert_eq!(s(&v, "stdout"), "yes\n", "the shell was replaced: {v}");
     answers(&a, false).await;
 }
+
+/// Some damage leaves no builtin to restore the others with: a read-only function named
+/// `builtin`, `enable -n enable`. The agent sees at once that the shell ran the command but
+/// could not report on it, and replaces the shell instead of waiting for the timeout.
+#[tokio::test]
+async fn builtins_broken_beyond_repair_get_a_new_shell_at_once() {
+    let a = Agent::start();
+    for trap in [
+        "builtin() { :; }; readonly -f builtin; echo ran",
+        "enable -n printf; enable -n enable; echo ran",
+        "builtin() { :; }; enable() { :; }; readonly -f builtin enable; echo ran",
+    ] {
+        let t0 = std::time::Instant::now();
+        let v = a
+            .exec_with(json!({"command": trap, "timeout_ms": QUICK_MS}))
+            .await;
+        assert_eq!(
+            (
+                s(&v, "stdout"),
+                v["timed_out"].as_bool(),
+                v["shell_restarted"].as_bool()
+            ),
+            ("ran\n", Some(false), Some(true)),
+            "{trap}: {v} after {:?}",
+            t0.elapsed()
+        );
+        assert!(s(&v, "stderr").contains("could not report"), "{trap}: {v}");
+        answers(&a, false).await;
+    }
+}

@@ -38,6 +38,9 @@ pub(super) enum Ended {
     ShellExited(ExitCode),
     /// Timeout or interruption before either of the above.
     Stopped(Stop),
+    /// bash got past the command's line (it closed the `done` FIFO) without writing a
+    /// record: its builtins are broken beyond repair.
+    Unreported,
 }
 
 pub(super) struct Bash {
@@ -118,14 +121,21 @@ impl Bash {
     }
 
     /// Waits for a status record tagged with one of `nonces`, the shell's death, the
-    /// deadline or `abort`.
+    /// deadline or `abort`; with `done`, also for bash closing the command's `done` FIFO.
     pub async fn wait(
         &mut self,
         nonces: &[&str],
         deadline: tokio::time::Instant,
         mut abort: Pin<&mut impl Future<Output = StopReason>>,
+        mut done: Option<&mut pipe::Receiver>,
     ) -> Ended {
         loop {
+            let done_ready = async {
+                match done.as_deref() {
+                    Some(d) => d.readable().await,
+                    None => std::future::pending().await,
+                }
+            };
             if let Some(code) = *self.exited.borrow() {
                 return Ended::ShellExited(code);
             }
@@ -141,6 +151,26 @@ impl Bash {
                 _ = self.exited.changed() => {
                     let code = (*self.exited.borrow()).unwrap_or(-1);
                     return Ended::ShellExited(code);
+                }
+                ready = done_ready => {
+                    let mut byte = [0u8; 64];
+                    match (ready, done.as_deref().map(|d| d.try_read(&mut byte))) {
+                        // EOF: bash has run `>done`, after the record it would have written.
+                        (Ok(()), Some(Ok(0))) => {
+                            return match self.status.try_record(nonces) {
+                                Some(rec) => {
+                                    let cwd = if rec.cwd.is_empty() { self.physical_cwd() } else { rec.cwd };
+                                    Ended::Reported { status: rec.status, cwd }
+                                }
+                                None => Ended::Unreported,
+                            };
+                        }
+                        // Bytes a command wrote there, or no news yet.
+                        (Ok(()), Some(Ok(_))) => {}
+                        (Ok(()), Some(Err(e))) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        // Not readable after all: stop watching it, the record still counts.
+                        _ => done = None,
+                    }
                 }
                 _ = tokio::time::sleep_until(deadline) => return Ended::Stopped(Stop::Timeout),
                 reason = &mut abort => return Ended::Stopped(Stop::Aborted(reason)),

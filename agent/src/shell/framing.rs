@@ -26,11 +26,12 @@ pub(super) struct Record {
 pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
     let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
     format!(
-        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}\n",
+        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}; <>{}\n",
         q("cmd"),
         q("out"),
         q("err"),
         report_status(nonce),
+        q("done"),
     )
 }
 
@@ -39,15 +40,21 @@ pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
 /// literal, and `'` is written `'\''`), so no text can end the quoting early. Output goes to
 /// the FIFOs in `dir`, or to `/dev/null` when even those could not be made.
 pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str) -> String {
-    let (out, err) = match dir {
+    let q = |dir: &Path, name: &str| sh_quote(&dir.join(name).display().to_string());
+    let (out, err, done) = match dir {
         Some(dir) => (
-            sh_quote(&dir.join("out").display().to_string()),
-            sh_quote(&dir.join("err").display().to_string()),
+            q(dir, "out"),
+            q(dir, "err"),
+            format!("; <>{}", q(dir, "done")),
         ),
-        None => ("/dev/null".to_owned(), "/dev/null".to_owned()),
+        None => (
+            "/dev/null".to_owned(),
+            "/dev/null".to_owned(),
+            String::new(),
+        ),
     };
     format!(
-        "\\builtin eval {} </dev/null >{out} 2>{err} 3>&-; {}\n",
+        "\\builtin eval {} </dev/null >{out} 2>{err} 3>&-; {}{done}\n",
         sh_quote(command),
         report_status(nonce),
     )
@@ -63,7 +70,13 @@ pub(super) fn sync_line(nonce: &str, status: i32) -> String {
 }
 
 /// After a command: its status, kept in a variable no command can have made read-only (its
-/// name holds the nonce), the builtins restored, then the record.
+/// name holds the nonce), the builtins restored, then the record. The command line then ends
+/// with `<>done`, a redirection with no command, which no function, alias or `enable` can
+/// touch: bash opens and closes the `done` FIFO, and the agent, reading it, sees that close.
+/// The record was written before, so a close without a record means that this shell can no
+/// longer report at all (see [`restore_builtins`]). Read-write, because opening a FIFO
+/// read-write never blocks: the agent stops reading it once it has the record, and a
+/// write-only open would then wait forever for a reader.
 fn report_status(nonce: &str) -> String {
     let status = format!("__cli_mcp_status_{nonce}");
     format!(
@@ -92,7 +105,7 @@ fn report_status(nonce: &str) -> String {
 ///
 /// A command that goes further (a read-only function named `builtin`, `enable -n enable`, a
 /// read-only `POSIXLY_CORRECT` together with a function named `unset`) leaves the shell
-/// unable to report; its call then times out and the shell is replaced.
+/// unable to report; the `done` FIFO tells at once, and the shell is replaced.
 fn restore_builtins(nonce: &str) -> String {
     let flag = format!("__cli_mcp_posix_{nonce}");
     format!(
@@ -120,21 +133,50 @@ impl StatusPipe {
         }
     }
 
+    /// A record tagged with one of `nonces` among what the pipe holds now, without waiting.
+    pub fn try_record(&mut self, nonces: &[&str]) -> Option<Record> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            while let Some(rec) = self.buffered_record() {
+                if nonces.contains(&rec.nonce.as_str()) {
+                    return Some(rec);
+                }
+            }
+            match self.rx.try_read(&mut chunk) {
+                Ok(0) => {
+                    self.closed = true;
+                    return None;
+                }
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// The next complete record in what was read already.
+    fn buffered_record(&mut self) -> Option<Record> {
+        while let Some(off) = self.buf[self.scanned..].iter().position(|b| *b == 0) {
+            let end = self.scanned + off;
+            let segment: Vec<u8> = self.buf.drain(..=end).collect();
+            self.scanned = 0;
+            if let Some(rec) = parse_record(&segment[..segment.len() - 1]) {
+                return Some(rec);
+            }
+        }
+        self.scanned = self.buf.len();
+        None
+    }
+
     /// Reads the next record; `None` on EOF. Records are NUL-delimited on both sides so
     /// anything bash printed on the pipe before its init script ran (startup warnings, a
     /// first prompt) is a segment of its own that matches no nonce.
     pub async fn next_record(&mut self) -> Option<Record> {
         loop {
             // Only bytes not yet searched are searched, so a flood stays linear.
-            while let Some(off) = self.buf[self.scanned..].iter().position(|b| *b == 0) {
-                let end = self.scanned + off;
-                let segment: Vec<u8> = self.buf.drain(..=end).collect();
-                self.scanned = 0;
-                if let Some(rec) = parse_record(&segment[..segment.len() - 1]) {
-                    return Some(rec);
-                }
+            if let Some(rec) = self.buffered_record() {
+                return Some(rec);
             }
-            self.scanned = self.buf.len();
             if self.buf.len() > STATUS_BUF_MAX {
                 // No record is this long: drop the junk (keep a tail that may start one).
                 let keep = 256;
@@ -210,7 +252,7 @@ mod tests {
         );
         assert!(
             l.ends_with(
-                "\\builtin printf '\\0%s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc\n"
+                "\\builtin printf '\\0%s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc; <>'/s/cmd/1/done'\n"
             ),
             "{l}"
         );

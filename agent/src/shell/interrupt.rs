@@ -57,7 +57,10 @@ impl Shell {
                 bash.send_line(&sync_line, grace).await;
             }
             let deadline = tokio::time::Instant::now() + grace;
-            match self.wait(&[nonce, &sync], deadline, never.as_mut()).await {
+            match self
+                .wait(&[nonce, &sync], deadline, never.as_mut(), None)
+                .await
+            {
                 Ended::Stopped(_) => continue,
                 other => return other,
             }
@@ -80,9 +83,9 @@ impl Shell {
                 return false;
             }
             let deadline = tokio::time::Instant::now() + grace;
-            match self.wait(&[&sync], deadline, never.as_mut()).await {
+            match self.wait(&[&sync], deadline, never.as_mut(), None).await {
                 Ended::Reported { .. } => return true,
-                Ended::ShellExited(_) => return false,
+                Ended::ShellExited(_) | Ended::Unreported => return false,
                 Ended::Stopped(_) => continue,
             }
         }

@@ -179,7 +179,8 @@ impl Shell {
         let mut notes = Notes::new(self.pending_reset.take());
         // Before the command, so that it finds room to fork.
         self.stop_runaway(&mut notes).await;
-        let (files, streams) = self.prepare(command, &mut notes)?;
+        let (files, mut streams) = self.prepare(command, &mut notes)?;
+        let mut done = streams.as_mut().and_then(|s| s.done.take());
         let before = self.send(&files.line, &mut notes).await?;
         // Output is read while the command runs, in this task; the end of the wait tells the
         // collector to take what is left.
@@ -192,7 +193,9 @@ impl Shell {
         };
         let ((ended, stop), collected) = tokio::join!(
             async {
-                let end = self.await_end(&files.nonce, &before, deadline, abort).await;
+                let end = self
+                    .await_end(&files.nonce, &before, deadline, abort, done.as_mut())
+                    .await;
                 let _ = finish.send(());
                 end
             },
@@ -275,9 +278,10 @@ impl Shell {
         before: &BTreeSet<i32>,
         deadline: tokio::time::Instant,
         abort: impl Future<Output = StopReason>,
+        done: Option<&mut tokio::net::unix::pipe::Receiver>,
     ) -> (Ended, Option<Stop>) {
         tokio::pin!(abort);
-        let stop = match self.wait(&[nonce], deadline, abort.as_mut()).await {
+        let stop = match self.wait(&[nonce], deadline, abort.as_mut(), done).await {
             Ended::Stopped(stop) => stop,
             ended => return (ended, None),
         };
@@ -310,6 +314,15 @@ impl Shell {
                     Some(_) => notes.shell_restarted = true,
                 }
                 code
+            }
+            Ended::Unreported => {
+                notes.reset(
+                    "the shell ran the command but could not report on it: its builtins are \
+                     broken beyond repair (a read-only function named builtin, or enable -n \
+                     enable?), so it was replaced (working directory, variables and functions \
+                     were reset); the command's exit status is unknown",
+                );
+                1
             }
             Ended::Stopped(_) => {
                 // Still no answer after killing the command's processes: the shell itself
@@ -358,9 +371,10 @@ impl Shell {
         nonces: &[&str],
         deadline: tokio::time::Instant,
         abort: Pin<&mut impl Future<Output = StopReason>>,
+        done: Option<&mut tokio::net::unix::pipe::Receiver>,
     ) -> Ended {
         match self.bash.as_mut() {
-            Some(bash) => bash.wait(nonces, deadline, abort).await,
+            Some(bash) => bash.wait(nonces, deadline, abort, done).await,
             None => Ended::ShellExited(-1),
         }
     }

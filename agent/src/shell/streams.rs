@@ -44,6 +44,9 @@ pub(super) const LINGERING_MAX: usize = 64;
 pub(super) struct Streams {
     out: Stream,
     err: Stream,
+    /// `dir/done`, open for reading: bash opens and closes it once past the command's line
+    /// (see `framing::report_status`). Taken by the task that waits for the command.
+    pub done: Option<pipe::Receiver>,
 }
 
 pub(super) struct Collected {
@@ -69,7 +72,23 @@ pub(super) fn open(
         &dir.join("err"),
         StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stderr")),
     )?;
-    Ok(Streams { out, err })
+    let done = done_fifo(&dir.join("done"))?;
+    Ok(Streams {
+        out,
+        err,
+        done: Some(done),
+    })
+}
+
+/// A FIFO the agent only reads, with no writer of its own: its end of file is bash's close.
+fn done_fifo(path: &Path) -> io::Result<pipe::Receiver> {
+    use nix::sys::stat::Mode;
+    nix::unistd::mkfifo(path, Mode::S_IRUSR | Mode::S_IWUSR).map_err(io::Error::from)?;
+    let reader = File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    pipe::Receiver::from_file_unchecked(reader)
 }
 
 impl Streams {
