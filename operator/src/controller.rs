@@ -150,6 +150,7 @@ fn observe(
         endpoint: Some(spec.endpoint()),
         ca_config_map: inputs.ca_config_map_name(),
         selector: Some(spec.name.server_selector()),
+        api_server_problem: inputs.api_server.problem.clone(),
     }
 }
 

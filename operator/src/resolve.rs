@@ -298,11 +298,15 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
         }
         Ok(None) => {}
         // Without these addresses the sandbox NetworkPolicy has no API server rule, so an
-        // enforcing CNI cuts sandboxes off the API: say so where an admin looks.
-        Err(e) => tracing::warn!(
-            "reading Service default/kubernetes: {e}; sandboxes get no API server egress \
-             (the operator needs config/rbac's Role in namespace default)"
-        ),
+        // enforcing CNI cuts sandboxes off the API: say so where an admin looks (the log
+        // and the instance's Degraded condition).
+        Err(e) => {
+            tracing::warn!(
+                "reading Service default/kubernetes: {e}; sandboxes get no API server egress \
+                 (the operator needs config/rbac's Role in namespace default)"
+            );
+            peers.problem = Some(format!("cannot read Service default/kubernetes: {e}"));
+        }
     }
     let lp = ListParams::default().labels("kubernetes.io/service-name=kubernetes");
     match Api::<EndpointSlice>::namespaced(ctx.client.clone(), "default")
@@ -319,11 +323,16 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
                     .extend(slice.ports.into_iter().flatten().filter_map(|p| p.port));
             }
         }
-        Err(e) => tracing::warn!(
-            "listing EndpointSlices of default/kubernetes: {e}; sandboxes get no egress to \
-             the API server's endpoints (the operator needs config/rbac's Role in namespace \
-             default)"
-        ),
+        Err(e) => {
+            tracing::warn!(
+                "listing EndpointSlices of default/kubernetes: {e}; sandboxes get no egress to \
+                 the API server's endpoints (the operator needs config/rbac's Role in namespace \
+                 default)"
+            );
+            peers.problem.get_or_insert_with(|| {
+                format!("cannot list the EndpointSlices of default/kubernetes: {e}")
+            });
+        }
     }
     peers.ips.sort();
     peers.ips.dedup();

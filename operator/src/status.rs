@@ -6,7 +6,8 @@
 //! - `Ready`: `Ready` | `InvalidSpec` | `SecretsNotFound` | `SecretKeysInvalid` |
 //!   `ApplyFailed` | `DeploymentUnavailable` | `WarmPoolFilling` | `WarmPoolUnhealthy`
 //! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
-//! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing`
+//! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing` |
+//!   `ApiServerUnknown`
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -47,6 +48,9 @@ pub struct Observed {
     pub ca_config_map: Option<String>,
     /// Label selector of the server pods.
     pub selector: Option<String>,
+    /// Why the API server's addresses could not be read (the sandbox NetworkPolicy then
+    /// has no rule for it).
+    pub api_server_problem: Option<String>,
 }
 
 struct Cond {
@@ -192,6 +196,18 @@ fn degraded_condition(o: &Observed) -> Cond {
     if !o.pool.failing.is_empty() {
         return c(true, "PoolPodsFailing", failing_message(&o.pool));
     }
+    if let Some(p) = &o.api_server_problem {
+        return c(
+            true,
+            "ApiServerUnknown",
+            format!(
+                "{p}; the sandbox NetworkPolicy has no egress rule for the Kubernetes API \
+                 server, so under an enforcing CNI sandboxes cannot reach it: grant the \
+                 operator config/rbac's apiserver-endpoints Role and RoleBinding in namespace \
+                 default (an overlay's `namespace:` must not move them)"
+            ),
+        );
+    }
     c(false, "AsExpected", "nothing needs attention".into())
 }
 
@@ -334,6 +350,22 @@ mod tests {
         assert_eq!(cond(&s3, WARM_POOL_READY).status, "False");
         assert_eq!(cond(&s3, DEGRADED).status, "False");
         assert_eq!(s3.observed_generation, Some(2));
+    }
+
+    #[test]
+    fn unreadable_api_server_addresses_degrade_but_keep_ready() {
+        let mut o = healthy(0, 0);
+        o.api_server_problem = Some("cannot read Service default/kubernetes: forbidden".into());
+        let s = compute(None, &o, t(1));
+        let d = cond(&s, DEGRADED);
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "ApiServerUnknown")
+        );
+        assert!(d.message.contains("forbidden"), "{}", d.message);
+        assert!(d.message.contains("apiserver-endpoints"), "{}", d.message);
+        // The server serves; only the sandboxes' API egress is at risk.
+        assert_eq!(cond(&s, READY).status, "True");
     }
 
     #[test]

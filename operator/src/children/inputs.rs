@@ -157,6 +157,9 @@ pub struct ApiServerPeers {
     pub ips: Vec<String>,
     /// TCP ports (endpoint ports and the Service port).
     pub ports: Vec<i32>,
+    /// Why the addresses may be incomplete (a read the operator was refused); shown in the
+    /// `Degraded` condition, because the sandbox NetworkPolicy then lacks the API rule.
+    pub problem: Option<String>,
 }
 
 /// Everything the builders need.

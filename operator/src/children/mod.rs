@@ -130,6 +130,7 @@ pub(crate) mod test_support {
             api_server: ApiServerPeers {
                 ips: vec!["10.0.0.1".into()],
                 ports: vec![6443],
+                problem: None,
             },
         }
     }
