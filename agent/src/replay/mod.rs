@@ -21,8 +21,9 @@
 //! record answers only the request whose id hashes to the hash it holds, and a response
 //! whose stdout or stderr is longer than a live one can be (the output budget plus room for
 //! markers and notes) is not replayed, so a forged record cannot bypass truncation.
-//! `dir_is_ours` (a real directory, not a link) is checked once, at open; after that the
-//! paths are used as they are, each file opened with `O_NOFOLLOW`.
+//! `dir_is_ours` (a real directory, not a link) is checked at open and before every write or
+//! removal (one `lstat`; a link is replaced by a real directory), and each file is opened with
+//! `O_NOFOLLOW`.
 //!
 //! None of this stops the shell user from forging or deleting its own session's records:
 //! the user that runs the caller's commands can write here, and there are no keyed
