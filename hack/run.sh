@@ -115,31 +115,16 @@ kubectl -n "$ns" apply -f config/samples/cli-mcp_v1alpha1_climcpinstance.yaml
 kubectl -n "$ns" wait "climcpinstance/$name" --for=condition=Ready --timeout=180s
 kubectl -n "$ns" get climcpinstances
 
-say "a client identity allowed to use instance $name (verbs on climcpinstances/mcp)"
-kubectl -n "$ns" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: mcp-client}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: mcp-client}
-rules:
-  - apiGroups: [cli-mcp.redhat.com]
-    resources: [climcpinstances/mcp]
-    resourceNames: [$name]
-    verbs: [get, create, delete]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: mcp-client}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: mcp-client}
-subjects: [{kind: ServiceAccount, name: mcp-client, namespace: $ns}]
-YAML
+# The operator makes each instance's client identity: ServiceAccount cli-mcp-<n>-client,
+# bound to a Role with exactly the verbs the server checks on this instance's
+# climcpinstances/mcp (spec.server.clients adds people and groups).
+client_sa="cli-mcp-$name-client"
+say "the instance's client identity: ServiceAccount $client_sa (made by the operator)"
+kubectl -n "$ns" get serviceaccount "$client_sa" >/dev/null
 kubectl -n "$ns" get configmap "$svc-ca" -o jsonpath='{.data.ca\.crt}' >"$run/ca.crt"
 # A literal token to paste: the cluster (and its signing key) lives only as long as this run,
 # so the token stops working when `make run` stops.
-client_token="$(kubectl -n "$ns" create token mcp-client --duration=24h)"
+client_token="$(kubectl -n "$ns" create token "$client_sa" --duration=24h)"
 host="$svc.$ns.svc"
 
 say "forwarding 127.0.0.1 to svc/$svc:8443 (TLS to the instance, its CA pinned)"
@@ -194,7 +179,7 @@ End the session (the next call starts a fresh shell):
   curl -s -X DELETE http://$local_addr/sessions/$session -H '$auth'
 
 Admin access to the local cluster:  export KUBECONFIG=$KUBECONFIG
-Another token:                      kubectl -n $ns create token mcp-client
+Another token:                      kubectl -n $ns create token $client_sa
 
 Ctrl-C stops everything.
 EOF

@@ -396,36 +396,15 @@ impl Env {
         m
     }
 
-    /// A client ServiceAccount allowed to use instance `name`, its token, the instance CA
-    /// and a loopback forward to the Service.
+    /// The client ServiceAccount the operator made for instance `name`
+    /// (`cli-mcp-<name>-client`, allowed exactly the MCP verbs on this instance), its token,
+    /// the instance CA and a loopback forward to the Service.
     pub async fn client(&self, name: &str) -> Mcp {
         let n = &self.ns.name;
-        let rbac = format!(
-            r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: mcp-client}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: mcp-client-{name}}}
-rules:
-  - apiGroups: [cli-mcp.redhat.com]
-    resources: [climcpinstances/mcp]
-    resourceNames: [{name}]
-    verbs: [get, create, delete]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: mcp-client-{name}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: mcp-client-{name}}}
-subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
-"#
-        );
-        apply_yaml(&self.c, n, &rbac, |_| {}).await;
         let token = self
             .api::<ServiceAccount>()
             .create_token_request(
-                "mcp-client",
+                &format!("cli-mcp-{name}-client"),
                 &PostParams::default(),
                 &TokenRequest {
                     spec: Some(TokenRequestSpec {
@@ -436,7 +415,7 @@ subjects: [{{kind: ServiceAccount, name: mcp-client, namespace: {n}}}]
                 },
             )
             .await
-            .expect("token")
+            .expect("a token of the instance's client ServiceAccount")
             .status
             .and_then(|s| s.token)
             .expect("token");
