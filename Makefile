@@ -52,6 +52,7 @@ bench: prereqs control-plane tools build ## speed and memory figures, printed as
 	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
 	$(TARGET_DIR)/release/cli-mcp-bench images
 	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet
+	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --node real --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet --starts 20 --calls 300 --sessions 50 --commands 50 --admission-limit 50
 	$(CARGO) bench -p cli-mcp-server --bench server
 	$(CARGO) bench -p cli-mcp-operator --bench operator
 
