@@ -26,7 +26,7 @@ pub(super) struct Record {
 pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
     let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
     format!(
-        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}; <>{}\n",
+        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}; \\builtin : <>{}\n",
         q("cmd"),
         q("out"),
         q("err"),
@@ -45,7 +45,7 @@ pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str
         Some(dir) => (
             q(dir, "out"),
             q(dir, "err"),
-            format!("; <>{}", q(dir, "done")),
+            format!("; \\builtin : <>{}", q(dir, "done")),
         ),
         None => (
             "/dev/null".to_owned(),
@@ -71,12 +71,16 @@ pub(super) fn sync_line(nonce: &str, status: i32) -> String {
 
 /// After a command: its status, kept in a variable no command can have made read-only (its
 /// name holds the nonce), the builtins restored, then the record. The command line then ends
-/// with `<>done`, a redirection with no command, which no function, alias or `enable` can
-/// touch: bash opens and closes the `done` FIFO, and the agent, reading it, sees that close.
-/// The record was written before, so a close without a record means that this shell can no
-/// longer report at all (see [`restore_builtins`]). Read-write, because opening a FIFO
-/// read-write never blocks: the agent stops reading it once it has the record, and a
-/// write-only open would then wait forever for a reader.
+/// with `\builtin : <>done`: bash opens and closes the `done` FIFO, and the agent, reading
+/// it, sees that close. The record was written before, so a close without a record means
+/// that this shell can no longer report at all (see [`restore_builtins`]). The redirection
+/// is made whatever `\builtin` turns out to be (a read-only function gets it too; a command
+/// not found gets it in its child), so the close comes even then. (A redirection with no
+/// command at all would need no name, but bash forks a subshell for it: a millisecond per
+/// command, and no fork at all under a fork bomb. `:` alone could be a function: the fork
+/// bomb `:(){ :|:& };:` defines one.) Read-write, because opening a FIFO read-write never
+/// blocks: the agent stops reading it once it has the record, and a write-only open would
+/// then wait forever for a reader.
 fn report_status(nonce: &str) -> String {
     let status = format!("__cli_mcp_status_{nonce}");
     format!(
@@ -252,7 +256,7 @@ mod tests {
         );
         assert!(
             l.ends_with(
-                "\\builtin printf '\\0%s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc; <>'/s/cmd/1/done'\n"
+                "\\builtin printf '\\0%s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc; \\builtin : <>'/s/cmd/1/done'\n"
             ),
             "{l}"
         );
