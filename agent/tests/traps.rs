@@ -504,3 +504,21 @@ async fn builtins_broken_beyond_repair_get_a_new_shell_at_once() {
         answers(&a, false).await;
     }
 }
+
+/// A process limit the agent's launcher set lower than `--max-processes` (a container
+/// runtime's `nproc`) cannot be raised by a non-root agent: the shell gets that one instead
+/// of failing to start.
+#[tokio::test]
+async fn a_lower_inherited_process_limit_is_kept_not_fatal() {
+    let Some(uid) = own_uid(3) else { return };
+    let _cleanup = KillAll(uid);
+    let a = Agent::start_with(Opts {
+        run_as: Some(uid),
+        nproc_limit: Some(64),
+        extra_args: &["--max-processes", "4096"],
+        ..Default::default()
+    });
+    answers(&a, false).await;
+    let v = a.exec("ulimit -u; ulimit -Hu").await;
+    assert_eq!(s(&v, "stdout"), "64\n64\n", "{v}");
+}

@@ -69,10 +69,16 @@ impl Bash {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         // The agent's threads count against the uid's limit too: the shell gets its own
-        // allowance on top of them.
-        let nproc = opts
-            .max_processes
-            .map(|max| max.saturating_add(procs::own_threads()));
+        // allowance on top of them. A non-root process cannot raise its hard limit, so one
+        // the agent was started with (a container runtime's nproc) caps it, or the shell
+        // could not start at all.
+        let nproc = opts.max_processes.map(|max| {
+            let want = max.saturating_add(procs::own_threads());
+            match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC) {
+                Ok((_, hard)) => want.min(hard),
+                Err(_) => want,
+            }
+        });
         prepare_child(&mut cmd, status_w.as_raw_fd(), nproc);
         let (mut child, exited) = reaper.spawn(&mut cmd).map_err(spawn_err)?;
         // Our copy of the write end must go, so that EOF on the pipe means "shell gone".
@@ -108,6 +114,18 @@ impl Bash {
         )
     }
 
+    fn reported(&self, rec: super::framing::Record) -> Ended {
+        let cwd = if rec.cwd.is_empty() {
+            self.physical_cwd()
+        } else {
+            rec.cwd
+        };
+        Ended::Reported {
+            status: rec.status,
+            cwd,
+        }
+    }
+
     /// The shell's directory as the kernel knows it: for a shell whose `PWD` a command
     /// unset (the record then carries none).
     fn physical_cwd(&self) -> String {
@@ -141,10 +159,7 @@ impl Bash {
             }
             tokio::select! {
                 rec = self.status.next_record(), if !self.status.closed => match rec {
-                    Some(rec) if nonces.contains(&rec.nonce.as_str()) => {
-                        let cwd = if rec.cwd.is_empty() { self.physical_cwd() } else { rec.cwd };
-                        return Ended::Reported { status: rec.status, cwd }
-                    }
+                    Some(rec) if nonces.contains(&rec.nonce.as_str()) => return self.reported(rec),
                     Some(_) => continue, // a stale record of an interrupted command
                     None => self.status.closed = true,
                 },
@@ -155,13 +170,11 @@ impl Bash {
                 ready = done_ready => {
                     let mut byte = [0u8; 64];
                     match (ready, done.as_deref().map(|d| d.try_read(&mut byte))) {
-                        // EOF: bash has run `>done`, after the record it would have written.
+                        // EOF: bash has opened and closed `done`, after the record it would
+                        // have written.
                         (Ok(()), Some(Ok(0))) => {
                             return match self.status.try_record(nonces) {
-                                Some(rec) => {
-                                    let cwd = if rec.cwd.is_empty() { self.physical_cwd() } else { rec.cwd };
-                                    Ended::Reported { status: rec.status, cwd }
-                                }
+                                Some(rec) => self.reported(rec),
                                 None => Ended::Unreported,
                             };
                         }

@@ -98,7 +98,8 @@ impl CommandFiles {
 }
 
 impl Shell {
-    pub fn new(opts: ShellOptions, reaper: Reaper) -> Result<Self, ShellError> {
+    pub fn new(mut opts: ShellOptions, reaper: Reaper) -> Result<Self, ShellError> {
+        opts.max_processes = opts.max_processes.map(runaway::effective_max);
         let files_err = |source| ShellError::Files {
             dir: opts.state_dir.clone(),
             source,

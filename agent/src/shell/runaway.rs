@@ -25,6 +25,25 @@ use crate::procs;
 /// How long the agent keeps killing before it answers anyway (the kernel limit still holds).
 const KILL_FOR: Duration = Duration::from_secs(3);
 
+/// `--max-processes` as it can be had: a non-root agent cannot raise the hard limit it was
+/// started with, which then bounds the shell (less the agent's own threads), and the agent
+/// steps in relative to that.
+pub(super) fn effective_max(max: u64) -> u64 {
+    let threads = crate::procs::own_threads();
+    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC) {
+        Ok((_, hard)) if hard < max.saturating_add(threads) => {
+            let max_here = hard.saturating_sub(threads).max(1);
+            tracing::warn!(
+                max_processes = max,
+                hard_limit = hard,
+                "the agent's own process limit is lower than --max-processes; using {max_here}"
+            );
+            max_here
+        }
+        _ => max,
+    }
+}
+
 /// Session processes at which the agent steps in, for a limit of `max`.
 pub(super) fn threshold(max: u64) -> usize {
     usize::try_from(max.saturating_mul(3) / 4)
