@@ -13,8 +13,9 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use tokio::net::TcpListener;
 
 use crate::error::{Error, Result};
 
@@ -151,17 +152,15 @@ impl Mirror {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::Other(format!("image mirror: local address: {e}")))?;
+        // One fallback handler: the registry API's paths are routed by `route`, which the
+        // unit tests pin; axum does the HTTP (and answers HEAD as GET without the body).
+        let app = axum::Router::new().fallback(move |method: Method, uri: Uri| {
+            let store = store.clone();
+            async move { serve(&store, &method, &uri).await }
+        });
         let task = tokio::spawn(async move {
-            loop {
-                let Ok((conn, _)) = listener.accept().await else {
-                    continue;
-                };
-                let store = store.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = serve(conn, &store).await {
-                        tracing::debug!("image mirror: connection: {e}");
-                    }
-                });
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::warn!("image mirror stopped: {e}");
             }
         });
         tracing::debug!(%addr, "image mirror listening");
@@ -201,42 +200,29 @@ pub fn hosts_toml(url: &str) -> String {
     )
 }
 
-async fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
-    let (read, mut write) = conn.into_split();
-    let mut read = BufReader::new(read);
-    let mut line = String::new();
-    // One request per connection (`Connection: close`): containerd makes a handful per pull.
-    read.read_line(&mut line).await?;
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_owned();
-    let target = parts.next().unwrap_or_default().to_owned();
-    loop {
-        let mut header = String::new();
-        if read.read_line(&mut header).await? == 0 || header.trim().is_empty() {
-            break;
-        }
+async fn serve(store: &Store, method: &Method, uri: &Uri) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, &[], Vec::new());
     }
-    let head_only = method == "HEAD";
-    if method != "GET" && !head_only {
-        return respond(&mut write, "405 Method Not Allowed", &[], None, head_only).await;
-    }
-    let (media_type, digest) = match route(&target) {
-        Route::Base => {
-            return respond(&mut write, "200 OK", &[], Some(b"{}".to_vec()), head_only).await
-        }
-        Route::NotFound => return not_found(&mut write, head_only).await,
+    let target = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let (media_type, digest) = match route(target) {
+        Route::Base => return reply(StatusCode::OK, &[], b"{}".to_vec()),
+        Route::NotFound => return not_found(),
         Route::Blob { digest } => ("application/octet-stream".to_owned(), digest),
         Route::Manifest { image, reference } if reference.starts_with("sha256:") => {
             let Some(body) = read_blob(store, &reference).await else {
-                return not_found(&mut write, head_only).await;
+                return not_found();
             };
             let media_type = media_type_of(&body);
-            let headers = [
-                ("Content-Type", media_type),
-                ("Docker-Content-Digest", reference),
-            ];
             tracing::debug!(image, "image mirror: manifest by digest");
-            return respond(&mut write, "200 OK", &headers, Some(body), head_only).await;
+            return reply(
+                StatusCode::OK,
+                &[
+                    ("content-type", media_type),
+                    ("docker-content-digest", reference),
+                ],
+                body,
+            );
         }
         Route::Manifest { image, reference } => {
             match store.lookup(&format!("{image}:{reference}")).await {
@@ -246,64 +232,53 @@ async fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
                         image = %format!("{image}:{reference}"),
                         "image mirror: not in the node's containerd (import it first)"
                     );
-                    return not_found(&mut write, head_only).await;
+                    return not_found();
                 }
             }
         }
     };
     let Some(body) = read_blob(store, &digest).await else {
-        return not_found(&mut write, head_only).await;
+        return not_found();
     };
-    let headers = [
-        ("Content-Type", media_type),
-        ("Docker-Content-Digest", digest),
-    ];
-    respond(&mut write, "200 OK", &headers, Some(body), head_only).await
+    reply(
+        StatusCode::OK,
+        &[
+            ("content-type", media_type),
+            ("docker-content-digest", digest),
+        ],
+        body,
+    )
 }
 
 async fn read_blob(store: &Store, digest: &str) -> Option<Vec<u8>> {
     tokio::fs::read(store.blob(digest)?).await.ok()
 }
 
-async fn not_found(
-    write: &mut tokio::net::tcp::OwnedWriteHalf,
-    head_only: bool,
-) -> std::io::Result<()> {
+fn not_found() -> Response {
     let body =
         br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"not in this node's containerd"}]}"#;
-    let headers = [("Content-Type", "application/json".to_owned())];
-    respond(
-        write,
-        "404 Not Found",
-        &headers,
-        Some(body.to_vec()),
-        head_only,
+    reply(
+        StatusCode::NOT_FOUND,
+        &[("content-type", "application/json".to_owned())],
+        body.to_vec(),
     )
-    .await
 }
 
-async fn respond(
-    write: &mut tokio::net::tcp::OwnedWriteHalf,
-    status: &str,
-    headers: &[(&str, String)],
-    body: Option<Vec<u8>>,
-    head_only: bool,
-) -> std::io::Result<()> {
-    let body = body.unwrap_or_default();
-    let mut head = format!(
-        "HTTP/1.1 {status}\r\nDocker-Distribution-API-Version: registry/2.0\r\n\
-         Content-Length: {}\r\nConnection: close\r\n",
-        body.len()
+/// A response with the registry API's version header; `Content-Length` comes from the body
+/// (axum keeps it for HEAD, which containerd reads for blob sizes).
+fn reply(status: StatusCode, headers: &[(&'static str, String)], body: Vec<u8>) -> Response {
+    let mut r = (status, body).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        "docker-distribution-api-version",
+        HeaderValue::from_static("registry/2.0"),
     );
     for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
+        if let Ok(v) = HeaderValue::from_str(v) {
+            h.insert(*k, v);
+        }
     }
-    head.push_str("\r\n");
-    write.write_all(head.as_bytes()).await?;
-    if !head_only {
-        write.write_all(&body).await?;
-    }
-    write.shutdown().await
+    r
 }
 
 #[cfg(test)]
