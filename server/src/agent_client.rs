@@ -19,6 +19,8 @@ const ASSIGN_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Cap of error bodies and `/assign` answers.
 const SMALL_BODY_LIMIT: usize = 64 * 1024;
+/// One `GET /healthz` of a starting agent: on a pod network it answers in well under this.
+const HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -129,6 +131,15 @@ impl AgentClient {
             self.exec_body_limit,
         )
         .await
+    }
+
+    /// `GET /healthz`: whether the agent answers (what its readiness probe asks).
+    pub async fn healthy(&self, endpoint: &str) -> bool {
+        let url = format!("{endpoint}/healthz");
+        matches!(
+            self.http.get(&url).timeout(HEALTH_TIMEOUT).send().await,
+            Ok(r) if r.status().is_success()
+        )
     }
 
     /// Binds a warm pod to a session (bearer = the pod's assign token).

@@ -111,6 +111,19 @@ pub(super) fn pod_ip(p: &Pod) -> Option<&str> {
         .filter(|ip| !ip.is_empty())
 }
 
+/// Whether the sandbox's agent container is running (started; maybe not Ready yet).
+pub(super) fn agent_running(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.name == cli_mcp_api::sandbox::CONTAINER_NAME
+                    && c.state.as_ref().is_some_and(|s| s.running.is_some())
+            })
+        })
+}
+
 pub(super) fn endpoint_of(p: &Pod) -> Option<String> {
     let ip = pod_ip(p)?;
     Some(match ip.parse::<std::net::IpAddr>() {
@@ -149,6 +162,33 @@ pub(super) fn pending_reason(p: &Pod) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_counts_as_running_once_its_container_runs() {
+        let pod = |state: serde_json::Value, name: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "x"},
+                "status": {"phase": "Pending", "containerStatuses": [{
+                    "name": name, "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": state
+                }]}
+            }))
+            .expect("pod")
+        };
+        let running = json!({"running": {"startedAt": "2026-12-01T00:00:00Z"}});
+        assert!(agent_running(&pod(running.clone(), "agent")));
+        assert!(
+            !agent_running(&pod(running, "sidecar")),
+            "another container"
+        );
+        assert!(!agent_running(&pod(
+            json!({"waiting": {"reason": "ContainerCreating"}}),
+            "agent"
+        )));
+        assert!(!agent_running(
+            &serde_json::from_value(json!({"metadata": {"name": "x"}})).expect("pod")
+        ));
+    }
 
     #[test]
     fn start_failures_are_recognised() {

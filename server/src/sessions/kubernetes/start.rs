@@ -2,6 +2,8 @@
 //! create the session's own pod (deterministic name, so concurrent creators adopt one pod),
 //! wait for it to be Ready, and converge with other replicas that did the same.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
@@ -19,8 +21,8 @@ use cli_mcp_api::SessionId;
 
 use super::admission::Reservation;
 use super::pods::{
-    annotation_of, deleted_while_starting, endpoint_of, has_launch, pending_reason, pod_ip,
-    pod_key, start_failure,
+    agent_running, annotation_of, deleted_while_starting, endpoint_of, has_launch,
+    pending_reason, pod_ip, pod_key, start_failure,
 };
 use super::KubeBackend;
 use crate::auth::Caller;
@@ -248,29 +250,55 @@ impl KubeBackend {
         Ok(())
     }
 
-    /// Waits (watch, not polling) until `pod` is Ready with an IP. A pod that cannot start
-    /// is deleted, so the next call starts a fresh one.
+    /// Waits until `pod`'s agent can be used: Ready with an IP (watched, not polled), or —
+    /// once its container runs with an IP — its agent answering `/healthz` to the server
+    /// directly. The kubelet probes readiness once a second, so without the direct check a
+    /// cold start would wait up to a second for a probe that asks the same question. A pod
+    /// that cannot start is deleted, so the next call starts a fresh one.
     pub(super) async fn wait_ready(&self, pod: Pod) -> Result<Pod, SessionError> {
         if is_ready(&pod) && pod_ip(&pod).is_some() {
             return Ok(pod);
         }
         let name = pod.name_any();
         let uid = pod.uid();
-        let want = uid.clone();
-        let cond = move |p: Option<&Pod>| match p {
-            None => true,
-            Some(p) => {
-                p.uid() != want
-                    || is_deleting(p)
-                    || (is_ready(p) && pod_ip(p).is_some())
-                    || start_failure(p).is_some()
+        let settled = |want: Option<String>| {
+            move |p: Option<&Pod>| match p {
+                None => true,
+                Some(p) => {
+                    p.uid() != want
+                        || is_deleting(p)
+                        || (is_ready(p) && pod_ip(p).is_some())
+                        || start_failure(p).is_some()
+                }
             }
         };
-        let waited = tokio::time::timeout(
-            self.limits.start_timeout,
-            await_condition(self.pods.clone(), &name, cond),
+        let deadline = tokio::time::Instant::now() + self.limits.start_timeout;
+        let want = uid.clone();
+        let running = move |p: Option<&Pod>| {
+            settled(want.clone())(p) || p.is_some_and(|p| agent_running(p) && pod_ip(p).is_some())
+        };
+        let waited = match tokio::time::timeout_at(
+            deadline,
+            await_condition(self.pods.clone(), &name, running),
         )
-        .await;
+        .await
+        {
+            Ok(Ok(Some(p))) if p.uid() == uid && !is_deleting(&p) && !is_ready(&p) => {
+                match (start_failure(&p), endpoint_of(&p)) {
+                    (None, Some(endpoint)) => {
+                        tokio::select! {
+                            () = self.until_healthy(&endpoint) => return Ok(p),
+                            w = tokio::time::timeout_at(
+                                deadline,
+                                await_condition(self.pods.clone(), &name, settled(uid.clone())),
+                            ) => w,
+                        }
+                    }
+                    _ => Ok(Ok(Some(p))),
+                }
+            }
+            other => other,
+        };
         let outcome: Result<(), String> = match waited {
             Err(_) => {
                 let why = self
@@ -301,6 +329,17 @@ impl KubeBackend {
         Err(SessionError::Sandbox(format!(
             "{msg}; it was deleted, and the next call starts a new sandbox (check the instance's sandbox image and resources)"
         )))
+    }
+
+    /// Returns once the agent at `endpoint` answers `/healthz`; the caller bounds the wait.
+    /// Polls (the agent cannot announce itself), from 5 ms up to 100 ms apart: a container
+    /// that has just started usually answers within tens of milliseconds.
+    async fn until_healthy(&self, endpoint: &str) {
+        let mut pause = Duration::from_millis(5);
+        while !self.agent.healthy(endpoint).await {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
     }
 
     /// After a claim or create: if another replica gave the session a second pod at the same
