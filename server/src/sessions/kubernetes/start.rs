@@ -21,8 +21,8 @@ use cli_mcp_api::SessionId;
 
 use super::admission::Reservation;
 use super::pods::{
-    agent_running, annotation_of, deleted_while_starting, endpoint_of, has_launch,
-    pending_reason, pod_ip, pod_key, start_failure,
+    agent_running, annotation_of, deleted_while_starting, endpoint_of, has_launch, pending_reason,
+    pod_ip, pod_key, start_failure,
 };
 use super::KubeBackend;
 use crate::auth::Caller;
