@@ -68,6 +68,10 @@ pub struct ClusterArgs {
     /// --bin-dir and imported). Default: `$CLI_MCP_NODE`, else `process`.
     #[arg(long)]
     pub node: Option<NodeKind>,
+    /// The sandboxes' CPU limit (e.g. `2`), to see what the default 500m costs a call; the
+    /// requests stay the defaults.
+    #[arg(long)]
+    pub sandbox_cpu_limit: Option<String>,
 }
 
 fn default_bin_dir() -> anyhow::Result<PathBuf> {
@@ -549,6 +553,12 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let mut cr = env.cr(INSTANCE, i64::from(warm));
     // Room for the load phase plus what is still being deleted from the earlier phases.
     cr["spec"]["sandbox"]["maxSessions"] = json!((args.sessions + args.starts + 10).max(110));
+    if let Some(cpu) = &args.sandbox_cpu_limit {
+        cr["spec"]["sandbox"]["resources"] = json!({
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"cpu": cpu, "memory": "512Mi"},
+        });
+    }
     env.apply_cr(&cr).await;
     env.wait_ready(INSTANCE).await;
     converge_pool(&env, warm).await?;
