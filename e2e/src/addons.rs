@@ -85,35 +85,9 @@ pub async fn locate_addons_async(dir: Option<PathBuf>) -> Result<PathBuf> {
         return Ok(dir);
     }
     let script = crate::workspace::workspace_root().join("hack/build-addons.sh");
-    let spawn_error = |e: std::io::Error| Error::Command {
-        command: script.display().to_string(),
-        detail: e.to_string(),
-    };
-    let child = tokio::process::Command::new("bash")
-        .arg(&script)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .process_group(0)
-        .spawn()
-        .map_err(spawn_error)?;
-    /// Terminates the script's process group unless it finished.
-    struct Group(Option<u32>);
-    impl Drop for Group {
-        fn drop(&mut self) {
-            if let Some(pid) = self.0 {
-                // SIGTERM: the script's EXIT trap removes its unfinished build directory.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-        }
-    }
-    let mut group = Group(child.id());
-    let out = child.wait_with_output().await.map_err(spawn_error)?;
-    group.0 = None;
-    crate::cluster::bin_dir_from(&script, out, ADDONS_BIN_ENV)
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(&script).stderr(std::process::Stdio::inherit());
+    crate::cluster::bin_dir_from_cancellable(&script, cmd, ADDONS_BIN_ENV).await
 }
 
 /// An IPv4 network `a.b.c.d/len`.

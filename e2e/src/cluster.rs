@@ -132,15 +132,31 @@ pub async fn locate_control_plane_async(dir: Option<PathBuf>) -> Result<PathBuf>
         return Ok(dir);
     }
     let script = build_script();
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(&script).stderr(std::process::Stdio::inherit());
+    bin_dir_from_cancellable(&script, cmd, CONTROL_PLANE_BIN_ENV).await
+}
+
+fn build_script() -> PathBuf {
+    crate::workspace::workspace_root().join("hack/build-control-plane.sh")
+}
+
+/// Runs build script `script` (as `cmd`) for a caller that may give up on it: the script
+/// runs in a process group of its own, and dropping the future terminates that group (with
+/// SIGTERM, so the script's EXIT trap removes its unfinished build directory). Returns
+/// [`bin_dir_from`] its result.
+pub(crate) async fn bin_dir_from_cancellable(
+    script: &Path,
+    mut cmd: tokio::process::Command,
+    env: &str,
+) -> Result<PathBuf> {
     let spawn_error = |e: std::io::Error| Error::Command {
         command: script.display().to_string(),
         detail: e.to_string(),
     };
-    let child = tokio::process::Command::new("bash")
-        .arg(&script)
+    let child = cmd
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
         .process_group(0)
         .spawn()
         .map_err(spawn_error)?;
@@ -149,7 +165,6 @@ pub async fn locate_control_plane_async(dir: Option<PathBuf>) -> Result<PathBuf>
     impl Drop for Group {
         fn drop(&mut self) {
             if let Some(pid) = self.0 {
-                // SIGTERM: the script's EXIT trap removes its unfinished build directory.
                 let _ = nix::sys::signal::killpg(
                     nix::unistd::Pid::from_raw(pid as i32),
                     nix::sys::signal::Signal::SIGTERM,
@@ -160,11 +175,7 @@ pub async fn locate_control_plane_async(dir: Option<PathBuf>) -> Result<PathBuf>
     let mut group = Group(child.id());
     let out = child.wait_with_output().await.map_err(spawn_error)?;
     group.0 = None;
-    bin_dir_from(&script, out, CONTROL_PLANE_BIN_ENV)
-}
-
-fn build_script() -> PathBuf {
-    crate::workspace::workspace_root().join("hack/build-control-plane.sh")
+    bin_dir_from(script, out, env)
 }
 
 /// The bin dir from a build script's result: its last non-empty stdout line. `env` is the

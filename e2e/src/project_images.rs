@@ -149,29 +149,8 @@ pub async fn build_async(bin_dir: &Path) -> Result<ProjectImages> {
         return ProjectImages::load(Path::new(&dir));
     }
     let (script, cmd) = build_command(bin_dir)?;
-    let mut cmd = tokio::process::Command::from(cmd);
-    cmd.stdout(Stdio::piped()).process_group(0);
-    let spawn_error = |e: std::io::Error| Error::Command {
-        command: script.display().to_string(),
-        detail: e.to_string(),
-    };
-    let child = cmd.spawn().map_err(spawn_error)?;
-    /// Terminates the script's process group unless it finished.
-    struct Group(Option<u32>);
-    impl Drop for Group {
-        fn drop(&mut self) {
-            if let Some(pid) = self.0 {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-        }
-    }
-    let mut group = Group(child.id());
-    let out = child.wait_with_output().await.map_err(spawn_error)?;
-    group.0 = None;
-    let dir = crate::cluster::bin_dir_from(&script, out, IMAGES_DIR_ENV)?;
+    let cmd = tokio::process::Command::from(cmd);
+    let dir = crate::cluster::bin_dir_from_cancellable(&script, cmd, IMAGES_DIR_ENV).await?;
     ProjectImages::load(&dir)
 }
 
