@@ -146,6 +146,28 @@ pub struct Flags {
     /// initialize result: which CLIs and kube contexts the sandbox has, what it is for.
     #[arg(long, env = "CLI_MCP_INSTRUCTIONS")]
     pub instructions: Option<String>,
+    /// With --auth kubernetes: the issuer URL (https, no query or fragment) of an OAuth
+    /// authorization server whose tokens the Kubernetes API accepts as a JWT issuer of its
+    /// AuthenticationConfiguration (repeat the flag, or separate with commas in the env var).
+    /// Listed in the protected resource metadata that MCP clients discover after a 401; a
+    /// token whose `iss` is one of them must name --token-audience or --resource-url in `aud`.
+    #[arg(
+        long = "authorization-server",
+        env = "CLI_MCP_AUTHORIZATION_SERVERS",
+        value_delimiter = ','
+    )]
+    pub authorization_servers: Vec<String>,
+    /// The public URL of the MCP endpoint (for example https://mcp.example.com/mcp): the
+    /// `resource` of the protected resource metadata and an audience authorization servers'
+    /// tokens may name. Default: https://<request Host>/mcp, right when nothing in front of
+    /// the server rewrites Host.
+    #[arg(long, env = "CLI_MCP_RESOURCE_URL")]
+    pub resource_url: Option<String>,
+    /// A scope MCP clients ask the authorization server for (`scopes_supported` of the
+    /// metadata; repeat the flag, or separate with commas in the env var). Advertised only:
+    /// access is decided by RBAC on climcpinstances/mcp.
+    #[arg(long = "scope", env = "CLI_MCP_SCOPES", value_delimiter = ',')]
+    pub scopes: Vec<String>,
 }
 
 /// Everything the server needs, validated.
@@ -173,6 +195,9 @@ pub struct Settings {
     pub allowed_origins: Vec<crate::origin::AllowedOrigin>,
     /// See `--instructions`.
     pub instructions: Option<String>,
+    /// The protected resource metadata (`--authorization-server`, `--resource-url`,
+    /// `--scope`); `None` with `--auth none`.
+    pub protected_resource: Option<crate::auth::resource::ProtectedResource>,
 }
 
 #[derive(Debug, Clone)]
@@ -402,8 +427,28 @@ impl Flags {
                 )));
             }
         }
+        let protected_resource = protected_resource(
+            &self.authorization_servers,
+            self.resource_url.as_deref(),
+            &self.scopes,
+            &self.token_audiences,
+            auth,
+            tls.is_some(),
+        )?;
+        let mut oidc_audiences = self.token_audiences.clone();
+        if let Some(url) = protected_resource
+            .as_ref()
+            .and_then(|r| r.resource_url.as_ref())
+        {
+            oidc_audiences.push(url.as_str().to_owned());
+        }
         let auth_options = crate::auth::AuthOptions {
             audiences: self.token_audiences.clone(),
+            oidc_issuers: protected_resource
+                .as_ref()
+                .map(|r| r.authorization_servers.clone())
+                .unwrap_or_default(),
+            oidc_audiences,
             allowed_ttl: Duration::from_secs(self.auth_cache_seconds),
             ..Default::default()
         };
@@ -439,8 +484,70 @@ impl Flags {
             shutdown_delay: Duration::from_secs(self.shutdown_delay),
             allowed_origins,
             instructions,
+            protected_resource,
         })
     }
+}
+
+/// The rules of `--authorization-server`, `--resource-url` and `--scope`.
+fn protected_resource(
+    authorization_servers: &[String],
+    resource_url: Option<&str>,
+    scopes: &[String],
+    token_audiences: &[String],
+    auth: AuthMode,
+    tls: bool,
+) -> Result<Option<crate::auth::resource::ProtectedResource>, FlagError> {
+    use crate::auth::resource::{parse_authorization_server, parse_resource_url};
+    if auth == AuthMode::None {
+        let set = [
+            (!authorization_servers.is_empty(), "--authorization-server"),
+            (resource_url.is_some(), "--resource-url"),
+            (!scopes.is_empty(), "--scope"),
+        ];
+        if let Some((_, flag)) = set.iter().find(|(on, _)| *on) {
+            return Err(err(format!(
+                "{flag} describes how clients get tokens, but --auth none checks none: use \
+                 it with --auth kubernetes"
+            )));
+        }
+        return Ok(None);
+    }
+    let authorization_servers = authorization_servers
+        .iter()
+        .map(|a| {
+            parse_authorization_server(a.trim())
+                .map_err(|e| err(format!("--authorization-server {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let resource_url = match resource_url.map(str::trim) {
+        None | Some("") => None,
+        Some(u) => Some(parse_resource_url(u).map_err(|e| err(format!("--resource-url {e}")))?),
+    };
+    if !authorization_servers.is_empty() && token_audiences.is_empty() && resource_url.is_none() {
+        return Err(err(
+            "--authorization-server needs --resource-url (or --token-audience): an \
+             authorization server's token is accepted only when its `aud` names this \
+             server, and a URL derived from the request's Host cannot decide that",
+        ));
+    }
+    if let Some(bad) = scopes.iter().find(|s| {
+        s.is_empty()
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    }) {
+        return Err(err(format!(
+            "--scope {bad:?} is not an OAuth scope (visible ASCII without spaces, quotes or \
+             backslashes)"
+        )));
+    }
+    Ok(Some(crate::auth::resource::ProtectedResource {
+        authorization_servers,
+        resource_url,
+        scopes: scopes.to_vec(),
+        tls,
+    }))
 }
 
 #[cfg(test)]
@@ -579,6 +686,96 @@ mod tests {
             let e = parse(&args).resolve(no_env).expect_err("invalid");
             assert!(e.to_string().contains(needle), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn authorization_servers_are_validated_and_need_an_audience() {
+        let k = |extra: &[&str]| {
+            let mut args = vec![
+                "--auth",
+                "kubernetes",
+                "--tls-cert",
+                "/c",
+                "--tls-key",
+                "/k",
+                "--instance",
+                "demo",
+                "--namespace",
+                "ns1",
+            ];
+            args.extend_from_slice(extra);
+            parse(&args).resolve(no_env)
+        };
+        for (args, needle) in [
+            (
+                vec![
+                    "--authorization-server",
+                    "http://idp.example",
+                    "--token-audience",
+                    "a",
+                ],
+                "--authorization-server \"http://idp.example\" is not an https URL",
+            ),
+            (
+                vec![
+                    "--authorization-server",
+                    "https://idp.example#f",
+                    "--token-audience",
+                    "a",
+                ],
+                "fragment",
+            ),
+            (
+                vec!["--authorization-server", "https://idp.example"],
+                "needs --resource-url",
+            ),
+            (
+                vec!["--resource-url", "http://mcp.example/mcp"],
+                "--resource-url",
+            ),
+            (vec!["--scope", "a b"], "--scope \"a b\""),
+        ] {
+            let e = k(&args).expect_err("invalid");
+            assert!(e.to_string().contains(needle), "{args:?}: {e}");
+        }
+        let s = k(&[
+            "--authorization-server",
+            "https://idp.example/realms/a",
+            "--resource-url",
+            "https://mcp.example/mcp",
+            "--token-audience",
+            "cli-mcp",
+            "--scope",
+            "openid,mcp",
+        ])
+        .expect("resolves");
+        let r = s.protected_resource.expect("metadata");
+        assert_eq!(r.authorization_servers, ["https://idp.example/realms/a"]);
+        assert_eq!(r.scopes, ["openid", "mcp"]);
+        assert!(r.tls);
+        assert_eq!(
+            s.auth_options.oidc_issuers,
+            ["https://idp.example/realms/a"]
+        );
+        assert_eq!(
+            s.auth_options.oidc_audiences,
+            ["cli-mcp", "https://mcp.example/mcp"]
+        );
+        assert_eq!(
+            s.auth_options.audiences,
+            ["cli-mcp"],
+            "ServiceAccount tokens: unchanged"
+        );
+        // Kubernetes tokens only: the metadata lists no authorization server.
+        let s = k(&[]).expect("resolves");
+        assert_eq!(
+            s.protected_resource.map(|r| r.authorization_servers.len()),
+            Some(0)
+        );
+        let e = parse(&["--authorization-server", "https://idp.example"])
+            .resolve(no_env)
+            .expect_err("auth none");
+        assert!(e.to_string().contains("--auth kubernetes"), "{e}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! HTTP routes.
 //!
 //! The MCP listener: `POST /mcp` (rmcp Streamable HTTP, stateless, JSON responses),
-//! `DELETE /sessions/{id}`, `GET /sessions`, all behind the auth middleware. The health
+//! `DELETE /sessions/{id}`, `GET /sessions`, all behind the auth middleware, and the public
+//! `GET /.well-known/oauth-protected-resource[/mcp]` (with `--auth kubernetes`). The health
 //! listener (plain HTTP, never authenticated): `/livez`, `/readyz`, `/metrics`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 use cli_mcp_api::SessionId;
 
 use crate::audit;
-use crate::auth::{AuthError, Authenticator, Caller, Verb};
+use crate::auth::resource::{self, ProtectedResource};
+use crate::auth::{bearer, AuthError, Authenticator, Caller, Verb};
 use crate::mcp::{BashServer, McpState};
 use crate::metrics::{ErrorKind, Format as MetricsFormat, Listener, Metrics};
 use crate::origin::OriginPolicy;
@@ -39,6 +41,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Set on SIGTERM: /readyz fails and responses close their connections (lame duck).
     pub draining: AtomicBool,
+    /// The OAuth Protected Resource Metadata and 401 challenge; `None` with `--auth none`.
+    pub resource: Option<Arc<ProtectedResource>>,
 }
 
 impl AppState {
@@ -52,7 +56,13 @@ impl AppState {
             auth,
             metrics,
             draining: AtomicBool::new(false),
+            resource: None,
         }
+    }
+
+    pub fn with_protected_resource(mut self, resource: ProtectedResource) -> Self {
+        self.resource = Some(Arc::new(resource));
+        self
     }
 }
 
@@ -84,7 +94,7 @@ pub fn mcp_router(state: Arc<AppState>, opts: McpHttpOptions) -> Router {
         Arc::new(NeverSessionManager::default()),
         cfg,
     );
-    Router::new()
+    let protected = Router::new()
         .route_service("/mcp", service)
         .route("/sessions", get(list_sessions))
         .route("/sessions/{id}", delete(delete_session))
@@ -95,7 +105,18 @@ pub fn mcp_router(state: Arc<AppState>, opts: McpHttpOptions) -> Router {
         .layer(middleware::from_fn_with_state(
             (state.clone(), Arc::new(opts.origins)),
             check_origin,
-        ))
+        ));
+    // The metadata is public (no token, any origin: browser-based clients read it too).
+    Router::new()
+        .route(
+            resource::WELL_KNOWN,
+            get(resource_metadata).fallback(metadata_method),
+        )
+        .route(
+            &format!("{}/{{*path}}", resource::WELL_KNOWN),
+            get(resource_metadata).fallback(metadata_method),
+        )
+        .merge(protected)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             close_when_draining,
@@ -158,10 +179,8 @@ pub fn health_router(state: Arc<AppState>) -> Router {
 pub fn error_response(status: StatusCode, code: &str, msg: impl Into<String>) -> Response {
     let mut res = (status, Json(json!({"error": msg.into(), "code": code}))).into_response();
     if status == StatusCode::UNAUTHORIZED {
-        res.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"cli-mcp\""),
-        );
+        res.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, resource::challenge(None, None));
     }
     // Every 503 here is passing (authentication busy, the Kubernetes API slow or away):
     // clients and proxies that honour Retry-After come back soon instead of giving up.
@@ -198,22 +217,44 @@ async fn authenticate(State(s): State<Arc<AppState>>, mut req: Request, next: Ne
         None => Caller::anonymous(),
         Some(auth) => {
             let verb = Verb::of_method(req.method());
-            let header = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            match auth.authorize(header, verb).await {
+            let token = bearer::token(req.headers());
+            let sent = matches!(token, Ok(Some(_)));
+            let decision = match token {
+                Ok(token) => auth.authorize(token, verb).await,
+                Err(e) => Err(e),
+            };
+            match decision {
                 Ok(c) => c,
                 Err(e) => {
-                    let (kind, code) = match e {
-                        AuthError::Unauthenticated(_) => {
-                            (ErrorKind::Unauthenticated, "unauthorized")
+                    let (kind, code, challenge) = match e {
+                        AuthError::BadRequest(_) => (
+                            ErrorKind::BadRequest,
+                            "bad_request",
+                            Some("invalid_request"),
+                        ),
+                        // RFC 6750 §3.1: no error code when no bearer token was sent.
+                        AuthError::Unauthenticated(_) => (
+                            ErrorKind::Unauthenticated,
+                            "unauthorized",
+                            sent.then_some("invalid_token"),
+                        ),
+                        // No challenge on 403: access is an RBAC decision, and a new token
+                        // (what MCP clients fetch on `insufficient_scope`) would not change it.
+                        AuthError::Forbidden(_) => (ErrorKind::Forbidden, "forbidden", None),
+                        AuthError::Unavailable(_) => {
+                            (ErrorKind::KubernetesApi, "unavailable", None)
                         }
-                        AuthError::Forbidden(_) => (ErrorKind::Forbidden, "forbidden"),
-                        AuthError::Unavailable(_) => (ErrorKind::KubernetesApi, "unavailable"),
                     };
                     s.metrics.error(kind);
-                    return error_response(e.status(), code, e.to_string());
+                    let mut res = error_response(e.status(), code, e.to_string());
+                    if matches!(e, AuthError::BadRequest(_) | AuthError::Unauthenticated(_)) {
+                        let value = match &s.resource {
+                            Some(r) => r.challenge(req.uri(), req.headers(), challenge),
+                            None => resource::challenge(None, challenge),
+                        };
+                        res.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+                    }
+                    return res;
                 }
             }
         }
@@ -222,6 +263,33 @@ async fn authenticate(State(s): State<Arc<AppState>>, mut req: Request, next: Ne
     req.headers_mut().remove(header::AUTHORIZATION);
     req.extensions_mut().insert(caller);
     next.run(req).await
+}
+
+/// `GET /.well-known/oauth-protected-resource[/<resource path>]`: the metadata (RFC 9728).
+async fn resource_metadata(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    let Some(r) = s.resource.as_ref().filter(|r| r.serves(req.uri().path())) else {
+        return not_found(req).await;
+    };
+    let mut res = Json(r.document(req.uri(), req.headers())).into_response();
+    for (name, value) in r.document_headers() {
+        res.headers_mut().insert(name, value);
+    }
+    res
+}
+
+async fn metadata_method(req: Request) -> Response {
+    let mut res = error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}; the protected resource metadata is read with GET",
+            req.method(),
+            req.uri().path()
+        ),
+    );
+    res.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    res
 }
 
 /// Checks a `POST /mcp` body before rmcp: size (413), JSON (-32700) and JSON-RPC shape

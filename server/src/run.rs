@@ -165,7 +165,11 @@ async fn run_http(
         Some(files) => Some(tls::server_config(&files.cert, &files.key)?),
         None => None,
     };
-    let state = Arc::new(AppState::new(mcp, auth, metrics));
+    let mut state = AppState::new(mcp, auth, metrics);
+    if let Some(resource) = &settings.protected_resource {
+        state = state.with_protected_resource(resource.clone());
+    }
+    let state = Arc::new(state);
     let listener = bind(settings.listen, "--listen").await?;
     let health = bind(settings.health_listen, "--health-listen").await?;
     let listen = listener.local_addr().context("listener has no address")?;

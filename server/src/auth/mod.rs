@@ -5,7 +5,15 @@
 //! (DELETE) or `get` (GET) the `mcp` subresource of this `CliMcpInstance`. Decisions are
 //! cached briefly in a bounded map keyed by the token's SHA-256 (never the token itself).
 //! With `--auth none` every caller is [`Caller::anonymous`].
+//!
+//! For MCP clients that discover how to get a token (the MCP authorization spec), the
+//! listener publishes OAuth Protected Resource Metadata and answers a 401 with a
+//! `WWW-Authenticate` challenge pointing at it ([`resource`]). Tokens of the authorization
+//! servers it names are still checked with TokenReview: the API server trusts them as JWT
+//! issuers (structured authentication configuration).
 
+pub mod bearer;
+pub mod resource;
 pub mod tls;
 pub mod tokenreview;
 

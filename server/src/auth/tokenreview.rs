@@ -25,8 +25,8 @@ use lru::LruCache;
 use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::{InstanceName, GROUP, PLURAL};
-use cli_mcp_api::token::parse_bearer;
 
+use super::bearer::{jwt_claims, JwtClaims};
 use super::{Caller, Verb};
 use crate::metrics::{AuthResult, Metrics, ReviewResult};
 
@@ -43,11 +43,17 @@ const MAX_TOKEN_LEN: usize = 16 * 1024;
 const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How tokens are reviewed and decisions cached (`--token-audience`,
-/// `--auth-cache-seconds`).
+/// `--authorization-server`, `--resource-url`, `--auth-cache-seconds`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthOptions {
     /// Audiences a token must be bound to; empty: the API server's own.
     pub audiences: Vec<String>,
+    /// Issuers (`--authorization-server`) whose JWTs the API server accepts through its
+    /// JWT authenticator. Their audience is checked here (see [`Authenticator::authorize`]).
+    pub oidc_issuers: Vec<String>,
+    /// Audiences a token of one of `oidc_issuers` must name (`aud`): `--token-audience` and
+    /// `--resource-url`.
+    pub oidc_audiences: Vec<String>,
     /// How long an allow is reused; a refusal is reused half as long (at least 1 s).
     pub allowed_ttl: Duration,
     /// Most reviews in progress at once.
@@ -60,6 +66,8 @@ impl Default for AuthOptions {
     fn default() -> Self {
         Self {
             audiences: Vec::new(),
+            oidc_issuers: Vec::new(),
+            oidc_audiences: Vec::new(),
             allowed_ttl: DECISION_TTL,
             max_reviews: MAX_CONCURRENT_REVIEWS,
             capacity: CACHE_CAPACITY,
@@ -75,6 +83,9 @@ impl AuthOptions {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
+    /// 400: the `Authorization` header is malformed (RFC 6750 `invalid_request`).
+    #[error("{0}")]
+    BadRequest(String),
     /// 401
     #[error("{0}")]
     Unauthenticated(String),
@@ -89,6 +100,7 @@ pub enum AuthError {
 impl AuthError {
     pub fn status(&self) -> http::StatusCode {
         match self {
+            AuthError::BadRequest(_) => http::StatusCode::BAD_REQUEST,
             AuthError::Unauthenticated(_) => http::StatusCode::UNAUTHORIZED,
             AuthError::Forbidden(_) => http::StatusCode::FORBIDDEN,
             AuthError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
@@ -149,9 +161,9 @@ impl DecisionCache {
     pub fn put(&mut self, key: Key, decision: Decision, now: Instant) {
         let (mine, other) = match &decision {
             Ok(_) => (&mut self.allowed, &mut self.refused),
-            Err(AuthError::Unauthenticated(_) | AuthError::Forbidden(_)) => {
-                (&mut self.refused, &mut self.allowed)
-            }
+            Err(
+                AuthError::BadRequest(_) | AuthError::Unauthenticated(_) | AuthError::Forbidden(_),
+            ) => (&mut self.refused, &mut self.allowed),
             Err(AuthError::Unavailable(_)) => return,
         };
         other.pop(&key);
@@ -222,13 +234,18 @@ impl Authenticator {
         }
     }
 
-    /// Checks the `Authorization` header for `verb`.
-    pub async fn authorize(
-        &self,
-        authorization: Option<&str>,
-        verb: Verb,
-    ) -> Result<Caller, AuthError> {
-        let Some(token) = authorization.and_then(parse_bearer) else {
+    /// Checks a bearer token (from [`super::bearer::token`]) for `verb`.
+    ///
+    /// A JWT whose `iss` is one of [`AuthOptions::oidc_issuers`] is reviewed without
+    /// `spec.audiences`: the API server's JWT authenticator is audience-agnostic towards
+    /// TokenReview (it checks `aud` against its own AuthenticationConfiguration, and would
+    /// refuse any requested audience outside `--api-audiences`). So once the API server has
+    /// accepted these bytes, and with them their signature, the `aud` claim is checked here
+    /// against [`AuthOptions::oidc_audiences`]. Routing by the unverified `iss` is safe: a
+    /// token claiming such an issuer is accepted only if that issuer signed it, and the API
+    /// server refuses JWT issuers that equal its ServiceAccount issuer.
+    pub async fn authorize(&self, token: Option<&str>, verb: Verb) -> Result<Caller, AuthError> {
+        let Some(token) = token else {
             self.metrics.auth(AuthResult::Unauthenticated, false);
             return Err(AuthError::Unauthenticated(
                 "missing bearer token: send `Authorization: Bearer <token>` with a Kubernetes \
@@ -301,10 +318,11 @@ impl Authenticator {
     }
 
     async fn review(&self, token: &str, verb: Verb) -> Result<Caller, AuthError> {
+        let oidc = jwt_claims(token).filter(|c| self.options.oidc_issuers.contains(&c.iss));
         let tr = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_owned(),
-                audiences: (!self.options.audiences.is_empty())
+                audiences: (oidc.is_none() && !self.options.audiences.is_empty())
                     .then(|| self.options.audiences.clone()),
             },
             ..Default::default()
@@ -324,14 +342,17 @@ impl Authenticator {
             }
             _ => {
                 self.metrics.token_review(ReviewResult::Unauthenticated);
-                return Err(AuthError::Unauthenticated(not_accepted(
-                    status.error.as_deref(),
-                    &self.options.audiences,
-                )));
+                return Err(AuthError::Unauthenticated(match &oidc {
+                    Some(claims) => oidc_not_accepted(status.error.as_deref(), claims),
+                    None => not_accepted(status.error.as_deref(), &self.options.audiences),
+                }));
             }
         };
         self.metrics.token_review(ReviewResult::Authenticated);
-        check_audiences(&self.options.audiences, status.audiences.as_deref())?;
+        match &oidc {
+            Some(claims) => check_oidc_audience(&self.options.oidc_audiences, claims)?,
+            None => check_audiences(&self.options.audiences, status.audiences.as_deref())?,
+        }
         let username = user.username.clone().unwrap_or_default();
 
         let sar = SubjectAccessReview {
@@ -424,6 +445,35 @@ fn not_accepted(api_error: Option<&str>, audiences: &[String]) -> String {
     format!("the bearer token was not accepted by the Kubernetes API{why}{hint}")
 }
 
+/// Why the API server refused a token of a configured authorization server.
+fn oidc_not_accepted(api_error: Option<&str>, claims: &JwtClaims) -> String {
+    let why = api_error
+        .filter(|e| !e.is_empty())
+        .map(|e| format!(" ({e})"))
+        .unwrap_or_default();
+    format!(
+        "the bearer token of {} was not accepted by the Kubernetes API{why}; get a new, \
+         unexpired token for this server from the authorization server (the API server's \
+         AuthenticationConfiguration must list this issuer, and the token's audience among its \
+         audiences)",
+        claims.iss
+    )
+}
+
+/// A token of a configured authorization server must be issued for this server: its `aud`
+/// names one of `wanted` (RFC 8707: the MCP resource URL, or a `--token-audience`).
+fn check_oidc_audience(wanted: &[String], claims: &JwtClaims) -> Result<(), AuthError> {
+    if claims.aud.iter().any(|a| wanted.contains(a)) {
+        return Ok(());
+    }
+    Err(AuthError::Unauthenticated(format!(
+        "the bearer token of {} is issued for {:?}, not for this server ({wanted:?}); ask the \
+         authorization server for a token for this resource (the `resource` parameter, RFC \
+         8707)",
+        claims.iss, claims.aud
+    )))
+}
+
 /// With `--token-audience`, the review must say the token is valid for one of them (an
 /// authenticator that ignores audiences answers none: refused, fail closed).
 fn check_audiences(wanted: &[String], granted: Option<&[String]>) -> Result<(), AuthError> {
@@ -447,7 +497,9 @@ fn result_of(d: &Result<Caller, AuthError>) -> AuthResult {
     match d {
         Ok(_) => AuthResult::Allowed,
         Err(AuthError::Forbidden(_)) => AuthResult::Denied,
-        Err(AuthError::Unauthenticated(_)) => AuthResult::Unauthenticated,
+        Err(AuthError::BadRequest(_) | AuthError::Unauthenticated(_)) => {
+            AuthResult::Unauthenticated
+        }
         Err(AuthError::Unavailable(_)) => AuthResult::Error,
     }
 }
@@ -542,6 +594,23 @@ mod tests {
         let e = check_audiences(&want, Some(&["other".into()])).expect_err("refused");
         assert!(e.to_string().contains("--audience cli-mcp"), "{e}");
         assert!(check_audiences(&want, None).is_err(), "fail closed");
+    }
+
+    #[test]
+    fn oidc_tokens_must_name_this_server() {
+        let claims = |aud: &[&str]| JwtClaims {
+            iss: "https://idp".into(),
+            aud: aud.iter().map(|a| a.to_string()).collect(),
+        };
+        let want = vec!["https://mcp.example/mcp".to_owned(), "cli-mcp".to_owned()];
+        assert!(check_oidc_audience(&want, &claims(&["x", "cli-mcp"])).is_ok());
+        let e = check_oidc_audience(&want, &claims(&["kubectl"])).expect_err("other audience");
+        assert!(e.to_string().contains("issued for [\"kubectl\"]"), "{e}");
+        assert!(check_oidc_audience(&want, &claims(&[])).is_err(), "no aud");
+        assert!(
+            check_oidc_audience(&[], &claims(&["x"])).is_err(),
+            "fail closed"
+        );
     }
 
     #[test]
