@@ -1,0 +1,246 @@
+//! One request inside a tunnel: checked, rewritten, forwarded upstream, its response streamed
+//! back.
+//!
+//! A tunnel was opened for one `host:port`, and every request in it must be for that authority
+//! (a `Host` naming another host would be smuggled past the route check). On kubernetes routes
+//! the path is read with [`crate::k8s_path`] and protocol upgrades are refused, since exec,
+//! attach and port-forward stream over SPDY or WebSocket. Bodies are never buffered: the
+//! request body is handed to the upstream connection and the response body back to the client
+//! as they arrive, so `logs -f` and watches stream and memory per request stays bounded by the
+//! HTTP library's buffers.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+
+use cli_mcp_api::proxy::{Domain, Injector, Route};
+
+use crate::credentials::CredentialError;
+use crate::headers::{is_upgrade, strip_credentials, strip_hop_by_hop};
+use crate::k8s_path;
+use crate::refusal::Refusal;
+use crate::upstream::UpstreamError;
+use crate::Shared;
+
+pub type Body = Either<Incoming, Full<Bytes>>;
+
+/// The state of one tunnel: its route and its one upstream connection, opened on the first
+/// request and reused for the next ones (HTTP/1.1 requests on a tunnel come one at a time).
+pub struct Tunnel {
+    domain: Domain,
+    route: Route,
+    shared: Arc<Shared>,
+    upstream: tokio::sync::Mutex<Option<SendRequest<Incoming>>>,
+}
+
+impl Tunnel {
+    pub fn new(domain: Domain, route: Route, shared: Arc<Shared>) -> Self {
+        Self {
+            domain,
+            route,
+            shared,
+            upstream: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn is_kubernetes(&self) -> bool {
+        self.route.injector == Injector::Kubernetes
+    }
+
+    fn refuse(&self, method: &Method, path: &str, r: Refusal) -> Response<Body> {
+        tracing::info!(
+            domain = %self.domain,
+            %method,
+            path,
+            reason = r.reason,
+            status = r.status.as_u16(),
+            message = %r.message,
+            "request refused"
+        );
+        self.shared.metrics.refused(r.reason);
+        let resp = if self.is_kubernetes() {
+            r.kubernetes_status()
+        } else {
+            r.text()
+        };
+        resp.map(Either::Right)
+    }
+
+    /// The checks and rewrites; `Err` is what the client gets instead.
+    fn prepare(&self, req: Request<Incoming>) -> Result<Request<Incoming>, Refusal> {
+        if req.method() == Method::CONNECT {
+            return Err(Refusal::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "nested_connect",
+                "CONNECT inside a tunnel is refused",
+            ));
+        }
+        self.check_authority(&req)?;
+        if self.is_kubernetes() {
+            k8s_path::classify(req.uri().path()).map_err(|p| Refusal::path(&p))?;
+        }
+        if is_upgrade(req.headers()) {
+            return Err(if self.is_kubernetes() {
+                Refusal::new(
+                    StatusCode::FORBIDDEN,
+                    "upgrade_refused",
+                    "exec, attach and port-forward stream through a protocol upgrade (SPDY or \
+                     WebSocket); the proxy never allows an upgrade on a Kubernetes API route, \
+                     whatever the kubeconfig's RBAC says",
+                )
+            } else {
+                Refusal::new(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "upgrade_unsupported",
+                    "the proxy does not forward protocol upgrades (WebSocket)",
+                )
+            });
+        }
+        let (mut parts, body) = req.into_parts();
+        // Origin form upstream, whatever form the client used.
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|| "/".into());
+        parts.uri = path_and_query.parse::<Uri>().map_err(|e| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request_target",
+                format!("the request target cannot be forwarded: {e}"),
+            )
+        })?;
+        strip_hop_by_hop(&mut parts.headers);
+        strip_credentials(&mut parts.headers);
+        if self.is_kubernetes() {
+            let token = self
+                .shared
+                .credentials
+                .token_for(&self.domain)
+                .map_err(credential_refusal)?;
+            let mut value = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+                Refusal::new(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_token",
+                    format!(
+                        "the kubeconfig Secret's token for {} is not a valid header value",
+                        self.domain
+                    ),
+                )
+            })?;
+            value.set_sensitive(true);
+            parts.headers.insert(header::AUTHORIZATION, value);
+        }
+        Ok(Request::from_parts(parts, body))
+    }
+
+    fn check_authority(&self, req: &Request<Incoming>) -> Result<(), Refusal> {
+        let mismatch = |what: &str, got: &str| {
+            Refusal::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "authority_mismatch",
+                format!(
+                    "{what} {got:?} does not match the CONNECT authority {}; a tunnel reaches \
+                     only the host it was opened for",
+                    self.domain
+                ),
+            )
+        };
+        let same = |s: &str| Domain::with_default_port(s, 443).is_ok_and(|d| d == self.domain);
+        if let Some(auth) = req.uri().authority() {
+            if req.uri().scheme_str() != Some("https") || !same(auth.as_str()) {
+                return Err(mismatch("the request target", &req.uri().to_string()));
+            }
+        }
+        let mut hosts = req.headers().get_all(header::HOST).iter();
+        let (Some(host), None) = (hosts.next(), hosts.next()) else {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "bad_host",
+                "a request needs exactly one Host header",
+            ));
+        };
+        let host = host.to_str().unwrap_or("");
+        if !same(host) {
+            return Err(mismatch("Host", host));
+        }
+        Ok(())
+    }
+
+    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
+        let upstreams = &self.shared.upstreams;
+        let mut slot = self.upstream.lock().await;
+        let reusable = match slot.take() {
+            Some(mut s) => s.ready().await.is_ok().then_some(s),
+            None => None,
+        };
+        let mut sender = match reusable {
+            Some(s) => s,
+            None => {
+                let mut s = upstreams.connect(&self.domain).await?;
+                s.ready()
+                    .await
+                    .map_err(|e| UpstreamError::Http(self.domain.clone(), e))?;
+                s
+            }
+        };
+        let pending = sender.send_request(req);
+        *slot = Some(sender);
+        drop(slot);
+        let limit = upstreams.timeouts.response_headers;
+        match tokio::time::timeout(limit, pending).await {
+            Err(_) => Err(UpstreamError::ResponseTimeout(self.domain.clone(), limit)),
+            Ok(r) => r.map_err(|e| UpstreamError::Http(self.domain.clone(), e)),
+        }
+    }
+}
+
+fn credential_refusal(e: CredentialError) -> Refusal {
+    let reason = match e {
+        CredentialError::NoToken(_) => "no_token",
+        _ => "kubeconfig_unusable",
+    };
+    Refusal::new(StatusCode::BAD_GATEWAY, reason, e.to_string())
+}
+
+/// The tunnel's service function.
+pub async fn handle(
+    tunnel: Arc<Tunnel>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let req = match tunnel.prepare(req) {
+        Ok(r) => r,
+        Err(r) => {
+            tunnel.shared.metrics.request("refused");
+            return Ok(tunnel.refuse(&method, &path, r));
+        }
+    };
+    match tunnel.send(req).await {
+        Ok(resp) => {
+            tunnel.shared.metrics.request("forwarded");
+            tracing::debug!(domain = %tunnel.domain, %method, path, status = resp.status().as_u16(), "forwarded");
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Ok(Response::from_parts(parts, Either::Left(body)))
+        }
+        Err(e) => {
+            tunnel.shared.metrics.request("upstream_error");
+            let status = match e {
+                UpstreamError::ResponseTimeout(..)
+                | UpstreamError::ConnectTimeout(..)
+                | UpstreamError::HandshakeTimeout(..) => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            let r = Refusal::new(status, "upstream_error", format!("upstream {e}"));
+            Ok(tunnel.refuse(&method, &path, r))
+        }
+    }
+}

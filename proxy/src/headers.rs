@@ -1,0 +1,160 @@
+//! Header rewriting between the sandbox and the upstream.
+//!
+//! A sandbox must not be able to present a credential of its own choosing (its kubeconfig's
+//! placeholder, a token it found somewhere, an impersonation request) nor reveal where it sits
+//! (`Via`, `X-Forwarded-For`, `Forwarded`). Hop-by-hop headers belong to one connection and are
+//! never forwarded (RFC 9110 section 7.6.1): the fixed set, plus every header the `Connection`
+//! header names.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// Connection-specific headers, never forwarded in either direction. `Transfer-Encoding` and
+/// `Content-Length` framing is redone by the HTTP library on each side.
+const HOP_BY_HOP: &[HeaderName] = &[
+    header::CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Obsolete hop-by-hop headers still sent by some clients.
+const HOP_BY_HOP_NAMES: &[&str] = &["keep-alive", "proxy-connection"];
+
+/// Credentials a sandbox could present; the route's injector alone decides the credential.
+const CREDENTIALS: &[HeaderName] = &[header::AUTHORIZATION, header::PROXY_AUTHORIZATION];
+const CREDENTIAL_NAMES: &[&str] = &["x-api-key"];
+/// Prefixes of credential-bearing headers: Kubernetes impersonation (`Impersonate-User`,
+/// `-Group`, `-Uid`, `-Extra-*`) and the authenticating-proxy headers an API server trusts
+/// from its front proxy (`X-Remote-User`, `-Group`, `-Extra-*`).
+const CREDENTIAL_PREFIXES: &[&str] = &["impersonate-", "x-remote-"];
+
+/// Headers that reveal the sandbox's address or the proxy chain.
+const FORWARDING: &[HeaderName] = &[header::VIA, header::FORWARDED];
+const FORWARDING_NAMES: &[&str] = &["x-forwarded-for"];
+
+/// Removes hop-by-hop headers, including those listed in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP) {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP_NAMES {
+        headers.remove(*name);
+    }
+}
+
+/// Removes every credential and forwarding header a sandbox may have set. `HeaderName`s are
+/// lowercase, so the comparison is case-insensitive by construction.
+pub fn strip_credentials(headers: &mut HeaderMap) {
+    for name in CREDENTIALS.iter().chain(FORWARDING) {
+        headers.remove(name);
+    }
+    for name in CREDENTIAL_NAMES.iter().chain(FORWARDING_NAMES) {
+        headers.remove(*name);
+    }
+    let prefixed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            CREDENTIAL_PREFIXES
+                .iter()
+                .any(|p| k.as_str().starts_with(p))
+        })
+        .cloned()
+        .collect();
+    for name in prefixed {
+        headers.remove(name);
+    }
+}
+
+/// Whether a request asks to switch protocols (WebSocket, SPDY): an `Upgrade` header, or
+/// `upgrade` among the `Connection` options.
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        || headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|o| o.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn credentials_are_stripped_in_any_case() {
+        let mut h = map(&[
+            ("Authorization", "Bearer stolen"),
+            ("authorization", "Bearer second"),
+            ("PROXY-AUTHORIZATION", "Basic x"),
+            ("X-Api-Key", "k"),
+            ("Impersonate-User", "admin"),
+            ("impersonate-group", "system:masters"),
+            ("Impersonate-Uid", "1"),
+            ("Impersonate-Extra-Scopes", "all"),
+            ("X-Remote-User", "admin"),
+            ("X-Remote-Extra-Foo", "bar"),
+            ("Via", "1.1 somewhere"),
+            ("X-Forwarded-For", "10.0.0.1"),
+            ("Forwarded", "for=10.0.0.1"),
+            ("Accept", "application/json"),
+            ("X-Goog-Api-Key", "kept: not a header any route here uses"),
+        ]);
+        strip_credentials(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, vec!["accept", "x-goog-api-key"]);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_by_connection_are_removed() {
+        let mut h = map(&[
+            ("Connection", "keep-alive, X-Secret-Hop"),
+            ("Connection", "other"),
+            ("Keep-Alive", "timeout=5"),
+            ("Proxy-Connection", "keep-alive"),
+            ("X-Secret-Hop", "1"),
+            ("Other", "2"),
+            ("TE", "trailers"),
+            ("Trailer", "x"),
+            ("Transfer-Encoding", "chunked"),
+            ("Upgrade", "websocket"),
+            ("Accept", "*/*"),
+            ("Content-Length", "3"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, vec!["accept", "content-length"]);
+    }
+
+    #[test]
+    fn upgrade_requests_are_recognised() {
+        assert!(is_upgrade(&map(&[("Upgrade", "SPDY/3.1")])));
+        assert!(is_upgrade(&map(&[("Connection", "keep-alive, Upgrade")])));
+        assert!(!is_upgrade(&map(&[("Connection", "keep-alive")])));
+        assert!(!is_upgrade(&map(&[])));
+    }
+}

@@ -1,0 +1,245 @@
+//! `cli-mcp-proxy`: the credential-injecting egress proxy of a cli-mcp instance.
+//!
+//! Sandboxes reach HTTPS upstreams only through `CONNECT` to a routed `host:port`
+//! ([`server`]); inside the tunnel the proxy terminates TLS with a leaf from the instance's CA
+//! ([`ca`], [`tunnel`]), checks and rewrites every request ([`forward`], [`headers`],
+//! [`k8s_path`]), injects the route's credential ([`credentials`]) and forwards it over
+//! verified TLS ([`upstream`]). The real credential never enters a sandbox.
+//! docs/proxy.md describes the behaviour, the flags and the limits.
+
+#![forbid(unsafe_code)]
+
+pub mod ca;
+pub mod cli;
+pub mod credentials;
+pub mod forward;
+pub mod headers;
+pub mod health;
+pub mod k8s_path;
+pub mod metrics;
+pub mod refusal;
+pub mod server;
+pub mod tunnel;
+pub mod upstream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_rustls::rustls;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use cli_mcp_api::proxy::{Injector, RouteError, RouteTable};
+
+use crate::ca::{CaError, CertAuthority};
+use crate::credentials::Credentials;
+use crate::metrics::Metrics;
+use crate::upstream::{Timeouts, UpstreamError, Upstreams};
+
+/// Bounds on what one client can make the proxy hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Client connections at once (idle, CONNECT pending, or tunnels).
+    pub max_connections: usize,
+    /// Largest request head (request line and headers); beyond it: 431.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request.
+    pub max_headers: usize,
+    /// Time to send a complete CONNECT request head.
+    pub header_read_timeout: Duration,
+    /// Time for each TLS handshake step inside a tunnel.
+    pub handshake_timeout: Duration,
+    /// Time a tunnel may wait for the next request head (idle, or a slow client).
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+            header_read_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// Everything the proxy needs to start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub routes: PathBuf,
+    pub ca_cert: PathBuf,
+    pub ca_key: PathBuf,
+    pub kubeconfig: Option<PathBuf>,
+    pub listen: SocketAddr,
+    pub health_listen: SocketAddr,
+    pub limits: Limits,
+    pub upstream: Timeouts,
+    /// How long in-flight requests may finish after SIGTERM.
+    pub grace: Duration,
+    /// Leaf certificates kept.
+    pub leaf_cache: NonZeroUsize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("route table {path}: {source}")]
+    Routes { path: String, source: RouteError },
+    #[error("route table {0}: it has kubernetes routes but no --kubeconfig was given to take their tokens from")]
+    NoKubeconfig(String),
+    #[error("proxy CA: {0}")]
+    Ca(#[from] CaError),
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("health server: {0}")]
+    Health(std::io::Error),
+}
+
+/// State shared by every connection.
+pub struct Shared {
+    pub routes: RouteTable,
+    pub ca: CertAuthority,
+    pub upstreams: Upstreams,
+    pub credentials: Credentials,
+    pub metrics: Metrics,
+    pub limits: Limits,
+}
+
+fn read(path: &std::path::Path) -> Result<String, ProxyError> {
+    std::fs::read_to_string(path).map_err(|source| ProxyError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+impl Shared {
+    /// Loads and checks the route table, the CA and the upstream TLS settings.
+    pub fn load(config: &Config) -> Result<Self, ProxyError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let routes_path = config.routes.display().to_string();
+        let routes =
+            RouteTable::from_json(&read(&config.routes)?).map_err(|source| ProxyError::Routes {
+                path: routes_path.clone(),
+                source,
+            })?;
+        let has_kubernetes = routes
+            .routes()
+            .iter()
+            .any(|r| r.injector == Injector::Kubernetes);
+        if has_kubernetes && config.kubeconfig.is_none() {
+            return Err(ProxyError::NoKubeconfig(routes_path));
+        }
+        let ca = CertAuthority::from_pem(
+            &read(&config.ca_cert)?,
+            &read(&config.ca_key)?,
+            config.leaf_cache,
+            provider.clone(),
+        )?;
+        let upstreams = Upstreams::new(&routes, provider, config.upstream)?;
+        Ok(Self {
+            routes,
+            ca,
+            upstreams,
+            credentials: Credentials::new(config.kubeconfig.clone()),
+            metrics: Metrics::default(),
+            limits: config.limits,
+        })
+    }
+}
+
+/// A proxy bound to its ports, not yet serving.
+pub struct Proxy {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    health: TcpListener,
+    grace: Duration,
+}
+
+impl Proxy {
+    pub async fn bind(config: &Config) -> Result<Self, ProxyError> {
+        let shared = Arc::new(Shared::load(config)?);
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ProxyError::Listen { addr, source })
+        };
+        let listener = bind(config.listen).await?;
+        let health = bind(config.health_listen).await?;
+        if let Some(why) = health::not_ready(&shared) {
+            tracing::warn!(why, "starting, but not ready");
+        }
+        Ok(Self {
+            shared,
+            listener,
+            health,
+            grace: config.grace,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn health_addr(&self) -> std::io::Result<SocketAddr> {
+        self.health.local_addr()
+    }
+
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Serves until `stop` completes, then stops accepting, lets in-flight requests finish
+    /// for up to the grace period, and returns.
+    pub async fn serve(self, stop: impl Future<Output = ()>) -> Result<(), ProxyError> {
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let health_stop = shutdown.clone();
+        let health = axum::serve(self.health, health::router(self.shared.clone()))
+            .with_graceful_shutdown(async move { health_stop.cancelled().await });
+        let health = tokio::spawn(async move { health.await });
+        tracing::info!(
+            listen = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            routes = self.shared.routes.routes().len(),
+            "proxy serving"
+        );
+        let accept = server::serve(
+            self.listener,
+            self.shared.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        );
+        tokio::select! {
+            () = accept => {}
+            () = stop => shutdown.cancel(),
+        }
+        shutdown.cancel();
+        tracker.close();
+        if tokio::time::timeout(self.grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(grace = ?self.grace, open = tracker.len(), "grace period over; closing the rest");
+        }
+        match health.await {
+            Ok(Ok(())) | Err(_) => Ok(()),
+            Ok(Err(e)) => Err(ProxyError::Health(e)),
+        }
+    }
+}

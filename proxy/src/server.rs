@@ -1,0 +1,198 @@
+//! The client-facing listener: connection admission, the CONNECT request and the route check.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response};
+use http_body_util::{Empty, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use cli_mcp_api::proxy::Domain;
+
+use crate::metrics::GaugeGuard;
+use crate::refusal::Refusal;
+use crate::{tunnel, Shared};
+
+type Body = http_body_util::Either<Empty<Bytes>, Full<Bytes>>;
+
+/// Accepts until `shutdown`; every connection task is tracked by `tracker`.
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
+    let full = too_many_connections(shared.limits.max_connections);
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            () = shutdown.cancelled() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: the condition is outside our
+                // control and clears when connections close; yield so the loop does not spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::task::yield_now().await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            shared.metrics.refused("connection_limit");
+            tracing::info!(%peer, reason = "connection_limit", "connection refused");
+            // Best effort, never waits: the refusal must cost nothing.
+            let _ = stream.try_write(&full);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        tracker.spawn(connection(
+            stream,
+            permit,
+            shared.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        ));
+    }
+}
+
+fn too_many_connections(limit: usize) -> Vec<u8> {
+    let body = format!(
+        "the proxy is at its limit of {limit} connections (--max-connections); retry later\n"
+    );
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn connection(
+    stream: TcpStream,
+    permit: OwnedSemaphorePermit,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let _open = GaugeGuard::new(&shared.metrics.connections);
+    // The tunnel task keeps the slot after this HTTP connection has been upgraded.
+    let permit = Arc::new(permit);
+    let limits = shared.limits;
+    let svc_shared = shared.clone();
+    let svc_shutdown = shutdown.clone();
+    let service = service_fn(move |req| {
+        connect(
+            req,
+            svc_shared.clone(),
+            permit.clone(),
+            svc_shutdown.clone(),
+            tracker.clone(),
+        )
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes)
+        .max_headers(limits.max_headers);
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        let reason = if e.is_timeout() {
+            "header_read_timeout"
+        } else if e.is_parse_too_large() {
+            "headers_too_large"
+        } else if e.is_parse() {
+            "bad_request"
+        } else {
+            ""
+        };
+        if !reason.is_empty() {
+            shared.metrics.refused(reason);
+        }
+        tracing::debug!(error = %e, reason, "client connection ended");
+    }
+}
+
+async fn connect(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    permit: Arc<OwnedSemaphorePermit>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) -> Result<Response<Body>, Infallible> {
+    if req.method() != Method::CONNECT {
+        return Ok(refuse(
+            &shared,
+            Refusal::not_connect(),
+            req.uri().to_string(),
+        ));
+    }
+    let target = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .unwrap_or_default();
+    let domain = match Domain::parse(&target) {
+        Ok(d) => d,
+        Err(e) => {
+            return Ok(refuse(
+                &shared,
+                Refusal::bad_target(&target, &e.to_string()),
+                target.clone(),
+            ))
+        }
+    };
+    let Some(route) = shared.routes.get(&domain).cloned() else {
+        return Ok(refuse(
+            &shared,
+            Refusal::domain_not_allowed(&domain),
+            target,
+        ));
+    };
+    tracing::debug!(domain = %domain, "tunnel opened");
+    let upgrade = hyper::upgrade::on(req);
+    tracker.spawn(async move {
+        match upgrade.await {
+            Ok(upgraded) => tunnel::run(upgraded, domain, route, shared, shutdown).await,
+            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
+        }
+        drop(permit);
+    });
+    Ok(Response::new(Body::Left(Empty::new())))
+}
+
+fn refuse(shared: &Shared, r: Refusal, target: String) -> Response<Body> {
+    tracing::info!(
+        target = %target,
+        reason = r.reason,
+        status = r.status.as_u16(),
+        message = %r.message,
+        "CONNECT refused"
+    );
+    shared.metrics.refused(r.reason);
+    let mut resp = r.text().map(Body::Right);
+    // A refused client gets no second try on this connection.
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
