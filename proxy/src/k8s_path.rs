@@ -186,6 +186,9 @@ fn segments(path: &str) -> Result<Vec<String>, PathRefusal> {
     let Some(rest) = path.strip_prefix('/') else {
         return Err(PathRefusal::Malformed("the path does not start with '/'"));
     };
+    // One trailing '/' adds nothing to read (the service proxy is often written with one);
+    // any other empty segment is refused.
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.is_empty() {
         return Ok(Vec::new());
     }
@@ -194,9 +197,7 @@ fn segments(path: &str) -> Result<Vec<String>, PathRefusal> {
 
 fn decode_segment(raw: &str) -> Result<String, PathRefusal> {
     if raw.is_empty() {
-        return Err(PathRefusal::Malformed(
-            "an empty path segment (a '//' or a trailing '/')",
-        ));
+        return Err(PathRefusal::Malformed("an empty path segment ('//')"));
     }
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -363,6 +364,12 @@ mod tests {
         assert_eq!(forbidden_what("/api/v1/nodes/n1/proxy"), "nodes/proxy");
         assert!(forbidden_what("/api/v1/proxy/namespaces/d/pods/p").contains("legacy proxy"));
         assert!(forbidden_what("/api/v1/proxy/nodes/n1").contains("legacy proxy"));
+        assert!(forbidden_what("/api/v1/proxy/nodes/n1/").contains("legacy proxy"));
+        assert_eq!(
+            forbidden_what("/api/v1/namespaces/d/pods/p/exec/"),
+            "pods/exec"
+        );
+        assert_eq!(resource("/api/v1/namespaces/d/pods/").resource, "pods");
         assert!(forbidden_what("/api/v1/watch/proxy/x").contains("legacy proxy"));
         assert_eq!(
             forbidden_what("/api/v1/watch/namespaces/d/pods/p/exec"),
@@ -411,7 +418,8 @@ mod tests {
             ("/api/v1/namespaces/d/pods/p/%2e%2e/exec", "'.'"),
             ("/api/v1/namespaces/d/pods/p//exec", "empty"),
             ("//api/v1/namespaces/d/pods/p/exec", "empty"),
-            ("/api/v1/namespaces/d/pods/", "empty"),
+            ("/api/v1/namespaces/d/pods//", "empty"),
+            ("/api/v1/namespaces/d/pods/p/exec//", "empty"),
             ("/api/v1/namespaces/d/pods/p/exec;x=y", "';'"),
             ("/api/v1/namespaces/d/pods/p;x/exec", "';'"),
             ("/api/v1/namespaces/d/pods/p/exec%3Bx", "';'"),

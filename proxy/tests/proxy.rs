@@ -1,0 +1,668 @@
+//! The proxy on loopback against a recording HTTPS upstream: what gets through, what is
+//! refused, and that a hostile client cannot make it hold more than its limits.
+
+mod support;
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use cli_mcp_api::proxy::{Domain, Injector, Route};
+use support::*;
+
+const TOKEN: &str = "real-admin-token";
+
+/// An upstream routed as a Kubernetes API server, with a kubeconfig holding [`TOKEN`].
+async fn kubernetes_setup() -> (Upstream, Inputs) {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::Kubernetes)]);
+    inputs.publish_kubeconfig(&kubeconfig(
+        &format!("https://{}", up.addr),
+        &up.ca.cert_pem,
+        TOKEN,
+    ));
+    (up, inputs)
+}
+
+#[tokio::test]
+async fn connect_to_a_domain_without_a_route_is_403_and_reaches_nothing() {
+    let routed = Upstream::start().await;
+    let other = Upstream::start().await;
+    let inputs = Inputs::new(vec![routed.route(Injector::None)]);
+    let proxy = Running::start(inputs.config()).await;
+
+    let target = other.addr.to_string();
+    let reply = raw(
+        proxy.addr,
+        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+    assert!(
+        reply.contains(&format!("domain {target} is not allowed")),
+        "{reply}"
+    );
+    assert!(reply.contains("spec.proxy.targets"), "{reply}");
+    // A spelling of a routed domain that canonicalises differently is just as unknown.
+    let reply = raw(
+        proxy.addr,
+        format!("CONNECT localhost:{} HTTP/1.1\r\n\r\n", routed.addr.port()).as_bytes(),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+    for bad in ["*.example.com:443", "example.com", "[::1", "a b:1"] {
+        let reply = raw(
+            proxy.addr,
+            format!("CONNECT {bad} HTTP/1.1\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(reply.starts_with("HTTP/1.1 4"), "{bad}: {reply}");
+    }
+    assert_eq!(other.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(routed.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let m = proxy.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "cli_mcp_proxy_refusals_total{reason=\"domain_not_allowed\"}"
+        ) >= 2.0,
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn plain_http_proxy_requests_are_refused() {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::None)]);
+    let proxy = Running::start(inputs.config()).await;
+    let reply = raw(
+        proxy.addr,
+        format!(
+            "GET http://{}/ HTTP/1.1\r\nHost: {}\r\n\r\n",
+            up.addr, up.addr
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains("use HTTPS through CONNECT"), "{reply}");
+    assert_eq!(up.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_clients_credentials_never_reach_upstream_and_the_routes_token_does() {
+    let (up, inputs) = kubernetes_setup().await;
+    let proxy = Running::start(inputs.config()).await;
+    let client = client(&proxy, &inputs.ca);
+    let resp = client
+        .get(format!(
+            "https://{}/api/v1/namespaces/default/pods?limit=5",
+            up.addr
+        ))
+        .header("Authorization", "Bearer cli-mcp-proxy-managed")
+        .header("Impersonate-User", "system:admin")
+        .header("Impersonate-Group", "system:masters")
+        .header("Impersonate-Extra-Scopes", "all")
+        .header("X-Api-Key", "k")
+        .header("X-Forwarded-For", "10.1.2.3")
+        .header("Forwarded", "for=10.1.2.3")
+        .header("Via", "1.1 sandbox")
+        .header("Proxy-Authorization", "Basic eA==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("PodList"));
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    let h = &seen[0].headers;
+    assert_eq!(seen[0].uri, "/api/v1/namespaces/default/pods?limit=5");
+    let auth: Vec<_> = h.get_all("authorization").iter().collect();
+    assert_eq!(auth, vec![&format!("Bearer {TOKEN}")]);
+    for gone in [
+        "impersonate-user",
+        "impersonate-group",
+        "impersonate-extra-scopes",
+        "x-api-key",
+        "x-forwarded-for",
+        "forwarded",
+        "via",
+        "proxy-authorization",
+    ] {
+        assert!(!h.contains_key(gone), "{gone} reached the upstream");
+    }
+}
+
+#[tokio::test]
+async fn an_allow_list_route_gets_no_credential_at_all() {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::None)]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    let proxy = Running::start(config).await;
+    let resp = client(&proxy, &inputs.ca)
+        .post(format!("https://{}/upload", up.addr))
+        .header("Authorization", "Bearer stolen")
+        .body("payload")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = up.seen();
+    assert_eq!(seen[0].method, "POST");
+    assert_eq!(&seen[0].body[..], b"payload");
+    assert!(!seen[0].headers.contains_key("authorization"));
+}
+
+#[tokio::test]
+async fn a_rotated_kubeconfig_is_used_for_the_next_request_on_the_same_tunnel() {
+    let (up, inputs) = kubernetes_setup().await;
+    let proxy = Running::start(inputs.config()).await;
+    let client = client(&proxy, &inputs.ca);
+    let url = format!("https://{}/api/v1/pods", up.addr);
+    client.get(&url).send().await.unwrap();
+    inputs.publish_kubeconfig(&kubeconfig(
+        &format!("https://{}", up.addr),
+        &up.ca.cert_pem,
+        "rotated-token",
+    ));
+    client.get(&url).send().await.unwrap();
+    let seen = up.seen();
+    assert_eq!(seen[0].headers["authorization"], format!("Bearer {TOKEN}"));
+    assert_eq!(seen[1].headers["authorization"], "Bearer rotated-token");
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric(&m, "cli_mcp_proxy_tunnels"),
+        1.0,
+        "one tunnel carried both requests: {m}"
+    );
+}
+
+#[tokio::test]
+async fn a_kubeconfig_without_a_token_for_the_server_is_a_502_that_says_so() {
+    let (up, inputs) = kubernetes_setup().await;
+    inputs.publish_kubeconfig(&kubeconfig("https://10.9.9.9:6443", &up.ca.cert_pem, TOKEN));
+    let proxy = Running::start(inputs.config()).await;
+    let resp = client(&proxy, &inputs.ca)
+        .get(format!("https://{}/api/v1/pods", up.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let body = resp.text().await.unwrap();
+    assert!(
+        body.contains(&format!(
+            "kubeconfig Secret has no token for server {}",
+            up.addr
+        )),
+        "{body}"
+    );
+    assert!(up.seen().is_empty());
+    let ready = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{}/readyz", proxy.health))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+}
+
+#[tokio::test]
+async fn workload_subresources_are_refused_with_the_proxys_message() {
+    let (up, inputs) = kubernetes_setup().await;
+    let proxy = Running::start(inputs.config()).await;
+    let client = client(&proxy, &inputs.ca);
+    for (path, what) in [
+        (
+            "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true",
+            "pods/exec",
+        ),
+        ("/api/v1/namespaces/default/pods/p/attach", "pods/attach"),
+        (
+            "/api/v1/namespaces/default/pods/p/portforward",
+            "pods/portforward",
+        ),
+        (
+            "/api/v1/namespaces/default/pods/p/ephemeralcontainers",
+            "pods/ephemeralcontainers",
+        ),
+        (
+            "/api/v1/namespaces/default/services/s:80/proxy/",
+            "services/proxy",
+        ),
+        ("/api/v1/nodes/n/proxy/logs", "nodes/proxy"),
+    ] {
+        let resp = client
+            .post(format!("https://{}{path}", up.addr))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{path}");
+        let status: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(status["kind"], "Status", "{path}");
+        assert_eq!(status["reason"], "Forbidden", "{path}");
+        let msg = status["message"].as_str().unwrap();
+        assert!(
+            msg.contains(what) && msg.contains("never allows"),
+            "{path}: {msg}"
+        );
+    }
+    assert!(up.seen().is_empty(), "nothing refused reached the upstream");
+}
+
+/// Requests written byte for byte (an HTTP client library would normalise them).
+#[tokio::test]
+async fn encoded_dot_parameter_and_double_slash_tricks_are_refused() {
+    let (up, inputs) = kubernetes_setup().await;
+    let proxy = Running::start(inputs.config()).await;
+    let host = up.addr.to_string();
+    for path in [
+        "/api/v1/namespaces/default/pods/p/%65xec",
+        "/api/v1/namespaces/default/pods/p%2Fexec",
+        "/api/v1/namespaces/default/pods/p/./exec",
+        "/api/v1/namespaces/default/pods/x/../p/exec",
+        "/api/v1/namespaces/default/pods/p/%2e%2e/p/exec",
+        "/api/v1/namespaces/default/pods/p//exec",
+        "//api/v1/namespaces/default/pods/p/exec",
+        "/api/v1/namespaces/default/pods/p/exec;v=1",
+        "/api/v1/namespaces/default/pods/p;x/exec",
+        "/api/v1/namespaces/default/pods/p/%252Fexec",
+        "/api/v1/proxy/namespaces/default/pods/p",
+        "/api/v1/watch/namespaces/default/pods/p/attach",
+    ] {
+        let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+        tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let head = read_head(&mut tls).await;
+        assert!(
+            head.starts_with("HTTP/1.1 403") || head.starts_with("HTTP/1.1 400"),
+            "{path}: {head}"
+        );
+    }
+    assert!(up.seen().is_empty(), "{:?}", up.seen());
+}
+
+#[tokio::test]
+async fn upgrades_are_refused_on_kubernetes_routes() {
+    let (up, inputs) = kubernetes_setup().await;
+    let proxy = Running::start(inputs.config()).await;
+    let host = up.addr.to_string();
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(
+        format!(
+            "GET /api/v1/namespaces/default/pods HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
+async fn a_host_other_than_the_connect_authority_is_refused() {
+    let (up, inputs) = kubernetes_setup().await;
+    let other = Upstream::start().await;
+    let proxy = Running::start(inputs.config()).await;
+    let host = up.addr.to_string();
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(format!("GET /api/v1/pods HTTP/1.1\r\nHost: {}\r\n\r\n", other.addr).as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 421"), "{head}");
+    // Absolute form naming another authority, with the right Host.
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(
+        format!(
+            "GET https://{}/api/v1/pods HTTP/1.1\r\nHost: {host}\r\n\r\n",
+            other.addr
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 421"), "{head}");
+    // Two Host headers.
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(
+        format!(
+            "GET /api/v1/pods HTTP/1.1\r\nHost: {host}\r\nHost: {}\r\n\r\n",
+            other.addr
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert!(up.seen().is_empty());
+    assert_eq!(other.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_sni_other_than_the_connect_host_gets_no_tls() {
+    let inputs = Inputs::new(vec![Route {
+        domain: Domain::parse("localhost:9").unwrap(),
+        injector: Injector::None,
+        ca_cert: None,
+    }]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    let proxy = Running::start(config).await;
+    let err = tunnel(
+        proxy.addr,
+        "localhost:9",
+        Some("kubernetes.default.svc"),
+        &inputs.ca,
+    )
+    .await;
+    assert!(err.is_err(), "a TLS session with a mismatched SNI");
+    let ok = tunnel(proxy.addr, "localhost:9", Some("localhost"), &inputs.ca).await;
+    assert!(ok.is_ok(), "{:?}", ok.err());
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric(&m, "cli_mcp_proxy_refusals_total{reason=\"sni_mismatch\"}"),
+        1.0,
+        "{m}"
+    );
+}
+
+/// CL+TE: hyper takes Transfer-Encoding, drops Content-Length and closes the connection after
+/// the response (RFC 9112 section 6.3), so a request hidden in the body is never read as one.
+#[tokio::test]
+async fn a_request_smuggled_with_content_length_and_chunked_never_reaches_upstream() {
+    let (up, inputs) = kubernetes_setup().await;
+    let proxy = Running::start(inputs.config()).await;
+    let host = up.addr.to_string();
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    let smuggled =
+        format!("GET /api/v1/namespaces/default/pods/p/exec HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    let req = format!(
+        "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: {host}\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n{smuggled}"
+    );
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let reply = read_to_close(&mut tls).await;
+    assert_eq!(reply.matches("HTTP/1.1 ").count(), 1, "{reply}");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].uri, "/api/v1/namespaces/default/configmaps");
+    assert_eq!(&seen[0].body[..], b"{}");
+    // The reverse order of the headers, and a non-chunked Transfer-Encoding.
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(
+        format!("POST /api/v1/x HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{{}}").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let reply = read_to_close(&mut tls).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert_eq!(up.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn oversized_headers_get_431_outside_and_inside_the_tunnel() {
+    let (up, inputs) = kubernetes_setup().await;
+    let mut config = inputs.config();
+    config.limits.max_header_bytes = 8192;
+    let proxy = Running::start(config).await;
+    let host = up.addr.to_string();
+    let big = "a".repeat(20_000);
+    let reply = raw(
+        proxy.addr,
+        format!("CONNECT {host} HTTP/1.1\r\nHost: {host}\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(
+        format!("GET /api/v1/pods HTTP/1.1\r\nHost: {host}\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let reply = read_to_close(&mut tls).await;
+    assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
+async fn a_slowloris_client_is_cut_off_at_the_header_read_timeout() {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::None)]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    config.limits.header_read_timeout = Duration::from_millis(300);
+    config.limits.idle_timeout = Duration::from_millis(300);
+    let proxy = Running::start(config).await;
+    // Outside: a CONNECT head that never ends.
+    let mut tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    tcp.write_all(format!("CONNECT {} HTTP/1.1\r\nX-A: ", up.addr).as_bytes())
+        .await
+        .unwrap();
+    let rest = read_to_close(&mut tcp).await;
+    assert!(!rest.contains("200"), "{rest}");
+    // Inside: a tunnel whose request head never ends.
+    let host = up.addr.to_string();
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(b"GET / HTTP/1.1\r\nX-A: ").await.unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, tls.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the tunnel stayed open");
+    assert!(up.seen().is_empty());
+    let m = proxy.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "cli_mcp_proxy_refusals_total{reason=\"header_read_timeout\"}"
+        ) >= 1.0,
+        "{m}"
+    );
+}
+
+/// Idle connections beyond `--max-connections` are turned away at once: the proxy holds at
+/// most that many, whatever a client opens.
+#[tokio::test]
+async fn connections_beyond_the_limit_are_refused_and_not_held() {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::None)]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    config.limits.max_connections = 8;
+    let proxy = Running::start(config).await;
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(proxy.addr).await.unwrap());
+    }
+    // Each extra connection gets the 503 and is closed, however many there are.
+    for _ in 0..50 {
+        let mut extra = TcpStream::connect(proxy.addr).await.unwrap();
+        let reply = read_to_close(&mut extra).await;
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        assert!(reply.contains("--max-connections"), "{reply}");
+    }
+    let m = proxy.metrics().await;
+    assert_eq!(metric(&m, "cli_mcp_proxy_connections"), 8.0, "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "cli_mcp_proxy_refusals_total{reason=\"connection_limit\"}"
+        ),
+        50.0,
+        "{m}"
+    );
+    // A tunnel counts against the same limit.
+    drop(idle.pop());
+    let host = up.addr.to_string();
+    let mut opened = None;
+    for _ in 0..100 {
+        let mut tcp = TcpStream::connect(proxy.addr).await.unwrap();
+        tcp.write_all(format!("CONNECT {host} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let head = read_head(&mut tcp).await;
+        if head.starts_with("HTTP/1.1 200") {
+            opened = Some(tcp);
+            break;
+        }
+        // The freed slot is released when the proxy sees the close; try again.
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    }
+    assert!(
+        opened.is_some(),
+        "a slot freed by a closed connection is reused"
+    );
+}
+
+#[tokio::test]
+async fn streaming_responses_arrive_before_they_end() {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::None)]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    let proxy = Running::start(config).await;
+    let mut resp = client(&proxy, &inputs.ca)
+        .get(format!("https://{}/stream", up.addr))
+        .send()
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(DEADLINE, resp.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        &first[..],
+        b"first\n",
+        "the first chunk came through on its own"
+    );
+    up.release();
+    let second = tokio::time::timeout(DEADLINE, resp.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(&second[..], b"second\n");
+}
+
+#[tokio::test]
+async fn an_upstream_that_does_not_present_the_pinned_ca_gets_no_request() {
+    let up = Upstream::start().await;
+    let wrong = TestCa::new("some other CA");
+    let inputs = Inputs::new(vec![Route {
+        domain: up.domain(),
+        injector: Injector::None,
+        ca_cert: Some(wrong.cert_pem.clone()),
+    }]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    let proxy = Running::start(config).await;
+    let resp = client(&proxy, &inputs.ca)
+        .get(format!("https://{}/", up.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("TLS with"), "{body}");
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let (up, inputs) = kubernetes_setup().await;
+    let proxy = Running::start(inputs.config()).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let get = |p: &str| http.get(format!("http://{}{p}", proxy.health)).send();
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    assert_eq!(get("/readyz").await.unwrap().status(), 200);
+    client(&proxy, &inputs.ca)
+        .get(format!("https://{}/api/v1/pods", up.addr))
+        .send()
+        .await
+        .unwrap();
+    let m = get("/metrics").await.unwrap().text().await.unwrap();
+    assert_eq!(
+        metric(&m, "cli_mcp_proxy_requests_total{outcome=\"forwarded\"}"),
+        1.0,
+        "{m}"
+    );
+    assert!(!m.contains(TOKEN));
+    // A kubeconfig replaced by something unusable makes the proxy unready.
+    inputs.publish_kubeconfig("users: [");
+    let r = get("/readyz").await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.text().await.unwrap().contains("not usable"));
+}
+
+#[tokio::test]
+async fn sigterm_drains_the_request_in_flight_and_stops_accepting() {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::None)]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    let mut proxy = Running::start(config).await;
+    let client = client(&proxy, &inputs.ca);
+    let url = format!("https://{}/slow", up.addr);
+    let in_flight = tokio::spawn(async move { client.get(url).send().await?.text().await });
+    // Wait until the request is upstream, so the stop comes while it is in flight.
+    tokio::time::timeout(DEADLINE, async {
+        while up.seen().is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the request reached the upstream");
+    proxy.stop();
+    // New connections are no longer accepted once the listener is closed.
+    let refused = tokio::time::timeout(DEADLINE, async {
+        loop {
+            if TcpStream::connect(proxy.addr).await.is_err() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "the listener was closed");
+    up.release();
+    let body = in_flight.await.unwrap().unwrap();
+    assert_eq!(body, "done\n");
+    tokio::time::timeout(DEADLINE, proxy.done.take().unwrap())
+        .await
+        .expect("serve returned after draining")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn bad_inputs_stop_the_start_with_a_clear_error() {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::Kubernetes)]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    let err = cli_mcp_proxy::Proxy::bind(&config).await.err().unwrap();
+    assert!(err.to_string().contains("no --kubeconfig"), "{err}");
+    std::fs::write(
+        inputs.dir.path().join("routes.json"),
+        "{\"routes\": [{\"domain\": \"x\"}]}",
+    )
+    .unwrap();
+    let err = cli_mcp_proxy::Proxy::bind(&inputs.config())
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("route table"), "{err}");
+    inputs.write_routes(vec![up.route(Injector::None)]);
+    std::fs::write(inputs.dir.path().join("ca.key"), TestCa::new("x").key_pem).unwrap();
+    let err = cli_mcp_proxy::Proxy::bind(&inputs.config())
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("does not belong"), "{err}");
+}
