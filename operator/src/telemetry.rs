@@ -8,21 +8,23 @@ pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn,kube_lease_manager=warn"));
     let registry = tracing_subscriber::registry().with(filter);
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(log_colours());
     let result = if json {
         registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(false)
-                    .with_writer(std::io::stderr),
-            )
+            .with(layer.json().flatten_event(true).with_current_span(false))
             .try_init()
     } else {
-        registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .try_init()
+        registry.with(layer).try_init()
     };
     // A second init (tests) keeps the first subscriber.
     let _ = result;
+}
+
+/// Colour only for a person at a terminal: `kubectl logs` and log collectors read a pipe,
+/// where escape codes are noise. `NO_COLOR` (any non-empty value) turns it off everywhere.
+fn log_colours() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }

@@ -32,6 +32,9 @@ use tokio::signal::unix::{signal, SignalKind};
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+    /// Log JSON lines.
+    #[arg(long, global = true, env = "CLI_MCP_CLUSTER_LOG_JSON")]
+    log_json: bool,
 }
 
 #[derive(Subcommand)]
@@ -438,17 +441,32 @@ async fn forward(
     Ok(ExitCode::SUCCESS)
 }
 
+fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,kube_client::client::builder=off"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(log_colours());
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Colour only for a person at a terminal: `kubectl logs` and log collectors read a pipe,
+/// where escape codes are noise. `NO_COLOR` (any non-empty value) turns it off everywhere.
+fn log_colours() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
-            }),
-        )
-        .init();
     let cli = Cli::parse();
+    init_tracing(cli.log_json);
     let result = match cli.command {
         Cmd::Up(args) => up(args).await,
         Cmd::Exec { up, command } => exec(up, command).await,
