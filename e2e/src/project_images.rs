@@ -1,12 +1,13 @@
-//! The project's own images (operator, server, sandbox) on the real node: [`build`] runs
+//! The project's own images (operator, server, sandbox, credential proxy) on the real node: [`build`] runs
 //! `hack/build-images.sh` with the given binaries (cached by its inputs under
 //! `$CLI_MCP_CACHE/images`, outside the repo: a second call with the same binaries takes
 //! seconds), [`import_into`] loads the archives into a node's containerd under every name
 //! the manifests and the tests put in pods, so the kubelet finds them without a pull.
 //!
-//! The names: `config/manager` runs `cli-mcp-operator:latest` and gives the operator
-//! `RELATED_IMAGE_SERVER=cli-mcp-server:latest` and `RELATED_IMAGE_SANDBOX=
-//! cli-mcp-sandbox:latest`; the journeys' overlay ([`crate::journey::operator_overlay`])
+//! The names: `config/manager` runs `cli-mcp-operator:<version>` (the workspace version) and
+//! gives the operator `RELATED_IMAGE_SERVER=cli-mcp-server:<version>`,
+//! `RELATED_IMAGE_SANDBOX=cli-mcp-sandbox:<version>` and `RELATED_IMAGE_PROXY=
+//! cli-mcp-proxy:<version>`; the journeys' overlay ([`crate::journey::operator_overlay`])
 //! uses `cli-mcp-operator:e2e`, [`crate::instance::SERVER_IMAGE`] and
 //! [`crate::instance::SANDBOX_IMAGE`]. containerd's CRI normalises a short name the way
 //! Docker does (`cli-mcp-server:dev` is `docker.io/library/cli-mcp-server:dev`), so the
@@ -22,21 +23,40 @@ use crate::workspace::workspace_root;
 /// `hack/build-images.sh`), to skip the build.
 pub const IMAGES_DIR_ENV: &str = "CLI_MCP_IMAGES_DIR";
 
-/// Which image each name the kubelet may be asked for is: (image, names).
+/// Which image each name the kubelet may be asked for is: (image, names). The packaged
+/// manifests pin the workspace version, which is this crate's.
 pub const ALIASES: &[(&str, &[&str])] = &[
     (
         "operator",
-        &["cli-mcp-operator:latest", "cli-mcp-operator:e2e"],
+        &[
+            concat!("cli-mcp-operator:", env!("CARGO_PKG_VERSION")),
+            "cli-mcp-operator:e2e",
+        ],
     ),
     (
         "server",
-        &["cli-mcp-server:latest", crate::instance::SERVER_IMAGE],
+        &[
+            concat!("cli-mcp-server:", env!("CARGO_PKG_VERSION")),
+            crate::instance::SERVER_IMAGE,
+        ],
     ),
     (
         "sandbox",
-        &["cli-mcp-sandbox:latest", crate::instance::SANDBOX_IMAGE],
+        &[
+            concat!("cli-mcp-sandbox:", env!("CARGO_PKG_VERSION")),
+            crate::instance::SANDBOX_IMAGE,
+        ],
+    ),
+    (
+        "proxy",
+        &[concat!("cli-mcp-proxy:", env!("CARGO_PKG_VERSION"))],
     ),
 ];
+
+/// Images of [`ALIASES`] a build may still lack (`hack/build-images.sh` from before the
+/// credential proxy): [`ProjectImages::load`] leaves them out with a warning instead of
+/// failing, so only pods that use one cannot start.
+pub const OPTIONAL: &[&str] = &["proxy"];
 
 /// The binaries the images carry.
 pub const BINARIES: [&str; 3] = ["cli-mcp-operator", "cli-mcp-server", "cli-mcp-agent"];
@@ -69,6 +89,7 @@ impl ProjectImages {
         let tsv =
             std::fs::read_to_string(&tsv_path).map_err(|e| Error::io("reading", &tsv_path, e))?;
         let mut images = Vec::new();
+        let mut skipped = Vec::new();
         for line in tsv.lines().skip(1).filter(|l| !l.trim().is_empty()) {
             let reference = line.split('\t').next().unwrap_or_default().to_owned();
             let name = reference
@@ -82,6 +103,15 @@ impl ProjectImages {
                 })?
                 .to_owned();
             let archive = dir.join(format!("cli-mcp-{name}.tar"));
+            if !archive.is_file() && OPTIONAL.contains(&name.as_str()) {
+                tracing::warn!(
+                    "{} names {reference} but {} is missing: not importing the {name} image",
+                    tsv_path.display(),
+                    archive.display()
+                );
+                skipped.push(name);
+                continue;
+            }
             if !archive.is_file() {
                 return Err(Error::Parse {
                     path: tsv_path.clone(),
@@ -101,7 +131,16 @@ impl ProjectImages {
             });
         }
         for (name, _) in ALIASES {
-            if !images.iter().any(|i| i.name == *name) {
+            if images.iter().any(|i| i.name == *name) || skipped.iter().any(|s| s == name) {
+                continue;
+            }
+            if OPTIONAL.contains(name) {
+                tracing::warn!(
+                    "{} lists no cli-mcp-{name} image (hack/build-images.sh does not build it \
+                     yet?): not importing it; pods that use it cannot start",
+                    tsv_path.display()
+                );
+            } else {
                 return Err(Error::Parse {
                     path: tsv_path.clone(),
                     detail: format!("no cli-mcp-{name} image listed"),
@@ -195,8 +234,8 @@ pub fn import_into(socket: &Path, images: &ProjectImages) -> Result<Vec<String>>
         }
         Ok(())
     };
-    // One import at a time unpacks layer after layer on one core; three at once take about
-    // as long as the biggest (the sandbox).
+    // One import at a time unpacks layer after layer on one core; all at once take about as
+    // long as the biggest (the sandbox).
     std::thread::scope(|scope| {
         let running: Vec<_> = images
             .images
@@ -316,7 +355,7 @@ mod tests {
                     let tag = kustomization
                         .lines()
                         .find_map(|l| l.trim().strip_prefix("newTag:"))
-                        .map(str::trim)
+                        .map(|t| t.trim().trim_matches('"'))
                         .expect("newTag in config/manager/kustomization.yaml");
                     let name = kustomization
                         .lines()
@@ -332,8 +371,8 @@ mod tests {
             }
         }
         assert_eq!(
-            seen, 3,
-            "operator, server and sandbox images in manager.yaml"
+            seen, 4,
+            "operator, server, sandbox and proxy images in manager.yaml"
         );
     }
 
@@ -366,9 +405,35 @@ mod tests {
         std::fs::write(dir.join("cli-mcp-sandbox.tar"), b"x").expect("tar");
         let images = ProjectImages::load(&dir).expect("complete");
         let names = images.names();
-        assert!(names.contains(&"docker.io/library/cli-mcp-sandbox:latest".to_owned()));
+        let sandbox = concat!(
+            "docker.io/library/cli-mcp-sandbox:",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(names.contains(&sandbox.to_owned()), "{names:?}");
         assert!(names.contains(&"docker.io/library/cli-mcp-agent:dev".to_owned()));
         assert!(names.contains(&"localhost/cli-mcp-operator:0.1.0".to_owned()));
+        // A build without the credential proxy still loads, without its names.
+        assert!(!images.images.iter().any(|i| i.name == "proxy"));
+        assert!(
+            !names.iter().any(|n| n.contains("cli-mcp-proxy")),
+            "{names:?}"
+        );
+        // One with it imports it under the name config/manager gives the operator.
+        let mut tsv = std::fs::read_to_string(dir.join("images.tsv")).expect("tsv");
+        tsv.push_str("localhost/cli-mcp-proxy:0.1.0\tsha256:d\n");
+        std::fs::write(dir.join("images.tsv"), &tsv).expect("tsv");
+        let names = ProjectImages::load(&dir).expect("proxy listed").names();
+        assert!(
+            !names.iter().any(|n| n.contains("cli-mcp-proxy")),
+            "no archive: {names:?}"
+        );
+        std::fs::write(dir.join("cli-mcp-proxy.tar"), b"x").expect("tar");
+        let names = ProjectImages::load(&dir).expect("with proxy").names();
+        let proxy = concat!(
+            "docker.io/library/cli-mcp-proxy:",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(names.contains(&proxy.to_owned()), "{names:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

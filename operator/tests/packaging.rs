@@ -2,12 +2,18 @@
 //! cleanly to the local Kubernetes, and the operator they deploy (a real in-cluster pod with
 //! the packaged, least-privilege RBAC and leader election) makes an instance Ready.
 //!
+//! Without a cluster: what a Helm or kustomize user meets before anything runs: the chart's
+//! schema refuses wrong values, its README lists every value, leader election off means
+//! one replica, the ServiceMonitor is opt-in, image tags are the workspace version, and a
+//! `namespace:` overlay keeps the operator able to read the API server's addresses.
+//!
 //! helm and kustomize come from `hack/build-helm-kustomize.sh` (built from the Go module
 //! proxy once, then cached outside the repo).
 
 mod support;
 
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_e2e::instance::wait_instance;
@@ -17,7 +23,7 @@ use cli_mcp_e2e::testing::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::DeleteParams;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use support::*;
 
@@ -125,7 +131,8 @@ fn chart_and_kustomize_grant_the_same_rules() {
             .lines()
             .map(str::trim)
             .filter(|l| {
-                l.starts_with("resources:")
+                l.starts_with("- apiGroups:")
+                    || l.starts_with("resources:")
                     || l.starts_with("verbs:")
                     || l.starts_with("resourceNames:")
             })
@@ -135,4 +142,522 @@ fn chart_and_kustomize_grant_the_same_rules() {
         v
     };
     assert_eq!(rules(&kz), rules(&chart));
+}
+
+fn chart_dir() -> PathBuf {
+    workspace_root().join("charts/cli-mcp-operator")
+}
+
+fn helm(args: &[&str]) -> Output {
+    Command::new(tools().join("helm"))
+        .args(args)
+        .output()
+        .expect("run helm")
+}
+
+/// `helm template t <chart> <args>`, which must succeed.
+fn helm_template(args: &[&str]) -> String {
+    let chart = chart_dir();
+    let mut all = vec!["template", "t", chart.to_str().expect("UTF-8 path")];
+    all.extend_from_slice(args);
+    let out = helm(&all);
+    assert!(
+        out.status.success(),
+        "helm {all:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// The objects of a multi-document YAML stream.
+fn documents(yaml: &str) -> Vec<Value> {
+    use serde::Deserialize as _;
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| {
+            let v = serde_yaml::Value::deserialize(doc).expect("a YAML document");
+            serde_json::to_value(v).expect("JSON")
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn env_of<'a>(deployment: &'a Value, name: &str) -> &'a Value {
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| &e["value"])
+        .unwrap_or_else(|| panic!("no env {name}"))
+}
+
+/// `[workspace.package] version` of Cargo.toml.
+fn workspace_version() -> String {
+    let cargo = std::fs::read_to_string(workspace_root().join("Cargo.toml")).expect("Cargo.toml");
+    let section = cargo
+        .split("\n[")
+        .find(|s| s.starts_with("workspace.package]"))
+        .expect("[workspace.package] in Cargo.toml");
+    section
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("version"))
+        .and_then(|l| l.trim().strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .expect("version in [workspace.package]")
+}
+
+#[test]
+fn chart_schema_refuses_wrong_values_with_the_path_and_the_type() {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("UTF-8 path");
+    let lint = helm(&["lint", chart]);
+    assert!(
+        lint.status.success(),
+        "the defaults must pass: {}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    let refused = |args: &[&str], expected: &[&str]| {
+        for verb in ["template", "lint"] {
+            let mut all = vec![verb, chart];
+            all.extend_from_slice(args);
+            let out = helm(&all);
+            assert!(!out.status.success(), "helm {all:?} accepted it");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for e in expected {
+                assert!(text.contains(e), "helm {all:?}: no {e:?} in:\n{text}");
+            }
+        }
+    };
+    refused(
+        &["--set", "replicaCount=two"],
+        &["/replicaCount", "want integer"],
+    );
+    refused(
+        &["--set", "leaderElection.enabled=yes"],
+        &["/leaderElection/enabled", "want boolean"],
+    );
+    refused(
+        &["--set", "watchNamespaces=team-a"],
+        &["/watchNamespaces", "want array"],
+    );
+    refused(
+        &["--set", "image.pullPolicy=Sometimes"],
+        &["/image/pullPolicy"],
+    );
+    refused(
+        &["--set", "metrics.port=70000"],
+        &["/metrics/port", "maximum"],
+    );
+    // A misspelt key would otherwise be ignored without a word.
+    refused(&["--set", "replicas=3"], &["'replicas' not allowed"]);
+    refused(
+        &["--set", "metrics.serviceMonitor.enable=true"],
+        &["'enable' not allowed"],
+    );
+}
+
+#[test]
+fn leader_election_off_renders_exactly_one_replica_and_the_flag() {
+    let docs = documents(&helm_template(&[
+        "--set",
+        "leaderElection.enabled=false",
+        "--set",
+        "replicaCount=3",
+    ]));
+    let d = named(&docs, "Deployment", "t-cli-mcp-operator");
+    assert_eq!(d["spec"]["replicas"], 1);
+    // A rolling update would run the new pod next to the old one: two reconcilers.
+    assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(env_of(d, "CLI_MCP_LEADER_ELECT"), "false");
+    assert!(
+        !docs.iter().any(|d| d["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-leader-election"))),
+        "no Lease RBAC without leader election"
+    );
+
+    let docs = documents(&helm_template(&["--set", "replicaCount=3"]));
+    let d = named(&docs, "Deployment", "t-cli-mcp-operator");
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert!(d["spec"]["strategy"].is_null(), "{}", d["spec"]);
+    assert_eq!(env_of(d, "CLI_MCP_LEADER_ELECT"), "true");
+    named(&docs, "Role", "t-cli-mcp-operator-leader-election");
+}
+
+#[test]
+fn metrics_service_always_and_service_monitor_only_when_enabled() {
+    let docs = documents(&helm_template(&[]));
+    assert!(of_kind(&docs, "ServiceMonitor").is_empty());
+    let svc = named(&docs, "Service", "t-cli-mcp-operator-metrics");
+    let d = named(&docs, "Deployment", "t-cli-mcp-operator");
+    // The Service selects the operator pods and reaches the port /metrics is served on.
+    let pod_labels = &d["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&pod_labels[k], v, "selector {k}");
+    }
+    assert_eq!(svc["spec"]["ports"][0]["name"], "metrics");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "health");
+    let container = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["ports"][0]["name"], "health");
+    assert_eq!(container["ports"][0]["containerPort"], 8081);
+    assert_eq!(env_of(d, "CLI_MCP_HEALTH_LISTEN"), "0.0.0.0:8081");
+
+    let docs = documents(&helm_template(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.labels.release=prom",
+        "--set",
+        "metrics.port=9090",
+    ]));
+    let monitors = of_kind(&docs, "ServiceMonitor");
+    assert_eq!(monitors.len(), 1);
+    let sm = monitors[0];
+    assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["interval"], "30s");
+    // It selects the metrics Service, and only that Service.
+    let svc = named(&docs, "Service", "t-cli-mcp-operator-metrics");
+    let selected = |labels: &Value| {
+        sm["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .expect("matchLabels")
+            .iter()
+            .all(|(k, v)| &labels[k] == v)
+    };
+    assert!(selected(&svc["metadata"]["labels"]));
+    let services = of_kind(&docs, "Service");
+    assert_eq!(
+        services
+            .iter()
+            .filter(|s| selected(&s["metadata"]["labels"]))
+            .count(),
+        1
+    );
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9090);
+    let d = named(&docs, "Deployment", "t-cli-mcp-operator");
+    assert_eq!(env_of(d, "CLI_MCP_HEALTH_LISTEN"), "0.0.0.0:9090");
+}
+
+/// The README's table, built from values.yaml (keys in order, defaults) and
+/// values.schema.json (types, descriptions). Problems: keys one file has and the other
+/// lacks, a value without a description.
+fn values_table() -> (String, Vec<String>) {
+    let dir = chart_dir();
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(dir.join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("values.yaml is YAML");
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("values.schema.json")).expect("values.schema.json"),
+    )
+    .expect("values.schema.json is JSON");
+    let mut rows = vec![
+        "| key | type | default | description |".to_owned(),
+        "|---|---|---|---|".to_owned(),
+    ];
+    let mut problems = Vec::new();
+    table_rows(&schema, &values, "", &mut rows, &mut problems);
+    (rows.join("\n") + "\n", problems)
+}
+
+fn table_rows(
+    schema: &Value,
+    values: &serde_yaml::Value,
+    prefix: &str,
+    rows: &mut Vec<String>,
+    problems: &mut Vec<String>,
+) {
+    let props = schema["properties"].as_object();
+    let Some(map) = values.as_mapping() else {
+        problems.push(format!(
+            "{prefix}: the schema has properties, values.yaml no mapping"
+        ));
+        return;
+    };
+    for (k, v) in map {
+        let key = k.as_str().unwrap_or_default();
+        let path = format!("{prefix}{key}");
+        let Some(s) = props.and_then(|p| p.get(key)) else {
+            problems.push(format!("{path}: in values.yaml, not in values.schema.json"));
+            continue;
+        };
+        if let Some(desc) = s["description"].as_str() {
+            let ty = match &s["type"] {
+                Value::String(t) => t.clone(),
+                Value::Array(ts) => ts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+                _ => {
+                    problems.push(format!("{path}: no type in values.schema.json"));
+                    String::new()
+                }
+            };
+            let default = serde_json::to_string(v).expect("JSON");
+            rows.push(format!("| `{path}` | {ty} | `{default}` | {desc} |"));
+        } else if s["properties"].is_object() {
+            table_rows(s, v, &format!("{path}."), rows, problems);
+        } else {
+            problems.push(format!("{path}: no description in values.schema.json"));
+        }
+    }
+    for key in props.into_iter().flat_map(|p| p.keys()) {
+        // Helm gives a subchart its parent's `global`; it has no default here.
+        if prefix.is_empty() && key == "global" {
+            continue;
+        }
+        if !map.contains_key(key.as_str()) {
+            problems.push(format!(
+                "{prefix}{key}: in values.schema.json, not in values.yaml"
+            ));
+        }
+    }
+}
+
+/// Fails while the README's table differs from values.yaml and the schema;
+/// `CLI_MCP_UPDATE_CHART_README=1` rewrites it instead.
+#[test]
+fn chart_readme_lists_every_value_with_its_type_and_default() {
+    const START: &str = "<!-- values table: generated by operator/tests/packaging.rs -->\n";
+    const END: &str = "<!-- end of values table -->";
+    let (table, problems) = values_table();
+    assert!(problems.is_empty(), "{problems:#?}");
+    let path = chart_dir().join("README.md");
+    let readme = std::fs::read_to_string(&path).expect("charts/cli-mcp-operator/README.md");
+    let (head, rest) = readme.split_once(START).expect("table start marker");
+    let (current, tail) = rest.split_once(END).expect("table end marker");
+    if current != table {
+        if std::env::var_os("CLI_MCP_UPDATE_CHART_README").is_some() {
+            std::fs::write(&path, format!("{head}{START}{table}{END}{tail}")).expect("write");
+            return;
+        }
+        panic!(
+            "{} is stale; run this test with CLI_MCP_UPDATE_CHART_README=1, or make the table:\n{table}",
+            path.display()
+        );
+    }
+    // Rows are there for every leaf value, e.g.:
+    assert!(table.contains("| `leaderElection.enabled` | boolean | `true` |"));
+    assert!(table.contains("| `metrics.serviceMonitor.enabled` | boolean | `false` |"));
+}
+
+#[test]
+fn image_tags_are_the_workspace_version() {
+    let version = workspace_version();
+    let root = workspace_root();
+    // kustomize: the images the rendered Deployment runs and hands to the operator.
+    let docs = documents(&kustomize_build(
+        "pkg-version",
+        "resources:\n  - ../../config/default\n",
+    ));
+    let d = named(&docs, "Deployment", "cli-mcp-operator");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], format!("cli-mcp-operator:{version}"));
+    for (env, image) in [
+        ("RELATED_IMAGE_SERVER", "cli-mcp-server"),
+        ("RELATED_IMAGE_SANDBOX", "cli-mcp-sandbox"),
+        ("RELATED_IMAGE_PROXY", "cli-mcp-proxy"),
+    ] {
+        assert_eq!(env_of(d, env), &format!("{image}:{version}"), "{env}");
+    }
+    // The journeys' overlay replaces env 0..2 by index: they must stay these three.
+    let names: Vec<&Value> = c["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .take(3)
+        .map(|e| &e["name"])
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "RELATED_IMAGE_SERVER",
+            "RELATED_IMAGE_SANDBOX",
+            "WATCH_NAMESPACE"
+        ]
+    );
+    // Helm: the same images by default, and the chart's appVersion.
+    let docs = documents(&helm_template(&[]));
+    let d = named(&docs, "Deployment", "t-cli-mcp-operator");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], format!("cli-mcp-operator:{version}"));
+    for (env, image) in [
+        ("RELATED_IMAGE_SERVER", "cli-mcp-server"),
+        ("RELATED_IMAGE_SANDBOX", "cli-mcp-sandbox"),
+        ("RELATED_IMAGE_PROXY", "cli-mcp-proxy"),
+    ] {
+        assert_eq!(env_of(d, env), &format!("{image}:{version}"), "{env}");
+    }
+    let chart: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root.join("charts/cli-mcp-operator/Chart.yaml"))
+            .expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml is YAML");
+    assert_eq!(chart["appVersion"].as_str(), Some(version.as_str()));
+    // And the real node imports them under those names.
+    let aliases: Vec<&str> = cli_mcp_e2e::project_images::ALIASES
+        .iter()
+        .flat_map(|(_, a)| a.iter().copied())
+        .collect();
+    for image in ["operator", "server", "sandbox", "proxy"] {
+        let name = format!("cli-mcp-{image}:{version}");
+        assert!(
+            aliases.contains(&name.as_str()),
+            "{name} not in {aliases:?}"
+        );
+    }
+}
+
+/// `namespace:` moves every namespaced object; the Role and RoleBinding that let the
+/// operator read the `kubernetes` Service and EndpointSlices must stay in `default`.
+#[test]
+fn a_namespace_overlay_keeps_the_apiserver_endpoints_rbac_in_default() {
+    let overlay = |transformer: bool| {
+        let t = if transformer {
+            "transformers:\n  - ../../config/rbac/apiserver-endpoints-in-default\n"
+        } else {
+            ""
+        };
+        documents(&kustomize_build(
+            &format!("pkg-namespace-{transformer}"),
+            &format!(
+                "resources:\n  - ../../config/default\nnamespace: other\nnamePrefix: team-\n{t}"
+            ),
+        ))
+    };
+    let docs = overlay(true);
+    let role = named(&docs, "Role", "team-cli-mcp-operator-apiserver-endpoints");
+    assert_eq!(role["metadata"]["namespace"], "default");
+    let binding = named(
+        &docs,
+        "RoleBinding",
+        "team-cli-mcp-operator-apiserver-endpoints",
+    );
+    assert_eq!(binding["metadata"]["namespace"], "default");
+    assert_eq!(
+        binding["roleRef"]["name"],
+        "team-cli-mcp-operator-apiserver-endpoints"
+    );
+    // ...bound to the operator's ServiceAccount where the overlay put it.
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "team-cli-mcp-operator", "namespace": "other"}])
+    );
+    named(&docs, "ServiceAccount", "team-cli-mcp-operator");
+    for d in &docs {
+        let name = d["metadata"]["name"].as_str().unwrap_or_default();
+        let ns = &d["metadata"]["namespace"];
+        if !ns.is_null() && !name.ends_with("-apiserver-endpoints") {
+            assert_eq!(ns, "other", "{} {name}", d["kind"]);
+        }
+    }
+    // Without the transformer kustomize moves them (why it is there).
+    let docs = overlay(false);
+    let role = named(&docs, "Role", "team-cli-mcp-operator-apiserver-endpoints");
+    assert_eq!(role["metadata"]["namespace"], "other");
+
+    // config/default itself, which lists it.
+    let docs = documents(&kustomize_build(
+        "pkg-namespace-default",
+        "resources:\n  - ../../config/default\n",
+    ));
+    let binding = named(&docs, "RoleBinding", "cli-mcp-operator-apiserver-endpoints");
+    assert_eq!(binding["metadata"]["namespace"], "default");
+    assert_eq!(binding["subjects"][0]["namespace"], "cli-mcp-system");
+    let d = named(&docs, "Deployment", "cli-mcp-operator");
+    assert_eq!(d["metadata"]["namespace"], "cli-mcp-system");
+}
+
+/// What `helm package` ships: the schema, the README, the CRD, and every file NOTES.txt
+/// names (it must not send a user to files only the repository has).
+#[test]
+fn packaged_chart_carries_its_docs_and_notes_name_no_missing_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chart = chart_dir();
+    let out = helm(&[
+        "package",
+        chart.to_str().expect("UTF-8"),
+        "--destination",
+        dir.path().to_str().expect("UTF-8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "helm package: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tgz = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "tgz"))
+        .expect("a .tgz");
+    let list = Command::new("tar")
+        .arg("-tzf")
+        .arg(&tgz)
+        .output()
+        .expect("tar");
+    assert!(list.status.success());
+    let files: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("cli-mcp-operator/"))
+        .map(str::to_owned)
+        .collect();
+    for f in [
+        "values.schema.json",
+        "README.md",
+        "crds/cli-mcp.redhat.com_climcpinstances.yaml",
+        "templates/NOTES.txt",
+    ] {
+        assert!(files.iter().any(|p| p == f), "{f} not in {files:?}");
+    }
+    let notes = std::fs::read_to_string(chart.join("templates/NOTES.txt")).expect("NOTES.txt");
+    for word in notes.split_whitespace() {
+        let word = word.trim_matches(|c: char| "()`'\",.;:".contains(c));
+        let looks_like_a_file = [".yaml", ".yml", ".md", ".json", ".txt"]
+            .iter()
+            .any(|ext| word.ends_with(ext));
+        if looks_like_a_file {
+            assert!(
+                files.iter().any(|p| Path::new(p).ends_with(word)),
+                "NOTES.txt names {word}, which the packaged chart lacks ({files:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn both_packages_grant_the_credential_proxy_pod_disruption_budget() {
+    let root = workspace_root();
+    let kz = documents(&std::fs::read_to_string(root.join("config/rbac/role.yaml")).expect("role"));
+    let chart = documents(&helm_template(&[]));
+    let rule = json!({
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    });
+    let grants = |docs: &[Value]| {
+        of_kind(docs, "ClusterRole")
+            .iter()
+            .any(|r| r["rules"].as_array().is_some_and(|rs| rs.contains(&rule)))
+    };
+    assert!(grants(&kz), "config/rbac/role.yaml");
+    assert!(grants(&chart), "the chart");
 }
