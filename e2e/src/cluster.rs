@@ -29,6 +29,13 @@ pub const INFO_FILE: &str = "cluster.json";
 pub const ENV_FILE: &str = "cluster.env";
 /// Name of the kubeconfig in the run directory.
 pub const KUBECONFIG_FILE: &str = "kubeconfig";
+/// The apiserver's `--authentication-config` in the run dir: no JWT issuer at start. A test
+/// that needs one (an OIDC issuer it serves itself) rewrites the file, and the apiserver
+/// reloads it within seconds (it watches the file).
+pub const AUTHENTICATION_CONFIG_FILE: &str = "authentication-config.yaml";
+/// The initial content of [`AUTHENTICATION_CONFIG_FILE`].
+pub const EMPTY_AUTHENTICATION_CONFIG: &str =
+    "apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\njwt: []\n";
 /// Environment variable naming the kubeconfig of an already running cluster to share.
 pub const KUBECONFIG_ENV: &str = "CLI_MCP_KUBECONFIG";
 /// Environment variable naming a directory with prebuilt control-plane binaries.
@@ -533,7 +540,11 @@ impl Cluster {
         )?);
 
         // kube-apiserver
+        let auth_config = run_dir.join(AUTHENTICATION_CONFIG_FILE);
+        fs::write(&auth_config, EMPTY_AUTHENTICATION_CONFIG)
+            .map_err(|e| Error::io("writing", &auth_config, e))?;
         let api_args = vec![
+            format!("--authentication-config={}", p(&auth_config)),
             format!("--etcd-servers={etcd_url}"),
             format!("--bind-address={host}"),
             format!("--advertise-address={host}"),
