@@ -282,6 +282,10 @@ fn leader_election_off_renders_exactly_one_replica_and_the_flag() {
     assert_eq!(d["spec"]["replicas"], 1);
     // A rolling update would run the new pod next to the old one: two reconcilers.
     assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
+    // Explicitly null, so that an upgrade from the default strategy removes its parameters.
+    assert!(d["spec"]["strategy"]
+        .as_object()
+        .is_some_and(|s| s.get("rollingUpdate") == Some(&Value::Null)));
     assert_eq!(env_of(d, "CLI_MCP_LEADER_ELECT"), "false");
     assert!(
         !docs.iter().any(|d| d["metadata"]["name"]
