@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the cli-mcp-operator, cli-mcp-server and cli-mcp-sandbox images as OCI image archives,
+# Build the cli-mcp-operator, cli-mcp-server, cli-mcp-proxy and cli-mcp-sandbox images as OCI image archives,
 # with no container engine and no registry: mmdebstrap makes the Debian root filesystems
 # (images/rootfs.sh), GNU tar makes reproducible layers, umoci assembles the OCI layout.
 # See images/README.md for what is in each image and why these tools.
@@ -23,7 +23,7 @@
 #   TAG                image tag (default: the workspace version in Cargo.toml)
 #   SOURCE_DATE_EPOCH  timestamps (default: commit time of the last commit touching images/
 #                      or this script, so unrelated commits do not change the images)
-#   CLI_MCP_BIN_DIR    cli-mcp-{operator,server,agent} (default: $CARGO_TARGET_DIR/release,
+#   CLI_MCP_BIN_DIR    cli-mcp-{operator,server,proxy,agent} (default: $CARGO_TARGET_DIR/release,
 #                      built with cargo build --release when missing)
 #   KUBECTL            kubectl binary (default: the one hack/build-control-plane.sh builds)
 #   DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR  apt sources (default: deb.debian.org)
@@ -97,7 +97,7 @@ created="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
 
 # --- inputs: our binaries, kubectl, yq --------------------------------------------------------
 bin_dir="${CLI_MCP_BIN_DIR:-${CARGO_TARGET_DIR:-$root/target}/release}"
-bins=(cli-mcp-operator cli-mcp-server cli-mcp-agent)
+bins=(cli-mcp-operator cli-mcp-server cli-mcp-proxy cli-mcp-agent)
 have_bins() {
     local b
     for b in "${bins[@]}"; do [[ -x $bin_dir/$b ]] || return 1; done
@@ -106,7 +106,7 @@ if ! have_bins; then
     [[ -z ${CLI_MCP_BIN_DIR:-} ]] || die "CLI_MCP_BIN_DIR=$bin_dir lacks one of ${bins[*]}"
     [[ $ARCH == "$host_arch" ]] || die "ARCH=$ARCH: build ${bins[*]} for it and set CLI_MCP_BIN_DIR"
     say "building ${bins[*]} (cargo build --release) into $bin_dir"
-    (cd "$root" && cargo build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-agent >&2) ||
+    (cd "$root" && cargo build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-proxy -p cli-mcp-agent >&2) ||
         die "cargo build --release failed (output above)"
     have_bins || die "cargo build succeeded but $bin_dir lacks one of ${bins[*]}; is CARGO_TARGET_DIR set differently?"
 fi
@@ -179,7 +179,7 @@ key="$( (cat "${BASH_SOURCE[0]}"
     tar --version | head -n1
 ) | sha256sum | cut -c1-16)"
 final="$cache/$key"
-names=(operator server sandbox)
+names=(operator server proxy sandbox)
 complete() {
     local n
     for n in "${names[@]}"; do [[ -s $1/cli-mcp-$n.tar ]] || return 1; done
@@ -217,6 +217,7 @@ layer() {
 }
 layer "$tmp/operator.tar" "$bin_dir/cli-mcp-operator:cli-mcp-operator"
 layer "$tmp/server.tar" "$bin_dir/cli-mcp-server:cli-mcp-server"
+layer "$tmp/proxy.tar" "$bin_dir/cli-mcp-proxy:cli-mcp-proxy"
 layer "$tmp/tools.tar" "$KUBECTL:kubectl" "$yq:yq"
 layer "$tmp/agent.tar" "$bin_dir/cli-mcp-agent:cli-mcp-agent"
 
@@ -275,6 +276,9 @@ image operator 65532:65532 /usr/local/bin/cli-mcp-operator 8081 "$path_env" / "$
 image server 1001:0 /usr/local/bin/cli-mcp-server "8443 8081" "$path_env" / "$rootfs/base.packages" \
     "$rootfs/base.tar:debian $DEBIAN_SUITE libc6 libgcc-s1 ca-certificates" \
     "$tmp/server.tar:cli-mcp-server"
+image proxy 1001:0 /usr/local/bin/cli-mcp-proxy "8080 8081" "$path_env" / "$rootfs/base.packages" \
+    "$rootfs/base.tar:debian $DEBIAN_SUITE libc6 libgcc-s1 ca-certificates" \
+    "$tmp/proxy.tar:cli-mcp-proxy"
 image sandbox 1001:0 /usr/local/bin/cli-mcp-agent 8090 "$path_env HOME=/workspace PAGER=cat" /workspace \
     "$rootfs/sandbox.packages" \
     "$rootfs/sandbox.tar:debian $DEBIAN_SUITE essential + $(rootfs_packages "$IMAGES_DIR/sandbox/debian-packages")" \
@@ -282,7 +286,7 @@ image sandbox 1001:0 /usr/local/bin/cli-mcp-agent 8090 "$path_env HOME=/workspac
     "$tmp/agent.tar:cli-mcp-agent"
 cp "$rootfs/sandbox.packages" "$tmp/sandbox.packages"
 cp "$rootfs/base.packages" "$tmp/base.packages"
-rm -f "$tmp"/{operator,server,tools,agent}.tar
+rm -f "$tmp"/{operator,server,proxy,tools,agent}.tar
 (cd "$tmp" && sha256sum cli-mcp-*.tar >SHA256SUMS)
 say "assembled in $(($(date +%s) - start)) s"
 

@@ -211,11 +211,17 @@ impl Proxy {
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let health_stop = shutdown.clone();
+        let health_addr = self
+            .health
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
         let health = axum::serve(self.health, health::router(self.shared.clone()))
             .with_graceful_shutdown(async move { health_stop.cancelled().await });
         let health = tokio::spawn(async move { health.await });
         tracing::info!(
             listen = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            health = %health_addr,
             routes = self.shared.routes.routes().len(),
             "proxy serving"
         );
