@@ -395,6 +395,7 @@ async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next)
             "invalid request: the object must have \"jsonrpc\": \"2.0\"".into(),
         );
     }
+    let initialize = value.get("method").and_then(Value::as_str) == Some("initialize");
     if let Err(e) = serde_json::from_value::<ClientJsonRpcMessage>(value) {
         return bad(
             id,
@@ -402,8 +403,22 @@ async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next)
             format!("invalid request: not an MCP client message ({e})"),
         );
     }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    // One shell per chat: a handshake-era client without X-Session-ID gets an MCP session
+    // id at initialize, which it sends with every later request; the tool call takes it
+    // as its sandbox session. It is a handle, not server state (rmcp stays stateless), so
+    // any replica serves the chat.
+    let issue = initialize && !parts.headers.contains_key(crate::mcp::SESSION_HEADER);
+    let caller = parts.extensions.get::<Caller>().cloned();
+    let mut res = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    if issue && res.status() == StatusCode::OK {
+        let handle = crate::mcp::new_handle(&caller.unwrap_or_else(Caller::anonymous));
+        if let Ok(v) = HeaderValue::from_str(handle.as_str()) {
+            res.headers_mut().insert(crate::mcp::MCP_SESSION_HEADER, v);
+        }
+    }
+    res
 }
 
 fn caller_of(req_caller: Option<&Caller>) -> Caller {

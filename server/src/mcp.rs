@@ -27,6 +27,14 @@ use crate::sessions::SessionManager;
 
 pub const TOOL_NAME: &str = "bash";
 pub const SESSION_HEADER: &str = "x-session-id";
+/// The MCP session header of the handshake-era Streamable HTTP transport.
+pub const MCP_SESSION_HEADER: &str = "mcp-session-id";
+/// The tool argument that carries a chat's session handle (2026-07-28 clients).
+pub const SESSION_ARG: &str = "session";
+/// Hex characters of the owner hash at the start of a handle.
+const HANDLE_OWNER_HEX: usize = 16;
+/// Random hex characters of a handle (128 bits).
+const HANDLE_RANDOM_HEX: usize = 32;
 
 /// What the model needs to know about the shell, whatever the transport.
 const SHELL_INSTRUCTIONS: &str = "`cd`, `export` and functions carry over between calls. stdin \
@@ -34,6 +42,12 @@ is /dev/null, so use non-interactive commands. Output is stdout, then stderr, th
 summary with the exit code. `exit` ends the shell itself: the next call starts a new one and \
 the session's state (directory, variables, functions) is lost. To end a command with a \
 status, use `(exit N)`, or `return N` inside a function.";
+
+/// How a call finds its shell over HTTP, for the model.
+const SESSIONS: &str = "The session is the HTTP header X-Session-ID when the client sets one \
+(calls with the same id share one shell); otherwise each MCP session (chat) gets its own \
+shell. If a result says `new session <handle>`, pass that handle as the `session` argument of \
+your later calls to keep the same shell; without it, each call starts a new one.";
 
 /// Largest `--instructions` text (bytes).
 pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
@@ -48,9 +62,8 @@ pub fn instructions(stdio: bool, admin: Option<&str>) -> String {
         format!("One tool, `bash`, runs a command in a persistent bash shell. {SHELL_INSTRUCTIONS}")
     } else {
         format!(
-            "One tool, `bash`, runs a command in a persistent bash shell of your session, \
-             named by the HTTP header X-Session-ID (calls with the same id share one shell). \
-             {SHELL_INSTRUCTIONS} End a session with DELETE /sessions/{{id}}."
+            "One tool, `bash`, runs a command in a persistent bash shell of your session. \
+             {SESSIONS} {SHELL_INSTRUCTIONS} End a session with DELETE /sessions/{{id}}."
         )
     };
     if let Some(admin) = admin.map(str::trim).filter(|a| !a.is_empty()) {
@@ -97,6 +110,12 @@ pub fn bash_tool(limits: &Limits) -> Tool {
                 "description": "Bash command line to run in the session's persistent shell \
                     (state such as cwd and exported variables carries over). stdin is /dev/null."
             },
+            "session": {
+                "type": "string",
+                "description": "The session handle a previous result named (`new session \
+                    <handle>`), to keep using that shell. Omit it on the first call, and \
+                    whenever the client keeps the session itself."
+            },
             "timeout": {
                 "type": "integer",
                 "minimum": 1,
@@ -114,9 +133,11 @@ pub fn bash_tool(limits: &Limits) -> Tool {
     };
     Tool::new(
         TOOL_NAME,
-        "Run a bash command in your session's sandbox (a persistent shell per X-Session-ID). \
-         Returns stdout, then stderr, then a summary line with the exit code; the result is an \
-         error when the exit code is not 0 or the command timed out.",
+        "Run a bash command in your session's sandbox: a persistent shell per X-Session-ID, \
+         or else per chat. When a result says `new session <handle>`, pass that handle as \
+         `session` in later calls to keep the shell. Returns stdout, then stderr, then a \
+         summary line with the exit code; the result is an error when the exit code is not 0 \
+         or the command timed out.",
         Arc::new(input),
     )
     .with_title("Bash in a sandbox")
@@ -133,6 +154,101 @@ pub fn bash_tool(limits: &Limits) -> Tool {
 /// A tool error the model sees (`isError: true`).
 fn tool_error(msg: impl Into<String>) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(msg.into())]).into()
+}
+
+/// A new chat session handle for `caller`: `c`, 16 hex of the caller's owner hash, 32 random
+/// hex (a valid session id, 49 characters). The owner part lets a handle of another identity
+/// be refused with a clear message before anything is looked up; the sandbox's owner check
+/// is what actually protects a session (a forged prefix only reaches that check).
+pub fn new_handle(caller: &Caller) -> SessionId {
+    let random: [u8; HANDLE_RANDOM_HEX / 2] = rand::random();
+    let text = format!("c{}{}", owner_prefix(caller), hex::encode(random));
+    SessionId::parse(&text).unwrap_or_else(|_| unreachable_handle())
+}
+
+fn unreachable_handle() -> SessionId {
+    // `c` + hex always parses; this only keeps the function total.
+    SessionId::parse("c0").unwrap_or_else(|_| unreachable!("`c0` is a valid session id"))
+}
+
+fn owner_prefix(caller: &Caller) -> String {
+    let owner = caller
+        .owner
+        .clone()
+        .unwrap_or_else(|| crate::auth::owner_hash(&caller.name));
+    owner[..HANDLE_OWNER_HEX.min(owner.len())].to_owned()
+}
+
+/// Checks a handle a client sent back (`what` names where it came from).
+pub fn check_handle(text: &str, caller: &Caller, what: &str) -> Result<SessionId, String> {
+    let well_formed = text.len() == 1 + HANDLE_OWNER_HEX + HANDLE_RANDOM_HEX
+        && text.starts_with('c')
+        && text[1..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !well_formed {
+        return Err(format!(
+            "{what} {:?} is not a session handle of this server; omit it to start a new              session (the result then names its handle)",
+            text.chars().take(80).collect::<String>()
+        ));
+    }
+    if text[1..1 + HANDLE_OWNER_HEX] != owner_prefix(caller) {
+        return Err(format!(
+            "{what} {text:?} belongs to another identity; use a handle this server gave you,              or omit it to start a new session"
+        ));
+    }
+    SessionId::parse(text).map_err(|e| format!("{what} {text:?}: {e}"))
+}
+
+/// Where a call's session came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionSource {
+    /// `X-Session-ID`, set by the caller's configuration (an orchestrator): as before.
+    Header,
+    /// The `session` argument: a handle from an earlier result.
+    Argument,
+    /// The MCP session (`Mcp-Session-Id`, issued at initialize): one shell per chat.
+    McpSession,
+    /// None of them: a new handle, which the result names.
+    New,
+}
+
+/// The session of a call: `X-Session-ID`, else the `session` argument, else
+/// `Mcp-Session-Id`, else a new handle.
+pub fn resolve_session(
+    headers: &http::HeaderMap,
+    argument: Option<&str>,
+    caller: &Caller,
+) -> Result<(SessionId, SessionSource), String> {
+    if headers.contains_key(SESSION_HEADER) {
+        let sid = session_from_headers(headers)?;
+        if let Some(arg) = argument.filter(|a| *a != sid.as_str()) {
+            return Err(format!(
+                "argument `session` {arg:?} differs from this connection's X-Session-ID                  {sid:?}, which decides the session here; omit `session`"
+            ));
+        }
+        return Ok((sid, SessionSource::Header));
+    }
+    if let Some(arg) = argument {
+        return Ok((
+            check_handle(arg, caller, "argument `session`")?,
+            SessionSource::Argument,
+        ));
+    }
+    let mut values = headers.get_all(MCP_SESSION_HEADER).iter();
+    if let Some(value) = values.next() {
+        if values.next().is_some() {
+            return Err("Mcp-Session-Id is sent more than once; send exactly one".into());
+        }
+        let text = value
+            .to_str()
+            .map_err(|_| "Mcp-Session-Id is not plain ASCII text".to_owned())?;
+        return Ok((
+            check_handle(text, caller, "Mcp-Session-Id")?,
+            SessionSource::McpSession,
+        ));
+    }
+    Ok((new_handle(caller), SessionSource::New))
 }
 
 /// The session id of a request, or a message that says exactly what is wrong.
@@ -161,16 +277,32 @@ pub fn session_from_headers(headers: &http::HeaderMap) -> Result<SessionId, Stri
 pub struct BashArgs {
     pub command: String,
     pub timeout: Duration,
+    /// A session handle from an earlier result.
+    pub session: Option<String>,
 }
 
 pub fn parse_args(args: Option<&JsonObject>, limits: &Limits) -> Result<BashArgs, String> {
     let empty = JsonObject::new();
     let args = args.unwrap_or(&empty);
-    if let Some(k) = args.keys().find(|k| *k != "command" && *k != "timeout") {
+    if let Some(k) = args
+        .keys()
+        .find(|k| !["command", "timeout", SESSION_ARG].contains(&k.as_str()))
+    {
         return Err(format!(
-            "unknown argument {k:?}; `bash` takes `command` (string) and optional `timeout` (integer seconds)"
+            "unknown argument {k:?}; `bash` takes `command` (string), optional `timeout` \
+             (integer seconds) and optional `session` (a handle from an earlier result)"
         ));
     }
+    let session = match args.get(SESSION_ARG) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(format!(
+                "argument `session` must be a string (a handle from an earlier result), not {}",
+                json_type(other)
+            ))
+        }
+    };
     let command = match args.get("command") {
         None => return Err("missing argument `command` (the bash command line to run)".into()),
         Some(Value::String(s)) => s,
@@ -221,6 +353,7 @@ pub fn parse_args(args: Option<&JsonObject>, limits: &Limits) -> Result<BashArgs
     Ok(BashArgs {
         command: command.clone(),
         timeout,
+        session,
     })
 }
 
@@ -264,23 +397,26 @@ impl BashServer {
             tool_error(msg)
         };
 
-        let sid = match (&state.stdio_session, parts) {
-            (Some(sid), _) => sid.clone(),
-            (None, Some(parts)) => match session_from_headers(&parts.headers) {
-                Ok(sid) => sid,
-                Err(msg) => return audit_fail(None, ErrorKind::BadRequest, msg),
-            },
-            (None, None) => {
-                return audit_fail(
-                    None,
-                    ErrorKind::BadRequest,
-                    "no session: this transport carries no X-Session-ID header".into(),
-                )
-            }
-        };
         let args = match parse_args(request.arguments.as_ref(), &state.limits) {
             Ok(a) => a,
-            Err(msg) => return audit_fail(Some(sid.as_str()), ErrorKind::BadRequest, msg),
+            Err(msg) => return audit_fail(None, ErrorKind::BadRequest, msg),
+        };
+        let resolved = match (&state.stdio_session, parts) {
+            (Some(sid), _) => match args.session.as_deref() {
+                Some(arg) if arg != sid.as_str() => Err(format!(
+                    "argument `session` {arg:?} differs from this server's session {sid:?}; \
+                     omit `session`"
+                )),
+                _ => Ok((sid.clone(), SessionSource::Header)),
+            },
+            (None, Some(parts)) => {
+                resolve_session(&parts.headers, args.session.as_deref(), &caller)
+            }
+            (None, None) => Err("no session: this transport carries no HTTP headers".into()),
+        };
+        let (sid, source) = match resolved {
+            Ok(r) => r,
+            Err(msg) => return audit_fail(None, ErrorKind::BadRequest, msg),
         };
         let command_hash = audit::command_hash(&args.command);
         let outcome = match state
@@ -332,7 +468,14 @@ impl BashServer {
             duration_ms: t0.elapsed().as_millis() as u64,
             outcome: result_kind.as_str(),
         });
-        let mut result = CallToolResult::success(vec![ContentBlock::text(rendered.text)]);
+        let mut content = vec![ContentBlock::text(rendered.text)];
+        if source == SessionSource::New {
+            content.push(ContentBlock::text(format!(
+                "[new session {sid}: pass \"session\": \"{sid}\" in your next bash calls to \
+                 keep this shell, its directory and variables]"
+            )));
+        }
+        let mut result = CallToolResult::success(content);
         result.structured_content = serde_json::to_value(&rendered.structured).ok();
         result.is_error = Some(rendered.is_error);
         result.into()
@@ -420,6 +563,70 @@ mod tests {
     }
 
     #[test]
+    fn sessions_come_from_the_header_the_argument_the_mcp_session_or_anew() {
+        let alice = Caller::identified("alice");
+        let bob = Caller::identified("bob");
+        let none = http::HeaderMap::new();
+        let (first, source) = resolve_session(&none, None, &alice).expect("new");
+        assert_eq!(source, SessionSource::New);
+        let (other, _) = resolve_session(&none, None, &alice).expect("new");
+        assert_ne!(first, other, "every call without a session starts its own");
+        assert_eq!(first.as_str().len(), 49);
+
+        let (again, source) = resolve_session(&none, Some(first.as_str()), &alice).expect("handle");
+        assert_eq!(
+            (again.clone(), source),
+            (first.clone(), SessionSource::Argument)
+        );
+        let e = resolve_session(&none, Some(first.as_str()), &bob).expect_err("not bob's");
+        assert!(e.contains("belongs to another identity"), "{e}");
+        for forged in [
+            "my-session",
+            "c1234",
+            &format!("{}x", &first.as_str()[..48]),
+        ] {
+            let e = resolve_session(&none, Some(forged), &alice).expect_err("forged");
+            assert!(
+                e.contains("is not a session handle of this server"),
+                "{forged}: {e}"
+            );
+        }
+
+        let mut mcp = http::HeaderMap::new();
+        mcp.insert(
+            MCP_SESSION_HEADER,
+            http::HeaderValue::from_str(first.as_str()).expect("header"),
+        );
+        assert_eq!(
+            resolve_session(&mcp, None, &alice),
+            Ok((first.clone(), SessionSource::McpSession))
+        );
+        assert!(resolve_session(&mcp, None, &bob)
+            .expect_err("not bob's")
+            .contains("Mcp-Session-Id"));
+        mcp.append(MCP_SESSION_HEADER, http::HeaderValue::from_static("c0"));
+        assert!(resolve_session(&mcp, None, &alice)
+            .expect_err("twice")
+            .contains("more than once"));
+
+        // The orchestrator's header decides, whatever else is sent.
+        let mut h = mcp.clone();
+        h.insert(SESSION_HEADER, http::HeaderValue::from_static("orch-1"));
+        assert_eq!(
+            resolve_session(&h, None, &bob).map(|(s, src)| (s.to_string(), src)),
+            Ok(("orch-1".to_owned(), SessionSource::Header))
+        );
+        assert!(resolve_session(&h, Some("orch-1"), &bob).is_ok());
+        assert!(resolve_session(&h, Some(first.as_str()), &alice)
+            .expect_err("differs")
+            .contains("differs from this connection's X-Session-ID"));
+        // Auth off: handles are still checked, against the anonymous name.
+        let anon = Caller::anonymous();
+        let (h1, _) = resolve_session(&none, None, &anon).expect("new");
+        assert!(resolve_session(&none, Some(h1.as_str()), &anon).is_ok());
+    }
+
+    #[test]
     fn arguments_are_validated() {
         let ok = args(json!({"command": "ls", "timeout": 5})).expect("valid");
         assert_eq!(ok.timeout, Duration::from_secs(5));
@@ -438,6 +645,10 @@ mod tests {
             (
                 json!({"command": "ls", "cwd": "/"}),
                 "unknown argument \"cwd\"",
+            ),
+            (
+                json!({"command": "ls", "session": 5}),
+                "`session` must be a string",
             ),
             (json!({"command": "a\u{0}b"}), "NUL"),
         ] {

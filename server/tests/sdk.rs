@@ -166,12 +166,7 @@ fn check(report: &Report, protocol: &str, transport: Transport) {
     );
 
     if transport == Transport::Http {
-        let missing = &r["no_session"];
-        assert_eq!(missing["is_error"], true, "{missing}");
-        assert!(
-            first_text(missing).starts_with("missing X-Session-ID header"),
-            "{missing}"
-        );
+        check_chats(r, protocol);
     }
 
     assert!(
@@ -179,6 +174,49 @@ fn check(report: &Report, protocol: &str, transport: Transport) {
         "the SDK's JSON Schema validator warned about a non-standard format:\n{}",
         report.stderr
     );
+}
+
+/// Two chats from one configuration without X-Session-ID get two shells, and each chat keeps
+/// its shell: through the MCP session id issued at initialize (handshake era), or through
+/// the handle the first result names and the client passes back as `session` (2026-07-28,
+/// where the model does that).
+fn check_chats(r: &Value, protocol: &str) {
+    let chats = r["chats"].as_array().expect("chats");
+    assert_eq!(chats.len(), 2, "{r}");
+    let mut sessions = Vec::new();
+    for (chat, name) in chats.iter().zip(["a", "b"]) {
+        let (first, second) = (&chat["first"], &chat["second"]);
+        assert_eq!(
+            first["structured"]["stdout"], "fresh\n",
+            "a new shell: {chat}"
+        );
+        assert_eq!(
+            second["structured"]["stdout"],
+            format!("{name}\n"),
+            "the same shell on the next call: {chat}"
+        );
+        let sid = first["structured"]["session_id"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(second["structured"]["session_id"], sid, "{chat}");
+        if protocol == "2026-07-28" {
+            assert_eq!(
+                chat["handle"], sid,
+                "no MCP session: the result names the handle"
+            );
+        } else {
+            assert_eq!(
+                chat["handle"],
+                Value::Null,
+                "the MCP session carries it: {chat}"
+            );
+            if !chat["mcp_session_id"].is_null() {
+                assert_eq!(chat["mcp_session_id"], sid, "{chat}");
+            }
+        }
+        sessions.push(sid.to_owned());
+    }
+    assert_ne!(sessions[0], sessions[1], "two chats, two shells");
 }
 
 #[tokio::test]
@@ -203,7 +241,7 @@ async fn typescript_sdk_legacy_handshake() {
     assert_eq!(
         report.json["mcp_session_id"],
         Value::Null,
-        "stateless: no Mcp-Session-Id is handed out"
+        "with X-Session-ID the caller names the session: no Mcp-Session-Id is handed out"
     );
 }
 

@@ -51,11 +51,32 @@ async def scenario(url, stdio, session, mode):
     async with http_client(session) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             report = await calls(client)
-    # A second client without X-Session-ID: the tool error must say what is missing.
+    # Two chats from one configuration without X-Session-ID: each must get its own shell.
+    report["chats"] = [await chat(url, mode, "a"), await chat(url, mode, "b")]
+    return report
+
+
+def new_session_handle(result):
+    """What a model reads from a result: `[new session <handle>: pass ...]`."""
+    for text in result.get("text") or []:
+        if text and text.startswith("[new session "):
+            return text[len("[new session ") :].split(":", 1)[0]
+    return None
+
+
+async def chat(url, mode, name):
+    """One chat: two calls, the second passing the handle back when a result named one."""
     async with http_client(None) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
-            report["no_session"] = await call(client, "bash", {"command": "echo hi"})
-    return report
+            first = await call(
+                client, "bash", {"command": f"echo ${{CHAT:-fresh}}; export CHAT={name}"}
+            )
+            handle = new_session_handle(first)
+            arguments = {"command": 'echo "$CHAT"'}
+            if handle:
+                arguments["session"] = handle
+            second = await call(client, "bash", arguments)
+    return {"first": first, "second": second, "handle": handle}
 
 
 async def calls(client):

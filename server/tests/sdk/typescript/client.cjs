@@ -84,6 +84,30 @@ async function call(client, name, args) {
   }
 }
 
+// What a model reads from a result: `[new session <handle>: pass ...]`.
+function newSessionHandle(result) {
+  for (const text of result.text || []) {
+    if (typeof text === 'string' && text.startsWith('[new session ')) {
+      return text.slice('[new session '.length).split(':', 1)[0];
+    }
+  }
+  return null;
+}
+
+// One chat: two calls, the second passing the handle back when a result named one.
+async function chat(args, sdk, name) {
+  const { client, transport } = await connect(args.sdk, sdk, args.url, null, args.mode);
+  const first = await call(client, 'bash', { command: `echo \${CHAT:-fresh}; export CHAT=${name}` });
+  const handle = newSessionHandle(first);
+  const second = await call(client, 'bash', {
+    command: 'echo "$CHAT"',
+    ...(handle ? { session: handle } : {}),
+  });
+  const mcpSessionId = transport.sessionId === undefined ? null : transport.sessionId;
+  await client.close();
+  return { first, second, handle, mcp_session_id: mcpSessionId };
+}
+
 async function main() {
   const args = parseArgs(process.argv.slice(2));
   const sdk = loadSdk(args.sdk);
@@ -108,10 +132,8 @@ async function main() {
   await client.close();
 
   if (args.stdio === undefined) {
-    // A second client without X-Session-ID: the tool error must say what is missing.
-    const other = await connect(args.sdk, sdk, args.url, null, args.mode);
-    report.no_session = await call(other.client, 'bash', { command: 'echo hi' });
-    await other.client.close();
+    // Two chats from one configuration without X-Session-ID: each must get its own shell.
+    report.chats = [await chat(args, sdk, 'a'), await chat(args, sdk, 'b')];
   }
 
   process.stdout.write(JSON.stringify(report) + '\n');
