@@ -16,6 +16,7 @@ use cli_mcp_api::SessionId;
 mod agent_attacks;
 mod cluster;
 mod images;
+mod proxy;
 
 #[derive(Parser)]
 #[command(about = "cli-mcp benchmarks (printed as tables)")]
@@ -45,6 +46,9 @@ enum What {
     Cluster(cluster::ClusterArgs),
     /// Sizes of the OCI image archives hack/build-images.sh builds (compressed, uncompressed).
     Images(images::ImagesArgs),
+    /// Credential proxy: added latency of a Kubernetes GET (through vs direct), RSS idle and
+    /// with many watch streams open.
+    Proxy(proxy::ProxyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         } => agent_bench(&agent, iterations, probes, skip_yes),
         What::Cluster(args) => cluster::cluster_bench(args),
         What::Images(args) => images::images_bench(args),
+        What::Proxy(args) => proxy::proxy_bench(args),
     }
 }
 

@@ -1,0 +1,304 @@
+//! `cli-mcp-bench proxy`: what the credential proxy adds to a Kubernetes GET (through it vs
+//! straight to the API server, both with kept-alive connections as kubectl has), and its
+//! memory idle and with many watch streams open. The API server is the local cluster's;
+//! the proxy is the built binary, so its RSS is a real process's.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use cli_mcp_api::kubeconfig;
+use cli_mcp_api::proxy::{RouteTable, PLACEHOLDER_TOKEN};
+use cli_mcp_e2e::testing;
+
+use crate::{ms, rss_kib, stats};
+
+#[derive(clap::Args)]
+pub struct ProxyArgs {
+    /// The proxy binary to measure (use a release build).
+    #[arg(long)]
+    pub proxy: PathBuf,
+    /// GETs per path (after 50 of warm-up).
+    #[arg(long, default_value_t = 1000)]
+    pub requests: usize,
+    /// Watch streams held open at once for the memory row.
+    #[arg(long, default_value_t = 100)]
+    pub watches: usize,
+    /// kubectl (default: `$KUBECTL`, else from PATH).
+    #[arg(long)]
+    pub kubectl: Option<PathBuf>,
+}
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+pub fn proxy_bench(args: ProxyArgs) -> anyhow::Result<()> {
+    tokio::runtime::Runtime::new()
+        .context("tokio runtime")?
+        .block_on(run(args))
+}
+
+async fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    let kubectl_bin = args
+        .kubectl
+        .clone()
+        .or_else(|| std::env::var_os("KUBECTL").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("kubectl"));
+    let cluster = testing::cluster().await.context("the local cluster")?;
+    let ns = cluster.namespace("proxy-bench").await?;
+    let admin = &cluster.info.kubeconfig;
+    let n = ns.name.as_str();
+    kubectl(
+        &kubectl_bin,
+        admin,
+        &["-n", n, "create", "serviceaccount", "bench"],
+    )?;
+    kubectl(
+        &kubectl_bin,
+        admin,
+        &[
+            "-n",
+            n,
+            "create",
+            "rolebinding",
+            "bench",
+            "--clusterrole=cluster-admin",
+            &format!("--serviceaccount={n}:bench"),
+        ],
+    )?;
+    let token = kubectl(&kubectl_bin, admin, &["-n", n, "create", "token", "bench"])?;
+    let server = kubectl(
+        &kubectl_bin,
+        admin,
+        &[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.server}",
+        ],
+    )?;
+    let ca_data = kubectl(
+        &kubectl_bin,
+        admin,
+        &[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+        ],
+    )?;
+    let token_kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_data}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u, namespace: {n}}}\ncurrent-context: x\n"
+    );
+    let kc = kubeconfig::validate(&token_kubeconfig).context("the bench kubeconfig")?;
+    let cluster_ca = kc
+        .routes()
+        .first()
+        .and_then(|r| r.ca_cert.clone())
+        .context("the cluster CA")?;
+
+    let dir = tempfile::tempdir()?;
+    let (proxy_ca, proxy_key) = cli_mcp_proxy::ca::generate_ca("bench proxy CA")?;
+    std::fs::write(dir.path().join("ca.crt"), &proxy_ca)?;
+    std::fs::write(dir.path().join("ca.key"), &proxy_key)?;
+    std::fs::write(dir.path().join("kubeconfig"), &token_kubeconfig)?;
+    std::fs::write(
+        dir.path().join("routes.json"),
+        RouteTable::new(kc.routes())?.to_json(),
+    )?;
+    let p = |f: &str| dir.path().join(f);
+    let mut child = Command::new(&args.proxy)
+        .arg("--routes")
+        .arg(p("routes.json"))
+        .arg("--ca-cert")
+        .arg(p("ca.crt"))
+        .arg("--ca-key")
+        .arg(p("ca.key"))
+        .arg("--kubeconfig")
+        .arg(p("kubeconfig"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--health-listen",
+            "127.0.0.1:0",
+            "--log-json",
+        ])
+        .args(["--max-connections", &(args.watches + 64).to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", args.proxy.display()))?;
+    let stderr = child.stderr.take().context("the proxy's stderr")?;
+    let child = Child(child);
+    let pid = child.0.id();
+    let (listen, health) = serving_addrs(stderr)?;
+
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let ready = http.get(format!("http://{health}/readyz")).send().await?;
+    if !ready.status().is_success() {
+        bail!("the proxy is not ready: {}", ready.text().await?);
+    }
+    let idle_kib = rss_kib(pid)?;
+
+    let direct = reqwest::Client::builder()
+        .no_proxy()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(cluster_ca.as_bytes())?)
+        .build()?;
+    let proxied = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::https(format!("http://{listen}"))?)
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(proxy_ca.as_bytes())?)
+        .build()?;
+    let url = format!("{server}/api/v1/namespaces/{n}/pods");
+    let direct_s = timed_gets(&direct, &url, &token, args.requests).await?;
+    let proxied_s = timed_gets(&proxied, &url, PLACEHOLDER_TOKEN, args.requests).await?;
+    let after_gets_kib = rss_kib(pid)?;
+
+    // Watches: each its own connection and tunnel, held open with its headers received.
+    let mut open = Vec::with_capacity(args.watches);
+    let watch_url = format!("{url}?watch=true");
+    for _ in 0..args.watches {
+        let c = proxied.clone();
+        let u = watch_url.clone();
+        open.push(tokio::spawn(async move {
+            c.get(u).bearer_auth(PLACEHOLDER_TOKEN).send().await
+        }));
+    }
+    let mut streams = Vec::with_capacity(args.watches);
+    for h in open {
+        let resp = h.await??;
+        if !resp.status().is_success() {
+            bail!("a watch through the proxy got {}", resp.status());
+        }
+        streams.push(resp);
+    }
+    let metrics = http
+        .get(format!("http://{health}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let tunnels = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("cli_mcp_proxy_tunnels ")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0);
+    let watches_kib = rss_kib(pid)?;
+    drop(streams);
+
+    let direct_st = stats(direct_s);
+    let proxied_st = stats(proxied_s);
+    let added = |a: Duration, b: Duration| {
+        format!("{:+.3} ms", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
+    };
+    println!(
+        "\n## proxy (GET {url}, {} requests, kept-alive connection)\n",
+        args.requests
+    );
+    println!("| path | median | p99 |");
+    println!("|---|---|---|");
+    println!(
+        "| direct to the API server | {} | {} |",
+        ms(direct_st.median),
+        ms(direct_st.p99)
+    );
+    println!(
+        "| through cli-mcp-proxy | {} | {} |",
+        ms(proxied_st.median),
+        ms(proxied_st.p99)
+    );
+    println!(
+        "| added by the proxy | {} | {} |",
+        added(proxied_st.median, direct_st.median),
+        added(proxied_st.p99, direct_st.p99)
+    );
+    println!("\n| proxy RSS | MiB |");
+    println!("|---|---|");
+    let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
+    println!("| idle (started, ready) | {} |", mib(idle_kib));
+    println!("| after the GETs | {} |", mib(after_gets_kib));
+    println!(
+        "| {} watch streams open ({tunnels} tunnels) | {} |",
+        args.watches,
+        mib(watches_kib)
+    );
+    drop(child);
+    ns.delete().await.ok();
+    Ok(())
+}
+
+async fn timed_gets(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    n: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + 50 {
+        let start = Instant::now();
+        let resp = client.get(url).bearer_auth(token).send().await?;
+        let status = resp.status();
+        resp.bytes().await?;
+        if !status.is_success() {
+            bail!("GET {url}: {status}");
+        }
+        if i >= 50 {
+            samples.push(start.elapsed());
+        }
+    }
+    Ok(samples)
+}
+
+/// The proxy's `proxy serving` log line names both addresses it bound.
+fn serving_addrs(stderr: std::process::ChildStderr) -> anyhow::Result<(String, String)> {
+    let mut lines = BufReader::new(stderr).lines();
+    for line in lines.by_ref() {
+        let line = line?;
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if v["message"] == "proxy serving" {
+            let listen = v["listen"].as_str().context("listen")?.to_owned();
+            let health = v["health"].as_str().context("health")?.to_owned();
+            // Keep draining the log so the proxy never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines {});
+            return Ok((listen, health));
+        }
+    }
+    bail!("the proxy exited before serving")
+}
