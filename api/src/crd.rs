@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::sandbox::{RESERVED_ENV, RESERVED_ENV_PREFIXES};
 
 pub use status::{CliMcpInstanceStatus, WarmPoolStatus};
-pub use values::{parse_duration, CrdError};
+pub use values::{parse_duration, CrdError, ProxyPlan};
 
 /// Longest idle timeout (7 days), in the Go duration syntax CEL understands.
 pub const MAX_IDLE_TIMEOUT: &str = "168h";
@@ -106,6 +106,26 @@ pub const MAX_WARM_POOL: i32 = 200;
     ),
     validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message(
         "metadata.name must be a DNS-1123 label (lowercase letters, digits and '-', no dots) because it becomes part of pod, Service and Secret names"
+    ),
+    validation = Rule::new(
+        "!has(self.spec) || !has(self.spec.proxy) || self.spec.proxy.targets.all(t, !has(t.secretName) || !(t.secretName in ['cli-mcp-' + self.metadata.name + '-hmac', 'cli-mcp-' + self.metadata.name + '-tls', 'cli-mcp-' + self.metadata.name + '-proxy-ca']))"
+    ).message(
+        "spec.proxy.targets[].secretName must not name the instance's own HMAC, TLS or proxy CA Secret (the proxy would hold the key that forges session tokens); name the Secret holding the admin kubeconfig"
+    ),
+    validation = Rule::new(
+        "!has(self.spec) || !has(self.spec.sandbox) || !has(self.spec.sandbox.kubeconfigSecret) || !(self.spec.sandbox.kubeconfigSecret in ['cli-mcp-' + self.metadata.name + '-hmac', 'cli-mcp-' + self.metadata.name + '-tls', 'cli-mcp-' + self.metadata.name + '-proxy-ca'])"
+    ).message(
+        "spec.sandbox.kubeconfigSecret must not name the instance's own HMAC, TLS or proxy CA Secret; name the Secret holding the admin kubeconfig"
+    ),
+    validation = Rule::new(
+        "!has(self.spec) || !has(self.spec.proxy) || !has(self.spec.sandbox) || !has(self.spec.sandbox.env) || self.spec.sandbox.env.all(e, !(e.name in ['HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy', 'NO_PROXY', 'no_proxy', 'ALL_PROXY', 'all_proxy', 'SSL_CERT_FILE', 'CURL_CA_BUNDLE', 'REQUESTS_CA_BUNDLE', 'NODE_EXTRA_CA_CERTS', 'GIT_SSL_CAINFO']))"
+    ).message(
+        "spec.sandbox.env: with spec.proxy, the proxy and CA variables (HTTPS_PROXY, HTTP_PROXY, NO_PROXY, ALL_PROXY in either case, SSL_CERT_FILE, CURL_CA_BUNDLE, REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, GIT_SSL_CAINFO) are set by the operator; remove them from env"
+    ),
+    validation = Rule::new(
+        "!has(self.spec) || !has(self.spec.proxy) || !has(self.spec.sandbox) || !has(self.spec.sandbox.kubeconfigSecret)"
+    ).message(
+        "set either spec.proxy or the older spec.sandbox.kubeconfigSecret, not both; move the Secret name to spec.proxy.targets[{type: kubernetes, secretName: ...}]"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -131,6 +151,14 @@ pub struct CliMcpInstanceSpec {
     /// The NetworkPolicy that confines sandbox pods.
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
+
+    /// The credential proxy between the sandboxes and every API they may call. The
+    /// sandboxes never hold a real credential: they get a kubeconfig with a placeholder token
+    /// and `HTTPS_PROXY` pointing at the proxy, which alone mounts the admin's kubeconfig and
+    /// injects its token. Absent (and no `spec.sandbox.kubeconfigSecret`): no proxy, and the
+    /// sandboxes reach nothing but cluster DNS and `networkPolicy.extraEgress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySpec>,
 }
 
 fn default_replicas() -> i32 {
@@ -254,9 +282,10 @@ pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
 
-    /// Secret with key `kubeconfig`, mounted read-only into every sandbox with KUBECONFIG
-    /// pointing at it. Default `cli-mcp-<name>-kubeconfig`. Its RBAC decides what the shell
-    /// may do; see config/samples for a read-only recipe.
+    /// Without `spec.proxy`: the Secret with key `kubeconfig` mounted read-only into every
+    /// sandbox with KUBECONFIG pointing at it (default `cli-mcp-<name>-kubeconfig`). Prefer
+    /// `spec.proxy` with a kubernetes target: the sandbox then never holds the token. Its
+    /// RBAC decides what the shell may do; see config/samples for a read-only recipe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new(
@@ -329,6 +358,104 @@ impl Default for SandboxSpec {
             output_budget_bytes: default_output_budget(),
         }
     }
+}
+
+/// Most proxy targets of one instance.
+pub const MAX_PROXY_TARGETS: usize = 8;
+/// Most domains of one allow-list target.
+pub const MAX_ALLOWLIST_DOMAINS: usize = 16;
+/// Most proxy replicas.
+pub const MAX_PROXY_REPLICAS: i32 = 10;
+
+/// The credential proxy of an instance.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.targets.filter(t, t.type == 'kubernetes').size() <= 1").message(
+        "spec.proxy.targets: at most one target of type kubernetes (one kubeconfig Secret; it may hold several clusters)"
+    )
+)]
+pub struct ProxySpec {
+    /// What the sandboxes may reach through the proxy (1..8 targets): one `kubernetes`
+    /// target (the API servers of a kubeconfig Secret, token injected) and `allowlist`
+    /// targets (HTTPS domains reachable as they are, nothing injected). Everything else gets
+    /// no tunnel.
+    #[schemars(length(min = 1, max = 8))]
+    #[x_kube(merge_strategy = ListMerge::Atomic)]
+    pub targets: Vec<ProxyTarget>,
+
+    /// Proxy replicas (1..10, default 2). With two or more, a PodDisruptionBudget keeps one
+    /// serving through node drains, and losing one pod fails no call.
+    #[serde(default = "default_proxy_replicas")]
+    #[schemars(range(min = 1, max = 10))]
+    pub replicas: i32,
+
+    /// Compute resources of the proxy container. Default: requests cpu 20m / memory 32Mi,
+    /// limits cpu 500m / memory 128Mi.
+    #[serde(default = "default_proxy_resources")]
+    #[x_kube(validation = Rule::new("!has(self.claims)").message(
+        "spec.proxy.resources.claims is not supported; use requests and limits"
+    ))]
+    pub resources: ResourceRequirements,
+}
+
+fn default_proxy_replicas() -> i32 {
+    2
+}
+
+fn default_proxy_resources() -> ResourceRequirements {
+    resources("20m", "32Mi", "500m", "128Mi")
+}
+
+/// One thing the sandboxes may reach through the proxy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.type == 'allowlist' || !has(self.domains)").message(
+        "spec.proxy.targets: a kubernetes target takes its servers from the kubeconfig Secret; remove domains or use type allowlist"
+    ),
+    validation = Rule::new("self.type == 'kubernetes' || !has(self.secretName)").message(
+        "spec.proxy.targets: secretName belongs to a kubernetes target; an allowlist target injects nothing"
+    ),
+    validation = Rule::new("self.type == 'kubernetes' || has(self.domains)").message(
+        "spec.proxy.targets: an allowlist target needs domains (host or host:port, 1..16)"
+    )
+)]
+pub struct ProxyTarget {
+    /// `kubernetes`: the API servers of the kubeconfig in `secretName`, whose token the
+    /// proxy injects; `allowlist`: the HTTPS `domains`, with nothing injected.
+    #[serde(rename = "type")]
+    pub type_: ProxyTargetType,
+
+    /// Kubernetes targets: the Secret whose key `kubeconfig` holds the admin kubeconfig
+    /// (token users, https servers with embedded CA). Default `cli-mcp-<name>-kubeconfig`.
+    /// Only the proxy mounts it, and only that key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.proxy.targets[].secretName must be the name of a Secret (a DNS-1123 subdomain)"))]
+    pub secret_name: Option<String>,
+
+    /// Allowlist targets: `host` (port 443) or `host:port`, an IPv6 address in brackets;
+    /// no wildcards, schemes or paths. 1..16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 16), inner(length(min = 1, max = 253)))]
+    #[x_kube(
+        merge_strategy = ListMerge::Set,
+        validation = Rule::new("self.all(d, !d.contains('*') && !d.contains('/') && !d.startsWith('.'))").message(
+            "spec.proxy.targets[].domains: each entry is host or host:port (1..253 characters), without '*', scheme, path or a leading dot"
+        )
+    )]
+    pub domains: Option<Vec<String>>,
+}
+
+/// Kind of a proxy target.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyTargetType {
+    Kubernetes,
+    Allowlist,
 }
 
 /// Timeouts of one bash command, as Go-style durations between 1s and 300s.
@@ -516,6 +643,60 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_is_planned_from_spec_proxy_or_the_older_kubeconfig_secret() {
+        use crate::crd::values::ProxyPlan;
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "kubernetes"},
+            {"type": "allowlist", "domains": ["Example.com", "b.example:8443", "example.com:443"]}
+        ]}}));
+        let plan: ProxyPlan = o.proxy_plan().expect("plan").expect("a proxy");
+        assert_eq!(
+            plan.kubeconfig_secret.as_deref(),
+            Some("cli-mcp-demo-kubeconfig")
+        );
+        let domains: Vec<_> = plan.allowlist.iter().map(|d| d.as_str()).collect();
+        assert_eq!(domains, ["b.example:8443", "example.com:443"]);
+        assert_eq!(plan.replicas, 2, "two replicas unless told otherwise");
+        let cfg = o.sandbox_config(Some("img:1")).expect("config");
+        let p = cfg.proxy.expect("sandbox uses the proxy");
+        assert_eq!(p.url, "http://cli-mcp-demo-proxy.ns1.svc:8080");
+        assert_eq!(p.config_map, "cli-mcp-demo-proxy");
+        assert!(p.kubeconfig);
+
+        // An allow-list only: the proxy, but no kubeconfig.
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["pypi.org"]}
+        ]}}));
+        let plan = o.proxy_plan().expect("plan").expect("a proxy");
+        assert_eq!(plan.kubeconfig_secret, None);
+        assert!(
+            !o.sandbox_config(Some("i"))
+                .expect("config")
+                .proxy
+                .expect("proxy")
+                .kubeconfig
+        );
+
+        // With a proxy, no sandbox mounts the admin's Secret.
+        assert_eq!(
+            o.sandbox_config(Some("i"))
+                .expect("config")
+                .kubeconfig_secret,
+            None
+        );
+
+        // A domain admission would refuse, from an object stored before the rule.
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["*.example.com"]}
+        ]}}));
+        let e = o.proxy_plan().expect_err("bad domain").to_string();
+        assert!(
+            e.contains("*.example.com") && e.contains("without '*'"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn sandbox_config_is_built_from_the_cr() {
         let o = cr(serde_json::json!({"sandbox": {
             "image": "img:1", "imagePullPolicy": "Never",
@@ -525,6 +706,7 @@ mod tests {
         assert_eq!(cfg.image, "img:1");
         assert_eq!(cfg.image_pull_policy.as_deref(), Some("Never"));
         assert_eq!(cfg.namespace, "ns1");
+        assert_eq!(cfg.proxy, None, "no proxy unless asked for");
         assert_eq!(
             cfg.kubeconfig_secret.as_deref(),
             Some("cli-mcp-demo-kubeconfig")

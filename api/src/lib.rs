@@ -6,13 +6,16 @@
 //! feature — the sandbox pod builder used by both pod writers ([`sandbox`]), what a pod's
 //! observed state means ([`pod_state`]), the restricted security settings of every pod we
 //! build ([`pod_security`]) and the activity stamp the server writes and the
-//! operator's idle GC reads ([`activity`]).
+//! operator's idle GC reads ([`activity`]). The credential proxy's route table is in
+//! [`proxy`]; with the `kubeconfig` feature, the validation of the admin kubeconfig it holds
+//! ([`kubeconfig`]).
 //!
 //! The agent depends on this crate without the `k8s` feature, so it stays free of kube.
 
 #![forbid(unsafe_code)]
 
 pub mod names;
+pub mod proxy;
 pub mod session;
 pub mod token;
 pub mod wire;
@@ -21,6 +24,8 @@ pub mod wire;
 pub mod activity;
 #[cfg(feature = "k8s")]
 pub mod crd;
+#[cfg(feature = "kubeconfig")]
+pub mod kubeconfig;
 #[cfg(feature = "k8s")]
 pub mod pod_security;
 #[cfg(feature = "k8s")]

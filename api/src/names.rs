@@ -58,6 +58,7 @@ pub mod label {
 
     pub const COMPONENT_SERVER: &str = "server";
     pub const COMPONENT_SANDBOX: &str = "sandbox";
+    pub const COMPONENT_PROXY: &str = "proxy";
     pub const COMPONENT_CLIENT: &str = "client";
     pub const LAUNCH_WARM: &str = "warm";
     pub const LAUNCH_COLD: &str = "cold";
@@ -138,6 +139,24 @@ impl InstanceName {
     }
     pub fn kubeconfig_secret(&self) -> String {
         self.prefixed("-kubeconfig")
+    }
+    /// The credential proxy's Deployment, Service, ServiceAccount, ConfigMap (routes, the
+    /// sandboxes' dummy kubeconfig and the proxy CA certificate), NetworkPolicy and
+    /// PodDisruptionBudget.
+    pub fn proxy(&self) -> String {
+        self.prefixed("-proxy")
+    }
+    /// The generate-once proxy CA (certificate and key) the proxy mints leaf certificates from.
+    pub fn proxy_ca_secret(&self) -> String {
+        self.prefixed("-proxy-ca")
+    }
+    /// `http://cli-mcp-<n>-proxy.<ns>.svc:<port>`, the sandboxes' `HTTPS_PROXY`.
+    pub fn proxy_url(&self, namespace: &str) -> String {
+        format!(
+            "http://{}.{namespace}.svc:{}",
+            self.proxy(),
+            crate::proxy::PROXY_PORT
+        )
     }
     /// The per-instance ClusterRoleBinding to `system:auth-delegator`. It is cluster-scoped,
     /// so it carries the namespace too, plus 8 hex of sha256(`<ns>/<n>`): without them,

@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe,
-    ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
+    DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
+    ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements, SecretVolumeSource, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -24,9 +25,38 @@ use crate::SessionId;
 
 pub use crate::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256, PODINFO_ANNOTATIONS, PODINFO_DIR};
 pub const WORKSPACE_DIR: &str = "/workspace";
+/// Where an instance without a credential proxy mounts its kubeconfig Secret (the older
+/// arrangement, until every instance goes through the proxy).
 pub const KUBECONFIG_DIR: &str = "/etc/cli-mcp/kubeconfig";
-/// Key of the kubeconfig inside its Secret.
+/// Key of the kubeconfig in the admin's Secret and in the proxy ConfigMap (the dummy).
 pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// Where a sandbox finds what it needs to use the credential proxy: the dummy kubeconfig
+/// and the proxy CA certificate (from ConfigMap `cli-mcp-<n>-proxy`; nothing secret).
+pub const PROXY_CLIENT_DIR: &str = "/etc/cli-mcp/proxy-client";
+/// Key of the proxy CA certificate in the proxy ConfigMap.
+pub const PROXY_CA_KEY: &str = "ca.crt";
+/// `NO_PROXY` of a sandbox: only its own loopback bypasses the proxy.
+pub const SANDBOX_NO_PROXY: &str = "localhost,127.0.0.1,::1";
+/// Env names pointing TLS clients at the proxy CA bundle (OpenSSL, curl, Python requests,
+/// Node.js, git).
+pub const PROXY_CA_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "CURL_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+/// Env names of the proxy itself, upper and lower case as tools differ.
+pub const PROXY_ENV: &[&str] = &[
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
 /// User and group every sandbox runs as (non-root; matches the sandbox image).
 pub const SANDBOX_UID: i64 = 1001;
 pub const CONTAINER_NAME: &str = "agent";
@@ -63,6 +93,11 @@ pub fn allowed_sandbox_env(e: &EnvVar) -> bool {
             .is_none_or(|v| v.secret_key_ref.is_none())
 }
 
+/// Whether `name` is one of the variables the builder sets for the credential proxy.
+pub fn is_proxy_env(name: &str) -> bool {
+    PROXY_ENV.contains(&name) || PROXY_CA_ENV.contains(&name)
+}
+
 /// Everything about a sandbox pod that does not depend on its role (CRD-agnostic: the
 /// operator fills it from the CR, the server from the flags the operator rendered).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,7 +111,12 @@ pub struct SandboxConfig {
     pub resources: ResourceRequirements,
     #[serde(default)]
     pub env: Vec<EnvVar>,
-    /// Secret holding key `kubeconfig`; mounted read-only and named by `KUBECONFIG`.
+    /// The credential proxy the sandbox reaches everything through, when the instance
+    /// has one; the sandbox then mounts no Secret of the admin's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<SandboxProxy>,
+    /// Without a proxy: the Secret holding key `kubeconfig`, mounted read-only and named by
+    /// `KUBECONFIG`. Never set together with `proxy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig_secret: Option<String>,
     pub workspace_size_limit: Quantity,
@@ -90,6 +130,19 @@ pub struct SandboxConfig {
     /// the agent kept. Absent for the default, so existing configs keep their hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_budget: Option<usize>,
+}
+
+/// How a sandbox uses its instance's credential proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxProxy {
+    /// `HTTPS_PROXY`/`HTTP_PROXY`: `http://cli-mcp-<n>-proxy.<ns>.svc:8080`.
+    pub url: String,
+    /// ConfigMap with the proxy CA certificate (`ca.crt`) and the dummy kubeconfig.
+    pub config_map: String,
+    /// Whether the ConfigMap carries a dummy kubeconfig (a kubernetes target exists), so
+    /// `KUBECONFIG` points at it.
+    pub kubeconfig: bool,
 }
 
 impl SandboxConfig {
@@ -117,6 +170,7 @@ impl SandboxConfig {
                 ..Default::default()
             },
             env: Vec::new(),
+            proxy: None,
             kubeconfig_secret: None,
             workspace_size_limit: q("1Gi"),
             tmp_size_limit: q("256Mi"),
@@ -269,7 +323,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             ..mount("podinfo", PODINFO_DIR)
         },
     ];
-    if let Some(secret) = &cfg.kubeconfig_secret {
+    if let (None, Some(secret)) = (&cfg.proxy, &cfg.kubeconfig_secret) {
         env.push(plain_env(
             "KUBECONFIG",
             &format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}"),
@@ -288,7 +342,50 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             ..mount("kubeconfig", KUBECONFIG_DIR)
         });
     }
-    env.extend(cfg.env.iter().filter(|e| allowed_sandbox_env(e)).cloned());
+    if let Some(proxy) = &cfg.proxy {
+        let mut items = vec![key_to_path(PROXY_CA_KEY)];
+        if proxy.kubeconfig {
+            env.push(plain_env(
+                "KUBECONFIG",
+                &format!("{PROXY_CLIENT_DIR}/{KUBECONFIG_KEY}"),
+            ));
+            items.push(key_to_path(KUBECONFIG_KEY));
+        }
+        for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+            env.push(plain_env(name, &proxy.url));
+        }
+        for name in ["NO_PROXY", "no_proxy"] {
+            env.push(plain_env(name, SANDBOX_NO_PROXY));
+        }
+        for name in PROXY_CA_ENV {
+            env.push(plain_env(
+                name,
+                &format!("{PROXY_CLIENT_DIR}/{PROXY_CA_KEY}"),
+            ));
+        }
+        volumes.push(Volume {
+            name: "proxy-client".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: proxy.config_map.clone(),
+                items: Some(items),
+                default_mode: Some(0o444),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            read_only: Some(true),
+            ..mount("proxy-client", PROXY_CLIENT_DIR)
+        });
+    }
+    // With a proxy, its variables are ours: an instance's env cannot route around it.
+    let proxied = cfg.proxy.is_some();
+    env.extend(
+        cfg.env
+            .iter()
+            .filter(|e| allowed_sandbox_env(e) && !(proxied && is_proxy_env(&e.name)))
+            .cloned(),
+    );
 
     let agent = Container {
         name: CONTAINER_NAME.into(),
@@ -386,6 +483,15 @@ fn empty_dir(name: &str, limit: &Quantity) -> Volume {
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+fn key_to_path(key: &str) -> KeyToPath {
+    KeyToPath {
+        key: key.into(),
+        path: key.into(),
+        mode: None,
+        user: None,
     }
 }
 
@@ -634,38 +740,75 @@ mod tests {
     }
 
     #[test]
-    fn kubeconfig_is_mounted_and_user_env_cannot_override_reserved_names() {
+    fn a_proxied_sandbox_gets_the_dummy_kubeconfig_and_proxy_env_and_no_secret() {
         let mut c = cfg();
-        c.kubeconfig_secret = Some("kc".into());
+        // Even if a config carried both, the proxy wins and no Secret is mounted.
+        c.kubeconfig_secret = Some("admin-kubeconfig".into());
+        c.proxy = Some(SandboxProxy {
+            url: "http://cli-mcp-demo-proxy.ns1.svc:8080".into(),
+            config_map: "cli-mcp-demo-proxy".into(),
+            kubeconfig: true,
+        });
         c.env = vec![
             plain_env("KUBECONFIG", "/evil"),
             plain_env("TOKEN_SHA256", "0"),
+            plain_env("HTTPS_PROXY", "http://evil:1"),
+            plain_env("no_proxy", "*"),
+            plain_env("SSL_CERT_FILE", "/evil"),
             plain_env("FOO", "bar"),
         ];
         let pod = session_pod(&c);
         let env = env_of(&pod);
-        let kube: Vec<_> = env.iter().filter(|e| e.name == "KUBECONFIG").collect();
-        assert_eq!(kube.len(), 1);
-        assert_eq!(
-            kube[0].value.as_deref(),
-            Some("/etc/cli-mcp/kubeconfig/kubeconfig")
-        );
+        let one = |name: &str| {
+            let found: Vec<_> = env.iter().filter(|e| e.name == name).collect();
+            assert_eq!(found.len(), 1, "{name}: {found:?}");
+            found[0].value.clone().unwrap_or_default()
+        };
+        assert_eq!(one("KUBECONFIG"), "/etc/cli-mcp/proxy-client/kubeconfig");
+        for n in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+            assert_eq!(one(n), "http://cli-mcp-demo-proxy.ns1.svc:8080");
+        }
+        assert_eq!(one("NO_PROXY"), SANDBOX_NO_PROXY);
+        assert_eq!(one("no_proxy"), SANDBOX_NO_PROXY);
+        assert_eq!(one("SSL_CERT_FILE"), "/etc/cli-mcp/proxy-client/ca.crt");
         assert_eq!(env.iter().filter(|e| e.name == "TOKEN_SHA256").count(), 1);
         assert_eq!(env_value(&pod, "FOO").as_deref(), Some("bar"));
-        let vol = pod
-            .spec
-            .as_ref()
-            .expect("spec")
-            .volumes
-            .as_ref()
-            .expect("volumes")
+        let spec = pod.spec.as_ref().expect("spec");
+        let volumes = spec.volumes.as_ref().expect("volumes");
+        assert!(
+            volumes
+                .iter()
+                .all(|v| v.secret.is_none() && v.projected.is_none()),
+            "a sandbox mounts no Secret: {volumes:?}"
+        );
+        let cm = volumes
             .iter()
-            .find(|v| v.name == "kubeconfig")
-            .expect("kubeconfig volume")
-            .clone();
+            .find_map(|v| v.config_map.as_ref())
+            .expect("proxy ConfigMap volume");
+        assert_eq!(cm.name, "cli-mcp-demo-proxy");
+        let keys: Vec<_> = cm.items.iter().flatten().map(|i| i.key.as_str()).collect();
         assert_eq!(
-            vol.secret.and_then(|s| s.secret_name).as_deref(),
-            Some("kc")
+            keys,
+            ["ca.crt", "kubeconfig"],
+            "only the client half is mounted"
+        );
+
+        // Without a kubernetes target: the proxy, but no KUBECONFIG.
+        c.proxy = c.proxy.map(|p| SandboxProxy {
+            kubeconfig: false,
+            ..p
+        });
+        let pod = session_pod(&c);
+        assert!(env_of(&pod).iter().all(|e| e.name != "KUBECONFIG"));
+        // Without a proxy or a kubeconfig Secret: no KUBECONFIG, and the proxy variables
+        // are the instance's own (a corporate proxy, say).
+        c.proxy = None;
+        c.kubeconfig_secret = None;
+        let pod = session_pod(&c);
+        assert!(env_of(&pod).iter().all(|e| e.name != "KUBECONFIG"));
+        assert_eq!(
+            env_value(&pod, "HTTPS_PROXY").as_deref(),
+            Some("http://evil:1")
         );
     }
 

@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -101,6 +102,7 @@ namespaced! {
     RoleBinding => role_bindings,
     Service => services,
     NetworkPolicy => network_policies,
+    PodDisruptionBudget => pod_disruption_budgets,
     ConfigMap => config_maps,
     Deployment => deployments,
 }

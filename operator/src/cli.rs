@@ -34,6 +34,10 @@ pub struct Args {
     #[arg(long, env = "RELATED_IMAGE_SANDBOX")]
     pub sandbox_image: Option<String>,
 
+    /// Image of the credential proxy (instances with spec.proxy need it).
+    #[arg(long, env = "RELATED_IMAGE_PROXY")]
+    pub proxy_image: Option<String>,
+
     /// Run leader election on a Lease (disable only for a single replica).
     #[arg(long, env = "CLI_MCP_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -93,6 +97,7 @@ impl Args {
             server_image,
             self.sandbox_image.clone().filter(|s| !s.is_empty()),
         );
+        config.proxy_image = self.proxy_image.clone().filter(|s| !s.is_empty());
         config.scope = Scope::parse(Some(&self.watch_namespace));
         config.teardown_timeout = Duration::from_secs(self.teardown_timeout);
         // A resync below 10 s would be a busy loop over every instance.

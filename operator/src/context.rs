@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -57,6 +58,8 @@ pub struct OperatorConfig {
     pub server_image: String,
     /// `RELATED_IMAGE_SANDBOX`, used when `spec.sandbox.image` is empty.
     pub sandbox_image: Option<String>,
+    /// `RELATED_IMAGE_PROXY`, the credential proxy of instances with `spec.proxy`.
+    pub proxy_image: Option<String>,
     pub scope: Scope,
     /// How long a teardown may wait for pods before it releases the CR anyway (the pods keep
     /// their owner references, so garbage collection still removes them).
@@ -72,6 +75,7 @@ impl OperatorConfig {
         Self {
             server_image: server_image.into(),
             sandbox_image,
+            proxy_image: None,
             scope: Scope::All,
             teardown_timeout: Duration::from_secs(600),
             resync: Duration::from_secs(600),
@@ -94,6 +98,7 @@ pub struct Stores {
     pub roles: Store<Role>,
     pub role_bindings: Store<RoleBinding>,
     pub network_policies: Store<NetworkPolicy>,
+    pub pod_disruption_budgets: Store<PodDisruptionBudget>,
     pub cluster_role_bindings: Store<ClusterRoleBinding>,
 }
 

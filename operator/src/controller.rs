@@ -82,7 +82,12 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         .namespace()
         .ok_or_else(|| Error::NoNamespace(cr.name_any()))?;
     let cfg = &ctx.config;
-    let spec = match Spec::read(&cr, &cfg.server_image, cfg.sandbox_image.as_deref()) {
+    let spec = match Spec::read(
+        &cr,
+        &cfg.server_image,
+        cfg.sandbox_image.as_deref(),
+        cfg.proxy_image.as_deref(),
+    ) {
         Ok(spec) => spec,
         Err(e) => return invalid_spec(ctx, &cr, e).await,
     };
@@ -92,6 +97,10 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     let apply_error = apply::apply_all(ctx, &ns, &desired).await;
 
     let spec = &inputs.spec;
+    if spec.proxy.is_none() {
+        teardown::remove_proxy(ctx, spec).await;
+    }
+    let proxy_unavailable = proxy_gate(ctx, &inputs);
     let key = resolved.key.as_ref();
     let pool = pool::reconcile(
         ctx,
@@ -99,15 +108,55 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         &spec.sandbox,
         spec.warm_pool_size,
         key,
-        resolved.blocked(),
+        resolved.blocked().or_else(|| proxy_unavailable.clone()),
     )
     .await?;
     let pods = pool::instance_pods(&ctx.stores.pods.state(), &ns, &spec.name);
     let idle = idle::collect(ctx, &pods, &ns, spec.idle_timeout, key).await?;
 
-    let obs = observe(&cr, ctx, &inputs, &resolved, apply_error, pool, &idle);
+    let mut obs = observe(&cr, ctx, &inputs, &resolved, apply_error, pool, &idle);
+    // Not while the kubeconfig is the reason: that one says what to fix.
+    obs.proxy_unavailable = proxy_unavailable.filter(|_| resolved.kubeconfig_invalid.is_none());
     write_status(ctx, &cr, &obs).await?;
     Ok(Action::requeue(next_check(ctx, &obs, &idle)))
+}
+
+/// Fail closed: why no sandbox of an instance with a credential proxy may start now — its
+/// inputs are not usable, its Deployment has no ready replica, or a NetworkPolicy that
+/// confines the sandboxes or the proxy is missing. `None` without a proxy, or when all hold.
+fn proxy_gate(ctx: &Context, inputs: &Inputs) -> Option<String> {
+    let spec = &inputs.spec;
+    spec.proxy.as_ref()?;
+    if inputs.proxy.is_none() {
+        return Some(
+            "the credential proxy's inputs are not usable (see the Ready condition)".into(),
+        );
+    }
+    let ns = &spec.namespace;
+    let name = spec.name.proxy();
+    for np in [name.clone(), spec.name.sandbox()] {
+        if cached(&ctx.stores.network_policies, ns, &np).is_none() {
+            return Some(format!(
+                "NetworkPolicy {np} does not exist yet; no sandbox starts without it"
+            ));
+        }
+    }
+    match cached(&ctx.stores.deployments, ns, &name).map(|d| deployment_state(&d)) {
+        Some(d) if d.ready >= 1 => None,
+        Some(d) => Some(format!(
+            "credential proxy Deployment {name} has {}/{} ready replicas{}; sandboxes wait for it",
+            d.ready,
+            d.replicas,
+            if d.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", d.message)
+            }
+        )),
+        None => Some(format!(
+            "credential proxy Deployment {name} not observed yet; sandboxes wait for it"
+        )),
+    }
 }
 
 /// Only objects that bypassed admission (or a missing default image) land here.
@@ -137,6 +186,8 @@ fn observe(
         spec_error: None,
         missing_secrets: resolved.missing.clone(),
         invalid_secrets: resolved.invalid.clone(),
+        kubeconfig_invalid: resolved.kubeconfig_invalid.clone(),
+        proxy_unavailable: None,
         apply_error,
         deployment: cached(
             &ctx.stores.deployments,

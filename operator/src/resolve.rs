@@ -13,11 +13,12 @@ use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
 use cli_mcp_api::crd::{AuthMode, CliMcpInstance};
+use cli_mcp_api::kubeconfig::{self, Kubeconfig};
 use cli_mcp_api::names::label;
 use cli_mcp_api::sandbox::KUBECONFIG_KEY;
 use cli_mcp_api::token::HmacKey;
 
-use crate::children::{secrets, ApiServerPeers, Inputs, Spec};
+use crate::children::{proxy, secrets, ApiServerPeers, Inputs, ProxyInputs, Spec};
 use crate::context::{cached, Context};
 use crate::error::Result;
 use crate::pool::is_status;
@@ -40,12 +41,18 @@ pub struct Resolved {
     /// Required Secrets whose keys are missing or unusable.
     pub invalid: Vec<String>,
     pub api_server: ApiServerPeers,
+    /// The proxy's inputs, when the instance has a proxy and everything it needs is usable.
+    pub proxy: Option<ProxyInputs>,
+    /// Why the admin's kubeconfig cannot be used behind the proxy (`KubeconfigInvalid`).
+    pub kubeconfig_invalid: Option<String>,
 }
 
 impl Resolved {
     /// Why no sandbox can start (so the pool creates none), if a Secret is missing or bad.
     pub fn blocked(&self) -> Option<String> {
-        if !self.missing.is_empty() {
+        if let Some(k) = &self.kubeconfig_invalid {
+            Some(k.clone())
+        } else if !self.missing.is_empty() {
             Some(format!("missing Secrets: {}", self.missing.join(", ")))
         } else if !self.invalid.is_empty() {
             Some(self.invalid.join("; "))
@@ -62,6 +69,7 @@ impl Resolved {
             tls_version: self.tls_version.clone(),
             ca_pem: self.ca_pem.clone(),
             api_server: self.api_server.clone(),
+            proxy: self.proxy.clone(),
         }
     }
 }
@@ -85,9 +93,13 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
     let (key, hmac_version, key_problem) = ensure_hmac(ctx, cr, spec).await?;
     let tls = ensure_tls(ctx, cr, spec).await?;
     let kubeconfig = check_kubeconfig(ctx, spec).await?;
+    let proxy = resolve_proxy(ctx, cr, spec).await?;
     let mut missing = Vec::new();
     let mut invalid = Vec::new();
-    for p in [key_problem, tls.problem, kubeconfig].into_iter().flatten() {
+    for p in [key_problem, tls.problem, kubeconfig, proxy.problem]
+        .into_iter()
+        .flatten()
+    {
         match p {
             Problem::Missing(m) => missing.push(m),
             Problem::Invalid(m) => invalid.push(m),
@@ -101,6 +113,8 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
         missing,
         invalid,
         api_server,
+        proxy: proxy.inputs,
+        kubeconfig_invalid: proxy.kubeconfig_invalid,
     })
 }
 
@@ -257,8 +271,156 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
     })
 }
 
+/// What the proxy needs, resolved.
+#[derive(Default)]
+struct ProxyState {
+    inputs: Option<ProxyInputs>,
+    problem: Option<Problem>,
+    kubeconfig_invalid: Option<String>,
+}
+
+/// The proxy CA (created once) and the admin kubeconfig (validated) of an instance with a
+/// proxy; `ProxyState::inputs` only when both are usable.
+async fn resolve_proxy(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<ProxyState> {
+    let Some(plan) = &spec.proxy else {
+        return Ok(ProxyState::default());
+    };
+    let (ca_pem, ca_version) = match ensure_proxy_ca(ctx, cr, spec).await? {
+        Ok(ca) => ca,
+        Err(problem) => {
+            return Ok(ProxyState {
+                problem: Some(problem),
+                ..Default::default()
+            })
+        }
+    };
+    let mut kubeconfig: Option<Kubeconfig> = None;
+    if let Some(name) = &plan.kubeconfig_secret {
+        match read_admin_kubeconfig(ctx, spec, name).await? {
+            AdminKubeconfig::Valid(k) => kubeconfig = Some(k),
+            AdminKubeconfig::Missing(m) => {
+                return Ok(ProxyState {
+                    problem: Some(Problem::Missing(m)),
+                    ..Default::default()
+                })
+            }
+            AdminKubeconfig::Invalid(m) => {
+                return Ok(ProxyState {
+                    kubeconfig_invalid: Some(m),
+                    ..Default::default()
+                })
+            }
+        }
+    }
+    match proxy::proxy_inputs(
+        plan,
+        spec.proxy_image.as_deref(),
+        kubeconfig.as_ref(),
+        &ca_pem,
+        &ca_version,
+    ) {
+        Ok(inputs) => Ok(ProxyState {
+            inputs: Some(inputs),
+            ..Default::default()
+        }),
+        Err(m) => Ok(ProxyState {
+            problem: Some(Problem::Invalid(m)),
+            ..Default::default()
+        }),
+    }
+}
+
+enum AdminKubeconfig {
+    Valid(Kubeconfig),
+    Missing(String),
+    Invalid(String),
+}
+
+async fn read_admin_kubeconfig(ctx: &Context, spec: &Spec, name: &str) -> Result<AdminKubeconfig> {
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &spec.namespace)
+        .get_opt(name)
+        .await?;
+    let Some(secret) = secret else {
+        return Ok(AdminKubeconfig::Missing(format!(
+            "{name} (the kubeconfig the credential proxy holds, key '{KUBECONFIG_KEY}'; see config/samples)"
+        )));
+    };
+    // A Secret this operator made (HMAC key, TLS, proxy CA — of any instance) is never a
+    // kubeconfig: admission refuses the instance's own names, this covers the rest.
+    if secret
+        .labels()
+        .get(label::APP_MANAGED_BY)
+        .map(String::as_str)
+        == Some(label::MANAGED_BY)
+    {
+        return Ok(AdminKubeconfig::Invalid(format!(
+            "Secret {name} is managed by the cli-mcp operator and cannot be the proxy's kubeconfig; name the Secret holding the admin kubeconfig"
+        )));
+    }
+    let Some(raw) = secrets::secret_value(&secret, KUBECONFIG_KEY) else {
+        return Ok(AdminKubeconfig::Invalid(format!(
+            "Secret {name} has no key '{KUBECONFIG_KEY}' (or it is empty)"
+        )));
+    };
+    let text = match std::str::from_utf8(raw) {
+        Ok(t) => t,
+        Err(_) => {
+            return Ok(AdminKubeconfig::Invalid(format!(
+                "Secret {name} key '{KUBECONFIG_KEY}' is not UTF-8 text"
+            )))
+        }
+    };
+    Ok(match kubeconfig::validate(text) {
+        Ok(k) => AdminKubeconfig::Valid(k),
+        Err(e) => AdminKubeconfig::Invalid(format!("Secret {name} key '{KUBECONFIG_KEY}': {e}")),
+    })
+}
+
+/// The proxy CA Secret, created once; `(certificate PEM, version)` or why it is unusable.
+async fn ensure_proxy_ca(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    spec: &Spec,
+) -> Result<std::result::Result<(String, String), Problem>> {
+    use cli_mcp_api::proxy::{CA_CERT_KEY, CA_KEY_KEY};
+    let name = spec.name.proxy_ca_secret();
+    let secret = match read_secret(ctx, &spec.namespace, &name).await? {
+        Some(s) => s,
+        None => {
+            let ca = secrets::generate_proxy_ca(spec.name.as_str(), &spec.namespace)?;
+            let meta = spec.meta(name.clone(), label::COMPONENT_PROXY);
+            let (s, created) =
+                create_once(ctx, &spec.namespace, &secrets::proxy_ca_secret(meta, &ca)).await?;
+            if created {
+                ctx.publish(
+                    cr,
+                    EventType::Normal,
+                    "ProxyCaGenerated",
+                    format!("generated the credential proxy's CA into Secret {name}"),
+                )
+                .await;
+            }
+            s
+        }
+    };
+    let (Some(crt), Some(key)) = (
+        secrets::secret_value(&secret, CA_CERT_KEY),
+        secrets::secret_value(&secret, CA_KEY_KEY),
+    ) else {
+        return Ok(Err(Problem::Invalid(format!(
+            "Secret {name} lacks {CA_CERT_KEY} or {CA_KEY_KEY}; delete it and the operator generates a new proxy CA"
+        ))));
+    };
+    Ok(Ok((
+        String::from_utf8_lossy(crt).into_owned(),
+        secrets::version_of(&[crt, key]),
+    )))
+}
+
 async fn check_kubeconfig(ctx: &Context, spec: &Spec) -> Result<Option<Problem>> {
-    let name = &spec.kubeconfig_secret;
+    let Some(name) = &spec.kubeconfig_secret else {
+        return Ok(None);
+    };
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), &spec.namespace)
         .get_opt(name)
         .await?;

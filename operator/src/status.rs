@@ -4,7 +4,8 @@
 //!
 //! Reasons are stable API (documented in docs/operations.md):
 //! - `Ready`: `Ready` | `InvalidSpec` | `SecretsNotFound` | `SecretKeysInvalid` |
-//!   `ApplyFailed` | `DeploymentUnavailable` | `WarmPoolFilling` | `WarmPoolUnhealthy`
+//!   `KubeconfigInvalid` | `ApplyFailed` | `ProxyUnavailable` | `DeploymentUnavailable` |
+//!   `WarmPoolFilling` | `WarmPoolUnhealthy`
 //! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
 //! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing` |
 //!   `ApiServerUnknown`
@@ -39,8 +40,12 @@ pub struct Observed {
     pub missing_secrets: Vec<String>,
     /// Required Secrets whose keys are missing or unusable.
     pub invalid_secrets: Vec<String>,
+    /// The admin kubeconfig cannot be held by the credential proxy, and why.
+    pub kubeconfig_invalid: Option<String>,
     pub apply_error: Option<String>,
     pub deployment: Option<DeploymentState>,
+    /// Why the credential proxy is not serving yet (an instance with a proxy only).
+    pub proxy_unavailable: Option<String>,
     pub pool: PoolOutcome,
     pub active_sessions: i32,
     pub image: Option<String>,
@@ -82,8 +87,14 @@ fn ready_condition(prev_ready: bool, o: &Observed) -> Cond {
     if !o.invalid_secrets.is_empty() {
         return bad("SecretKeysInvalid", o.invalid_secrets.join("; "));
     }
+    if let Some(e) = &o.kubeconfig_invalid {
+        return bad("KubeconfigInvalid", e.clone());
+    }
     if let Some(e) = &o.apply_error {
         return bad("ApplyFailed", e.clone());
+    }
+    if let Some(e) = &o.proxy_unavailable {
+        return bad("ProxyUnavailable", e.clone());
     }
     match &o.deployment {
         Some(d) if d.available => {}
@@ -366,6 +377,21 @@ mod tests {
         assert!(d.message.contains("apiserver-endpoints"), "{}", d.message);
         // The server serves; only the sandboxes' API egress is at risk.
         assert_eq!(cond(&s, READY).status, "True");
+    }
+
+    #[test]
+    fn an_unusable_kubeconfig_or_a_down_proxy_keeps_the_instance_not_ready() {
+        let mut o = healthy(0, 0);
+        o.kubeconfig_invalid =
+            Some("Secret kc key 'kubeconfig': user \"u\" uses exec; only a bearer token".into());
+        o.proxy_unavailable = Some("proxy Deployment has 0/2 ready replicas".into());
+        let s = compute(None, &o, t(1));
+        assert_eq!(cond(&s, READY).reason, "KubeconfigInvalid");
+        assert!(cond(&s, READY).message.contains("uses exec"));
+        o.kubeconfig_invalid = None;
+        let s = compute(None, &o, t(1));
+        assert_eq!(cond(&s, READY).reason, "ProxyUnavailable");
+        assert_eq!(cond(&s, READY).status, "False");
     }
 
     #[test]

@@ -144,3 +144,37 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
     tracing::info!(namespace = %ns, instance = %name, "teardown complete; releasing the finalizer");
     Ok(Action::await_change())
 }
+
+/// An instance whose `spec.proxy` was removed: deletes the proxy children the stores still
+/// show, so no proxy keeps holding the admin's token. Failures are logged and retried on
+/// the next reconcile (owner references remove them with the instance anyway).
+pub async fn remove_proxy(ctx: &Context, spec: &crate::children::Spec) {
+    use crate::apply::Owned;
+    use crate::context::cached;
+    use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+    async fn remove<K: Owned>(ctx: &Context, ns: &str, name: &str) {
+        if cached(K::store(&ctx.stores), ns, name).is_none() {
+            return;
+        }
+        let api = K::api(ctx.client.clone(), ns);
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => ctx.metrics.api_write(K::kind(&()).as_ref(), "delete"),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => tracing::warn!(
+                "deleting {} {ns}/{name} of a removed spec.proxy: {e}; retrying on the next reconcile",
+                K::kind(&())
+            ),
+        }
+    }
+    let ns = spec.namespace.as_str();
+    let name = spec.name.proxy();
+    remove::<Deployment>(ctx, ns, &name).await;
+    remove::<PodDisruptionBudget>(ctx, ns, &name).await;
+    remove::<Service>(ctx, ns, &name).await;
+    remove::<NetworkPolicy>(ctx, ns, &name).await;
+    remove::<ConfigMap>(ctx, ns, &name).await;
+    remove::<ServiceAccount>(ctx, ns, &name).await;
+}

@@ -15,6 +15,7 @@ use futures::{future, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
@@ -194,6 +195,8 @@ pub fn build(
     let (roles, role_s) = reflect(api::<Role>(client, ns), managed());
     let (role_bindings, rb_s) = reflect(api::<RoleBinding>(client, ns), managed());
     let (network_policies, np_s) = reflect(api::<NetworkPolicy>(client, ns), managed());
+    let (pod_disruption_budgets, pdb_s) =
+        reflect(api::<PodDisruptionBudget>(client, ns), managed());
     let (config_maps, cm_s) = reflect(api::<ConfigMap>(client, ns), managed());
     let (secrets, secret_s) = reflect(api::<Secret>(client, ns), managed());
     let (cluster_role_bindings, crb_s) =
@@ -218,6 +221,7 @@ pub fn build(
         .owns_stream(role_s)
         .owns_stream(rb_s)
         .owns_stream(np_s)
+        .owns_stream(pdb_s)
         .owns_stream(cm_s)
         .owns_stream(secret_s)
         .watches_stream(crb_s, move |crb: ClusterRoleBinding| {
@@ -241,7 +245,14 @@ pub fn build(
                 .into_iter()
                 .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
                 .filter(|cr| {
-                    cr.kubeconfig_secret().ok().as_deref() == Some(name.as_str())
+                    cr.kubeconfig_secret().ok().flatten().as_deref() == Some(name.as_str())
+                        || cr
+                            .proxy_plan()
+                            .ok()
+                            .flatten()
+                            .and_then(|p| p.kubeconfig_secret)
+                            .as_deref()
+                            == Some(name.as_str())
                         || cr.spec.server.tls_secret_name.as_deref() == Some(name.as_str())
                 })
                 .map(|cr| ObjectRef::from_obj(cr.as_ref()))
@@ -261,6 +272,7 @@ pub fn build(
         roles,
         role_bindings,
         network_policies,
+        pod_disruption_budgets,
         cluster_role_bindings,
     };
     (controller, stores)

@@ -106,6 +106,61 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
             json!({"server": {"clients": [{"kind": "Robot", "name": "r2"}]}}),
             "supported values: \"User\", \"Group\", \"ServiceAccount\"",
         ),
+        (
+            "twokube",
+            json!({"proxy": {"targets": [{"type": "kubernetes"}, {"type": "kubernetes", "secretName": "b"}]}}),
+            "at most one target of type kubernetes",
+        ),
+        (
+            "kubedomains",
+            json!({"proxy": {"targets": [{"type": "kubernetes", "domains": ["a.example"]}]}}),
+            "remove domains or use type allowlist",
+        ),
+        (
+            "allowsecret",
+            json!({"proxy": {"targets": [{"type": "allowlist", "secretName": "s", "domains": ["a.example"]}]}}),
+            "secretName belongs to a kubernetes target",
+        ),
+        (
+            "allownodomains",
+            json!({"proxy": {"targets": [{"type": "allowlist"}]}}),
+            "an allowlist target needs domains",
+        ),
+        (
+            "wildcard",
+            json!({"proxy": {"targets": [{"type": "allowlist", "domains": ["*.example.com"]}]}}),
+            "without '*'",
+        ),
+        (
+            "notargets",
+            json!({"proxy": {"targets": []}}),
+            "at least 1 items",
+        ),
+        (
+            "ownhmac",
+            json!({"proxy": {"targets": [{"type": "kubernetes", "secretName": "cli-mcp-ownhmac-hmac"}]}}),
+            "must not name the instance's own HMAC, TLS or proxy CA Secret",
+        ),
+        (
+            "ownca",
+            json!({"proxy": {"targets": [{"type": "kubernetes", "secretName": "cli-mcp-ownca-proxy-ca"}]}}),
+            "must not name the instance's own HMAC, TLS or proxy CA Secret",
+        ),
+        (
+            "oldhmac",
+            json!({"sandbox": {"kubeconfigSecret": "cli-mcp-oldhmac-hmac"}}),
+            "spec.sandbox.kubeconfigSecret must not name the instance's own HMAC",
+        ),
+        (
+            "both",
+            json!({"sandbox": {"kubeconfigSecret": "kc"}, "proxy": {"targets": [{"type": "kubernetes"}]}}),
+            "set either spec.proxy or the older spec.sandbox.kubeconfigSecret",
+        ),
+        (
+            "reservedproxyenv",
+            json!({"sandbox": {"env": [{"name": "https_proxy", "value": "http://evil:1"}]}, "proxy": {"targets": [{"type": "kubernetes"}]}}),
+            "the proxy and CA variables",
+        ),
     ];
     for (name, spec, want) in cases {
         let msg = rejected(&c, &ns, name, spec).await;
@@ -136,6 +191,22 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
     assert_eq!(d.spec.replicas, 1);
     assert_eq!(d.spec.sandbox.idle_timeout, "30m");
     assert_eq!(d.spec.sandbox.max_sessions, 100);
+    let p = ns
+        .api::<CliMcpInstance>()
+        .create(
+            &PostParams::default(),
+            &instance(
+                "proxied",
+                json!({"proxy": {"targets": [
+                    {"type": "kubernetes", "secretName": "admin-kubeconfig"},
+                    {"type": "allowlist", "domains": ["pypi.org", "files.pythonhosted.org:443", "[2001:db8::1]:8443"]}
+                ]}}),
+            ),
+        )
+        .await
+        .expect("a kubernetes target plus an allow-list is valid");
+    let proxy = p.spec.proxy.expect("proxy kept");
+    assert_eq!(proxy.replicas, 2, "defaulted");
     // No operator runs here, so nothing holds a finalizer: the namespace goes away cleanly.
     ns.delete().await.expect("delete namespace");
 }

@@ -35,6 +35,7 @@ fn stale_stores() -> Stores {
         roles: reflector::store().0,
         role_bindings: reflector::store().0,
         network_policies: reflector::store().0,
+        pod_disruption_budgets: reflector::store().0,
         cluster_role_bindings: reflector::store().0,
     }
 }

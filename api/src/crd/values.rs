@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use kube::{Resource, ResourceExt};
 
-use super::{CliMcpInstance, SandboxSpec};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+
+use super::{CliMcpInstance, ProxySpec, ProxyTargetType, SandboxSpec};
 use crate::names::{InstanceName, InstanceNameError};
-use crate::sandbox::{allowed_sandbox_env, SandboxConfig};
+use crate::proxy::{Domain, RouteError};
+use crate::sandbox::{allowed_sandbox_env, SandboxConfig, SandboxProxy};
 
 /// Why a CR cannot be turned into a sandbox configuration (the CRD's admission rules make
 /// these unreachable for objects that came through the apiserver).
@@ -22,6 +25,20 @@ pub enum CrdError {
     Duration { field: &'static str, value: String },
     #[error("no sandbox image: set spec.sandbox.image or the operator's RELATED_IMAGE_SANDBOX")]
     NoImage,
+    #[error("spec.proxy.targets: allowlist domain {domain:?}: {error}")]
+    Domain { domain: String, error: RouteError },
+}
+
+/// What `spec.proxy` (or the older `spec.sandbox.kubeconfigSecret`) asks for, with the
+/// defaults applied and the allow-list parsed into canonical domains.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyPlan {
+    /// The Secret whose `kubeconfig` the proxy holds, with a kubernetes target.
+    pub kubeconfig_secret: Option<String>,
+    /// Allow-listed upstreams, sorted, each once.
+    pub allowlist: Vec<Domain>,
+    pub replicas: i32,
+    pub resources: ResourceRequirements,
 }
 
 /// Parses a Go-style duration (`1h30m`, `90s`, `500ms`, `1.5h`); only non-negative values.
@@ -113,12 +130,59 @@ impl CliMcpInstance {
             .ok_or(CrdError::NoImage)
     }
 
-    /// The Secret holding the sandbox kubeconfig (key `kubeconfig`).
-    pub fn kubeconfig_secret(&self) -> Result<String, CrdError> {
-        Ok(match &self.spec.sandbox.kubeconfig_secret {
+    /// `spec.proxy`. `None`: the instance has no proxy.
+    pub fn proxy_spec(&self) -> Option<ProxySpec> {
+        self.spec.proxy.clone()
+    }
+
+    /// Without a proxy: the Secret mounted into sandboxes (key `kubeconfig`), by default
+    /// `cli-mcp-<name>-kubeconfig`. `None` with a proxy: only the proxy holds a kubeconfig.
+    pub fn kubeconfig_secret(&self) -> Result<Option<String>, CrdError> {
+        if self.spec.proxy.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(match &self.spec.sandbox.kubeconfig_secret {
             Some(s) => s.clone(),
             None => self.instance_name()?.kubeconfig_secret(),
-        })
+        }))
+    }
+
+    /// The proxy this instance runs, if any.
+    pub fn proxy_plan(&self) -> Result<Option<ProxyPlan>, CrdError> {
+        let Some(p) = self.proxy_spec() else {
+            return Ok(None);
+        };
+        let mut kubeconfig_secret = None;
+        let mut allowlist = Vec::new();
+        for t in &p.targets {
+            match t.type_ {
+                ProxyTargetType::Kubernetes => {
+                    kubeconfig_secret = Some(match &t.secret_name {
+                        Some(s) => s.clone(),
+                        None => self.instance_name()?.kubeconfig_secret(),
+                    });
+                }
+                ProxyTargetType::Allowlist => {
+                    for d in t.domains.iter().flatten() {
+                        let parsed = Domain::with_default_port(d, 443).map_err(|error| {
+                            CrdError::Domain {
+                                domain: d.clone(),
+                                error,
+                            }
+                        })?;
+                        allowlist.push(parsed);
+                    }
+                }
+            }
+        }
+        allowlist.sort();
+        allowlist.dedup();
+        Ok(Some(ProxyPlan {
+            kubeconfig_secret,
+            allowlist,
+            replicas: p.replicas,
+            resources: p.resources,
+        }))
     }
 
     /// The Secret with the server's certificate (`tls.crt`, `tls.key`).
@@ -152,7 +216,16 @@ impl CliMcpInstance {
             .filter(|e| allowed_sandbox_env(e))
             .cloned()
             .collect();
-        cfg.kubeconfig_secret = Some(self.kubeconfig_secret()?);
+        if let Some(plan) = self.proxy_plan()? {
+            let name = self.instance_name()?;
+            cfg.proxy = Some(SandboxProxy {
+                url: name.proxy_url(&cfg.namespace),
+                config_map: name.proxy(),
+                kubeconfig: plan.kubeconfig_secret.is_some(),
+            });
+        } else {
+            cfg.kubeconfig_secret = self.kubeconfig_secret()?;
+        }
         cfg.owner = Some(owner);
         cfg.output_budget = usize::try_from(sb.output_budget_bytes)
             .ok()

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::api::networking::v1::NetworkPolicyEgressRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use cli_mcp_api::crd::{AuthMode, CliMcpInstance, ClientSubject, CrdError};
+use cli_mcp_api::crd::{AuthMode, CliMcpInstance, ClientSubject, CrdError, ProxyPlan};
 use cli_mcp_api::names::{label, InstanceName};
 use cli_mcp_api::sandbox::SandboxConfig;
 
@@ -44,8 +44,12 @@ pub struct Spec {
     /// The admin named the TLS Secret (`spec.server.tlsSecretName`): it is only checked,
     /// never generated.
     pub custom_tls: bool,
-    /// Secret with the sandboxes' kubeconfig (required).
-    pub kubeconfig_secret: String,
+    /// Without a proxy: the Secret with the sandboxes' kubeconfig (required).
+    pub kubeconfig_secret: Option<String>,
+    /// The credential proxy, when the instance has one.
+    pub proxy: Option<ProxyPlan>,
+    /// The operator's default proxy image (`RELATED_IMAGE_PROXY`).
+    pub proxy_image: Option<String>,
     /// Extra egress rules of the sandbox NetworkPolicy.
     pub extra_egress: Vec<NetworkPolicyEgressRule>,
 }
@@ -57,6 +61,7 @@ impl Spec {
         cr: &CliMcpInstance,
         server_image: &str,
         default_sandbox_image: Option<&str>,
+        proxy_image: Option<&str>,
     ) -> Result<Self, CrdError> {
         let sandbox = cr.sandbox_config(default_sandbox_image)?;
         let s = &cr.spec;
@@ -85,6 +90,8 @@ impl Spec {
             tls_secret: cr.tls_secret()?,
             custom_tls: s.server.tls_secret_name.is_some(),
             kubeconfig_secret: cr.kubeconfig_secret()?,
+            proxy: cr.proxy_plan()?,
+            proxy_image: proxy_image.filter(|i| !i.is_empty()).map(str::to_owned),
             extra_egress: s.network_policy.extra_egress.clone(),
             sandbox,
         })
@@ -172,8 +179,29 @@ pub struct Inputs {
     pub tls_version: Option<String>,
     /// The generated CA (PEM), published in the CA ConfigMap.
     pub ca_pem: Option<String>,
-    /// Addresses and ports of the Kubernetes API server (for sandbox egress).
+    /// Addresses and ports of the Kubernetes API server (for the proxy's egress).
     pub api_server: ApiServerPeers,
+    /// What the proxy children are built from; `None` without a proxy, or while its CA or
+    /// kubeconfig is not usable (then no proxy children change and no sandbox starts).
+    pub proxy: Option<ProxyInputs>,
+}
+
+/// The resolved inputs of the credential proxy.
+#[derive(Debug, Clone)]
+pub struct ProxyInputs {
+    pub image: String,
+    pub replicas: i32,
+    pub resources: ResourceRequirements,
+    /// Every route, kubernetes and allow-list.
+    pub routes: cli_mcp_api::proxy::RouteTable,
+    /// The sandboxes' kubeconfig (placeholder token, proxy CA), with a kubernetes target.
+    pub dummy_kubeconfig: Option<String>,
+    /// The admin Secret the proxy mounts (key `kubeconfig` only), with a kubernetes target.
+    pub kubeconfig_secret: Option<String>,
+    /// The proxy CA certificate (public), for the sandboxes' trust.
+    pub ca_pem: String,
+    /// Hash of the CA Secret: a new CA rolls the proxy.
+    pub ca_version: String,
 }
 
 impl Inputs {

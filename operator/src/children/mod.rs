@@ -9,6 +9,7 @@
 pub mod deployment;
 mod inputs;
 pub mod networkpolicy;
+pub mod proxy;
 pub mod rbac;
 pub mod secrets;
 pub mod service;
@@ -22,7 +23,7 @@ use cli_mcp_api::names::label;
 
 use crate::apply::Applicable;
 
-pub use inputs::{ApiServerPeers, Inputs, Spec};
+pub use inputs::{ApiServerPeers, Inputs, ProxyInputs, Spec};
 
 /// Pod-template annotation carrying a hash of the HMAC key: a new key rolls the server.
 pub const HMAC_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/hmac-version";
@@ -56,6 +57,8 @@ pub struct Desired {
     /// Only when the operator generated the CA.
     pub ca_config_map: Option<ConfigMap>,
     pub deployment: Deployment,
+    /// The credential proxy, when the instance has one and its inputs resolved.
+    pub proxy: Option<proxy::ProxyChildren>,
 }
 
 impl Desired {
@@ -76,6 +79,15 @@ impl Desired {
         ];
         if let Some(cm) = &self.ca_config_map {
             out.push(cm);
+        }
+        // Before the server: a sandbox it creates finds its proxy in place.
+        if let Some(p) = &self.proxy {
+            out.push(&p.service_account);
+            out.push(&p.config_map);
+            out.push(&p.service);
+            out.push(&p.network_policy);
+            out.push(&p.pod_disruption_budget);
+            out.push(&p.deployment);
         }
         out.push(&self.deployment);
         out
@@ -102,6 +114,7 @@ pub fn build_all(inp: &Inputs) -> Desired {
                 secrets::ca_config_map(inp.spec.meta(name, label::COMPONENT_SERVER), pem)
             }),
         deployment: deployment::deployment(inp),
+        proxy: inp.proxy.as_ref().map(|p| proxy::build(inp, p)),
     }
 }
 
@@ -120,10 +133,38 @@ pub(crate) mod test_support {
         .expect("valid CR")
     }
 
+    /// An admin kubeconfig for `https://kubernetes.default.svc` with a token.
+    pub fn admin_kubeconfig() -> cli_mcp_api::kubeconfig::Kubeconfig {
+        cli_mcp_api::kubeconfig::validate(
+            "clusters: [{name: c, cluster: {server: 'https://kubernetes.default.svc'}}]\n\
+             users: [{name: u, user: {token: admin-secret-token}}]\n\
+             contexts: [{name: x, context: {cluster: c, user: u}}]\n",
+        )
+        .expect("valid kubeconfig")
+    }
+
     pub fn inputs(spec: serde_json::Value) -> Inputs {
+        let spec = Spec::read(
+            &cr(spec),
+            "cli-mcp-server:dev",
+            Some("cli-mcp-agent:dev"),
+            Some("cli-mcp-proxy:dev"),
+        )
+        .expect("spec");
+        let kubeconfig = admin_kubeconfig();
+        let proxy = spec.proxy.as_ref().map(|plan| {
+            proxy::proxy_inputs(
+                plan,
+                spec.proxy_image.as_deref(),
+                plan.kubeconfig_secret.as_ref().map(|_| &kubeconfig),
+                "-----BEGIN CERTIFICATE-----\nproxy-ca\n-----END CERTIFICATE-----\n",
+                "cav1",
+            )
+            .expect("proxy inputs")
+        });
         Inputs {
-            spec: Spec::read(&cr(spec), "cli-mcp-server:dev", Some("cli-mcp-agent:dev"))
-                .expect("spec"),
+            spec,
+            proxy,
             hmac_version: "hv1".into(),
             tls_version: Some("tv1".into()),
             ca_pem: Some("-----BEGIN CERTIFICATE-----\nca\n".into()),

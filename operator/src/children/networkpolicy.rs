@@ -1,5 +1,7 @@
 //! The sandbox NetworkPolicy: ingress only from this instance's server pods on the agent
-//! port; egress only to cluster DNS, the Kubernetes API server and `extraEgress`.
+//! port; egress only to cluster DNS, `extraEgress` and — with a credential proxy — the
+//! proxy pods, or — without one — the Kubernetes API server (whose token the sandbox then
+//! holds).
 
 use std::collections::BTreeMap;
 
@@ -11,11 +13,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use cli_mcp_api::names::label;
+use cli_mcp_api::proxy::PROXY_PORT;
 use cli_mcp_api::wire::AGENT_PORT;
 
 use super::Inputs;
 
-fn port(protocol: &str, p: i32) -> NetworkPolicyPort {
+pub(super) fn port(protocol: &str, p: i32) -> NetworkPolicyPort {
     NetworkPolicyPort {
         protocol: Some(protocol.into()),
         port: Some(IntOrString::Int(p)),
@@ -23,7 +26,7 @@ fn port(protocol: &str, p: i32) -> NetworkPolicyPort {
     }
 }
 
-fn selector(labels: &[(&str, &str)]) -> LabelSelector {
+pub(super) fn selector(labels: &[(&str, &str)]) -> LabelSelector {
     LabelSelector {
         match_labels: Some(
             labels
@@ -36,7 +39,7 @@ fn selector(labels: &[(&str, &str)]) -> LabelSelector {
 }
 
 /// DNS peers: kube-dns/CoreDNS in kube-system, and OpenShift's DNS daemonset.
-fn dns_rule() -> NetworkPolicyEgressRule {
+pub(super) fn dns_rule() -> NetworkPolicyEgressRule {
     NetworkPolicyEgressRule {
         to: Some(vec![
             NetworkPolicyPeer {
@@ -100,10 +103,28 @@ fn api_server_rule(inp: &Inputs) -> Option<NetworkPolicyEgressRule> {
     })
 }
 
+/// The instance's proxy pods, on the proxy port: the sandbox's only way out with a proxy.
+fn proxy_rule(n: &str) -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            pod_selector: Some(selector(&[
+                (label::INSTANCE, n),
+                (label::COMPONENT, label::COMPONENT_PROXY),
+            ])),
+            ..Default::default()
+        }]),
+        ports: Some(vec![port("TCP", i32::from(PROXY_PORT))]),
+    }
+}
+
 pub fn network_policy(inp: &Inputs) -> NetworkPolicy {
     let n = inp.spec.name.to_string();
     let mut egress = vec![dns_rule()];
-    egress.extend(api_server_rule(inp));
+    if inp.spec.proxy.is_some() {
+        egress.push(proxy_rule(&n));
+    } else {
+        egress.extend(api_server_rule(inp));
+    }
     egress.extend(inp.spec.extra_egress.iter().cloned());
     NetworkPolicy {
         metadata: inp
@@ -185,5 +206,32 @@ mod tests {
         );
         // No rule allows everything.
         assert!(egress.iter().all(|r| r.to.is_some()));
+    }
+
+    #[test]
+    fn with_a_proxy_the_sandbox_reaches_the_proxy_and_not_the_api_server() {
+        let np = network_policy(&inputs(
+            serde_json::json!({"proxy": {"targets": [{"type": "kubernetes"}]}}),
+        ));
+        let egress = np.spec.expect("spec").egress.expect("egress");
+        assert_eq!(egress.len(), 2, "DNS and the proxy: {egress:?}");
+        let to = &egress[1].to.as_ref().expect("to")[0];
+        let sel = to
+            .pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .expect("labels");
+        assert_eq!(sel[label::COMPONENT], "proxy");
+        assert_eq!(sel[label::INSTANCE], "demo");
+        assert_eq!(
+            egress[1].ports.as_ref().expect("ports")[0].port,
+            Some(IntOrString::Int(8080))
+        );
+        assert!(
+            egress
+                .iter()
+                .all(|r| r.to.iter().flatten().all(|p| p.ip_block.is_none())),
+            "no address of the API server: {egress:?}"
+        );
     }
 }

@@ -127,6 +127,59 @@ pub fn generate_tls(service: &str, namespace: &str) -> Result<TlsMaterial, rcgen
     })
 }
 
+/// PEM of the credential proxy's CA: the certificate sandboxes trust and the key the proxy
+/// signs its per-host leaf certificates with.
+#[derive(Clone)]
+pub struct ProxyCa {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for ProxyCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProxyCa(<redacted>)")
+    }
+}
+
+/// Generates the proxy CA: ECDSA P-256 (the default of `KeyPair::generate`), valid 10
+/// years, allowed to sign leaf certificates only (path length 0). Rotate by deleting the
+/// Secret: a new CA is generated, the proxy rolls and warm sandboxes are replaced.
+pub fn generate_proxy_ca(instance: &str, namespace: &str) -> Result<ProxyCa, rcgen::Error> {
+    let now = std::time::SystemTime::now();
+    let year = std::time::Duration::from_secs(365 * 24 * 3600);
+    let key = KeyPair::generate()?;
+    let mut ca = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(
+        DnType::CommonName,
+        format!("cli-mcp {namespace}/{instance} credential proxy CA"),
+    );
+    dn.push(DnType::OrganizationName, "cli-mcp");
+    ca.distinguished_name = dn;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.not_before = (now - std::time::Duration::from_secs(3600)).into();
+    ca.not_after = (now + 10 * year).into();
+    let cert = ca.self_signed(&key)?;
+    Ok(ProxyCa {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+pub fn proxy_ca_secret(meta: ObjectMeta, ca: &ProxyCa) -> Secret {
+    let b = |s: &str| ByteString(s.as_bytes().to_vec());
+    Secret {
+        metadata: meta,
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            (cli_mcp_api::proxy::CA_CERT_KEY.to_owned(), b(&ca.cert_pem)),
+            (cli_mcp_api::proxy::CA_KEY_KEY.to_owned(), b(&ca.key_pem)),
+        ])),
+        ..Default::default()
+    }
+}
+
 pub fn tls_secret(meta: ObjectMeta, m: &TlsMaterial) -> Secret {
     let b = |s: &str| ByteString(s.as_bytes().to_vec());
     Secret {
@@ -183,6 +236,23 @@ mod tests {
         assert_eq!(
             service_dns_names("svc", "ns")[3],
             "svc.ns.svc.cluster.local"
+        );
+    }
+
+    #[test]
+    fn the_proxy_ca_is_a_p256_ca_in_two_keys() {
+        let ca = generate_proxy_ca("demo", "ns1").expect("generate");
+        let s = proxy_ca_secret(ObjectMeta::default(), &ca);
+        let crt = secret_value(&s, "ca.crt").expect("ca.crt");
+        let key = secret_value(&s, "ca.key").expect("ca.key");
+        assert!(String::from_utf8_lossy(crt).starts_with("-----BEGIN CERTIFICATE-----"));
+        let key_pem = String::from_utf8_lossy(key).into_owned();
+        let kp = KeyPair::from_pem(&key_pem).expect("key parses");
+        assert_eq!(kp.algorithm(), &rcgen::PKCS_ECDSA_P256_SHA256);
+        assert!(!format!("{ca:?}").contains("PRIVATE"));
+        assert_ne!(
+            generate_proxy_ca("demo", "ns1").expect("generate").key_pem,
+            ca.key_pem
         );
     }
 

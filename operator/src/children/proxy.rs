@@ -1,0 +1,616 @@
+//! The credential proxy's children: ServiceAccount (no token), ConfigMap (route table, the
+//! sandboxes' dummy kubeconfig and the proxy CA certificate), Deployment, Service,
+//! PodDisruptionBudget and NetworkPolicy.
+//!
+//! The proxy is the only pod that mounts the admin's kubeconfig, and only its `kubeconfig`
+//! key; the sandboxes see the ConfigMap's client half. Its NetworkPolicy lets in only this
+//! instance's sandboxes and lets out only DNS and the routes' destinations.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
+    SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicySpec,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use cli_mcp_api::crd::ProxyPlan;
+use cli_mcp_api::kubeconfig::Kubeconfig;
+use cli_mcp_api::names::label;
+use cli_mcp_api::pod_security;
+use cli_mcp_api::proxy::{
+    Domain, Injector, Route, RouteTable, ADMIN_KUBECONFIG_DIR, CA_CERT_KEY, CA_DIR, CA_KEY_KEY,
+    PROXY_HEALTH_PORT, PROXY_PORT, ROUTES_DIR, ROUTES_KEY,
+};
+use cli_mcp_api::sandbox::{KUBECONFIG_KEY, PROXY_CA_KEY};
+
+use super::networkpolicy::{dns_rule, port, selector};
+use super::{Inputs, ProxyInputs};
+
+pub const CONTAINER: &str = "proxy";
+/// Pod-template annotation with a hash of the route table: a new table rolls the proxy.
+pub const ROUTES_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/proxy-routes-version";
+/// Pod-template annotation with a hash of the proxy CA: a new CA rolls the proxy.
+pub const CA_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/proxy-ca-version";
+
+/// Host names of the `kubernetes` Service in `default`: a route to one of them is a route to
+/// the API server's endpoints, which is what the proxy's egress must allow (after the
+/// Service's address translation the packets go to the endpoints, not the Service IP).
+const KUBERNETES_SERVICE_HOSTS: &[&str] = &[
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
+
+/// The proxy's resolved inputs, or why there are none yet. Pure.
+pub fn proxy_inputs(
+    plan: &ProxyPlan,
+    image: Option<&str>,
+    kubeconfig: Option<&Kubeconfig>,
+    ca_pem: &str,
+    ca_version: &str,
+) -> Result<ProxyInputs, String> {
+    let image = image.filter(|i| !i.is_empty()).ok_or(
+        "no proxy image: set the operator's RELATED_IMAGE_PROXY (spec.proxy needs the credential proxy)",
+    )?;
+    let mut routes: Vec<Route> = kubeconfig.map(Kubeconfig::routes).unwrap_or_default();
+    for d in &plan.allowlist {
+        if routes.iter().any(|r| &r.domain == d) {
+            return Err(format!(
+                "spec.proxy.targets: allowlist domain {d} is also a server of the kubeconfig; remove it from the allowlist"
+            ));
+        }
+        routes.push(Route {
+            domain: d.clone(),
+            injector: Injector::None,
+            ca_cert: None,
+        });
+    }
+    let routes = RouteTable::new(routes).map_err(|e| format!("spec.proxy.targets: {e}"))?;
+    Ok(ProxyInputs {
+        image: image.to_owned(),
+        replicas: plan.replicas,
+        resources: plan.resources.clone(),
+        routes,
+        dummy_kubeconfig: kubeconfig.map(|k| k.dummy(ca_pem)),
+        kubeconfig_secret: plan.kubeconfig_secret.clone(),
+        ca_pem: ca_pem.to_owned(),
+        ca_version: ca_version.to_owned(),
+    })
+}
+
+/// Every proxy child of one instance.
+#[derive(Debug, Clone)]
+pub struct ProxyChildren {
+    pub service_account: ServiceAccount,
+    pub config_map: ConfigMap,
+    pub service: Service,
+    pub network_policy: NetworkPolicy,
+    pub pod_disruption_budget: PodDisruptionBudget,
+    pub deployment: Deployment,
+}
+
+pub fn build(inp: &Inputs, p: &ProxyInputs) -> ProxyChildren {
+    ProxyChildren {
+        service_account: service_account(inp),
+        config_map: config_map(inp, p),
+        service: service(inp),
+        network_policy: network_policy(inp, p),
+        pod_disruption_budget: pod_disruption_budget(inp),
+        deployment: deployment(inp, p),
+    }
+}
+
+fn meta(inp: &Inputs) -> ObjectMeta {
+    inp.spec.meta(inp.spec.name.proxy(), label::COMPONENT_PROXY)
+}
+
+/// No token and no bindings: the proxy never talks to the Kubernetes API as itself.
+pub fn service_account(inp: &Inputs) -> ServiceAccount {
+    ServiceAccount {
+        metadata: meta(inp),
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    }
+}
+
+pub fn config_map(inp: &Inputs, p: &ProxyInputs) -> ConfigMap {
+    let mut data = BTreeMap::from([
+        (ROUTES_KEY.to_owned(), p.routes.to_json()),
+        (PROXY_CA_KEY.to_owned(), p.ca_pem.clone()),
+    ]);
+    if let Some(k) = &p.dummy_kubeconfig {
+        data.insert(KUBECONFIG_KEY.to_owned(), k.clone());
+    }
+    ConfigMap {
+        metadata: meta(inp),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+pub fn service(inp: &Inputs) -> Service {
+    Service {
+        metadata: meta(inp),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(inp.spec.selector(label::COMPONENT_PROXY)),
+            ports: Some(vec![ServicePort {
+                name: Some("proxy".into()),
+                port: i32::from(PROXY_PORT),
+                target_port: Some(IntOrString::String("proxy".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// One pod may be evicted at a time: with two or more replicas one always serves, with one
+/// a drain is not blocked forever.
+pub fn pod_disruption_budget(inp: &Inputs) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(inp),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(inp.spec.selector(label::COMPONENT_PROXY)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn ip_peer(ip: &str) -> NetworkPolicyPeer {
+    let cidr = if ip.contains(':') {
+        format!("{ip}/128")
+    } else {
+        format!("{ip}/32")
+    };
+    NetworkPolicyPeer {
+        ip_block: Some(IPBlock {
+            cidr,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Where a route's packets go, as a NetworkPolicy can say it.
+fn route_egress(inp: &Inputs, d: &Domain) -> NetworkPolicyEgressRule {
+    let peers_ports: (Vec<NetworkPolicyPeer>, Vec<i32>) = if KUBERNETES_SERVICE_HOSTS
+        .contains(&d.host())
+        || inp.api_server.ips.iter().any(|ip| ip == d.host())
+    {
+        (
+            inp.api_server.ips.iter().map(|ip| ip_peer(ip)).collect(),
+            inp.api_server.ports.clone(),
+        )
+    } else if let Some(ip) = d.ip() {
+        (vec![ip_peer(&ip.to_string())], vec![i32::from(d.port())])
+    } else {
+        // A DNS name: a NetworkPolicy cannot name it, so any address on that port. The
+        // proxy itself connects only to the route's host.
+        (
+            vec![
+                NetworkPolicyPeer {
+                    ip_block: Some(IPBlock {
+                        cidr: "0.0.0.0/0".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                NetworkPolicyPeer {
+                    ip_block: Some(IPBlock {
+                        cidr: "::/0".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ],
+            vec![i32::from(d.port())],
+        )
+    };
+    NetworkPolicyEgressRule {
+        to: Some(peers_ports.0),
+        ports: Some(peers_ports.1.into_iter().map(|p| port("TCP", p)).collect()),
+    }
+}
+
+/// Ingress only from this instance's sandboxes, on the proxy port; egress only to DNS and
+/// the routes' destinations, on their ports.
+pub fn network_policy(inp: &Inputs, p: &ProxyInputs) -> NetworkPolicy {
+    let n = inp.spec.name.to_string();
+    let mut egress = vec![dns_rule()];
+    for r in p.routes.routes() {
+        let rule = route_egress(inp, &r.domain);
+        if rule.to.as_ref().is_some_and(|t| !t.is_empty()) && !egress.contains(&rule) {
+            egress.push(rule);
+        }
+    }
+    NetworkPolicy {
+        metadata: meta(inp),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(selector(&[
+                (label::INSTANCE, &n),
+                (label::COMPONENT, label::COMPONENT_PROXY),
+            ])),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    pod_selector: Some(selector(&[
+                        (label::INSTANCE, &n),
+                        (label::COMPONENT, label::COMPONENT_SANDBOX),
+                    ])),
+                    ..Default::default()
+                }]),
+                ports: Some(vec![port("TCP", i32::from(PROXY_PORT))]),
+            }]),
+            egress: Some(egress),
+        }),
+    }
+}
+
+pub fn proxy_args(p: &ProxyInputs) -> Vec<String> {
+    let mut a = vec![
+        "--routes".to_owned(),
+        format!("{ROUTES_DIR}/{ROUTES_KEY}"),
+        "--ca-cert".to_owned(),
+        format!("{CA_DIR}/{CA_CERT_KEY}"),
+        "--ca-key".to_owned(),
+        format!("{CA_DIR}/{CA_KEY_KEY}"),
+    ];
+    if p.kubeconfig_secret.is_some() {
+        a.push("--kubeconfig".into());
+        a.push(format!("{ADMIN_KUBECONFIG_DIR}/{KUBECONFIG_KEY}"));
+    }
+    a.push("--listen".into());
+    a.push(format!("0.0.0.0:{PROXY_PORT}"));
+    a.push("--health-listen".into());
+    a.push(format!("0.0.0.0:{PROXY_HEALTH_PORT}"));
+    a.push("--log-json".into());
+    a
+}
+
+fn items(keys: &[&str]) -> Option<Vec<KeyToPath>> {
+    Some(
+        keys.iter()
+            .map(|k| KeyToPath {
+                key: (*k).into(),
+                path: (*k).into(),
+                ..Default::default()
+            })
+            .collect(),
+    )
+}
+
+fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            default_mode: Some(0o440),
+            items: items(keys),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+fn probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("health".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
+    let name = inp.spec.name.proxy();
+    let mut volumes = vec![
+        Volume {
+            name: "routes".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: name.clone(),
+                items: items(&[ROUTES_KEY]),
+                default_mode: Some(0o444),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        secret_volume(
+            "proxy-ca",
+            &inp.spec.name.proxy_ca_secret(),
+            &[CA_CERT_KEY, CA_KEY_KEY],
+        ),
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+    ];
+    let mut mounts = vec![
+        mount("routes", ROUTES_DIR),
+        mount("proxy-ca", CA_DIR),
+        VolumeMount {
+            read_only: Some(false),
+            ..mount("tmp", "/tmp")
+        },
+    ];
+    if let Some(secret) = &p.kubeconfig_secret {
+        // Only the one key: whatever else the admin's Secret holds stays out of the pod.
+        volumes.push(secret_volume("admin-kubeconfig", secret, &[KUBECONFIG_KEY]));
+        mounts.push(mount("admin-kubeconfig", ADMIN_KUBECONFIG_DIR));
+    }
+    let annotations = BTreeMap::from([
+        (
+            ROUTES_VERSION_ANNOTATION.to_owned(),
+            super::secrets::version_of(&[p.routes.to_json().as_bytes()]),
+        ),
+        (CA_VERSION_ANNOTATION.to_owned(), p.ca_version.clone()),
+    ]);
+    let port = |name: &str, n: u16| ContainerPort {
+        name: Some(name.into()),
+        container_port: i32::from(n),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(p.image.clone()),
+        args: Some(proxy_args(p)),
+        ports: Some(vec![
+            port("proxy", PROXY_PORT),
+            port("health", PROXY_HEALTH_PORT),
+        ]),
+        readiness_probe: Some(probe("/readyz", 2)),
+        liveness_probe: Some(probe("/healthz", 10)),
+        resources: Some(p.resources.clone()),
+        volume_mounts: Some(mounts),
+        security_context: Some(pod_security::restricted_container()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    let selector = inp.spec.selector(label::COMPONENT_PROXY);
+    // Replicas on different nodes when there are several: one node lost, one proxy left.
+    let spread = Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(LabelSelector {
+                            match_labels: Some(selector.clone()),
+                            ..Default::default()
+                        }),
+                        topology_key: "kubernetes.io/hostname".into(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: meta(inp),
+        spec: DeploymentSpec {
+            replicas: Some(p.replicas),
+            revision_history_limit: Some(3),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(inp.spec.labels(label::COMPONENT_PROXY)),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(name),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(30),
+                    affinity: Some(spread),
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    security_context: Some(pod_security::restricted_pod(None)),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::children::test_support::inputs;
+
+    fn proxied() -> Inputs {
+        inputs(serde_json::json!({"proxy": {"targets": [
+            {"type": "kubernetes", "secretName": "admin-kc"},
+            {"type": "allowlist", "domains": ["pypi.org", "192.0.2.7:8443"]}
+        ]}}))
+    }
+
+    fn proxy(inp: &Inputs) -> &ProxyInputs {
+        inp.proxy.as_ref().expect("proxy inputs")
+    }
+
+    #[test]
+    fn only_the_proxy_mounts_the_admin_kubeconfig_and_only_its_one_key() {
+        let inp = proxied();
+        let d = deployment(&inp, proxy(&inp));
+        let pod = d.spec.template.spec.expect("pod");
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let admin = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find_map(|v| {
+                v.secret
+                    .as_ref()
+                    .filter(|s| s.secret_name.as_deref() == Some("admin-kc"))
+            })
+            .expect("admin kubeconfig volume");
+        let keys: Vec<_> = admin
+            .items
+            .iter()
+            .flatten()
+            .map(|i| i.key.as_str())
+            .collect();
+        assert_eq!(keys, ["kubeconfig"]);
+        let args = &pod.containers[0].args.clone().unwrap_or_default();
+        assert!(args
+            .windows(2)
+            .any(|w| w[0] == "--kubeconfig" && w[1] == "/etc/cli-mcp/admin-kubeconfig/kubeconfig"));
+        let sc = pod.containers[0]
+            .security_context
+            .clone()
+            .expect("restricted");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(d.metadata.name.as_deref(), Some("cli-mcp-demo-proxy"));
+    }
+
+    #[test]
+    fn two_replicas_spread_with_a_budget_and_no_surprise_downtime() {
+        let inp = proxied();
+        let d = deployment(&inp, proxy(&inp));
+        let spec = d.spec;
+        assert_eq!(spec.replicas, Some(2));
+        let ru = spec
+            .strategy
+            .and_then(|s| s.rolling_update)
+            .expect("rolling update");
+        assert_eq!(ru.max_unavailable, Some(IntOrString::Int(0)));
+        let pdb = pod_disruption_budget(&inp).spec.expect("pdb");
+        assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+        assert!(spec
+            .template
+            .spec
+            .and_then(|p| p.affinity)
+            .and_then(|a| a.pod_anti_affinity)
+            .is_some());
+    }
+
+    #[test]
+    fn the_config_map_holds_routes_dummy_and_ca_and_never_the_token() {
+        let inp = proxied();
+        let p = proxy(&inp);
+        let cm = config_map(&inp, p);
+        let data = cm.data.expect("data");
+        let routes = RouteTable::from_json(&data[ROUTES_KEY]).expect("routes parse back");
+        let domains: Vec<_> = routes.routes().iter().map(|r| r.domain.as_str()).collect();
+        assert_eq!(
+            domains,
+            [
+                "192.0.2.7:8443",
+                "kubernetes.default.svc:443",
+                "pypi.org:443"
+            ]
+        );
+        assert!(data[KUBECONFIG_KEY].contains("cli-mcp-proxy-managed"));
+        for v in data.values() {
+            assert!(!v.contains("admin-secret-token"), "{v}");
+        }
+        assert!(data[PROXY_CA_KEY].contains("BEGIN CERTIFICATE"));
+    }
+
+    #[test]
+    fn proxy_egress_is_dns_and_the_route_destinations_only() {
+        let inp = proxied();
+        let np = network_policy(&inp, proxy(&inp));
+        let spec = np.spec.expect("spec");
+        let ingress = &spec.ingress.expect("ingress")[0];
+        let from = ingress.from.as_ref().expect("from")[0]
+            .pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .expect("labels");
+        assert_eq!(from[label::COMPONENT], "sandbox");
+        let egress = spec.egress.expect("egress");
+        let cidrs = |r: &NetworkPolicyEgressRule| -> Vec<String> {
+            r.to.iter()
+                .flatten()
+                .filter_map(|p| p.ip_block.as_ref().map(|b| b.cidr.clone()))
+                .collect()
+        };
+        let ports = |r: &NetworkPolicyEgressRule| -> Vec<IntOrString> {
+            r.ports
+                .iter()
+                .flatten()
+                .filter_map(|p| p.port.clone())
+                .collect()
+        };
+        // kubernetes.default.svc → the API server's endpoints and ports.
+        assert!(egress
+            .iter()
+            .any(|r| cidrs(r) == ["10.0.0.1/32"] && ports(r) == [IntOrString::Int(6443)]));
+        // An IP literal → that address and port only.
+        assert!(egress
+            .iter()
+            .any(|r| cidrs(r) == ["192.0.2.7/32"] && ports(r) == [IntOrString::Int(8443)]));
+        // A DNS name → any address, but only its port.
+        assert!(egress
+            .iter()
+            .any(|r| cidrs(r).contains(&"0.0.0.0/0".to_owned())
+                && ports(r) == [IntOrString::Int(443)]));
+        assert!(egress.iter().all(|r| r.to.is_some() && r.ports.is_some()));
+    }
+
+    #[test]
+    fn a_missing_image_or_a_clash_is_a_clear_error() {
+        let inp = proxied();
+        let p = proxy(&inp);
+        let plan = inp.spec.proxy.clone().expect("plan");
+        let e = proxy_inputs(&plan, None, None, &p.ca_pem, "v").expect_err("no image");
+        assert!(e.contains("RELATED_IMAGE_PROXY"), "{e}");
+        let kc = super::super::test_support::admin_kubeconfig();
+        let mut clash = plan.clone();
+        clash.allowlist = vec![Domain::parse("kubernetes.default.svc:443").expect("d")];
+        let e = proxy_inputs(&clash, Some("i"), Some(&kc), &p.ca_pem, "v").expect_err("clash");
+        assert!(e.contains("also a server of the kubeconfig"), "{e}");
+    }
+}
