@@ -37,22 +37,33 @@ pub fn sandbox_service_account(inp: &Inputs) -> ServiceAccount {
     }
 }
 
-/// What the server may do in its namespace: manage sandbox pods. No Secrets: tokens derive
-/// from the mounted HMAC key and pods carry only commitments.
+/// What the server may do in its namespace: manage sandbox pods, and — with a credential
+/// proxy — read that one Deployment, so it creates no sandbox while the proxy is down. No
+/// Secrets: tokens derive from the mounted HMAC key and pods carry only commitments.
 pub fn server_role(inp: &Inputs) -> Role {
+    let mut rules = vec![PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["pods".into()]),
+        verbs: ["get", "list", "watch", "create", "patch", "delete"]
+            .iter()
+            .map(|v| (*v).to_owned())
+            .collect(),
+        ..Default::default()
+    }];
+    if inp.spec.proxy.is_some() {
+        rules.push(PolicyRule {
+            api_groups: Some(vec!["apps".into()]),
+            resources: Some(vec!["deployments".into()]),
+            resource_names: Some(vec![inp.spec.name.proxy()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        });
+    }
     Role {
         metadata: inp
             .spec
             .meta(inp.spec.name.server(), label::COMPONENT_SERVER),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["pods".into()]),
-            verbs: ["get", "list", "watch", "create", "patch", "delete"]
-                .iter()
-                .map(|v| (*v).to_owned())
-                .collect(),
-            ..Default::default()
-        }]),
+        rules: Some(rules),
     }
 }
 
@@ -200,6 +211,17 @@ mod tests {
         let sa = sandbox_service_account(&inp);
         assert_eq!(sa.automount_service_account_token, Some(false));
         assert_eq!(sa.metadata.name.as_deref(), Some("cli-mcp-demo-sandbox"));
+
+        // With a proxy: also `get` on that one Deployment, nothing more.
+        let inp = inputs(serde_json::json!({"proxy": {"targets": [{"type": "kubernetes"}]}}));
+        let rules = server_role(&inp).rules.expect("rules");
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[1].resources, Some(vec!["deployments".to_string()]));
+        assert_eq!(
+            rules[1].resource_names,
+            Some(vec!["cli-mcp-demo-proxy".to_string()])
+        );
+        assert_eq!(rules[1].verbs, ["get"]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
@@ -190,12 +191,37 @@ impl KubeBackend {
             .map_err(|e| e.to_string())
     }
 
+    /// Fail closed: with a credential proxy, no sandbox is created while its Deployment has
+    /// no ready replica (the sandbox could reach nothing it was given, and the operator
+    /// creates no warm pods either). One GET per new cold session.
+    async fn proxy_serves(&self) -> Result<(), SessionError> {
+        let Some(proxy) = &self.cfg.proxy else {
+            return Ok(());
+        };
+        let name = &proxy.config_map;
+        let api: kube::Api<Deployment> =
+            kube::Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        let ready = api
+            .get_opt(name)
+            .await?
+            .and_then(|d| d.status)
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0);
+        if ready >= 1 {
+            return Ok(());
+        }
+        Err(SessionError::Sandbox(format!(
+            "the instance's credential proxy (Deployment {name}) has no ready replica, and no sandbox starts without it; retry in a few seconds, or ask the admin to check the CliMcpInstance's Ready condition"
+        )))
+    }
+
     /// Creates the session's own pod, or adopts it when another replica created it first.
     pub(super) async fn create_cold(
         &self,
         sid: &SessionId,
         caller: &Caller,
     ) -> Result<Pod, SessionError> {
+        self.proxy_serves().await?;
         let pod = build_sandbox_pod(
             &self.cfg,
             &SandboxRole::session(
