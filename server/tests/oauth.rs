@@ -620,6 +620,49 @@ async fn the_python_sdk_discovers_the_authorization_server_and_gets_a_shell() {
     );
     let r = client(&server, Some(&bob), "bob-1").bash("echo bob").await;
     assert_eq!(support::structured(&r)["stdout"], "bob\n", "{r}");
+
+    // Without X-Session-ID: alice's new chat handle is hers alone, whichever way bob sends it.
+    let mut anon = client(&server, Some(&alice), "");
+    anon.session = None;
+    let r = anon.bash("echo mine").await;
+    let handle = support::structured(&r)["session_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(handle.starts_with('c') && handle.len() == 49, "{r}");
+    let mut as_bob = anon.clone();
+    as_bob.bearer = Some(bob.clone());
+    let r = as_bob
+        .bash_with(json!({"command": "echo stolen", "session": handle}))
+        .await;
+    assert!(support::is_error(&r), "{r}");
+    assert!(
+        support::text(&r).contains("belongs to another identity"),
+        "{r}"
+    );
+    for (value, needle) in [
+        (handle.as_str(), "belongs to another identity"),
+        ("forged-session", "is not a session handle of this server"),
+    ] {
+        let resp = support::https(&w.pki.ca_pem)
+            .post(server.url("/mcp"))
+            .bearer_auth(&bob)
+            .header("accept", support::ACCEPT)
+            .header("content-type", "application/json")
+            .header("mcp-session-id", value)
+            .body(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": "bash", "arguments": {"command": "echo x"}}})
+                .to_string(),
+            )
+            .send()
+            .await
+            .expect("POST /mcp");
+        let body: Value = resp.json().await.expect("JSON");
+        let r = &body["result"];
+        assert!(support::is_error(r), "{body}");
+        assert!(support::text(r).contains(needle), "{value}: {body}");
+    }
     ns.delete().await.expect("delete namespace");
 }
 

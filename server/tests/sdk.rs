@@ -131,6 +131,15 @@ fn check(report: &Report, protocol: &str, transport: Transport) {
         serde_json::json!(["command"])
     );
     assert_eq!(tools[0]["outputSchema"]["type"], "object");
+    let description = tools[0]["description"].as_str().unwrap_or_default();
+    assert!(
+        description.contains("per chat") && description.contains("`session`"),
+        "the tool tells the model how sessions work: {description}"
+    );
+    assert_eq!(
+        tools[0]["inputSchema"]["properties"]["session"]["type"],
+        "string"
+    );
 
     let echo = &r["echo"];
     assert_eq!(echo["is_error"], false, "{echo}");
