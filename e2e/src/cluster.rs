@@ -104,7 +104,12 @@ impl ClusterConfig {
 /// the host), cli-mcp-shell:* to /bin/sh.
 pub fn default_images(bin_dir: &Path) -> BTreeMap<String, PathBuf> {
     let mut images = BTreeMap::new();
-    for name in ["cli-mcp-agent", "cli-mcp-server", "cli-mcp-operator", "cli-mcp-proxy"] {
+    for name in [
+        "cli-mcp-agent",
+        "cli-mcp-server",
+        "cli-mcp-operator",
+        "cli-mcp-proxy",
+    ] {
         images.insert(format!("{name}:*"), bin_dir.join(name));
     }
     images.insert("cli-mcp-sandbox:*".into(), bin_dir.join("cli-mcp-agent"));
