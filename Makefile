@@ -60,8 +60,8 @@ bench: prereqs control-plane tools build ## speed and memory figures, printed as
 tools: ## helm and kustomize from the Go module proxy (cached), for the packaging tests
 	@hack/build-helm-kustomize.sh >/dev/null
 
-images: ## OCI image archives of operator, server and sandbox, no container engine (cached; images/README.md)
-	$(CARGO) build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-agent
+images: ## OCI image archives of operator, server, proxy and sandbox, no container engine (cached; images/README.md)
+	$(CARGO) build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-proxy -p cli-mcp-agent
 	@hack/build-images.sh
 
 crdgen: ## regenerate the CRD YAML (config/crd, chart) from the Rust types
