@@ -1,6 +1,6 @@
 //! The real node's image mirror: a read-only registry on a loopback port that answers from
 //! the node's own containerd, so a pull (what the kubelet does for `imagePullPolicy:
-//! Always`, the default for a `:latest` image such as config/default's) succeeds for an
+//! Always`, or for an image it lacks) succeeds for an
 //! image imported into the node and fails at once, on loopback, for any other.
 //!
 //! containerd's CRI sends every pull here ([`write_hosts`]: `hosts.toml` files naming this
