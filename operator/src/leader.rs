@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::context::OperatorConfig;
 use crate::metrics::Metrics;
-use crate::run::{mark_leader, run_controllers, shutdown_signal, Ended};
+use crate::run::{mark_leader, run_controllers, signalled, Ended};
 
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -54,32 +54,64 @@ impl Election {
     }
 }
 
+/// Starts the election, retrying while the API server cannot be reached (so a brief outage
+/// at start is not a crash loop); `None` when a shutdown signal came first.
+async fn start_retrying(
+    client: &Client,
+    cfg: &LeaderConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Election> {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let attempt = tokio::select! {
+            r = start(client.clone(), cfg) => r,
+            _ = signalled(shutdown) => return None,
+        };
+        match attempt {
+            Ok(e) => return Some(e),
+            Err(e) => tracing::warn!(
+                lease = %cfg.lease_name,
+                namespace = %cfg.namespace,
+                "cannot start leader election: {e}; retrying in {}s",
+                delay.as_secs()
+            ),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = signalled(shutdown) => return None,
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
 /// With leader election: waits for the lease, runs the controllers while it is held, and
-/// stops them on a shutdown signal (releasing the lease) or when the lease is lost. Fails
-/// only if the election cannot start.
+/// stops them on a shutdown signal (releasing the lease) or when the lease is lost.
 pub async fn run_elected(
     client: Client,
     config: Arc<OperatorConfig>,
     metrics: Arc<Metrics>,
     leader: &watch::Sender<bool>,
     lease: &LeaderConfig,
-) -> Result<Ended, LeaseManagerError> {
-    let mut election = start(client.clone(), lease).await?;
+    mut shutdown: watch::Receiver<bool>,
+) -> Ended {
+    let Some(mut election) = start_retrying(&client, lease, &mut shutdown).await else {
+        return Ended::Stopped;
+    };
     tracing::info!(lease = %lease.lease_name, namespace = %lease.namespace, "waiting for the leader lease");
     let won = tokio::select! {
         r = election.is_leader.wait_for(|l| *l) => r.is_ok(),
-        _ = shutdown_signal() => false,
+        _ = signalled(&mut shutdown) => false,
     };
     if !won {
         election.release().await;
-        return Ok(Ended::Stopped);
+        return Ended::Stopped;
     }
     tracing::info!("acquired the leader lease");
     mark_leader(leader, &metrics);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut runner = tokio::spawn(run_controllers(client, config, metrics.clone(), stop_rx));
     let lost = tokio::select! {
-        _ = shutdown_signal() => false,
+        _ = signalled(&mut shutdown) => false,
         _ = election.is_leader.wait_for(|l| !*l) => true,
         _ = &mut runner => false,
     };
@@ -87,9 +119,10 @@ pub async fn run_elected(
     metrics.leader.set(0);
     if lost {
         // No waiting for the controllers: they must not reconcile one more time.
-        return Ok(Ended::LostLease);
+        return Ended::LostLease;
     }
-    let _ = tokio::time::timeout(Duration::from_secs(20), runner).await;
+    // run_controllers bounds its own drain (DRAIN_TIMEOUT).
+    let _ = runner.await;
     election.release().await;
-    Ok(Ended::Stopped)
+    Ended::Stopped
 }

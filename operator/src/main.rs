@@ -3,6 +3,7 @@
 //! `run.rs` and `leader.rs`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -13,14 +14,32 @@ use cli_mcp_operator::metrics::Metrics;
 use cli_mcp_operator::run::{self, Ended};
 use cli_mcp_operator::{crdgen, http, leader, telemetry};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// How long the runtime waits for tasks that are still blocked (a DNS lookup, a connect
+/// to an unreachable API server) once the controllers have stopped.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
+
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(Command::Crdgen) = args.command {
         print!("{}", crdgen::crd_yaml()?);
         return Ok(());
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let result = rt.block_on(operate(args));
+    // Dropping the runtime would wait for every blocking task; a stuck one must not keep a
+    // stopping operator alive past its grace period.
+    rt.shutdown_timeout(RUNTIME_SHUTDOWN);
+    result
+}
+
+async fn operate(args: Args) -> anyhow::Result<()> {
     telemetry::init(args.log_json);
+    // First, so a signal at any later point (even while the API server is unreachable)
+    // stops the process.
+    let shutdown = run::shutdown_signals().context("installing the SIGTERM/SIGINT handlers")?;
     let config = Arc::new(args.operator_config()?);
     let client = kube::Client::try_default()
         .await
@@ -32,11 +51,9 @@ async fn main() -> anyhow::Result<()> {
 
     let ended = if args.leader_elect {
         let lease = args.lease_config(client.default_namespace());
-        leader::run_elected(client, config, metrics, &leader_tx, &lease)
-            .await
-            .context("starting leader election")?
+        leader::run_elected(client, config, metrics, &leader_tx, &lease, shutdown).await
     } else {
-        run::run_until_signal(client, config, metrics, &leader_tx).await
+        run::run_until_signal(client, config, metrics, &leader_tx, shutdown).await
     };
     health.abort();
     if ended == Ended::LostLease {

@@ -2,6 +2,7 @@
 //! when there is no leader election (see [`crate::leader::run_elected`] for the other case).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::Client;
@@ -30,8 +31,18 @@ where
     }
 }
 
+/// How long a shutdown waits for in-flight reconciles before dropping them. Well inside the
+/// Deployment's 30 s termination grace period, leaving room to release the lease; dropping a
+/// reconcile is safe because every step is idempotent and the next process repeats it.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Runs the controllers (one per namespace of `WATCH_NAMESPACE`, or one for the cluster)
 /// until `shutdown` turns true. Marks the process ready once every cache has synced.
+///
+/// After the shutdown signal the controllers get [`DRAIN_TIMEOUT`] to finish what is in
+/// flight — none at all while the caches have not synced: kube's controller holds its
+/// queue until the stores are ready, so with an unreachable API server it would never
+/// finish draining (and the process would ignore SIGTERM until SIGKILL).
 pub async fn run_controllers(
     client: Client,
     config: Arc<OperatorConfig>,
@@ -83,7 +94,24 @@ pub async fn run_controllers(
         ready.set_ready(true);
         tracing::info!("caches synced; reconciling");
     });
-    futures::future::join_all(runs).await;
+    let mut stop = shutdown.clone();
+    let synced = metrics.clone();
+    let deadline = async move {
+        let _ = stop.wait_for(|s| *s).await;
+        if !synced.is_ready() {
+            tracing::info!("stopping before the caches synced: nothing is in flight");
+            return;
+        }
+        tokio::time::sleep(DRAIN_TIMEOUT).await;
+        tracing::warn!(
+            "reconciles still running {}s after the shutdown signal; dropping them (they are idempotent)",
+            DRAIN_TIMEOUT.as_secs()
+        );
+    };
+    tokio::select! {
+        _ = futures::future::join_all(runs) => {}
+        _ = deadline => {}
+    }
     metrics.set_ready(false);
 }
 
@@ -96,20 +124,37 @@ pub enum Ended {
     LostLease,
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Listens for SIGINT and SIGTERM for the whole life of the process: the receiver turns
+/// true at the first one. A second one exits at once. Installed once, before anything can
+/// block, because a signal that arrives while no tokio listener exists is lost — tokio's
+/// handler stays installed, so the default action (exit) no longer applies either.
+pub fn shutdown_signals() -> std::io::Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut seen = false;
+        loop {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            if seen {
+                tracing::warn!("{name} again; exiting now without draining");
+                std::process::exit(1);
             }
-            Err(_) => std::future::pending::<()>().await,
+            seen = true;
+            tracing::info!("{name} received; shutting down");
+            let _ = tx.send(true);
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term => {},
-    }
+    });
+    Ok(rx)
+}
+
+/// Resolves once `shutdown` has turned true (or its sender is gone).
+pub async fn signalled(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
 }
 
 /// Reports this process as the one that reconciles (`/readyz`, the `leader` gauge).
@@ -124,12 +169,9 @@ pub async fn run_until_signal(
     config: Arc<OperatorConfig>,
     metrics: Arc<Metrics>,
     leader: &watch::Sender<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Ended {
     mark_leader(leader, &metrics);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let runner = tokio::spawn(run_controllers(client, config, metrics, stop_rx));
-    shutdown_signal().await;
-    let _ = stop_tx.send(true);
-    let _ = runner.await;
+    run_controllers(client, config, metrics, shutdown).await;
     Ended::Stopped
 }
