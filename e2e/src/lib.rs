@@ -29,6 +29,7 @@ pub mod jsonrpc;
 pub mod load;
 pub mod net;
 pub mod node;
+pub mod peer;
 pub mod pki;
 pub mod portforward;
 pub mod process;

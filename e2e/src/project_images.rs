@@ -59,7 +59,12 @@ pub const ALIASES: &[(&str, &[&str])] = &[
 pub const OPTIONAL: &[&str] = &["proxy"];
 
 /// The binaries the images carry.
-pub const BINARIES: [&str; 3] = ["cli-mcp-operator", "cli-mcp-server", "cli-mcp-agent"];
+pub const BINARIES: [&str; 4] = [
+    "cli-mcp-operator",
+    "cli-mcp-server",
+    "cli-mcp-proxy",
+    "cli-mcp-agent",
+];
 
 /// One built image archive.
 #[derive(Debug, Clone)]
@@ -198,7 +203,7 @@ fn build_command(bin_dir: &Path) -> Result<(PathBuf, Command)> {
         if !bin_dir.join(b).is_file() {
             return Err(Error::Prerequisite(format!(
                 "{} is missing; build it first (`cargo build -p cli-mcp-operator -p \
-                 cli-mcp-server -p cli-mcp-agent`)",
+                 cli-mcp-server -p cli-mcp-proxy -p cli-mcp-agent`)",
                 bin_dir.join(b).display()
             )));
         }

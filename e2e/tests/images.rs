@@ -48,7 +48,7 @@ fn images_dir() -> Result<PathBuf> {
         .unwrap_or_else(|| workspace_root().join("target"));
     let built = |profile: &str| {
         let dir = target.join(profile);
-        ["cli-mcp-operator", "cli-mcp-server", "cli-mcp-agent"]
+        cli_mcp_e2e::project_images::BINARIES
             .iter()
             .all(|b| dir.join(b).is_file())
             .then_some(dir)

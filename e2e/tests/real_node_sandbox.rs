@@ -36,13 +36,13 @@ use cli_mcp_api::pod_state::is_ready;
 use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::addons::{
-    self, container_netns, in_netns, query_a, tcp_reach, Enforcer, Ipv4Net, Reach, DNS_SERVICE_IP,
-    RCODE_NOERROR,
+    self, in_netns, query_a, tcp_reach, Enforcer, Ipv4Net, Reach, DNS_SERVICE_IP, RCODE_NOERROR,
 };
 use cli_mcp_e2e::cluster::ClusterConfig;
 use cli_mcp_e2e::instance::{delete_instance, hmac_key};
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::node::{self, NodeKind};
+use cli_mcp_e2e::peer::{expect, peer, Peer, CONNECT, SETTLE};
 use cli_mcp_e2e::project_images;
 use cli_mcp_e2e::testing::{self, pod_ip, wait_for, wait_for_set, workspace_root, TIMEOUT};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -51,78 +51,12 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
-/// One connection attempt; a policy's REJECT answers at once, a drop times out.
-const CONNECT: Duration = Duration::from_millis(700);
-/// How long a policy change may take to show in the traffic.
-const SETTLE: Duration = Duration::from_secs(60);
 const BUSYBOX: &str = "localhost/e2e-busybox:1";
 const AGENT_PORT: u16 = cli_mcp_api::wire::AGENT_PORT;
 /// The sandbox memory limit of instance `a`: room for the agent, bash and kubectl.
 const SANDBOX_MEMORY: &str = "256Mi";
 /// An arbitrary UID as OpenShift's restricted SCC assigns one (never the image's 1001).
 const ARBITRARY_UID: i64 = 1_000_650_000;
-
-/// A running pod and the network namespace its containers share.
-#[derive(Clone, Debug)]
-struct Peer {
-    name: String,
-    ip: Ipv4Addr,
-    netns: PathBuf,
-}
-
-fn peer(socket: &Path, name: &str, pod: &Pod) -> Peer {
-    let ip = pod_ip(pod)
-        .and_then(|ip| ip.parse().ok())
-        .unwrap_or_else(|| panic!("{name}: no pod IPv4"));
-    let id = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find_map(|c| c.container_id.clone()))
-        .unwrap_or_else(|| panic!("{name}: no containerID"));
-    let netns = container_netns(socket, &id).unwrap_or_else(|e| panic!("{name}: {e}"));
-    Peer {
-        name: name.into(),
-        ip,
-        netns,
-    }
-}
-
-/// One TCP connection from `from`'s network namespace to `to:port`.
-async fn reach(from: &Peer, to: Ipv4Addr, port: u16) -> Reach {
-    let netns = from.netns.clone();
-    tokio::task::spawn_blocking(move || {
-        in_netns(&netns, move || {
-            tcp_reach(SocketAddr::from((to, port)), CONNECT)
-        })
-    })
-    .await
-    .expect("join")
-    .unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Poll until a connection from `from` to `to:port` is allowed (`true`) or denied (`false`),
-/// at most [`SETTLE`]. A denied connection must be refused or time out, nothing else.
-async fn expect(from: &Peer, to: Ipv4Addr, port: u16, to_name: &str, allowed: bool) {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let got = reach(from, to, port).await;
-        if let Reach::Failed(e) = &got {
-            panic!("{} -> {to_name}:{port}: unexpected error {e}", from.name);
-        }
-        if (got == Reach::Connected) == allowed {
-            eprintln!("  {} -> {to_name} ({to}:{port}): {got:?}", from.name);
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} -> {to_name} ({to}:{port}) still {got:?} after {SETTLE:?}; want {}",
-            from.name,
-            if allowed { "connected" } else { "denied" }
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Poll until `name` resolves from `from` through `server` (UDP) to exactly `want`.
 async fn expect_resolves(from: &Peer, server: Ipv4Addr, name: &str, want: Ipv4Addr) {
