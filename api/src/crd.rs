@@ -500,6 +500,19 @@ impl Default for CommandTimeout {
 /// The MCP server Deployment.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.authorization) || !has(self.auth) || self.auth == 'Kubernetes'").message(
+        "spec.server.authorization needs auth: Kubernetes (with auth None the server checks no token); remove authorization or set auth: Kubernetes"
+    ),
+    validation = Rule::new("!has(self.expose) || !has(self.auth) || self.auth == 'Kubernetes'").message(
+        "spec.server.expose needs auth: Kubernetes: an endpoint without authentication must not be published outside the cluster"
+    ),
+    validation = Rule::new(
+        "!has(self.authorization) || has(self.authorization.resourceUrl) || (has(self.authorization.audiences) && size(self.authorization.audiences) > 0) || has(self.expose)"
+    ).message(
+        "spec.server.authorization needs resourceUrl (the public https URL of /mcp, such as https://mcp.example.com/mcp), audiences, or spec.server.expose (its host gives https://<host>/mcp): an authorization server's token is accepted only when its aud names this server"
+    )
+)]
 pub struct ServerSpec {
     /// Compute resources of the server container. Default: requests cpu 50m / memory 64Mi,
     /// limits cpu 1 / memory 256Mi.
@@ -543,6 +556,175 @@ pub struct ServerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub clients: Vec<ClientSubject>,
+
+    /// MCP authorization: OAuth authorization servers whose tokens the server accepts (the
+    /// API server must trust each as a JWT issuer) and what the server advertises to MCP
+    /// clients in its protected resource metadata. Needs `auth: Kubernetes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<AuthorizationSpec>,
+
+    /// Publishes the MCP endpoint outside the cluster through an Ingress or a Gateway API
+    /// HTTPRoute named `cli-mcp-<name>`. TLS stays end to end: the server serves TLS itself,
+    /// so the Ingress controller or Gateway must re-encrypt to it (see docs/operations.md).
+    /// Needs `auth: Kubernetes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expose: Option<ExposeSpec>,
+}
+
+/// OAuth authorization servers and the metadata MCP clients discover after a 401.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorizationSpec {
+    /// Issuer URLs (1..8) of the authorization servers, listed in the protected resource
+    /// metadata. Each must equal, byte for byte, the `jwt[].issuer.url` of the API server's
+    /// AuthenticationConfiguration (a trailing slash counts), because tokens are matched by
+    /// their `iss`.
+    #[schemars(length(min = 1, max = 8), inner(length(min = 9, max = 512)))]
+    #[x_kube(
+        merge_strategy = ListMerge::Set,
+        validation = Rule::new(
+            "self.all(s, s.matches('^https://[^/?#@\\\\s,]+(/[^?#\\\\s,]*)?$') && isURL(s) && url(s).getHostname() != '')"
+        ).message(
+            "spec.server.authorization.servers: each entry is an issuer URL such as https://idp.example.com/realms/dev: https, a host, no user@, query (?), fragment (#), spaces or commas; it must equal the API server's jwt[].issuer.url exactly"
+        )
+    )]
+    pub servers: Vec<String>,
+
+    /// The public https URL of the MCP endpoint (for example https://mcp.example.com/mcp),
+    /// without fragment: the `resource` of the protected resource metadata, and the audience
+    /// an authorization server's token must name. Default with `spec.server.expose`:
+    /// `https://<host>/mcp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 9, max = 512))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^https://[^/?#@\\\\s]+([/?][^#\\\\s]*)?$') && isURL(self) && url(self).getHostname() != ''"
+    ).message(
+        "spec.server.authorization.resourceUrl must be the public https URL of /mcp, such as https://mcp.example.com/mcp: https, a host, no user@, fragment (#) or spaces"
+    ))]
+    pub resource_url: Option<String>,
+
+    /// Further audiences (0..8) an authorization server's token may name instead of
+    /// `resourceUrl`. They are also sent as `spec.audiences` of the TokenReview of every
+    /// Kubernetes token, so ServiceAccount tokens must then be created with one of them
+    /// (`kubectl create token <sa> --audience <aud>`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(min = 1, max = 512)))]
+    #[x_kube(
+        merge_strategy = ListMerge::Set,
+        validation = Rule::new("self.all(a, a.matches('^[^,\\\\s]+$'))").message(
+            "spec.server.authorization.audiences: each entry is one audience, without spaces or commas"
+        )
+    )]
+    pub audiences: Vec<String>,
+
+    /// Scopes (0..16) MCP clients ask the authorization server for (`scopes_supported` of
+    /// the metadata). Advertised only: access is decided by RBAC on `climcpinstances/mcp`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 128)))]
+    #[x_kube(
+        merge_strategy = ListMerge::Set,
+        validation = Rule::new("self.all(s, s.matches('^[\\\\x21\\\\x23-\\\\x2b\\\\x2d-\\\\x5b\\\\x5d-\\\\x7e]+$'))").message(
+            "spec.server.authorization.scopes: each entry is an OAuth scope: visible ASCII without spaces, quotes, backslashes or commas"
+        )
+    )]
+    pub scopes: Vec<String>,
+}
+
+/// How the MCP endpoint is published outside the cluster: exactly one of `ingress` and
+/// `httpRoute`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.ingress) || has(self.httpRoute)").message(
+        "spec.server.expose needs ingress or httpRoute; remove expose to keep the endpoint inside the cluster"
+    ),
+    validation = Rule::new("!(has(self.ingress) && has(self.httpRoute))").message(
+        "spec.server.expose: set either ingress or httpRoute, not both"
+    )
+)]
+pub struct ExposeSpec {
+    /// A `networking.k8s.io/v1` Ingress to the server's Service (port https).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressExpose>,
+    /// A Gateway API `gateway.networking.k8s.io/v1` HTTPRoute to the server's Service (port
+    /// https); the Gateway needs a BackendTLSPolicy to reach it (see docs/operations.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_route: Option<HttpRouteExpose>,
+}
+
+impl ExposeSpec {
+    /// The public host name, whichever object publishes it.
+    pub fn host(&self) -> Option<&str> {
+        self.ingress
+            .as_ref()
+            .map(|i| i.host.as_str())
+            .or_else(|| self.http_route.as_ref().map(|r| r.host.as_str()))
+    }
+}
+
+/// The Ingress that publishes the endpoint.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressExpose {
+    /// Public DNS name of the endpoint (no wildcard): the Ingress rule's host, a name of the
+    /// generated serving certificate, and the default `resourceUrl` (`https://<host>/mcp`).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.server.expose.ingress.host must be a lowercase DNS name such as mcp.example.com (no wildcard, port or scheme)"))]
+    pub host: String,
+    /// The IngressClass (`spec.ingressClassName`). Default: the cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub class_name: Option<String>,
+    /// Secret (kubernetes.io/tls) with the certificate the Ingress controller presents to
+    /// clients for `host`. Default: the controller's default certificate. The host is listed
+    /// under the Ingress's `tls` either way, so controllers redirect plain HTTP to HTTPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.server.expose.ingress.tlsSecretName must be the name of a Secret (a DNS-1123 subdomain)"))]
+    pub tls_secret_name: Option<String>,
+    /// Annotations of the Ingress, over the operator's
+    /// `nginx.ingress.kubernetes.io/backend-protocol: HTTPS` (other controllers need their own
+    /// equivalent: the backend speaks TLS only). At most 32.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The Gateway API HTTPRoute that publishes the endpoint.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteExpose {
+    /// Public DNS name of the endpoint (no wildcard): the route's hostname, a name of the
+    /// generated serving certificate, and the default `resourceUrl` (`https://<host>/mcp`).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.server.expose.httpRoute.host must be a lowercase DNS name such as mcp.example.com (no wildcard, port or scheme)"))]
+    pub host: String,
+    /// The Gateways (listeners) the route attaches to (1..8).
+    #[schemars(length(min = 1, max = 8))]
+    pub parent_refs: Vec<GatewayParentRef>,
+}
+
+/// A Gateway the HTTPRoute attaches to.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayParentRef {
+    /// Name of the Gateway.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Namespace of the Gateway. Default: the instance's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// A listener of the Gateway, by name. Default: every listener that accepts the route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub section_name: Option<String>,
 }
 
 /// One identity allowed to use the MCP endpoint.
@@ -590,6 +772,8 @@ impl Default for ServerSpec {
             tls_secret_name: None,
             instructions: None,
             clients: Vec::new(),
+            authorization: None,
+            expose: None,
         }
     }
 }
@@ -787,6 +971,35 @@ mod tests {
             props["sandbox"]["properties"]["warmPoolSize"]["maximum"],
             200.0
         );
+    }
+
+    #[test]
+    fn authorization_and_expose_read_from_the_cr() {
+        let o = cr(serde_json::json!({"server": {
+            "authorization": {"servers": ["https://idp.example/realms/dev"], "scopes": ["mcp"]},
+            "expose": {"ingress": {"host": "mcp.example.com", "className": "nginx"}}
+        }}));
+        let a = o.spec.server.authorization.as_ref().expect("authorization");
+        assert_eq!(a.servers, ["https://idp.example/realms/dev"]);
+        assert!(a.audiences.is_empty() && a.resource_url.is_none());
+        let e = o.spec.server.expose.as_ref().expect("expose");
+        assert_eq!(e.host(), Some("mcp.example.com"));
+        let r = cr(serde_json::json!({"server": {"expose": {"httpRoute": {
+            "host": "mcp.example.org", "parentRefs": [{"name": "gw", "namespace": "infra"}]
+        }}}}));
+        assert_eq!(
+            r.spec.server.expose.as_ref().and_then(|e| e.host()),
+            Some("mcp.example.org")
+        );
+        // The CEL rules that refuse what the server would refuse at start are in the CRD.
+        let text = serde_json::to_string(&CliMcpInstance::crd()).expect("json");
+        for needle in [
+            "spec.server.authorization needs resourceUrl",
+            "spec.server.authorization needs auth: Kubernetes",
+            "set either ingress or httpRoute, not both",
+        ] {
+            assert!(text.contains(needle), "CRD lacks {needle}");
+        }
     }
 
     #[test]

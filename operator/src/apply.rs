@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Patch, PatchParams};
@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::FIELD_MANAGER;
 
+use crate::children::expose::HttpRoute;
 use crate::children::Desired;
 use crate::context::{Context, Stores};
 use crate::error::Result;
@@ -105,6 +106,8 @@ namespaced! {
     PodDisruptionBudget => pod_disruption_budgets,
     ConfigMap => config_maps,
     Deployment => deployments,
+    Ingress => ingresses,
+    HttpRoute => http_routes,
 }
 
 impl Owned for ClusterRoleBinding {

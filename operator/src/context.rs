@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -15,6 +15,7 @@ use kube::{Client, Resource};
 
 use cli_mcp_api::crd::CliMcpInstance;
 
+use crate::children::expose::HttpRoute;
 use crate::metrics::Metrics;
 
 /// Which namespaces the operator watches (`WATCH_NAMESPACE`, a comma list; empty = all).
@@ -100,6 +101,26 @@ pub struct Stores {
     pub network_policies: Store<NetworkPolicy>,
     pub pod_disruption_budgets: Store<PodDisruptionBudget>,
     pub cluster_role_bindings: Store<ClusterRoleBinding>,
+    pub ingresses: Store<Ingress>,
+    pub http_routes: Store<HttpRoute>,
+    /// Whether the cluster serves Gateway API HTTPRoutes: `Some(true)` once the HTTPRoute
+    /// watch listed, `Some(false)` while it gets 404 (no Gateway API CRDs), `None` before
+    /// its first answer.
+    pub http_routes_served: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
+impl Stores {
+    /// Whether the cluster serves HTTPRoutes, waiting (at most `limit`) for the HTTPRoute
+    /// watch's first answer so a reconcile right after start does not report a missing API
+    /// it has not asked about yet. `None`: still no answer.
+    pub async fn http_routes_served(&self, limit: Duration) -> Option<bool> {
+        let mut rx = self.http_routes_served.clone();
+        let known = tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await;
+        match known {
+            Ok(Ok(v)) => *v,
+            _ => *self.http_routes_served.borrow(),
+        }
+    }
 }
 
 /// An object from a reflector store.

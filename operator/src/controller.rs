@@ -93,13 +93,15 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     };
     let resolved = resolve::resolve(ctx, &cr, &spec).await?;
     let inputs = resolved.inputs(spec);
-    let desired = children::build_all(&inputs);
+    let mut desired = children::build_all(&inputs);
+    let expose_problem = expose_gate(ctx, &mut desired).await;
     let apply_error = apply::apply_all(ctx, &ns, &desired).await;
 
     let spec = &inputs.spec;
     if spec.proxy.is_none() {
         teardown::remove_proxy(ctx, spec).await;
     }
+    teardown::remove_expose(ctx, spec).await;
     let proxy_unavailable = proxy_gate(ctx, &inputs);
     let key = resolved.key.as_ref();
     let pool = pool::reconcile(
@@ -115,6 +117,10 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     let idle = idle::collect(ctx, &pods, &ns, spec.idle_timeout, key).await?;
 
     let mut obs = observe(&cr, ctx, &inputs, &resolved, apply_error, pool, &idle);
+    if expose_problem.is_none() {
+        obs.external_endpoint = spec.external_endpoint();
+    }
+    obs.expose_problem = expose_problem;
     // Not while the kubeconfig is the reason: that one says what to fix.
     obs.proxy_unavailable = proxy_unavailable.filter(|_| resolved.kubeconfig_invalid.is_none());
     write_status(ctx, &cr, &obs).await?;
@@ -157,6 +163,32 @@ fn proxy_gate(ctx: &Context, inputs: &Inputs) -> Option<String> {
             "credential proxy Deployment {name} not observed yet; sandboxes wait for it"
         )),
     }
+}
+
+/// How long a reconcile waits for the HTTPRoute watch's first answer (right after start).
+const HTTP_ROUTE_DISCOVERY: Duration = Duration::from_secs(10);
+/// Re-check period while an asked-for HTTPRoute cannot be stored (the watch notices the
+/// Gateway API CRDs being installed, but has no object of this instance to wake it with).
+const EXPOSE_RECHECK: Duration = Duration::from_secs(30);
+
+/// Leaves out an HTTPRoute the cluster cannot store (no Gateway API CRDs) and says why, for
+/// the status; applying it would only fail with a bare 404.
+async fn expose_gate(ctx: &Context, desired: &mut children::Desired) -> Option<String> {
+    if !matches!(
+        desired.expose,
+        Some(children::expose::Exposed::HttpRoute(_))
+    ) {
+        return None;
+    }
+    let why = match ctx.stores.http_routes_served(HTTP_ROUTE_DISCOVERY).await {
+        Some(true) => return None,
+        Some(false) => "this cluster serves no gateway.networking.k8s.io/v1 HTTPRoute (the Gateway API CRDs are not installed)",
+        None => "the operator could not find out yet whether this cluster serves gateway.networking.k8s.io/v1 HTTPRoutes",
+    };
+    desired.expose = None;
+    Some(format!(
+        "spec.server.expose.httpRoute is not published: {why}; install the Gateway API CRDs (picked up without an operator restart) or use expose.ingress"
+    ))
 }
 
 /// Only objects that bypassed admission (or a missing default image) land here.
@@ -202,6 +234,8 @@ fn observe(
         ca_config_map: inputs.ca_config_map_name(),
         selector: Some(spec.name.server_selector()),
         api_server_problem: inputs.api_server.problem.clone(),
+        external_endpoint: None,
+        expose_problem: None,
     }
 }
 
@@ -222,6 +256,9 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
     }
     if obs.apply_error.is_some() {
         consider(Some(APPLY_RETRY));
+    }
+    if obs.expose_problem.is_some() {
+        consider(Some(EXPOSE_RECHECK));
     }
     next
 }

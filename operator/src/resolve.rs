@@ -18,7 +18,7 @@ use cli_mcp_api::names::label;
 use cli_mcp_api::sandbox::KUBECONFIG_KEY;
 use cli_mcp_api::token::HmacKey;
 
-use crate::children::{proxy, secrets, ApiServerPeers, Inputs, ProxyInputs, Spec};
+use crate::children::{expose, proxy, secrets, ApiServerPeers, Inputs, ProxyInputs, Spec};
 use crate::context::{cached, Context};
 use crate::error::Result;
 use crate::pool::is_status;
@@ -241,13 +241,31 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
             },
         });
     }
+    // A generated certificate also names the exposed host; a new host regenerates it.
+    let hosts = expose::tls_hosts(spec);
     let secret = match read_secret(ctx, &spec.namespace, &name).await? {
-        Some(s) => s,
-        None => {
-            let m = secrets::generate_tls(&spec.name.server(), &spec.namespace)?;
-            let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
-            let (s, created) =
-                create_once(ctx, &spec.namespace, &secrets::tls_secret(meta, &m)).await?;
+        Some(s) if expose::tls_covers(&s, &hosts) => s,
+        stale => {
+            let m = secrets::generate_tls(&spec.name.server(), &spec.namespace, &hosts)?;
+            let mut meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+            if !hosts.is_empty() {
+                meta.annotations = Some(std::collections::BTreeMap::from([(
+                    expose::TLS_HOSTS_ANNOTATION.to_owned(),
+                    expose::tls_hosts_value(&hosts),
+                )]));
+            }
+            let mut fresh = secrets::tls_secret(meta, &m);
+            let (s, created) = match stale {
+                None => create_once(ctx, &spec.namespace, &fresh).await?,
+                Some(old) => {
+                    // The stored version only: a concurrent writer gets a conflict, retried.
+                    fresh.metadata.resource_version = old.resource_version();
+                    let api = Api::<Secret>::namespaced(ctx.client.clone(), &spec.namespace);
+                    let s = api.replace(&name, &PostParams::default(), &fresh).await?;
+                    ctx.metrics.api_write("Secret", "replace");
+                    (s, true)
+                }
+            };
             if created {
                 ctx.publish(
                     cr,

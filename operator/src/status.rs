@@ -8,7 +8,7 @@
 //!   `WarmPoolFilling` | `WarmPoolUnhealthy`
 //! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
 //! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing` |
-//!   `ApiServerUnknown`
+//!   `ApiServerUnknown` | `ExposeUnavailable`
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -56,6 +56,10 @@ pub struct Observed {
     /// Why the API server's addresses could not be read (the sandbox NetworkPolicy then
     /// has no rule for it).
     pub api_server_problem: Option<String>,
+    /// `https://<host>/mcp` while `spec.server.expose` publishes the endpoint.
+    pub external_endpoint: Option<String>,
+    /// Why the object `spec.server.expose` asks for is not published (no Gateway API).
+    pub expose_problem: Option<String>,
 }
 
 struct Cond {
@@ -219,6 +223,9 @@ fn degraded_condition(o: &Observed) -> Cond {
             ),
         );
     }
+    if let Some(p) = &o.expose_problem {
+        return c(true, "ExposeUnavailable", p.clone());
+    }
     c(false, "AsExpected", "nothing needs attention".into())
 }
 
@@ -273,6 +280,7 @@ pub fn compute(
         active_sessions: o.active_sessions,
         resolved_sandbox_image: o.image.clone(),
         endpoint: o.endpoint.clone(),
+        external_endpoint: o.external_endpoint.clone(),
         ca_config_map: o.ca_config_map.clone(),
         selector: o.selector.clone(),
     }
@@ -361,6 +369,31 @@ mod tests {
         assert_eq!(cond(&s3, WARM_POOL_READY).status, "False");
         assert_eq!(cond(&s3, DEGRADED).status, "False");
         assert_eq!(s3.observed_generation, Some(2));
+    }
+
+    #[test]
+    fn an_unpublishable_route_degrades_and_the_external_endpoint_is_published_otherwise() {
+        let mut o = healthy(0, 0);
+        o.external_endpoint = Some("https://mcp.example.com/mcp".into());
+        let s = compute(None, &o, t(1));
+        assert_eq!(
+            s.external_endpoint.as_deref(),
+            Some("https://mcp.example.com/mcp")
+        );
+        assert_eq!(cond(&s, DEGRADED).status, "False");
+
+        let mut o = healthy(0, 0);
+        o.expose_problem = Some("spec.server.expose.httpRoute is not published: no CRDs".into());
+        let s = compute(None, &o, t(1));
+        let d = cond(&s, DEGRADED);
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "ExposeUnavailable")
+        );
+        assert!(d.message.contains("httpRoute"), "{}", d.message);
+        assert_eq!(s.external_endpoint, None);
+        // The endpoint inside the cluster still serves.
+        assert_eq!(cond(&s, READY).status, "True");
     }
 
     #[test]

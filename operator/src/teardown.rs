@@ -178,3 +178,37 @@ pub async fn remove_proxy(ctx: &Context, spec: &crate::children::Spec) {
     remove::<ConfigMap>(ctx, ns, &name).await;
     remove::<ServiceAccount>(ctx, ns, &name).await;
 }
+
+/// The Ingress or HTTPRoute an instance no longer asks for (`spec.server.expose` removed or
+/// switched to the other kind): deleted when the store shows it, so the endpoint stops being
+/// published. Failures are logged and retried on the next reconcile.
+pub async fn remove_expose(ctx: &Context, spec: &crate::children::Spec) {
+    use crate::apply::Owned;
+    use crate::children::expose::HttpRoute;
+    use crate::context::cached;
+    use k8s_openapi::api::networking::v1::Ingress;
+
+    async fn remove<K: Owned>(ctx: &Context, ns: &str, name: &str) {
+        if cached(K::store(&ctx.stores), ns, name).is_none() {
+            return;
+        }
+        let api = K::api(ctx.client.clone(), ns);
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => ctx.metrics.api_write(K::kind(&()).as_ref(), "delete"),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => tracing::warn!(
+                "deleting {} {ns}/{name} of a removed spec.server.expose: {e}; retrying on the next reconcile",
+                K::kind(&())
+            ),
+        }
+    }
+    let ns = spec.namespace.as_str();
+    let name = spec.name.server();
+    let expose = spec.expose.as_ref();
+    if expose.and_then(|e| e.ingress.as_ref()).is_none() {
+        remove::<Ingress>(ctx, ns, &name).await;
+    }
+    if expose.and_then(|e| e.http_route.as_ref()).is_none() {
+        remove::<HttpRoute>(ctx, ns, &name).await;
+    }
+}

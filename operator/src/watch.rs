@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::{future, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::core::PartialObjectMeta;
@@ -30,6 +30,7 @@ use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label};
 use cli_mcp_api::pod_state;
 
+use crate::children::expose::HttpRoute;
 use crate::children::INSTANCE_NAMESPACE_LABEL;
 use crate::context::{Scope, Stores};
 
@@ -139,9 +140,61 @@ fn sandbox_pods(
     (reader, stream)
 }
 
+/// A 404 from the API: the resource type does not exist (its CRD is not installed).
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
+    }
+}
+
+/// HTTPRoutes, which exist only where the Gateway API CRDs are installed. The watch keeps
+/// retrying (with its own backoff, at most every 30 s) instead of failing, so installing the
+/// CRDs later needs no operator restart; while it gets 404 its errors are not passed on and
+/// `served` is false, which the reconcile turns into a condition on instances that ask for
+/// an HTTPRoute.
+fn http_routes(
+    client: &Client,
+    ns: Option<&str>,
+    served: tokio::sync::watch::Sender<Option<bool>>,
+) -> (
+    Store<HttpRoute>,
+    impl Stream<Item = Result<HttpRoute, watcher::Error>> + Send + 'static,
+) {
+    let (reader, writer) = reflector::store();
+    let mut last: Option<bool> = None;
+    let stream = watcher(api::<HttpRoute>(client, ns), managed())
+        .default_backoff()
+        .filter_map(move |ev| {
+            let (now, out) = match ev {
+                Err(e) if is_not_found(&e) => (false, None),
+                Err(e) => return future::ready(Some(Err(e))),
+                Ok(ev) => (true, Some(Ok(ev))),
+            };
+            if last != Some(now) {
+                served.send_replace(Some(now));
+                if now {
+                    tracing::info!("watching Gateway API HTTPRoutes");
+                } else {
+                    tracing::info!(
+                        "this cluster serves no gateway.networking.k8s.io/v1 HTTPRoute (the Gateway API CRDs are not installed); instances with spec.server.expose.httpRoute wait for them"
+                    );
+                }
+                last = Some(now);
+            }
+            future::ready(out)
+        })
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
 /// The Controller's backoff on trigger errors pauses the merged stream of *all* watches
 /// (so every store goes stale) whenever any one of them errs: after an apiserver restart each
-/// of the twelve watches errs (connection refused, then 410 Gone) and the shared backoff
+/// of the watches errs (connection refused, then 410 Gone) and the shared backoff
 /// climbed to 30 s pauses, stacked, for minutes. Every watch already backs off on its own
 /// (`default_backoff`, like client-go's reflectors), so the merged stream needs none.
 struct PerWatchBackoffOnly;
@@ -202,6 +255,9 @@ pub fn build(
     let (cluster_role_bindings, crb_s) =
         reflect(Api::<ClusterRoleBinding>::all(client.clone()), managed());
     let (pods, pod_s) = sandbox_pods(client, ns);
+    let (ingresses, ingress_s) = reflect(api::<Ingress>(client, ns), managed());
+    let (served_tx, http_routes_served) = tokio::sync::watch::channel(None);
+    let (http_routes, route_s) = http_routes(client, ns, served_tx);
 
     // Admin Secrets (kubeconfig, custom TLS) are not labelled by us: watch only their
     // metadata and map them to the instances that name them.
@@ -224,6 +280,8 @@ pub fn build(
         .owns_stream(pdb_s)
         .owns_stream(cm_s)
         .owns_stream(secret_s)
+        .owns_stream(ingress_s)
+        .owns_stream(route_s)
         .watches_stream(crb_s, move |crb: ClusterRoleBinding| {
             let l = crb.labels();
             match (l.get(label::INSTANCE), l.get(INSTANCE_NAMESPACE_LABEL)) {
@@ -274,6 +332,9 @@ pub fn build(
         network_policies,
         pod_disruption_budgets,
         cluster_role_bindings,
+        ingresses,
+        http_routes,
+        http_routes_served,
     };
     (controller, stores)
 }

@@ -665,3 +665,23 @@ fn both_packages_grant_the_credential_proxy_pod_disruption_budget() {
     assert!(grants(&kz), "config/rbac/role.yaml");
     assert!(grants(&chart), "the chart");
 }
+
+#[test]
+fn both_packages_grant_the_exposed_endpoints_objects() {
+    let root = workspace_root();
+    let kz = documents(&std::fs::read_to_string(root.join("config/rbac/role.yaml")).expect("role"));
+    let chart = documents(&helm_template(&[]));
+    let verbs = ["get", "list", "watch", "create", "patch", "delete"];
+    let rules = [
+        json!({"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": verbs}),
+        json!({"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"], "verbs": verbs}),
+    ];
+    for (docs, what) in [(&kz, "config/rbac/role.yaml"), (&chart, "the chart")] {
+        for rule in &rules {
+            let granted = of_kind(docs, "ClusterRole")
+                .iter()
+                .any(|r| r["rules"].as_array().is_some_and(|rs| rs.contains(rule)));
+            assert!(granted, "{what} lacks {rule}");
+        }
+    }
+}

@@ -37,6 +37,9 @@ fn stale_stores() -> Stores {
         network_policies: reflector::store().0,
         pod_disruption_budgets: reflector::store().0,
         cluster_role_bindings: reflector::store().0,
+        ingresses: reflector::store().0,
+        http_routes: reflector::store().0,
+        http_routes_served: tokio::sync::watch::channel(None).1,
     }
 }
 

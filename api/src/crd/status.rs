@@ -45,6 +45,11 @@ pub struct CliMcpInstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
 
+    /// URL of the MCP endpoint outside the cluster (`https://<host>/mcp`), while
+    /// `spec.server.expose` publishes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_endpoint: Option<String>,
+
     /// ConfigMap (key ca.crt) holding the CA that signed the server certificate, when the
     /// operator generated it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

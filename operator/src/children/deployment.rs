@@ -73,6 +73,24 @@ pub fn server_args(inp: &Inputs) -> Vec<String> {
     );
     flag("--max-timeout", inp.spec.max_timeout_secs.to_string());
     flag("--output-budget", inp.spec.output_budget.to_string());
+    // One flag per value: the server also splits values on commas, which admission keeps
+    // out of these lists.
+    if let Some(a) = &inp.spec.authorization {
+        for s in &a.servers {
+            flag("--authorization-server", s.clone());
+        }
+        for aud in &a.audiences {
+            flag("--token-audience", aud.clone());
+        }
+        for s in &a.scopes {
+            flag("--scope", s.clone());
+        }
+    }
+    if inp.spec.auth == AuthMode::Kubernetes {
+        if let Some(url) = inp.spec.resource_url() {
+            flag("--resource-url", url);
+        }
+    }
     a.push("--log-json".into());
     a
 }
@@ -284,6 +302,70 @@ mod tests {
         assert_eq!(arg(&a, "--listen").as_deref(), Some("0.0.0.0:8080"));
         assert_eq!(arg(&a, "--auth").as_deref(), Some("none"));
         assert_eq!(arg(&a, "--tls-cert"), None);
+    }
+
+    fn all(args: &[String], flag: &str) -> Vec<String> {
+        args.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].clone())
+            .collect()
+    }
+
+    #[test]
+    fn authorization_is_rendered_as_the_servers_oauth_flags() {
+        let inp = inputs(serde_json::json!({"server": {"authorization": {
+            "servers": ["https://idp.example/realms/a", "https://idp2.example/"],
+            "resourceUrl": "https://mcp.example.com/mcp",
+            "audiences": ["cli-mcp"],
+            "scopes": ["openid", "mcp:shell"]
+        }}}));
+        let a = server_args(&inp);
+        assert_eq!(
+            all(&a, "--authorization-server"),
+            ["https://idp.example/realms/a", "https://idp2.example/"],
+            "issuers as written (a trailing slash is part of the issuer)"
+        );
+        assert_eq!(all(&a, "--resource-url"), ["https://mcp.example.com/mcp"]);
+        assert_eq!(all(&a, "--token-audience"), ["cli-mcp"]);
+        assert_eq!(all(&a, "--scope"), ["openid", "mcp:shell"]);
+
+        // No authorization, no expose: none of the OAuth flags.
+        let a = server_args(&inputs(serde_json::json!({})));
+        for f in [
+            "--authorization-server",
+            "--resource-url",
+            "--token-audience",
+            "--scope",
+        ] {
+            assert!(all(&a, f).is_empty(), "{f} in {a:?}");
+        }
+    }
+
+    #[test]
+    fn an_exposed_host_is_the_default_resource_url() {
+        let exposed = serde_json::json!({"ingress": {"host": "mcp.example.com"}});
+        let inp = inputs(serde_json::json!({"server": {
+            "authorization": {"servers": ["https://idp.example"]},
+            "expose": exposed
+        }}));
+        let a = server_args(&inp);
+        assert_eq!(all(&a, "--resource-url"), ["https://mcp.example.com/mcp"]);
+        // Without authorization too: the metadata's resource is right behind a proxy that
+        // rewrites Host.
+        let inp = inputs(serde_json::json!({"server": {"expose": exposed}}));
+        assert_eq!(
+            all(&server_args(&inp), "--resource-url"),
+            ["https://mcp.example.com/mcp"]
+        );
+        // An explicit resourceUrl wins over the host.
+        let inp = inputs(serde_json::json!({"server": {
+            "authorization": {"servers": ["https://idp.example"], "resourceUrl": "https://gw.example/x/mcp"},
+            "expose": {"httpRoute": {"host": "mcp.example.com", "parentRefs": [{"name": "gw"}]}}
+        }}));
+        assert_eq!(
+            all(&server_args(&inp), "--resource-url"),
+            ["https://gw.example/x/mcp"]
+        );
     }
 
     #[test]

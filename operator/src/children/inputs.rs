@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::api::networking::v1::NetworkPolicyEgressRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use cli_mcp_api::crd::{AuthMode, CliMcpInstance, ClientSubject, CrdError, ProxyPlan};
+use cli_mcp_api::crd::{
+    AuthMode, AuthorizationSpec, CliMcpInstance, ClientSubject, CrdError, ExposeSpec, ProxyPlan,
+};
 use cli_mcp_api::names::{label, InstanceName};
 use cli_mcp_api::sandbox::SandboxConfig;
 
@@ -32,6 +34,10 @@ pub struct Spec {
     pub server_instructions: Option<String>,
     /// `spec.server.clients`: bound to the client Role besides the client ServiceAccount.
     pub clients: Vec<ClientSubject>,
+    /// `spec.server.authorization`: rendered as the server's OAuth flags.
+    pub authorization: Option<AuthorizationSpec>,
+    /// `spec.server.expose`: the Ingress or HTTPRoute that publishes the endpoint.
+    pub expose: Option<ExposeSpec>,
     pub sandbox: SandboxConfig,
     pub warm_pool_size: i32,
     pub idle_timeout: Duration,
@@ -81,6 +87,8 @@ impl Spec {
             server_resources: s.server.resources.clone(),
             server_instructions: s.server.instructions.clone(),
             clients: s.server.clients.clone(),
+            authorization: s.server.authorization.clone(),
+            expose: s.server.expose.clone(),
             warm_pool_size: s.sandbox.warm_pool_size,
             idle_timeout: s.sandbox.idle_timeout()?,
             max_sessions: s.sandbox.max_sessions,
@@ -154,6 +162,27 @@ impl Spec {
             self.namespace,
             self.mcp_port()
         )
+    }
+}
+
+impl Spec {
+    /// The public host of `spec.server.expose`, if any.
+    pub fn expose_host(&self) -> Option<&str> {
+        self.expose.as_ref().and_then(ExposeSpec::host)
+    }
+
+    /// The URL of the MCP endpoint outside the cluster, while `spec.server.expose` is set.
+    pub fn external_endpoint(&self) -> Option<String> {
+        self.expose_host().map(|h| format!("https://{h}/mcp"))
+    }
+
+    /// The server's `--resource-url`: `authorization.resourceUrl`, else the external
+    /// endpoint. Without either the server derives it from each request's Host.
+    pub fn resource_url(&self) -> Option<String> {
+        self.authorization
+            .as_ref()
+            .and_then(|a| a.resource_url.clone())
+            .or_else(|| self.external_endpoint())
     }
 }
 

@@ -7,6 +7,7 @@
 //! [`crate::watch`] and an RBAC rule in the packaging.
 
 pub mod deployment;
+pub mod expose;
 mod inputs;
 pub mod networkpolicy;
 pub mod proxy;
@@ -59,6 +60,8 @@ pub struct Desired {
     pub deployment: Deployment,
     /// The credential proxy, when the instance has one and its inputs resolved.
     pub proxy: Option<proxy::ProxyChildren>,
+    /// The Ingress or HTTPRoute of `spec.server.expose`.
+    pub expose: Option<expose::Exposed>,
 }
 
 impl Desired {
@@ -89,6 +92,11 @@ impl Desired {
             out.push(&p.pod_disruption_budget);
             out.push(&p.deployment);
         }
+        match &self.expose {
+            Some(expose::Exposed::Ingress(i)) => out.push(i),
+            Some(expose::Exposed::HttpRoute(r)) => out.push(r),
+            None => {}
+        }
         out.push(&self.deployment);
         out
     }
@@ -115,6 +123,7 @@ pub fn build_all(inp: &Inputs) -> Desired {
             }),
         deployment: deployment::deployment(inp),
         proxy: inp.proxy.as_ref().map(|p| proxy::build(inp, p)),
+        expose: expose::build(inp),
     }
 }
 

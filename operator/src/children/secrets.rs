@@ -80,9 +80,13 @@ pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
 }
 
 /// Generates a CA (ECDSA P-256, valid 10 years) and a serving certificate (2 years) for the
-/// Service's DNS names. Rotate by deleting the Secret: a new pair is generated and the server
-/// rolls.
-pub fn generate_tls(service: &str, namespace: &str) -> Result<TlsMaterial, rcgen::Error> {
+/// Service's DNS names plus `extra_hosts` (the exposed public host, for an edge that passes
+/// TLS through). Rotate by deleting the Secret: a new pair is generated and the server rolls.
+pub fn generate_tls(
+    service: &str,
+    namespace: &str,
+    extra_hosts: &[String],
+) -> Result<TlsMaterial, rcgen::Error> {
     let now = std::time::SystemTime::now();
     let year = std::time::Duration::from_secs(365 * 24 * 3600);
     let before = now - std::time::Duration::from_secs(3600);
@@ -109,6 +113,7 @@ pub fn generate_tls(service: &str, namespace: &str) -> Result<TlsMaterial, rcgen
     srv.distinguished_name = dn;
     srv.subject_alt_names = service_dns_names(service, namespace)
         .into_iter()
+        .chain(extra_hosts.iter().cloned())
         .map(|n| n.try_into().map(SanType::DnsName))
         .collect::<Result<_, _>>()?;
     srv.key_usages = vec![
@@ -225,7 +230,7 @@ mod tests {
 
     #[test]
     fn tls_material_covers_the_service_names() {
-        let m = generate_tls("cli-mcp-demo", "ns1").expect("generate");
+        let m = generate_tls("cli-mcp-demo", "ns1", &[]).expect("generate");
         assert!(m.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(m.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(m.key_pem.contains("PRIVATE KEY"));
@@ -237,6 +242,30 @@ mod tests {
             service_dns_names("svc", "ns")[3],
             "svc.ns.svc.cluster.local"
         );
+    }
+
+    #[test]
+    fn an_exposed_host_is_a_name_of_the_serving_certificate() {
+        use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+        let m =
+            generate_tls("cli-mcp-demo", "ns1", &["mcp.example.com".to_owned()]).expect("generate");
+        let (_, pem) = x509_parser::pem::parse_x509_pem(m.cert_pem.as_bytes()).expect("PEM");
+        let (_, cert) = X509Certificate::from_der(&pem.contents).expect("certificate parses");
+        let san = cert
+            .subject_alternative_name()
+            .expect("extension")
+            .expect("SANs");
+        let names: Vec<&str> = san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::DNSName(d) => Some(*d),
+                _ => None,
+            })
+            .collect();
+        assert!(names.contains(&"mcp.example.com"), "{names:?}");
+        assert!(names.contains(&"cli-mcp-demo.ns1.svc"), "{names:?}");
     }
 
     #[test]
