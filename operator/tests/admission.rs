@@ -161,6 +161,76 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
             json!({"sandbox": {"env": [{"name": "https_proxy", "value": "http://evil:1"}]}, "proxy": {"targets": [{"type": "kubernetes"}]}}),
             "the proxy and CA variables",
         ),
+        (
+            "authhttp",
+            json!({"server": {"authorization": {"servers": ["http://idp.example"], "resourceUrl": "https://mcp.example.com/mcp"}}}),
+            "spec.server.authorization.servers: each entry is an issuer URL",
+        ),
+        (
+            "authfragment",
+            json!({"server": {"authorization": {"servers": ["https://idp.example/#x"], "resourceUrl": "https://mcp.example.com/mcp"}}}),
+            "no user@, query (?), fragment (#)",
+        ),
+        (
+            "authcomma",
+            json!({"server": {"authorization": {"servers": ["https://a.example,https://b.example"], "audiences": ["x"]}}}),
+            "spaces or commas",
+        ),
+        (
+            "authnoaud",
+            json!({"server": {"authorization": {"servers": ["https://idp.example"]}}}),
+            "spec.server.authorization needs resourceUrl",
+        ),
+        (
+            "authnone",
+            json!({"server": {"auth": "None", "authorization": {"servers": ["https://idp.example"], "audiences": ["x"]}}}),
+            "spec.server.authorization needs auth: Kubernetes",
+        ),
+        (
+            "authresource",
+            json!({"server": {"authorization": {"servers": ["https://idp.example"], "resourceUrl": "http://mcp.example.com/mcp"}}}),
+            "spec.server.authorization.resourceUrl must be the public https URL",
+        ),
+        (
+            "authresfrag",
+            json!({"server": {"authorization": {"servers": ["https://idp.example"], "resourceUrl": "https://mcp.example.com/mcp#top"}}}),
+            "spec.server.authorization.resourceUrl must be the public https URL",
+        ),
+        (
+            "authscope",
+            json!({"server": {"authorization": {"servers": ["https://idp.example"], "audiences": ["x"], "scopes": ["has space"]}}}),
+            "each entry is an OAuth scope",
+        ),
+        (
+            "authnoservers",
+            json!({"server": {"authorization": {"servers": [], "audiences": ["x"]}}}),
+            "at least 1 items",
+        ),
+        (
+            "exposeboth",
+            json!({"server": {"expose": {"ingress": {"host": "a.example.com"}, "httpRoute": {"host": "a.example.com", "parentRefs": [{"name": "gw"}]}}}}),
+            "set either ingress or httpRoute, not both",
+        ),
+        (
+            "exposeempty",
+            json!({"server": {"expose": {}}}),
+            "spec.server.expose needs ingress or httpRoute",
+        ),
+        (
+            "exposenone",
+            json!({"server": {"auth": "None", "expose": {"ingress": {"host": "a.example.com"}}}}),
+            "spec.server.expose needs auth: Kubernetes",
+        ),
+        (
+            "exposewild",
+            json!({"server": {"expose": {"ingress": {"host": "*.example.com"}}}}),
+            "spec.server.expose.ingress.host must be a lowercase DNS name",
+        ),
+        (
+            "exposenoparent",
+            json!({"server": {"expose": {"httpRoute": {"host": "a.example.com", "parentRefs": []}}}}),
+            "at least 1 items",
+        ),
     ];
     for (name, spec, want) in cases {
         let msg = rejected(&c, &ns, name, spec).await;
@@ -205,6 +275,29 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
         )
         .await
         .expect("a kubernetes target plus an allow-list is valid");
+    let authorized = ns
+        .api::<CliMcpInstance>()
+        .create(
+            &PostParams::default(),
+            &instance(
+                "authorized",
+                json!({"server": {
+                    "authorization": {"servers": ["https://idp.example.com/realms/dev/"], "scopes": ["openid", "mcp:use"]},
+                    "expose": {"httpRoute": {"host": "mcp.example.com", "parentRefs": [{"name": "gw", "namespace": "infra", "sectionName": "https"}]}}
+                }}),
+            ),
+        )
+        .await
+        .expect("an issuer with an exposed host (the default resourceUrl) is valid");
+    assert_eq!(
+        authorized
+            .spec
+            .server
+            .expose
+            .as_ref()
+            .and_then(|e| e.host()),
+        Some("mcp.example.com")
+    );
     let proxy = p.spec.proxy.expect("proxy kept");
     assert_eq!(proxy.replicas, 2, "defaulted");
     // No operator runs here, so nothing holds a finalizer: the namespace goes away cleanly.
