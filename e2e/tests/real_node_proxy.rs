@@ -1,0 +1,339 @@
+//! The credential proxy on real containers: a private real-node cluster (kubelet + kube-proxy
+//! on containerd/runc, CoreDNS, kube-router enforcing NetworkPolicy) with the project's
+//! images, the operator from `config/default`, and an instance with `spec.proxy`: a
+//! kubernetes target holding the read-only investigation identity's kubeconfig.
+//!
+//! What a shell in the sandbox can and cannot do, tried from inside the session as a
+//! prompt-injected model would:
+//! - the instance is Ready only once its proxy serves; the sandbox mounts no Secret, and the
+//!   real token is in none of its env, its kubeconfig or its mounted files;
+//! - `kubectl get` works (through the proxy, the token injected there);
+//! - `kubectl exec` is refused by the proxy with its message;
+//! - the API server cannot be reached around the proxy (the sandbox's NetworkPolicy), and a
+//!   host that is no route gets the proxy's 403;
+//! - the proxy accepts connections only from the instance's sandboxes;
+//! - a proxy replica killed: once it is gone from the Service, calls keep working;
+//! - `spec.proxy` removed: the proxy's Deployment, ConfigMap and NetworkPolicy are deleted
+//!   (with the installed operator's RBAC).
+//!
+//! Skipped, saying so, when not root or when the host cannot run the real node.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use cli_mcp_api::names::label;
+use cli_mcp_api::pod_state::is_ready;
+use cli_mcp_e2e::addons::{self, Enforcer, Ipv4Net};
+use cli_mcp_e2e::cluster::ClusterConfig;
+use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
+use cli_mcp_e2e::node::{self, NodeKind};
+use cli_mcp_e2e::peer::{expect, peer};
+use cli_mcp_e2e::project_images;
+use cli_mcp_e2e::testing::{self, pod_ip, wait_for, wait_for_set, workspace_root, TIMEOUT};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
+use serde_json::{json, Value};
+
+const AGENT_PORT: u16 = cli_mcp_api::wire::AGENT_PORT;
+const PROXY_PORT: u16 = cli_mcp_api::proxy::PROXY_PORT;
+
+/// The ready, not deleting pods of `selector`, waiting until there are at least `n`.
+async fn ready_pods(api: Api<Pod>, selector: &str, n: usize) -> Vec<Pod> {
+    let live = |p: &Pod| is_ready(p) && p.metadata.deletion_timestamp.is_none();
+    let pods = wait_for_set(api, selector, selector, TIMEOUT, |ps: &[Pod]| {
+        ps.iter().filter(|p| live(p)).count() >= n
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    pods.into_iter().filter(|p| live(p)).collect()
+}
+
+/// A command that must succeed; its stdout.
+async fn ok(mcp: &Mcp, sid: &str, command: &str) -> String {
+    let r = mcp.bash(sid, command).await;
+    assert_eq!(r["isError"], false, "{command}: {}", text(&r));
+    stdout(&r).to_owned()
+}
+
+/// A command's whole result text (stdout, stderr, exit code), whatever its outcome.
+async fn run(mcp: &Mcp, sid: &str, command: &str) -> (Value, String) {
+    let r = mcp.bash(sid, command).await;
+    let t = text(&r);
+    (r, t)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP real_node_proxy: needs root (containerd, cgroups, network namespaces)");
+        return;
+    }
+    let t0 = Instant::now();
+    let bin_dir = testing::binaries_dir().expect("binaries dir");
+    let run_dir = workspace_root().join(".run/e2e-real-node-proxy");
+    let mut cfg = ClusterConfig::local(&bin_dir, run_dir.clone()).expect("cluster config");
+    if let Err(e) = node::preflight(&cfg.control_plane_bin) {
+        eprintln!("SKIP real_node_proxy: {e}");
+        return;
+    }
+    addons::enforcer_preflight().unwrap_or_else(|e| panic!("{e}"));
+    cfg.node = NodeKind::Real;
+    cfg.images.clear();
+    let addons_bin = tokio::task::spawn_blocking(|| addons::locate_addons(None))
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let build = tokio::task::spawn_blocking(move || project_images::build(&bin_dir));
+    let pc = testing::private_cluster_with(cfg)
+        .await
+        .unwrap_or_else(|e| panic!("a private real-node cluster: {e}"));
+    let images = build
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("hack/build-images.sh: {e}"));
+    assert!(
+        images.names().iter().any(|n| n.contains("/cli-mcp-proxy:")),
+        "the build has no proxy image ({:?}); hack/build-images.sh must build cli-mcp-proxy",
+        images.names()
+    );
+    pc.cluster
+        .import_project_images(&images)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let info = pc.test.info.clone();
+    let socket = info.containerd_socket.clone().expect("containerd socket");
+    let mut enforcer = Enforcer::start(&info, &addons_bin)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gateway = Ipv4Net::parse(&info.pod_cidr)
+        .expect("pod CIDR")
+        .first_host();
+    eprintln!(
+        "cluster, images and enforcer ready after {:.1?}",
+        t0.elapsed()
+    );
+
+    // --- An instance whose sandboxes reach the API through the proxy only ---------------------
+    let mut env = Env::install_on(pc.test.clone(), "rn-proxy").await;
+    env.investigation_kubeconfig("p").await;
+    let mut cr = env.cr("p", 1);
+    cr["spec"]["proxy"] = json!({"targets": [{"type": "kubernetes"}]});
+    cr["spec"]["sandbox"]["resources"] = json!({
+        "requests": {"cpu": "5m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "256Mi"},
+    });
+    env.apply_cr(&cr).await;
+    let ready = env.wait_ready("p").await;
+    eprintln!("instance Ready after {:.1?}", t0.elapsed());
+    let pods = env.api::<Pod>();
+    let sel = |component: &str| format!("{}=p,{}={component}", label::INSTANCE, label::COMPONENT);
+    let proxies = ready_pods(pods.clone(), &sel("proxy"), 2).await;
+    assert!(
+        ready.status.as_ref().is_some_and(|s| s.ready_replicas >= 1),
+        "{ready:?}"
+    );
+
+    let token = {
+        let s = env
+            .api::<Secret>()
+            .get("cli-mcp-investigator-token")
+            .await
+            .expect("the investigator's token Secret");
+        let data = s.data.unwrap_or_default();
+        String::from_utf8(data["token"].0.clone()).expect("token utf-8")
+    };
+    assert!(token.len() > 20, "a real token");
+
+    // --- The sandbox holds no credential -----------------------------------------------------
+    let mcp = env.client("p").await;
+    let seen = ok(
+        &mcp,
+        "s1",
+        "env; echo ---; cat \"$KUBECONFIG\"; echo ---; \
+         ls -la /etc/cli-mcp /etc/cli-mcp/* /var/run/secrets 2>&1; echo ---; \
+         cat /etc/cli-mcp/proxy-client/* 2>&1",
+    )
+    .await;
+    assert!(
+        !seen.contains(&token),
+        "the real token is readable in the sandbox:\n{seen}"
+    );
+    assert!(
+        seen.contains(cli_mcp_api::proxy::PLACEHOLDER_TOKEN),
+        "the dummy kubeconfig: {seen}"
+    );
+    assert!(
+        seen.contains("HTTPS_PROXY=http://cli-mcp-p-proxy."),
+        "proxy env: {seen}"
+    );
+    let s1 = ready_pods(
+        pods.clone(),
+        &format!("{},{}=s1", sel("sandbox"), label::SESSION_ID),
+        1,
+    )
+    .await
+    .remove(0);
+    let volumes = s1
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default();
+    assert!(
+        volumes
+            .iter()
+            .all(|v| v.secret.is_none() && v.projected.is_none()),
+        "a sandbox behind the proxy mounts no Secret: {volumes:?}"
+    );
+
+    // --- kubectl works through the proxy, and exec is refused there -----------------------------
+    let listed = ok(&mcp, "s1", "kubectl get ns -o name").await;
+    assert!(
+        listed.lines().any(|l| l == "namespace/kube-system"),
+        "kubectl get ns through the proxy: {listed}"
+    );
+    let (r, t) = run(
+        &mcp,
+        "s1",
+        "kubectl -n \"$POD_NAMESPACE\" exec \"$POD_NAME\" -- true",
+    )
+    .await;
+    assert_eq!(r["isError"], true, "{t}");
+    assert!(
+        t.contains("the proxy never allows pods/exec"),
+        "kubectl exec is refused by the proxy itself: {t}"
+    );
+
+    // --- No way around it ------------------------------------------------------------------------
+    let apiserver = format!("https://{gateway}:{}/version", info.apiserver_port);
+    let (r, t) = run(
+        &mcp,
+        "s1",
+        &format!("curl -sS --noproxy '*' -k -m 3 -o /dev/null -w '%{{http_code}}' {apiserver}"),
+    )
+    .await;
+    assert_eq!(
+        r["isError"], true,
+        "the API server answered the sandbox directly: {t}"
+    );
+    let (r, t) = run(
+        &mcp,
+        "s1",
+        "curl -sS -m 5 -o /dev/null https://192.0.2.10/ 2>&1",
+    )
+    .await;
+    assert_eq!(r["isError"], true, "{t}");
+    assert!(
+        t.contains("403"),
+        "a host that is no route gets the proxy's 403: {t}"
+    );
+
+    // The same at the packet level, from the sandbox's network namespace: the API server
+    // (endpoint and Service IP) is closed, the proxy's port is open.
+    let sandbox = peer(&socket, "sandbox p", &s1);
+    expect(&sandbox, gateway, info.apiserver_port, "apiserver", false).await;
+    expect(
+        &sandbox,
+        Ipv4Addr::new(10, 96, 0, 1),
+        443,
+        "kubernetes",
+        false,
+    )
+    .await;
+    let proxy_ip: Ipv4Addr = pod_ip(&proxies[0])
+        .and_then(|ip| ip.parse().ok())
+        .expect("proxy pod IP");
+    expect(&sandbox, proxy_ip, PROXY_PORT, "proxy", true).await;
+    // Only this instance's sandboxes reach the proxy: not its server.
+    let server = ready_pods(pods.clone(), &sel("server"), 1).await.remove(0);
+    let server_peer = peer(&socket, "server p", &server);
+    expect(&server_peer, proxy_ip, PROXY_PORT, "proxy", false).await;
+    expect(&server_peer, sandbox.ip, AGENT_PORT, "sandbox p", true).await;
+
+    // --- One proxy replica killed ---------------------------------------------------------------
+    let victim = proxies[0].name_any();
+    pods.delete(&victim, &DeleteParams::default().grace_period(0))
+        .await
+        .expect("killing one proxy replica");
+    let slices: Api<EndpointSlice> = env.api();
+    let gone = Instant::now() + TIMEOUT;
+    loop {
+        let list = slices
+            .list(&ListParams::default().labels("kubernetes.io/service-name=cli-mcp-p-proxy"))
+            .await
+            .expect("proxy EndpointSlices");
+        let serving: Vec<String> = list
+            .items
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+            .flat_map(|e| e.addresses.clone())
+            .collect();
+        if !serving.contains(&proxy_ip.to_string()) && !serving.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < gone,
+            "the killed proxy {victim} ({proxy_ip}) never left the Service: {serving:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for i in 0..10 {
+        let out = ok(&mcp, "s1", "kubectl get ns kube-system -o name").await;
+        assert_eq!(
+            out.trim(),
+            "namespace/kube-system",
+            "call {i} after the kill: {out}"
+        );
+    }
+    eprintln!("calls after a proxy replica was killed: 10/10");
+
+    // --- spec.proxy removed: the proxy and everything it holds go --------------------------------
+    let mut without = cr.clone();
+    if let Some(spec) = without["spec"].as_object_mut() {
+        spec.remove("proxy");
+    }
+    env.apply_cr(&without).await;
+    let deployments: Api<Deployment> = env.api();
+    wait_for(
+        deployments,
+        "cli-mcp-p-proxy",
+        "the proxy Deployment deleted after spec.proxy was removed",
+        TIMEOUT,
+        |d: Option<&Deployment>| d.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
+    wait_for(
+        env.api::<ConfigMap>(),
+        "cli-mcp-p-proxy",
+        "the proxy ConfigMap deleted",
+        TIMEOUT,
+        |c: Option<&ConfigMap>| c.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for(
+        env.api::<NetworkPolicy>(),
+        "cli-mcp-p-proxy",
+        "the proxy NetworkPolicy deleted",
+        TIMEOUT,
+        |n: Option<&NetworkPolicy>| n.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("proxy children removed with spec.proxy");
+
+    if let Some(e) = enforcer.exited_error() {
+        panic!("{e}");
+    }
+    eprintln!("all checks passed after {:.1?}", t0.elapsed());
+
+    // --- Teardown --------------------------------------------------------------------------------
+    drop(mcp);
+    env.finish(Some("p")).await;
+    enforcer.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    drop(pc);
+}
