@@ -72,7 +72,11 @@ pub struct Flags {
     /// the shell then gets to report back before it is considered wedged and restarted.
     #[arg(long, env = "CLI_MCP_AGENT_KILL_GRACE_MS", default_value_t = 1000)]
     pub kill_grace_ms: u64,
-    /// On SIGTERM, how long a running command may go on before it is killed.
+    /// On SIGTERM, how long a running command may go on before it is killed. The agent exits
+    /// within this plus 8 kill graces plus 2 s of the SIGTERM: serving ends by this plus 3
+    /// kill graces plus 2 s (a peer that never finishes its request), then up to 3 kill
+    /// graces for the running command to return, one for the shell to die and one for the
+    /// sweep of what escaped it. A supervisor's SIGKILL grace must be longer.
     #[arg(long, env = "CLI_MCP_AGENT_DRAIN_TIMEOUT_MS", default_value_t = 20_000)]
     pub drain_timeout_ms: u64,
     /// Downward-API file with the pod's annotations, read to recover the assignment.

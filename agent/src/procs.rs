@@ -16,6 +16,8 @@ pub struct ProcInfo {
     pub pid: i32,
     pub ppid: i32,
     pub pgid: i32,
+    /// Exited, not yet reaped: nothing left to kill.
+    pub zombie: bool,
 }
 
 /// Parses `/proc/<pid>/stat`. The command name may contain spaces and parentheses, so
@@ -24,10 +26,15 @@ pub fn parse_stat(stat: &str) -> Option<ProcInfo> {
     let (head, rest) = stat.rsplit_once(')')?;
     let pid = head.split_once('(')?.0.trim().parse().ok()?;
     let mut fields = rest.split_whitespace();
-    let _state = fields.next()?;
+    let state = fields.next()?;
     let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
-    Some(ProcInfo { pid, ppid, pgid })
+    Some(ProcInfo {
+        pid,
+        ppid,
+        pgid,
+        zombie: matches!(state, "Z" | "X"),
+    })
 }
 
 /// Every process visible in `/proc` (processes that vanish while scanning are skipped).
@@ -201,16 +208,36 @@ pub fn cloexec_inherited_fds() {
     }
 }
 
-/// SIGKILLs every process group below this process (never our own group).
-pub fn kill_descendants_of_self() {
+/// SIGKILLs every process below this process, and their groups (never our own group), until
+/// none is left or `within` has passed; returns how many were still alive then. One pass is
+/// not enough: a process killed in it may have forked (into a new session, even) after the
+/// scan, and its child, re-parented to us as a subreaper, is seen only by the next scan.
+pub async fn kill_descendants_of_self(within: std::time::Duration) -> usize {
     let me = std::process::id() as i32;
-    let table = snapshot();
-    let own = pgid_of(&table, me);
-    let groups = all_groups(&table, me)
-        .into_iter()
-        .filter(|g| Some(*g) != own)
-        .collect();
-    signal_groups(&groups, Signal::SIGKILL);
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let table = snapshot();
+        let own = pgid_of(&table, me);
+        let below = descendants(&table, me);
+        let alive: Vec<&ProcInfo> = table
+            .iter()
+            .filter(|p| below.contains(&p.pid) && !p.zombie)
+            .collect();
+        if alive.is_empty() || tokio::time::Instant::now() >= deadline {
+            return alive.len();
+        }
+        let groups = alive
+            .iter()
+            .map(|p| p.pgid)
+            .filter(|g| Some(*g) != own && *g > 1)
+            .collect();
+        signal_groups(&groups, Signal::SIGKILL);
+        for p in &alive {
+            let _ = nix::sys::signal::kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+        // The kernel delivers the signals and our reaper reaps; then look again.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// Sends `sig` to each group; groups that are already gone are ignored.
@@ -232,16 +259,23 @@ mod tests {
             Some(ProcInfo {
                 pid: 4242,
                 ppid: 10,
-                pgid: 4242
+                pgid: 4242,
+                zombie: false,
             })
         );
+        assert_eq!(parse_stat("7 (z) Z 1 7 7 0").map(|p| p.zombie), Some(true));
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("1 (x)"), None);
     }
 
     #[test]
     fn groups_of_new_jobs_only() {
-        let p = |pid, ppid, pgid| ProcInfo { pid, ppid, pgid };
+        let p = |pid, ppid, pgid| ProcInfo {
+            pid,
+            ppid,
+            pgid,
+            zombie: false,
+        };
         // shell 10 (group 10); old background job 11; new job 12 with child 13 in group 12;
         // an unrelated process 20.
         let table = [

@@ -120,7 +120,10 @@ async fn stop(state: &AgentState, kill_grace: Duration) {
     }
     // Whatever is left (a command still running past the deadline, escaped orphans) goes
     // with us, also when we are not PID 1 of a container.
-    procs::kill_descendants_of_self();
+    let left = procs::kill_descendants_of_self(kill_grace).await;
+    if left > 0 {
+        tracing::warn!(left, "processes below the agent still alive as it exits");
+    }
     tracing::info!("cli-mcp-agent stopped");
 }
 

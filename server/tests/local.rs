@@ -1033,3 +1033,145 @@ async fn sigterm_first_fails_readiness_and_closes_connections_while_still_servin
     let status = server.stop().await;
     assert!(status.success(), "clean exit: {status}");
 }
+
+/// Kills every process with `marker` in its arguments when dropped, so that a failed test
+/// leaves none of its hostile jobs behind.
+struct KillMarked(String);
+
+impl Drop for KillMarked {
+    fn drop(&mut self) {
+        // Several passes: a respawner may fork again between the scan and its kill.
+        for _ in 0..20 {
+            let left = cli_mcp_e2e::process::processes_with_arg(&self.0);
+            if left.is_empty() {
+                return;
+            }
+            for (pid, _) in left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Starts jobs in the session that do all they can to escape their shell — `setsid nohup …
+/// & disown`, a double fork so that their parent is gone, and a respawner that keeps forking
+/// new sessions (a single sweep of the agent's descendants misses what it forks meanwhile) —
+/// and waits until each kind runs. Every process they start carries `marker` in its
+/// arguments.
+async fn start_escapees(mcp: &Mcp, marker: &str) {
+    let sleeper = |kind: &str| format!("exec -a {marker}-{kind} sleep 1000");
+    let hostile = format!(
+        "setsid nohup bash -c '{}' >/dev/null 2>&1 & disown; \
+         ( setsid bash -c '( setsid bash -c \"{}\" & ); {}' >/dev/null 2>&1 & ); \
+         setsid bash -c 'while :; do ( setsid bash -c \"{}\" & ); sleep 0.05; done' \
+           {marker}-respawner >/dev/null 2>&1 & disown; \
+         echo started",
+        sleeper("nohup"),
+        sleeper("grandchild"),
+        sleeper("double"),
+        sleeper("spawned"),
+    );
+    let r = mcp.bash(&hostile).await;
+    assert!(!is_error(&r), "{r}");
+    let kinds = ["-nohup", "-grandchild", "-double", "-respawner", "-spawned"];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let argv: Vec<String> = cli_mcp_e2e::process::processes_with_arg(marker)
+            .into_iter()
+            .flat_map(|(_, argv)| argv)
+            .collect();
+        let missing: Vec<_> = kinds
+            .iter()
+            .filter(|k| !argv.iter().any(|a| a.ends_with(*k)))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hostile jobs {missing:?} did not start within 20 s: {argv:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits up to `within` until no process with `marker` in its arguments runs; fails with
+/// how many still do and what they are.
+async fn none_left(marker: &str, within: Duration, after: &str) {
+    let deadline = std::time::Instant::now() + within;
+    let left = loop {
+        let left: Vec<(i32, Vec<String>)> = cli_mcp_e2e::process::processes_with_arg(marker)
+            .into_iter()
+            .filter(|(pid, _)| cli_mcp_e2e::process::running(*pid))
+            .collect();
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        left.is_empty(),
+        "{} processes of the session still run {within:?} after {after} (now killed): {left:?}",
+        left.len()
+    );
+}
+
+/// Escaped jobs (see [`start_escapees`]) die with the session when the server is SIGKILLed:
+/// the agent, told by the kernel, stops its shell and sweeps what is left below it until
+/// nothing is.
+#[tokio::test]
+async fn a_sigkilled_server_leaves_no_escaped_job_behind() {
+    let marker = format!("cli-mcp-escapee-{}", std::process::id());
+    let _cleanup = KillMarked(marker.clone());
+    let server = local_server(&[]).await;
+    let mcp = Mcp::new(&server, Some("escapees"));
+    start_escapees(&mcp, &marker).await;
+    let server_pid = server.child.id().expect("server pid") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL the server");
+    // The agent drains for 2 s, then stops its shell and everything left; 10 s is generous.
+    none_left(&marker, Duration::from_secs(10), "the server was SIGKILLed").await;
+}
+
+/// A SIGKILLed agent cannot stop anything: its shell dies with it (a parent-death signal),
+/// but jobs that escaped the shell were re-parented to it and now to init. The server kills
+/// them through the session's cgroup (before, they ran on after the session was replaced).
+#[tokio::test]
+async fn a_sigkilled_agent_leaves_no_escaped_job_behind() {
+    let marker = format!("cli-mcp-orphan-{}", std::process::id());
+    let _cleanup = KillMarked(marker.clone());
+    let server = local_server(&[]).await;
+    if server
+        .log_text()
+        .contains("local sessions run without a cgroup")
+    {
+        eprintln!("SKIPPED: no cgroup v2 this server may create cgroups in");
+        return;
+    }
+    let mcp = Mcp::new(&server, Some("orphans-of-a-killed-agent"));
+    start_escapees(&mcp, &marker).await;
+    let list = sessions(&server).await;
+    let agent: i32 = list[0]["sandbox"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("local/"))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no local/<pid> sandbox in {list}"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL the agent");
+    none_left(&marker, Duration::from_secs(10), "the agent was SIGKILLed").await;
+    // The session goes on in a new sandbox, and says so.
+    let r = mcp.bash("echo again").await;
+    assert!(!is_error(&r), "{r}\nserver log:\n{}", server.log_text());
+    assert_eq!(structured(&r)["stdout"], "again\n");
+    assert_eq!(structured(&r)["state_reset"], true);
+}

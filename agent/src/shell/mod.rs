@@ -388,7 +388,13 @@ impl Shell {
         }
         // Processes that escaped the old shell (setsid, double fork) were re-parented to the
         // agent (a subreaper); with the shell gone, none of them may outlive it.
-        procs::kill_descendants_of_self();
+        let left = procs::kill_descendants_of_self(self.opts.kill_grace).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "processes of the old shell still alive after the sweep"
+            );
+        }
         self.bash = Some(Bash::spawn(&self.opts, &self.reaper).await?);
         Ok(())
     }

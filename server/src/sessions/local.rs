@@ -53,11 +53,17 @@ const AGENT_DRAIN: Duration = Duration::from_secs(2);
 /// time to report back.
 const AGENT_KILL_GRACE: Duration = Duration::from_secs(1);
 /// SIGTERM → SIGKILL grace when a session ends: longer than the agent's own bounded
-/// shutdown (drain, then at most 3 kill graces and 2 s for open connections), so an agent is
-/// SIGKILLed only when it is wedged. A SIGKILLed agent cannot stop what its shell started.
+/// shutdown, so an agent is SIGKILLed only when it is wedged. The agent exits within drain +
+/// 8 kill graces + 2 s of SIGTERM (serving ends by drain + 3 kill graces + 2 s, then up to 3
+/// kill graces for the running command to return, one for the shell to die and one for the
+/// sweep of what escaped it); one more second for the exit itself.
+/// A SIGKILLed agent cannot stop what its shell started: the session's cgroup does.
 const STOP_GRACE: Duration = Duration::from_millis(
-    AGENT_DRAIN.as_millis() as u64 + 3 * AGENT_KILL_GRACE.as_millis() as u64 + 2_000 + 1_000,
+    AGENT_DRAIN.as_millis() as u64 + 8 * AGENT_KILL_GRACE.as_millis() as u64 + 2_000 + 1_000,
 );
+/// How long killing a session's cgroup may take before the server gives up on it (the
+/// kernel delivers SIGKILL at once; exiting takes a process a few milliseconds).
+const CGROUP_KILL_WAIT: Duration = Duration::from_secs(5);
 /// The agent's "listening" log line.
 const READY_MESSAGE: &str = "cli-mcp-agent ready";
 /// Lines of agent stderr kept to explain a failed start.
@@ -161,6 +167,8 @@ pub struct LocalBackend {
     /// Agents stopped by `DELETE`: a call that was running in one must not start the
     /// session again.
     ended: EndedSandboxes,
+    /// Where each agent gets a cgroup of its own; `None`: none can be made here.
+    cgroups: Option<Cgroups>,
 }
 
 impl std::fmt::Debug for LocalBackend {
@@ -168,6 +176,7 @@ impl std::fmt::Debug for LocalBackend {
         f.debug_struct("LocalBackend")
             .field("agent_binary", &self.agent_binary)
             .field("root", &self.root.path())
+            .field("cgroups", &self.cgroups)
             .finish()
     }
 }
@@ -185,6 +194,20 @@ impl LocalBackend {
             .prefix("cli-mcp-local-")
             .permissions(std::fs::Permissions::from_mode(PRIVATE_DIR))
             .tempdir()?;
+        let cgroups = match Cgroups::detect() {
+            Ok(c) => {
+                tracing::info!(parent = %c.parent.display(),
+                    "each local session's processes are kept in a cgroup of their own");
+                Some(c)
+            }
+            Err(why) => {
+                tracing::warn!(
+                    "local sessions run without a cgroup ({why}): a session's processes that \
+                     escaped its shell (setsid, double fork) survive an agent that is SIGKILLed"
+                );
+                None
+            }
+        };
         Ok(Arc::new(Self {
             agent_binary,
             key: HmacKey::from_bytes(rand::random()),
@@ -196,6 +219,7 @@ impl LocalBackend {
             next_uid: AtomicU64::new(1),
             starting: AtomicUsize::new(0),
             ended: EndedSandboxes::default(),
+            cgroups,
         }))
     }
 
@@ -282,16 +306,47 @@ impl LocalBackend {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| {
-            SessionError::Sandbox(format!("cannot start {}: {e}", self.agent_binary.display()))
-        })?;
+        let cgroup = match self.cgroups.as_ref().map(|c| c.create(sid, uid)) {
+            Some(Ok(dir)) => Some(dir),
+            Some(Err(e)) => {
+                tracing::warn!(session = %sid, "cannot create the session's cgroup, it runs without: {e}");
+                None
+            }
+            None => None,
+        };
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(dir) = &cgroup {
+                    let _ = std::fs::remove_dir(dir);
+                }
+                return Err(SessionError::Sandbox(format!(
+                    "cannot start {}: {e}",
+                    self.agent_binary.display()
+                )));
+            }
+        };
         let pid = child.id().unwrap_or_default();
+        // Moved in before it reports ready: it starts no process of its own before its first
+        // command, and no command can reach it before the server has read that line.
+        let cgroup = cgroup.and_then(|dir| match join_cgroup(&dir, pid) {
+            Ok(()) => Some(dir),
+            Err(e) => {
+                tracing::warn!(session = %sid, "cannot move the agent into its cgroup, it runs without: {e}");
+                let _ = std::fs::remove_dir(&dir);
+                None
+            }
+        });
         let Some(stderr) = child.stderr.take() else {
             return Err(SessionError::Sandbox("the agent has no stderr pipe".into()));
         };
         let (tx, exited) = watch::channel(None);
         tokio::spawn(async move {
             let status = child.wait().await.ok();
+            // Before the exit is announced: a stopped session has no process left.
+            if let Some(dir) = cgroup {
+                kill_cgroup(&dir).await;
+            }
             let _ = tx.send(Some(status.unwrap_or_else(|| {
                 use std::os::unix::process::ExitStatusExt;
                 ExitStatus::from_raw(0)
@@ -523,6 +578,108 @@ impl Backend for LocalBackend {
     }
 }
 
+/// Each agent in a cgroup (v2) of its own, below the server's: whatever its processes do
+/// (`setsid`, double forks, `disown`), they stay in that cgroup, and once the agent has
+/// exited — also by SIGKILL, which leaves it no chance to stop its shell — the server kills
+/// everything still in it. Without a writable cgroup v2 (an unprivileged user without a
+/// delegated subtree, cgroup v1 only), agents run without one, and only the agent's own
+/// stop (the shell, then repeated sweeps of the processes below it) ends the session's
+/// processes.
+#[derive(Debug)]
+struct Cgroups {
+    /// The server's own cgroup, where the agents' cgroups are made.
+    parent: PathBuf,
+}
+
+impl Cgroups {
+    /// The server's cgroup v2 directory, if there is one it can make cgroups in; else why
+    /// not.
+    fn detect() -> Result<Self, String> {
+        let own = std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        let own = own
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .ok_or("this process is in no cgroup v2 hierarchy")?
+            .trim()
+            .to_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        let (root, mount) = mounts
+            .lines()
+            .find_map(cgroup2_mount)
+            .ok_or("no cgroup2 file system is mounted")?;
+        // The mount shows the hierarchy from `root` down (a container's namespace).
+        let rel = Path::new(&own)
+            .strip_prefix(&root)
+            .map_err(|_| format!("this process's cgroup {own} is outside the mount of {root}"))?;
+        let parent = Path::new(&mount).join(rel);
+        // Probe: making one is the only test of whether we may.
+        let probe = parent.join(format!("cli-mcp-probe-{}", std::process::id()));
+        std::fs::create_dir(&probe)
+            .map_err(|e| format!("cannot create a cgroup in {}: {e}", parent.display()))?;
+        let _ = std::fs::remove_dir(&probe);
+        Ok(Self { parent })
+    }
+
+    /// A new cgroup for agent `uid` of `sid`.
+    fn create(&self, sid: &SessionId, uid: u64) -> std::io::Result<PathBuf> {
+        let dir = self
+            .parent
+            .join(format!("cli-mcp-{}-{sid}-{uid}", std::process::id()));
+        std::fs::create_dir(&dir)?;
+        Ok(dir)
+    }
+}
+
+/// `(root, mount point)` of a cgroup2 line of `/proc/self/mountinfo`.
+fn cgroup2_mount(line: &str) -> Option<(String, String)> {
+    let (fields, fs) = line.split_once(" - ")?;
+    if fs.split_whitespace().next()? != "cgroup2" {
+        return None;
+    }
+    let mut f = fields.split_whitespace().skip(3);
+    Some((f.next()?.to_owned(), f.next()?.to_owned()))
+}
+
+/// Moves `pid` into the cgroup `dir`.
+fn join_cgroup(dir: &Path, pid: u32) -> std::io::Result<()> {
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+}
+
+/// Whether any process is left in the cgroup `dir` (an unreadable one counts as populated).
+fn populated(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.events"))
+        .map(|e| !e.lines().any(|l| l == "populated 0"))
+        .unwrap_or(true)
+}
+
+/// SIGKILLs everything in the cgroup `dir`, waits (bounded) until it is empty and removes
+/// it. `cgroup.kill` (Linux 5.14) kills the whole cgroup at once, forks racing it included;
+/// on older kernels each listed process is killed, again until none is left.
+async fn kill_cgroup(dir: &Path) {
+    let deadline = Instant::now() + CGROUP_KILL_WAIT;
+    let has_kill = std::fs::write(dir.join("cgroup.kill"), "1").is_ok();
+    while populated(dir) {
+        if Instant::now() >= deadline {
+            let left = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            tracing::warn!(cgroup = %dir.display(), left = %left.split_whitespace().collect::<Vec<_>>().join(" "),
+                "processes of a stopped session's cgroup are still alive");
+            return;
+        }
+        if !has_kill {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        tracing::warn!(cgroup = %dir.display(), "cannot remove a stopped session's cgroup: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::MetadataExt;
@@ -531,6 +688,18 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).expect("stat").mode() & 0o7777
+    }
+
+    #[test]
+    fn the_cgroup2_mount_is_found_in_mountinfo() {
+        let v1 = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu";
+        let v2 = "41 31 0:38 /kubepods/pod1 /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw";
+        assert_eq!(cgroup2_mount(v1), None);
+        assert_eq!(
+            cgroup2_mount(v2),
+            Some(("/kubepods/pod1".into(), "/sys/fs/cgroup".into()))
+        );
+        assert_eq!(cgroup2_mount("garbage"), None);
     }
 
     #[test]
