@@ -69,6 +69,17 @@ pub struct Args {
     #[arg(long, env = "CLI_MCP_TEARDOWN_TIMEOUT", default_value_t = 600)]
     pub teardown_timeout: u64,
 
+    /// Seconds a generated serving certificate is valid (renewed when a third is left). At
+    /// least a minute, so renewals cannot become a busy loop; at most five years, half the
+    /// CA's lifetime.
+    #[arg(
+        long,
+        env = "CLI_MCP_TLS_LIFETIME",
+        default_value_t = crate::children::secrets::DEFAULT_TLS_LIFETIME.as_secs(),
+        value_parser = clap::value_parser!(u64).range(60..=5 * 365 * 24 * 3600)
+    )]
+    pub tls_lifetime: u64,
+
     /// Seconds between periodic re-checks of every instance.
     #[arg(long, env = "CLI_MCP_RESYNC", default_value_t = 600)]
     pub resync: u64,
@@ -100,6 +111,7 @@ impl Args {
         config.proxy_image = self.proxy_image.clone().filter(|s| !s.is_empty());
         config.scope = Scope::parse(Some(&self.watch_namespace));
         config.teardown_timeout = Duration::from_secs(self.teardown_timeout);
+        config.tls_lifetime = Duration::from_secs(self.tls_lifetime);
         // A resync below 10 s would be a busy loop over every instance.
         config.resync = Duration::from_secs(self.resync.max(10));
         config.identity = self.identity();
@@ -162,8 +174,20 @@ mod tests {
             ("ops", "op-1")
         );
 
+        assert_eq!(c.tls_lifetime, Duration::from_secs(2 * 365 * 24 * 3600));
+
         let empty =
             Args::try_parse_from(["cli-mcp-operator", "--server-image", ""]).expect("flags parse");
         assert!(empty.operator_config().is_err());
+
+        let short = ["cli-mcp-operator", "--server-image", "s", "--tls-lifetime"];
+        let ok = Args::try_parse_from(short.iter().copied().chain(["60"])).expect("a minute");
+        assert_eq!(
+            ok.operator_config().expect("config").tls_lifetime,
+            Duration::from_secs(60)
+        );
+        let err = Args::try_parse_from(short.iter().copied().chain(["59"]))
+            .expect_err("under a minute is refused");
+        assert!(err.to_string().contains("59"), "{err}");
     }
 }

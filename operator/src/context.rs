@@ -65,6 +65,8 @@ pub struct OperatorConfig {
     /// How long a teardown may wait for pods before it releases the CR anyway (the pods keep
     /// their owner references, so garbage collection still removes them).
     pub teardown_timeout: Duration,
+    /// Lifetime of a generated serving certificate; renewed when a third of it is left.
+    pub tls_lifetime: Duration,
     /// Periodic re-check of every instance (resync), when nothing else requeues sooner.
     pub resync: Duration,
     /// Reporter identity for Events (the pod name).
@@ -79,6 +81,7 @@ impl OperatorConfig {
             proxy_image: None,
             scope: Scope::All,
             teardown_timeout: Duration::from_secs(600),
+            tls_lifetime: crate::children::secrets::DEFAULT_TLS_LIFETIME,
             resync: Duration::from_secs(600),
             identity: "cli-mcp-operator".into(),
         }

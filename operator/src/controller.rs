@@ -124,7 +124,12 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     // Not while the kubeconfig is the reason: that one says what to fix.
     obs.proxy_unavailable = proxy_unavailable.filter(|_| resolved.kubeconfig_invalid.is_none());
     write_status(ctx, &cr, &obs).await?;
-    Ok(Action::requeue(next_check(ctx, &obs, &idle)))
+    // Renewal due: back when it is, a little late so it has passed.
+    let renew = resolved
+        .tls_renew_in
+        .map(|d| d + Duration::from_millis(500));
+    let next = next_check(ctx, &obs, &idle);
+    Ok(Action::requeue(renew.map_or(next, |r| next.min(r))))
 }
 
 /// Fail closed: why no sandbox of an instance with a credential proxy may start now — its

@@ -4,13 +4,13 @@
 //! Secret is never overwritten — the admin's Secrets are checked, and the API server's
 //! addresses are looked up for the sandbox NetworkPolicy.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 
 use cli_mcp_api::crd::{AuthMode, CliMcpInstance};
 use cli_mcp_api::kubeconfig::{self, Kubeconfig};
@@ -45,6 +45,8 @@ pub struct Resolved {
     pub proxy: Option<ProxyInputs>,
     /// Why the admin's kubeconfig cannot be used behind the proxy (`KubeconfigInvalid`).
     pub kubeconfig_invalid: Option<String>,
+    /// When the generated serving certificate is due for renewal, from now.
+    pub tls_renew_in: Option<Duration>,
 }
 
 impl Resolved {
@@ -85,6 +87,7 @@ struct TlsState {
     version: Option<String>,
     problem: Option<Problem>,
     ca_pem: Option<String>,
+    renew_in: Option<Duration>,
 }
 
 /// Resolves everything of `spec` that lives in the cluster.
@@ -94,6 +97,7 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
     let tls = ensure_tls(ctx, cr, spec).await?;
     let kubeconfig = check_kubeconfig(ctx, spec).await?;
     let proxy = resolve_proxy(ctx, cr, spec).await?;
+    let tls_renew_in = tls.renew_in;
     let mut missing = Vec::new();
     let mut invalid = Vec::new();
     for p in [key_problem, tls.problem, kubeconfig, proxy.problem]
@@ -115,6 +119,7 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
         api_server,
         proxy: proxy.inputs,
         kubeconfig_invalid: proxy.kubeconfig_invalid,
+        tls_renew_in,
     })
 }
 
@@ -146,22 +151,113 @@ async fn create_once(ctx: &Context, ns: &str, secret: &Secret) -> Result<(Secret
     }
 }
 
+/// A generate-once Secret as this instance may use it.
+enum Own {
+    Absent,
+    Usable(Box<Secret>),
+    Blocked(Problem),
+}
+
+/// The UID of the instance that controls `s`, when that is not `cr`: a predecessor of the
+/// same name whose garbage is not collected yet. A Secret without such an owner (made by an
+/// admin, or orphaned on purpose) is not a predecessor's.
+fn predecessor(s: &Secret, cr: &CliMcpInstance) -> Option<String> {
+    let own = cr.uid()?;
+    s.owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true) && r.kind == CliMcpInstance::kind(&()))
+        .filter(|r| r.uid != own)
+        .map(|r| r.uid.clone())
+}
+
+/// Reads a generate-once Secret, never handing out one of a deleted predecessor of the same
+/// name: its HMAC key would let the old instance's session tokens open the new instance's
+/// sandboxes (and its certificates and CAs are the old instance's). Such a Secret is
+/// deleted (UID precondition, so a new one is never hit) and generated anew; while
+/// something holds it (a finalizer) the instance waits, saying so.
+async fn own_secret(ctx: &Context, cr: &CliMcpInstance, ns: &str, name: &str) -> Result<Own> {
+    let Some(s) = read_secret(ctx, ns, name).await? else {
+        return Ok(Own::Absent);
+    };
+    let Some(old) = predecessor(&s, cr) else {
+        return Ok(Own::Usable(Box::new(s)));
+    };
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+    if s.metadata.deletion_timestamp.is_none() {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: s.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => {
+                ctx.metrics.api_write("Secret", "delete");
+                ctx.publish(
+                    cr,
+                    EventType::Normal,
+                    "PredecessorSecretDeleted",
+                    format!("deleted Secret {name} of the deleted instance of the same name (uid {old}); a new one is generated"),
+                )
+                .await;
+            }
+            Err(e) if is_status(&e, 404) || is_status(&e, 409) => {}
+            // Without `delete` on Secrets the garbage collector still removes it: wait.
+            Err(e) if is_status(&e, 403) => tracing::warn!(
+                "cannot delete Secret {ns}/{name} of a deleted predecessor: {e}; waiting for garbage collection"
+            ),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(match api.get_opt(name).await? {
+        None => Own::Absent,
+        Some(s) if predecessor(&s, cr).is_none() => Own::Usable(Box::new(s)),
+        Some(_) => Own::Blocked(Problem::Missing(format!(
+            "{name} (still the Secret of the deleted instance of the same name, uid {old}; \
+             it is being deleted and a new one is generated once it is gone)"
+        ))),
+    })
+}
+
+/// [`own_secret`], creating the Secret `make` builds when there is none. `Err` is why the
+/// instance cannot have it yet.
+async fn own_or_create(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    ns: &str,
+    name: &str,
+    make: impl FnOnce() -> Result<Secret>,
+) -> Result<std::result::Result<(Secret, bool), Problem>> {
+    match own_secret(ctx, cr, ns, name).await? {
+        Own::Usable(s) => Ok(Ok((*s, false))),
+        Own::Blocked(p) => Ok(Err(p)),
+        Own::Absent => {
+            let (s, created) = create_once(ctx, ns, &make()?).await?;
+            // Lost a race with a Secret the cache did not show yet: judged next time.
+            if predecessor(&s, cr).is_some() {
+                return Ok(Err(Problem::Missing(format!(
+                    "{name} (still the Secret of the deleted instance of the same name)"
+                ))));
+            }
+            Ok(Ok((s, created)))
+        }
+    }
+}
+
 async fn ensure_hmac(
     ctx: &Context,
     cr: &CliMcpInstance,
     spec: &Spec,
 ) -> Result<(Option<HmacKey>, String, Option<Problem>)> {
     let name = spec.name.hmac_secret();
-    let secret = match read_secret(ctx, &spec.namespace, &name).await? {
-        Some(s) => s,
-        None => {
-            let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
-            let (s, created) = create_once(
-                ctx,
-                &spec.namespace,
-                &secrets::hmac_secret(meta, &secrets::generate_hmac_key()),
-            )
-            .await?;
+    let made = own_or_create(ctx, cr, &spec.namespace, &name, || {
+        let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+        Ok(secrets::hmac_secret(meta, &secrets::generate_hmac_key()))
+    })
+    .await?;
+    let secret = match made {
+        Ok((s, created)) => {
             if created {
                 ctx.publish(
                     cr,
@@ -173,6 +269,7 @@ async fn ensure_hmac(
             }
             s
         }
+        Err(problem) => return Ok((None, secrets::version_of(&[]), Some(problem))),
     };
     let raw = secrets::secret_value(&secret, secrets::HMAC_KEY);
     let version = secrets::version_of(&[raw.unwrap_or_default()]);
@@ -185,7 +282,7 @@ async fn ensure_hmac(
             None,
             version,
             Some(Problem::Invalid(format!(
-                "Secret {name} key '{}': {e}",
+                "Secret {name} key '{}': {e}; delete the Secret and the operator generates a new one",
                 secrets::HMAC_KEY
             ))),
         ),
@@ -241,12 +338,53 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
             },
         });
     }
-    // A generated certificate also names the exposed host; a new host regenerates it.
+    let ca = match ensure_tls_ca(ctx, cr, spec).await? {
+        Ok(ca) => ca,
+        Err(problem) => {
+            return Ok(TlsState {
+                problem: Some(problem),
+                ..Default::default()
+            })
+        }
+    };
+    let existing = match own_secret(ctx, cr, &spec.namespace, &name).await? {
+        Own::Absent => None,
+        Own::Usable(s) => Some(*s),
+        Own::Blocked(problem) => {
+            return Ok(TlsState {
+                problem: Some(problem),
+                ..Default::default()
+            })
+        }
+    };
+    // A generated certificate also names the exposed host; a new host re-issues it.
     let hosts = expose::tls_hosts(spec);
-    let secret = match read_secret(ctx, &spec.namespace, &name).await? {
-        Some(s) if expose::tls_covers(&s, &hosts) => s,
-        stale => {
-            let m = secrets::generate_tls(&spec.name.server(), &spec.namespace, &hosts)?;
+    let now = SystemTime::now();
+    let leaf_renew_at = |s: &Secret| {
+        secrets::secret_value(s, secrets::TLS_CRT)
+            .and_then(|c| secrets::renew_at(&String::from_utf8_lossy(c)))
+    };
+    let why = match &existing {
+        None => Some("generated"),
+        Some(s) if !expose::tls_covers(s, &hosts) => Some("re-issued for the exposed host"),
+        Some(s) if tls_keys_problem(&name, s).is_some() => Some("re-issued (a key was missing)"),
+        Some(s) => match leaf_renew_at(s) {
+            None => Some("re-issued (the certificate did not parse)"),
+            Some(at) if at <= now => Some("renewed"),
+            Some(_) => None,
+        },
+    };
+    let secret = match (why, existing) {
+        (None, Some(s)) => s,
+        (why, existing) => {
+            let lifetime = ctx.config.tls_lifetime;
+            let m = secrets::issue_serving_cert(
+                &ca,
+                &spec.name.server(),
+                &spec.namespace,
+                &hosts,
+                lifetime,
+            )?;
             let mut meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
             if !hosts.is_empty() {
                 meta.annotations = Some(std::collections::BTreeMap::from([(
@@ -255,7 +393,7 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
                 )]));
             }
             let mut fresh = secrets::tls_secret(meta, &m);
-            let (s, created) = match stale {
+            let (s, written) = match existing {
                 None => create_once(ctx, &spec.namespace, &fresh).await?,
                 Some(old) => {
                     // The stored version only: a concurrent writer gets a conflict, retried.
@@ -266,13 +404,24 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
                     (s, true)
                 }
             };
-            if created {
+            if written {
+                let until = secrets::validity(&m.cert_pem)
+                    .map(|(_, u)| {
+                        k8s_openapi::jiff::Timestamp::try_from(u)
+                            .map_or_else(|_| "?".into(), |t| t.to_string())
+                    })
+                    .unwrap_or_else(|| "?".into());
                 ctx.publish(
                     cr,
                     EventType::Normal,
-                    "CertificateGenerated",
+                    if why == Some("renewed") {
+                        "CertificateRenewed"
+                    } else {
+                        "CertificateGenerated"
+                    },
                     format!(
-                        "generated a CA and a serving certificate into Secret {name}; the CA is in ConfigMap {}",
+                        "serving certificate {} into Secret {name}, valid until {until}, issued by the instance's CA (published in ConfigMap {}); the server rolls",
+                        why.unwrap_or("generated"),
                         secrets::ca_config_map_name(&spec.name)
                     ),
                 )
@@ -281,12 +430,99 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
             s
         }
     };
+    let renew_in = leaf_renew_at(&secret).map(|at| at.duration_since(now).unwrap_or_default());
+    // A leaf still from another CA (made before the CA was kept, or the CA Secret was
+    // deleted to rotate it): clients are given both until the leaf is renewed from the new
+    // one, so whoever re-reads the ConfigMap in between never fails.
+    let leaf_ca = secrets::secret_value(&secret, secrets::CA_CRT)
+        .map(|b| String::from_utf8_lossy(b).into_owned());
+    let ca_pem = match leaf_ca {
+        Some(old) if old.trim() != ca.cert_pem.trim() => {
+            format!("{}\n{}", old.trim_end(), ca.cert_pem)
+        }
+        _ => ca.cert_pem.clone(),
+    };
     Ok(TlsState {
         version: Some(tls_version(&secret)),
         problem: tls_keys_problem(&name, &secret),
-        ca_pem: secrets::secret_value(&secret, secrets::CA_CRT)
-            .map(|b| String::from_utf8_lossy(b).into_owned()),
+        ca_pem: Some(ca_pem),
+        renew_in,
     })
+}
+
+/// The serving CA (`cli-mcp-<n>-tls-ca`), created once; its key never leaves this Secret.
+async fn ensure_tls_ca(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    spec: &Spec,
+) -> Result<std::result::Result<secrets::CaMaterial, Problem>> {
+    let name = secrets::tls_ca_secret_name(&spec.name);
+    let made = own_or_create(ctx, cr, &spec.namespace, &name, || {
+        let ca = secrets::generate_tls_ca(&spec.name.server(), &spec.namespace)?;
+        let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+        Ok(secrets::tls_ca_secret(meta, &ca))
+    })
+    .await?;
+    let secret = match made {
+        Ok((s, created)) => {
+            if created {
+                ctx.publish(
+                    cr,
+                    EventType::Normal,
+                    "CaGenerated",
+                    format!(
+                        "generated the serving CA into Secret {name}; it is published in ConfigMap {}",
+                        secrets::ca_config_map_name(&spec.name)
+                    ),
+                )
+                .await;
+            }
+            s
+        }
+        Err(problem) => return Ok(Err(problem)),
+    };
+    let text =
+        |k| secrets::secret_value(&secret, k).map(|b| String::from_utf8_lossy(b).into_owned());
+    let (Some(cert_pem), Some(key_pem)) = (text(secrets::CA_CRT), text(secrets::CA_KEY)) else {
+        return Ok(Err(Problem::Invalid(format!(
+            "Secret {name} lacks {} or {}; delete it and the operator generates a new CA",
+            secrets::CA_CRT,
+            secrets::CA_KEY
+        ))));
+    };
+    let ca = secrets::CaMaterial { cert_pem, key_pem };
+    let until = secrets::validity(&ca.cert_pem).map(|(_, until)| until);
+    let (Some(until), Ok(_)) = (until, rcgen::KeyPair::from_pem(&ca.key_pem)) else {
+        return Ok(Err(Problem::Invalid(format!(
+            "Secret {name} does not hold a usable CA certificate and key; delete it and the operator generates a new CA"
+        ))));
+    };
+    // A CA that would expire before a leaf issued now is replaced. The leaf in use stays
+    // valid under the old CA until its own renewal, and the ConfigMap carries both CAs
+    // until then: clients have a whole renewal period to pick up the new one.
+    let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+    if left > ctx.config.tls_lifetime {
+        return Ok(Ok(ca));
+    }
+    let fresh = secrets::generate_tls_ca(&spec.name.server(), &spec.namespace)?;
+    let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+    let mut next = secrets::tls_ca_secret(meta, &fresh);
+    next.metadata.resource_version = secret.resource_version();
+    Api::<Secret>::namespaced(ctx.client.clone(), &spec.namespace)
+        .replace(&name, &PostParams::default(), &next)
+        .await?;
+    ctx.metrics.api_write("Secret", "replace");
+    ctx.publish(
+        cr,
+        EventType::Warning,
+        "CaRenewed",
+        format!(
+            "the serving CA in Secret {name} expires within a certificate lifetime; generated a new one. ConfigMap {} lists both until the serving certificate is renewed from it: clients that pin the CA must re-read it",
+            secrets::ca_config_map_name(&spec.name)
+        ),
+    )
+    .await;
+    Ok(Ok(fresh))
 }
 
 /// What the proxy needs, resolved.
@@ -402,13 +638,14 @@ async fn ensure_proxy_ca(
 ) -> Result<std::result::Result<(String, String), Problem>> {
     use cli_mcp_api::proxy::{CA_CERT_KEY, CA_KEY_KEY};
     let name = spec.name.proxy_ca_secret();
-    let secret = match read_secret(ctx, &spec.namespace, &name).await? {
-        Some(s) => s,
-        None => {
-            let ca = secrets::generate_proxy_ca(spec.name.as_str(), &spec.namespace)?;
-            let meta = spec.meta(name.clone(), label::COMPONENT_PROXY);
-            let (s, created) =
-                create_once(ctx, &spec.namespace, &secrets::proxy_ca_secret(meta, &ca)).await?;
+    let made = own_or_create(ctx, cr, &spec.namespace, &name, || {
+        let ca = secrets::generate_proxy_ca(spec.name.as_str(), &spec.namespace)?;
+        let meta = spec.meta(name.clone(), label::COMPONENT_PROXY);
+        Ok(secrets::proxy_ca_secret(meta, &ca))
+    })
+    .await?;
+    let secret = match made {
+        Ok((s, created)) => {
             if created {
                 ctx.publish(
                     cr,
@@ -420,6 +657,7 @@ async fn ensure_proxy_ca(
             }
             s
         }
+        Err(problem) => return Ok(Err(problem)),
     };
     let (Some(crt), Some(key)) = (
         secrets::secret_value(&secret, CA_CERT_KEY),

@@ -1,5 +1,8 @@
 //! The finalizer's cleanup: quiesce the server, then remove every sandbox, then the
-//! cluster-scoped binding, then release the CR. Each step is idempotent, so an operator
+//! credential proxy (Deployment and pods), then the cluster-scoped binding, then release
+//! the CR. What is left to garbage collection is only what a re-created instance of the
+//! same name takes over by applying it again (Services, Roles, NetworkPolicies, ConfigMaps)
+//! or refuses to use (the generate-once Secrets carry their owner's UID). Each step is idempotent, so an operator
 //! restarted mid-teardown simply continues. Steps that wait return [`Error::Waiting`]; the
 //! reconcile is retried shortly and also woken by the pod and Deployment watches.
 
@@ -14,7 +17,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_api::names::FIELD_MANAGER;
+use cli_mcp_api::names::{label, FIELD_MANAGER};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -108,7 +111,18 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
         }
     }
 
-    // 3. The cluster-scoped binding has no owner reference: remove it explicitly.
+    // 3. The credential proxy: its pods hold the admin's token and match the Service a
+    //    re-created instance of the same name gets, so they must be gone before the CR is
+    //    released (garbage collection would remove them only afterwards, at its own pace).
+    if let Some(left) = remove_proxy_pods(ctx, &ns, &name).await? {
+        if !give_up {
+            return Err(Error::Waiting(format!(
+                "{left} credential proxy pod(s) of {ns}/{name} to terminate"
+            )));
+        }
+    }
+
+    // 4. The cluster-scoped binding has no owner reference: remove it explicitly.
     let crbs: Api<ClusterRoleBinding> = Api::all(ctx.client.clone());
     match crbs
         .delete(&name.auth_delegator_binding(&ns), &DeleteParams::default())
@@ -143,6 +157,45 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
     ));
     tracing::info!(namespace = %ns, instance = %name, "teardown complete; releasing the finalizer");
     Ok(Action::await_change())
+}
+
+/// Deletes the proxy Deployment (if any) and reports how many of its pods still exist
+/// (`None`: none). The pods are found by label, so a Deployment already gone does not hide
+/// pods still terminating.
+async fn remove_proxy_pods(
+    ctx: &Context,
+    ns: &str,
+    name: &cli_mcp_api::names::InstanceName,
+) -> Result<Option<usize>> {
+    let live = crate::context::cached(&ctx.stores.deployments, ns, &name.proxy())
+        .is_some_and(|d| d.metadata.deletion_timestamp.is_none());
+    if live {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+        match deployments
+            .delete(&name.proxy(), &DeleteParams::background())
+            .await
+        {
+            Ok(_) => ctx.metrics.api_write("Deployment", "delete"),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let selector = format!(
+        "{}={name},{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_PROXY
+    );
+    // The garbage collector removes the ReplicaSet and then the pods; deleting the pods
+    // here would only race the ReplicaSet into making new ones.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let left = pods
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await?;
+    if left.items.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(left.items.len()))
 }
 
 /// An instance whose `spec.proxy` was removed: deletes the proxy children the stores still

@@ -1,0 +1,415 @@
+//! Lifecycle edges of the operator on the local Kubernetes: the serving certificate renewed
+//! before it expires, a re-created instance that never uses its predecessor's Secrets, an
+//! unusable HMAC key, the teardown timeout, and a finalizer that waits for the credential
+//! proxy's pods.
+
+mod support;
+
+use std::time::SystemTime;
+
+use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::names::{label, InstanceName};
+use cli_mcp_api::pod_state::is_deleting;
+use cli_mcp_api::sandbox::made_for_key;
+use cli_mcp_e2e::instance::wait_instance;
+use cli_mcp_e2e::testing::{cluster, wait_for, wait_for_set, TestNamespace};
+use cli_mcp_operator::children::secrets;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::ByteString;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+use support::*;
+
+const HOLD: &str = "e2e.cli-mcp/hold";
+
+fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
+    d.spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(key).cloned())
+}
+
+fn value(s: &Secret, key: &str) -> String {
+    secrets::secret_value(s, key)
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
+}
+
+async fn secret(ns: &TestNamespace, name: &str) -> Secret {
+    ns.api::<Secret>().get(name).await.expect("get Secret")
+}
+
+async fn published_ca(ns: &TestNamespace, n: &InstanceName) -> String {
+    let cm = ns
+        .api::<ConfigMap>()
+        .get(&secrets::ca_config_map_name(n))
+        .await
+        .expect("CA ConfigMap");
+    cm.data.unwrap_or_default()["ca.crt"].clone()
+}
+
+/// Sets or clears a finalizer of the test's own on an object, so it cannot go away.
+async fn hold<K>(api: kube::Api<K>, name: &str, on: bool)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let f = if on { json!([HOLD]) } else { json!(null) };
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": f}})),
+    )
+    .await
+    .expect("set finalizers");
+}
+
+async fn reasons(ns: &TestNamespace, name: &str) -> Vec<(String, String)> {
+    let events = ns
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    events
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+fn ready_reason(o: &CliMcpInstance) -> Option<(String, String, String)> {
+    let c = o
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn the_serving_certificate_is_renewed_from_the_same_ca_before_it_expires() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("tls-renew").await.expect("namespace");
+    // 60 s, the shortest allowed: valid 66 s (6 s backdated), renewed 22 s before the end.
+    let op = Operator::start_with(&c, &ns.name, "op", &[("CLI_MCP_TLS_LIFETIME", "60")]);
+    create_instance(&ns, "tr", json!({})).await;
+    wait_ready(&ns, "tr", &op).await;
+    let n = InstanceName::parse("tr").expect("name");
+    let first = secret(&ns, &n.tls_secret()).await;
+    let first_crt = value(&first, secrets::TLS_CRT);
+    let (_, expires) = secrets::validity(&first_crt).expect("the leaf parses");
+    let ca = published_ca(&ns, &n).await;
+    let ca_secret = secret(&ns, &secrets::tls_ca_secret_name(&n)).await;
+    assert_eq!(value(&ca_secret, secrets::CA_CRT).trim(), ca.trim());
+    assert!(!value(&ca_secret, secrets::CA_KEY).is_empty());
+    let d = ns
+        .api::<Deployment>()
+        .get(&n.server())
+        .await
+        .expect("server Deployment");
+    let version = template_annotation(&d, "cli-mcp.redhat.com/tls-version").expect("tls-version");
+
+    let renewed = wait_for(
+        ns.api::<Secret>(),
+        &n.tls_secret(),
+        "a new serving certificate",
+        TIMEOUT,
+        |s: Option<&Secret>| s.is_some_and(|s| value(s, secrets::TLS_CRT) != first_crt),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()))
+    .expect("Secret");
+    assert!(
+        SystemTime::now() < expires,
+        "renewed only after the old certificate expired"
+    );
+    let new_crt = value(&renewed, secrets::TLS_CRT);
+    let (_, new_expires) = secrets::validity(&new_crt).expect("the new leaf parses");
+    assert!(new_expires > expires);
+    // The same CA: what clients pinned keeps working.
+    assert_eq!(value(&renewed, secrets::CA_CRT).trim(), ca.trim());
+    assert_eq!(published_ca(&ns, &n).await.trim(), ca.trim());
+    wait_for(
+        ns.api::<Deployment>(),
+        &n.server(),
+        "server template rolled for the new certificate",
+        TIMEOUT,
+        |d: Option<&Deployment>| {
+            d.and_then(|d| template_annotation(d, "cli-mcp.redhat.com/tls-version"))
+                .is_some_and(|v| v != version)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let events = reasons(&ns, "tr").await;
+    assert!(
+        events.iter().any(|(r, _)| r == "CertificateRenewed"),
+        "{events:?}"
+    );
+    wait_ready(&ns, "tr", &op).await;
+    finish(ns, "tr", &op).await;
+}
+
+#[tokio::test]
+async fn a_recreated_instance_never_uses_its_predecessors_secrets() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("recreate").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    let spec = json!({"sandbox": {"warmPoolSize": 1}});
+    create_instance(&ns, "rc", spec.clone()).await;
+    wait_ready(&ns, "rc", &op).await;
+    wait_pool(&ns, "rc", 1, &op).await;
+    let n = InstanceName::parse("rc").expect("name");
+    let old_key = hmac_key(&ns, "rc").await;
+    let old_crt = value(&secret(&ns, &n.tls_secret()).await, secrets::TLS_CRT);
+    let old_ca = published_ca(&ns, &n).await;
+    // Garbage collection of the old HMAC Secret cannot finish while this is on it, so the
+    // re-created instance surely finds it.
+    hold(ns.api::<Secret>(), &n.hmac_secret(), true).await;
+
+    let crs = ns.api::<CliMcpInstance>();
+    crs.delete("rc", &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    wait_for(
+        crs.clone(),
+        "rc",
+        "instance released",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| o.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    ns.api::<CliMcpInstance>()
+        .create(&Default::default(), &instance("rc", spec))
+        .await
+        .expect("re-create");
+    let waiting = wait_instance(
+        crs.clone(),
+        "rc",
+        "Ready=False naming the predecessor's Secret",
+        TIMEOUT,
+        |o| {
+            ready_reason(o).is_some_and(|(s, _, m)| {
+                s == "False" && m.contains("deleted instance of the same name")
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let (_, reason, message) = ready_reason(&waiting).expect("Ready");
+    assert!(message.contains(&n.hmac_secret()), "{reason}: {message}");
+    // No sandbox was made with the old key while it waited.
+    let pods = ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&sandbox_selector("rc")))
+        .await
+        .expect("pods");
+    assert!(
+        pods.items.iter().all(|p| !made_for_key(p, &old_key)),
+        "a sandbox for the old key"
+    );
+
+    hold(ns.api::<Secret>(), &n.hmac_secret(), false).await;
+    wait_ready(&ns, "rc", &op).await;
+    let new_key = hmac_key(&ns, "rc").await;
+    assert_ne!(new_key.to_hex(), old_key.to_hex(), "the predecessor's key");
+    let new_crt = value(&secret(&ns, &n.tls_secret()).await, secrets::TLS_CRT);
+    assert_ne!(new_crt, old_crt, "the predecessor's certificate");
+    assert_ne!(
+        published_ca(&ns, &n).await.trim(),
+        old_ca.trim(),
+        "the predecessor's CA"
+    );
+    // The new pool is made for the new key only: the old instance's session tokens open
+    // none of its sandboxes.
+    let pool = wait_pool(&ns, "rc", 1, &op).await;
+    for p in unassigned(&pool) {
+        assert!(made_for_key(p, &new_key));
+        assert!(!made_for_key(p, &old_key));
+    }
+    finish(ns, "rc", &op).await;
+}
+
+#[tokio::test]
+async fn an_unusable_hmac_key_is_secret_keys_invalid_until_the_secret_is_deleted() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("badkey").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "bk", json!({})).await;
+    wait_ready(&ns, "bk", &op).await;
+    let n = InstanceName::parse("bk").expect("name");
+    let crs = ns.api::<CliMcpInstance>();
+    let old_uid = secret(&ns, &n.hmac_secret()).await.uid();
+    for bad in ["not-hex-at-all", "  \n"] {
+        ns.api::<Secret>()
+            .patch(
+                &n.hmac_secret(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"key": ByteString(bad.as_bytes().to_vec())}})),
+            )
+            .await
+            .expect("spoil the key");
+        let o = wait_instance(
+            crs.clone(),
+            "bk",
+            "Ready=False SecretKeysInvalid",
+            TIMEOUT,
+            |o| {
+                ready_reason(o).is_some_and(|(s, r, m)| {
+                    s == "False" && r == "SecretKeysInvalid" && m.contains(&n.hmac_secret())
+                })
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{bad:?}: {e}\n{}", op.log_tail()));
+        let (_, _, message) = ready_reason(&o).expect("Ready");
+        assert!(
+            message.contains("delete the Secret and the operator generates a new one"),
+            "{bad:?}: {message}"
+        );
+    }
+    ns.api::<Secret>()
+        .delete(&n.hmac_secret(), &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    wait_ready(&ns, "bk", &op).await;
+    let fresh = secret(&ns, &n.hmac_secret()).await;
+    assert_ne!(fresh.uid(), old_uid);
+    assert!(cli_mcp_api::token::HmacKey::from_hex(&value(&fresh, secrets::HMAC_KEY)).is_ok());
+    finish(ns, "bk", &op).await;
+}
+
+#[tokio::test]
+async fn the_teardown_timeout_releases_an_instance_whose_pod_cannot_go() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("td-timeout").await.expect("namespace");
+    let op = Operator::start_with(&c, &ns.name, "op", &[("CLI_MCP_TEARDOWN_TIMEOUT", "5")]);
+    create_instance(&ns, "tt", json!({"sandbox": {"warmPoolSize": 1}})).await;
+    wait_ready(&ns, "tt", &op).await;
+    let pool = wait_pool(&ns, "tt", 1, &op).await;
+    let held = pool[0].name_any();
+    hold(ns.api::<Pod>(), &held, true).await;
+    let crs = ns.api::<CliMcpInstance>();
+    crs.delete("tt", &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    wait_for(
+        crs,
+        "tt",
+        "instance released after the teardown timeout",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| o.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    // Released although the pod is still there: only the timeout does that.
+    let pod = ns.api::<Pod>().get_opt(&held).await.expect("get pod");
+    assert!(pod.as_ref().is_some_and(is_deleting), "{pod:?}");
+    let events = reasons(&ns, "tt").await;
+    let timed_out = events
+        .iter()
+        .find(|(r, _)| r == "TeardownTimedOut")
+        .unwrap_or_else(|| panic!("no TeardownTimedOut event: {events:?}"));
+    assert!(
+        timed_out.1.contains("did not terminate in time"),
+        "{timed_out:?}"
+    );
+    hold(ns.api::<Pod>(), &held, false).await;
+    ns.delete().await.expect("delete namespace");
+}
+
+#[tokio::test]
+async fn the_finalizer_waits_for_the_credential_proxy_pods() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("td-proxy").await.expect("namespace");
+    let op = Operator::start_with(
+        &c,
+        &ns.name,
+        "op",
+        &[("RELATED_IMAGE_PROXY", "cli-mcp-proxy:test")],
+    );
+    create_instance(
+        &ns,
+        "tp",
+        json!({"proxy": {"replicas": 1, "targets": [{"type": "allowlist", "domains": ["example.com"]}]}}),
+    )
+    .await;
+    let n = InstanceName::parse("tp").expect("name");
+    let selector = format!(
+        "{}=tp,{}={}",
+        label::INSTANCE,
+        label::COMPONENT,
+        label::COMPONENT_PROXY
+    );
+    // Running or not: a proxy pod exists, and this one cannot go away yet.
+    let proxies = wait_for_set(
+        ns.api::<Pod>(),
+        &selector,
+        "a proxy pod",
+        TIMEOUT,
+        |pods: &[Pod]| !pods.is_empty(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let held = proxies[0].name_any();
+    hold(ns.api::<Pod>(), &held, true).await;
+
+    let crs = ns.api::<CliMcpInstance>();
+    crs.delete("tp", &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    wait_for(
+        ns.api::<Pod>(),
+        &held,
+        "proxy pod terminating",
+        TIMEOUT,
+        |p: Option<&Pod>| p.is_some_and(is_deleting),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    // The teardown deleted the proxy (the garbage collector would only have started once
+    // the instance was gone) and waits for its pod.
+    let o = crs.get_opt("tp").await.expect("get CR");
+    assert!(
+        o.as_ref()
+            .is_some_and(|o| o.metadata.deletion_timestamp.is_some()),
+        "the instance was released while a proxy pod still exists"
+    );
+    assert!(ns
+        .api::<Deployment>()
+        .get_opt(&n.proxy())
+        .await
+        .expect("get")
+        .is_none_or(|d| d.metadata.deletion_timestamp.is_some()));
+
+    hold(ns.api::<Pod>(), &held, false).await;
+    wait_for(
+        crs,
+        "tp",
+        "instance released",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| o.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let left = ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .expect("list");
+    assert!(left.items.is_empty(), "proxy pods left");
+    ns.delete().await.expect("delete namespace");
+}
