@@ -522,3 +522,145 @@ async fn a_lower_inherited_process_limit_is_kept_not_fatal() {
     let v = a.exec("ulimit -u; ulimit -Hu").await;
     assert_eq!(s(&v, "stdout"), "64\n64\n", "{v}");
 }
+
+/// A `DEBUG` trap runs before every simple command at the shell's top level, the agent's own
+/// lines included, and a `RETURN` trap each time a sourced file (every command) returns: a
+/// slow one made every later call slow or a false timeout. The agent removes both after the
+/// command that set them (which pays for its own trap), and says so; later calls run at
+/// full speed in the same shell.
+#[tokio::test]
+async fn debug_and_return_traps_are_removed_after_the_command_that_set_them() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export KEPT=yes").await;
+    // Each firing costs a second: the later calls must see none.
+    for trap in ["trap 'sleep 1' DEBUG", "trap 'sleep 1' RETURN"] {
+        let v = a
+            .exec_with(json!({"command": trap, "timeout_ms": 120_000}))
+            .await;
+        assert_eq!(v["timed_out"], false, "{trap}: {v}");
+        assert!(
+            s(&v, "stderr").contains("trap this command set was removed"),
+            "{trap}: {v}"
+        );
+        for _ in 0..2 {
+            let v = a
+                .exec_with(json!({"command": "echo \"$KEPT\"; pwd", "timeout_ms": QUICK_MS}))
+                .await;
+            assert_eq!(
+                (
+                    s(&v, "stdout"),
+                    v["timed_out"].as_bool(),
+                    v["shell_restarted"].as_bool()
+                ),
+                ("yes\n/tmp\n", Some(false), Some(false)),
+                "after {trap}: {v}"
+            );
+            let ms = v["duration_ms"].as_u64().unwrap_or(u64::MAX);
+            assert!(ms < 1000, "after {trap} a call took {ms} ms: {v}");
+            assert_eq!(s(&v, "stderr"), "", "after {trap}: {v}");
+        }
+    }
+    // A trap that runs no command costs nothing, but is removed all the same: it would
+    // still run before the agent's lines.
+    let v = a.exec("trap ': dbg' DEBUG; trap -p DEBUG").await;
+    assert!(s(&v, "stdout").contains("dbg"), "{v}");
+    assert_eq!(s(&a.exec("trap -p DEBUG RETURN").await, "stdout"), "");
+}
+
+/// The agent reports on fd 3, and the command runs with it closed, so a command's own use
+/// of fd 3 (`exec 3>file … exec 3>&-`) is its business. Closing or redirecting the shell's
+/// descriptors — also the copies bash keeps of fd 3 and of its input while a command runs
+/// — must not cost later calls: at worst the shell is replaced at once, and the answer says
+/// why.
+#[tokio::test]
+async fn closing_or_redirecting_the_framing_descriptors_never_costs_later_calls() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export KEPT=yes").await;
+    for trap in [
+        "exec 3>&-",
+        "exec 3>/dev/null",
+        "exec 3>&1 4>&1",
+        "exec 3>\"$PWD/fd3-$$\"; echo mine >&3; exec 3>&-",
+    ] {
+        let v = a
+            .exec_with(json!({"command": trap, "timeout_ms": QUICK_MS}))
+            .await;
+        assert_eq!(
+            (v["timed_out"].as_bool(), v["shell_restarted"].as_bool()),
+            (Some(false), Some(false)),
+            "{trap}: {v}"
+        );
+        let v = a
+            .exec_with(json!({"command": "echo \"$KEPT\"; pwd", "timeout_ms": QUICK_MS}))
+            .await;
+        assert_eq!(
+            (s(&v, "stdout"), v["shell_restarted"].as_bool()),
+            ("yes\n/tmp\n", Some(false)),
+            "after {trap}: {v}"
+        );
+    }
+    // Every descriptor the shell has, bash's saved copies of fd 3 and of its input
+    // included: the shell cannot go on, and the call says so at once.
+    let close_all = "for fd in /proc/$$/fd/*; do fd=${fd##*/}; \
+                     [ \"$fd\" -gt 2 ] && eval \"exec $fd>&-\"; done; echo closed";
+    let t0 = std::time::Instant::now();
+    let v = a
+        .exec_with(json!({"command": close_all, "timeout_ms": QUICK_MS}))
+        .await;
+    assert_eq!(
+        (
+            s(&v, "stdout"),
+            v["timed_out"].as_bool(),
+            v["shell_restarted"].as_bool()
+        ),
+        ("closed\n", Some(false), Some(true)),
+        "{v} after {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        s(&v, "stderr").contains("status channel"),
+        "the note does not say what broke: {v}"
+    );
+    answers(&a, false).await;
+}
+
+/// `set -e`, `set -u` and `set -o pipefail` are the user's to keep: the agent's lines work
+/// under them, and the state stays. An `errexit` shell that a failing command ends is the
+/// user's choice too, but the call says the shell was reset and why, and the next call runs
+/// in a new shell.
+#[tokio::test]
+async fn strict_modes_are_kept_and_an_errexit_exit_is_reported() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export KEPT=yes; set -euo pipefail").await;
+    for _ in 0..2 {
+        let v = a
+            .exec_with(json!({"command": "echo \"$KEPT\" $-; pwd", "timeout_ms": QUICK_MS}))
+            .await;
+        let out = s(&v, "stdout");
+        assert!(
+            out.starts_with("yes ")
+                && out.ends_with("\n/tmp\n")
+                && out.contains('e')
+                && out.contains('u'),
+            "{v}"
+        );
+        assert_eq!(v["shell_restarted"], false, "{v}");
+    }
+    // A timeout under errexit: the interrupted command fails, which ends the shell.
+    let v = a
+        .exec_with(json!({"command": "sleep 30", "timeout_ms": 500}))
+        .await;
+    assert_eq!(v["timed_out"], true, "{v}");
+    answers(&a, true).await;
+    a.exec("set -e").await;
+    let v = a
+        .exec_with(json!({"command": "false", "timeout_ms": QUICK_MS}))
+        .await;
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["shell_restarted"].as_bool()),
+        (Some(1), Some(true)),
+        "{v}"
+    );
+    assert!(s(&v, "stderr").contains("set -e"), "{v}");
+    answers(&a, false).await;
+}

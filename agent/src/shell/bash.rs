@@ -32,8 +32,14 @@ const INIT_SCRIPT: &str =
 
 /// What the wait for a command ended with.
 pub(super) enum Ended {
-    /// bash reported `status` and `cwd` on the status pipe.
-    Reported { status: i32, cwd: String },
+    /// bash reported `status`, its option flags (`$-`) and `cwd` on the status pipe, and the
+    /// `DEBUG`/`RETURN` traps it removed (`trap -p`), if any.
+    Reported {
+        status: i32,
+        cwd: String,
+        flags: String,
+        traps: Option<String>,
+    },
     /// The shell process exited (or was replaced through `exec` and then exited).
     ShellExited(ExitCode),
     /// Timeout or interruption before either of the above.
@@ -123,6 +129,8 @@ impl Bash {
         Ended::Reported {
             status: rec.status,
             cwd,
+            flags: rec.flags,
+            traps: rec.traps,
         }
     }
 

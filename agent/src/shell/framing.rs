@@ -1,7 +1,8 @@
 //! The lines the agent writes to bash and the records bash writes back on the status pipe.
 //!
-//! After each command bash writes `\0<nonce> <status> <cwd>\0` to fd 3, a pipe only the agent
-//! reads, with a fresh nonce per command. Command output goes to files and is never parsed,
+//! After each command bash writes `\0<nonce> <status> <flags> <cwd>\0` to fd 3, a pipe only the
+//! agent reads, with a fresh nonce per command (`<flags>` is `$-`). The `DEBUG` and `RETURN`
+//! traps the command left, if any, come just before it as a segment of their own (`trap -p`). Command output goes to files and is never parsed,
 //! so nothing a command prints can end it early or change its result.
 
 use std::fmt::Write as _;
@@ -14,19 +15,23 @@ use tokio::net::unix::pipe;
 /// nonce, a status and a path); anything longer is junk someone wrote on the pipe.
 const STATUS_BUF_MAX: usize = 16 * 1024;
 
-/// A status record: the nonce it was tagged with, an exit status and a working directory.
+/// A status record: the nonce it was tagged with, an exit status, the shell's option flags
+/// (`$-`), a working directory, and the `DEBUG`/`RETURN` traps removed before it was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Record {
     pub nonce: String,
     pub status: i32,
+    pub flags: String,
     pub cwd: String,
+    /// `trap -p` of the traps removed (the segment just before the record), if any.
+    pub traps: Option<String>,
 }
 
 /// The line that runs one command file. Only our paths and nonce appear in it.
 pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
     let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
     format!(
-        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}; \\builtin : <>{}\n",
+        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}; \\builtin : <>{} || \\builtin :\n",
         q("cmd"),
         q("out"),
         q("err"),
@@ -45,7 +50,7 @@ pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str
         Some(dir) => (
             q(dir, "out"),
             q(dir, "err"),
-            format!("; \\builtin : <>{}", q(dir, "done")),
+            format!("; \\builtin : <>{} || \\builtin :", q(dir, "done")),
         ),
         None => (
             "/dev/null".to_owned(),
@@ -64,7 +69,7 @@ pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str
 /// its top level and reading lines again.
 pub(super) fn sync_line(nonce: &str, status: i32) -> String {
     format!(
-        "{}\\builtin printf '\\0%s %s %s\\0' {nonce} {status} \"${{PWD-}}\" >&3\n",
+        "{}\\builtin printf '\\0%s %s %s %s\\0' {nonce} {status} \"$-\" \"${{PWD-}}\" >&3\n",
         restore_builtins(nonce)
     )
 }
@@ -80,40 +85,51 @@ pub(super) fn sync_line(nonce: &str, status: i32) -> String {
 /// command, and no fork at all under a fork bomb. `:` alone could be a function: the fork
 /// bomb `:(){ :|:& };:` defines one.) Read-write, because opening a FIFO read-write never
 /// blocks: the agent stops reading it once it has the record, and a write-only open would
-/// then wait forever for a reader.
+/// then wait forever for a reader. The agent may have removed the command's directory by
+/// then (it has the record): the open then fails, which under `set -e` would end the shell,
+/// so the redirection's failure is caught (`|| \builtin :`).
 fn report_status(nonce: &str) -> String {
     let status = format!("__cli_mcp_status_{nonce}");
     format!(
-        "{status}=$?; {}\\builtin printf '\\0%s %s %s\\0' {nonce} \"${status}\" \"${{PWD-}}\" >&3; \\builtin unset {status}",
+        "{status}=$?; {}\\builtin printf '\\0%s %s %s %s\\0' {nonce} \"${status}\" \"$-\" \"${{PWD-}}\" >&3; \\builtin unset {status}",
         restore_builtins(nonce)
     )
 }
 
 /// Makes the names the agent's lines use mean the builtins again, whatever the previous
-/// command did: a function or an alias named `builtin`, `.`, `eval`, `printf`, `unset` or
-/// `enable`, or one of those builtins disabled with `enable -n`.
+/// command did: a function or an alias named `builtin`, `.`, `eval`, `printf`, `unset`,
+/// `enable` or `trap`, or one of those builtins disabled with `enable -n`; and removes the
+/// `DEBUG` and `RETURN` traps.
 ///
 /// - Aliases: every command word the agent writes is quoted (`\builtin`), and a quoted word
 ///   is never alias-expanded; the user's aliases are left alone.
 /// - Functions: `builtin X` skips functions named X, so only functions named `builtin` and
 ///   `enable` must go. `unset -f` removes them, but `unset` can be a function too, and so
 ///   can `command`: no regular builtin is safe from a function. In POSIX mode, though,
-///   *special* builtins (`unset` is one) are found before functions, and POSIX mode is
-///   entered by assigning `POSIXLY_CORRECT`, an assignment, which no function or alias can
-///   intercept. So `unset -f` runs in POSIX mode, which is left again only if the agent
+///   *special* builtins (`unset` and `trap` are) are found before functions, and POSIX mode
+///   is entered by assigning `POSIXLY_CORRECT`, an assignment, which no function or alias
+///   can intercept. So `unset -f` runs in POSIX mode, which is left again only if the agent
 ///   entered it (`[[ -o posix ]]` is syntax, not a command): the user's own mode is kept.
 ///   The flag remembering that has the nonce in its name, so no command can have made it
 ///   read-only beforehand.
 /// - `enable -n`: `enable` re-enables the builtins the agent uses (after `enable` itself
 ///   was freed of a function).
+/// - Traps: a `DEBUG` trap runs before every simple command at the top level, the agent's
+///   own included, and a `RETURN` trap whenever a sourced file (every command) returns: a
+///   slow or reading one would make every later call slow, a false timeout, or eat the
+///   agent's lines. Both are listed on the status pipe (the agent says which were removed)
+///   and removed as early as a special builtin can be trusted, right after POSIX mode is
+///   entered; once more after `enable`, for a `trap` that was disabled. Until then the trap
+///   still runs a few times: the command that set it pays for it.
 ///
 /// A command that goes further (a read-only function named `builtin`, `enable -n enable`, a
-/// read-only `POSIXLY_CORRECT` together with a function named `unset`) leaves the shell
-/// unable to report; the `done` FIFO tells at once, and the shell is replaced.
+/// read-only `POSIXLY_CORRECT` together with a function named `unset`, fd 3 closed for good)
+/// leaves the shell unable to report; the `done` FIFO tells at once, and the shell is
+/// replaced.
 fn restore_builtins(nonce: &str) -> String {
     let flag = format!("__cli_mcp_posix_{nonce}");
     format!(
-        "[[ -o posix ]] || {flag}=1; [[ -z ${{{flag}-}} ]] || POSIXLY_CORRECT=y; \\unset -f builtin enable; [[ -z ${{{flag}-}} ]] || \\unset POSIXLY_CORRECT {flag}; \\enable builtin enable printf . eval unset; "
+        "[[ -o posix ]] || {flag}=1; [[ -z ${{{flag}-}} ]] || POSIXLY_CORRECT=y; \\trap -p DEBUG RETURN >&3; \\trap - DEBUG RETURN; \\unset -f builtin enable; [[ -z ${{{flag}-}} ]] || \\unset POSIXLY_CORRECT {flag}; \\enable builtin enable printf . eval unset trap; \\builtin trap - DEBUG RETURN; "
     )
 }
 
@@ -125,6 +141,8 @@ pub(super) struct StatusPipe {
     scanned: usize,
     /// EOF: the process on the other side is no longer our shell.
     pub closed: bool,
+    /// A `trap -p` segment seen since the last record: it belongs to the next one.
+    traps: Option<String>,
 }
 
 impl StatusPipe {
@@ -134,6 +152,7 @@ impl StatusPipe {
             buf: Vec::new(),
             scanned: 0,
             closed: false,
+            traps: None,
         }
     }
 
@@ -164,8 +183,19 @@ impl StatusPipe {
             let end = self.scanned + off;
             let segment: Vec<u8> = self.buf.drain(..=end).collect();
             self.scanned = 0;
-            if let Some(rec) = parse_record(&segment[..segment.len() - 1]) {
+            let segment = &segment[..segment.len() - 1];
+            if let Some(mut rec) = parse_record(segment) {
+                rec.traps = self.traps.take();
                 return Some(rec);
+            }
+            if segment.starts_with(b"trap -- ") {
+                // In POSIX mode `trap -p` also lists the traps that are not set, as `-`.
+                let set: Vec<&str> = std::str::from_utf8(segment)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.starts_with("trap -- ") && !l.starts_with("trap -- - "))
+                    .collect();
+                self.traps = (!set.is_empty()).then(|| set.join("\n"));
             }
         }
         self.scanned = self.buf.len();
@@ -196,20 +226,23 @@ impl StatusPipe {
     }
 }
 
-/// Parses `<nonce> <status> <cwd>`; anything else (empty segments, junk) is `None`.
+/// Parses `<nonce> <status> <flags> <cwd>`; anything else (empty segments, junk) is `None`.
 fn parse_record(segment: &[u8]) -> Option<Record> {
     let text = String::from_utf8_lossy(segment);
-    let mut parts = text.splitn(3, ' ');
+    let mut parts = text.splitn(4, ' ');
     let nonce = parts.next()?;
     if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let status = parts.next()?.parse().ok()?;
+    let flags = parts.next()?.to_owned();
     let cwd = parts.next()?.to_owned();
     Some(Record {
         nonce: nonce.to_owned(),
         status,
+        flags,
         cwd,
+        traps: None,
     })
 }
 
@@ -236,7 +269,9 @@ mod tests {
         Record {
             nonce: nonce.to_owned(),
             status,
+            flags: "himBs".to_owned(),
             cwd: cwd.to_owned(),
+            traps: None,
         }
     }
 
@@ -256,7 +291,7 @@ mod tests {
         );
         assert!(
             l.ends_with(
-                "\\builtin printf '\\0%s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc; \\builtin : <>'/s/cmd/1/done'\n"
+                "\\builtin printf '\\0%s %s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"$-\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc; \\builtin : <>'/s/cmd/1/done' || \\builtin :\n"
             ),
             "{l}"
         );
@@ -278,12 +313,13 @@ mod tests {
     fn records_parse_and_junk_is_ignored() {
         let n = "0123456789abcdef0123456789abcdef";
         assert_eq!(
-            parse_record(format!("{n} 3 /a b").as_bytes()),
+            parse_record(format!("{n} 3 himBs /a b").as_bytes()),
             Some(record(n, 3, "/a b"))
         );
         assert_eq!(parse_record(b"bash-5.2# exec 3>&2"), None);
         assert_eq!(parse_record(b""), None);
-        assert_eq!(parse_record(format!("{n} x /").as_bytes()), None);
+        assert_eq!(parse_record(format!("{n} x himBs /").as_bytes()), None);
+        assert_eq!(parse_record(format!("{n} 3").as_bytes()), None);
     }
 
     #[tokio::test]
@@ -295,14 +331,23 @@ mod tests {
             for _ in 0..64 {
                 tx.write_all(&junk).await.expect("write junk");
             }
-            tx.write_all(format!("\0{nonce} 5 /w\0").as_bytes())
-                .await
-                .expect("write record");
+            tx.write_all(
+                format!("\0trap -- 'x' DEBUG\ntrap -- - RETURN\n\0{nonce} 5 himBs /w\0").as_bytes(),
+            )
+            .await
+            .expect("write record");
         });
         let mut status = StatusPipe::new(rx);
         let rec = status.next_record().await;
         writer.await.expect("join");
-        assert_eq!(rec, Some(record(nonce, 5, "/w")));
+        let traps = Some("trap -- 'x' DEBUG".to_owned());
+        assert_eq!(
+            rec,
+            Some(Record {
+                traps,
+                ..record(nonce, 5, "/w")
+            })
+        );
         assert!(
             status.buf.capacity() < 4 * STATUS_BUF_MAX,
             "buffer grew to {}",

@@ -77,6 +77,9 @@ pub struct Shell {
     lingering: Lingering,
     /// Space kept aside so that a command can be written to a full state dir.
     reserve: Reserve,
+    /// `set -e` was on after the last command: a shell that exits during the next one most
+    /// likely did so for a failing command.
+    errexit: bool,
 }
 
 /// One command's directory: `cmd` holds the command, `out` and `err` its output.
@@ -135,6 +138,7 @@ impl Shell {
             spills,
             lingering: Lingering::default(),
             reserve,
+            errexit: false,
         })
     }
 
@@ -306,13 +310,30 @@ impl Shell {
         notes: &mut Notes,
     ) -> Result<(i32, String), ShellError> {
         let status = match ended {
-            Ended::Reported { status, cwd } => return Ok((status, cwd)),
+            Ended::Reported {
+                status,
+                cwd,
+                flags,
+                traps,
+            } => {
+                self.errexit = flags.contains('e');
+                if let Some(traps) = traps {
+                    notes.note(removed_traps(&traps));
+                }
+                return Ok((status, cwd));
+            }
             Ended::ShellExited(code) => {
                 // A stopped command already has its note; the shell's exit is part of it.
+                let why = if self.errexit {
+                    "`set -e` was on (set by an earlier command) and a command failed"
+                } else {
+                    "an `exit`, a failing command under `set -e`, an `exec`, or its input or \
+                     status channel closed"
+                };
                 match stop {
                     None => notes.reset(format!(
-                        "the shell exited with status {code}; a new shell was started \
-                         (working directory, variables and functions were reset)"
+                        "the shell exited with status {code} ({why}); a new shell was started \
+                         (working directory, variables, functions and options were reset)"
                     )),
                     Some(_) => notes.shell_restarted = true,
                 }
@@ -322,8 +343,9 @@ impl Shell {
                 notes.reset(
                     "the shell ran the command but could not report on it: its builtins are \
                      broken beyond repair (a read-only function named builtin, or enable -n \
-                     enable?), so it was replaced (working directory, variables and functions \
-                     were reset); the command's exit status is unknown",
+                     enable?) or its status channel (fd 3, kept by bash while a command runs) \
+                     was closed, so it was replaced (working directory, variables and \
+                     functions were reset); the command's exit status is unknown",
                 );
                 1
             }
@@ -383,6 +405,7 @@ impl Shell {
     }
 
     async fn restart(&mut self) -> Result<(), ShellError> {
+        self.errexit = false;
         if let Some(old) = self.bash.take() {
             old.kill_everything(self.opts.kill_grace).await;
         }
@@ -408,6 +431,21 @@ impl Shell {
             let _ = state_files::own_dir(&dir);
         }
     }
+}
+
+/// The note for `DEBUG`/`RETURN` traps the framing removed; `listing` is their `trap -p`.
+fn removed_traps(listing: &str) -> String {
+    let names: Vec<&str> = ["DEBUG", "RETURN"]
+        .into_iter()
+        .filter(|n| listing.lines().any(|l| l.ends_with(&format!(" {n}"))))
+        .collect();
+    format!(
+        "the {} trap this command set was removed: it would run before the agent's own \
+         commands too (DEBUG before every command, RETURN after every call), making later \
+         calls slow or time out; set it inside the command that needs it ({})",
+        names.join(" and "),
+        listing.lines().collect::<Vec<_>>().join("; ")
+    )
 }
 
 /// The state dir and the directories of the shell's files in it, outermost first. (Not
