@@ -619,6 +619,7 @@ impl Cgroups {
         std::fs::create_dir(&probe)
             .map_err(|e| format!("cannot create a cgroup in {}: {e}", parent.display()))?;
         let _ = std::fs::remove_dir(&probe);
+        remove_stale_cgroups(&parent);
         Ok(Self { parent })
     }
 
@@ -629,6 +630,29 @@ impl Cgroups {
             .join(format!("cli-mcp-{}-{sid}-{uid}", std::process::id()));
         std::fs::create_dir(&dir)?;
         Ok(dir)
+    }
+}
+
+/// Removes the empty cgroups that servers which no longer run left in `parent` (a SIGKILLed
+/// server empties none; its agents stop by themselves). `rmdir` removes only an empty
+/// cgroup, so one still in use, or a live server's, is never touched.
+fn remove_stale_cgroups(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cli-mcp-"))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(e.path());
+        }
     }
 }
 
