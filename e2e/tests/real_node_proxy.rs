@@ -13,6 +13,8 @@
 //!   host that is no route gets the proxy's 403;
 //! - the proxy accepts connections only from the instance's sandboxes;
 //! - a proxy replica killed: once it is gone from the Service, calls keep working;
+//! - the token rotated in the admin's Secret and the old one revoked: the session's next
+//!   calls use the new one within seconds, no sandbox or proxy pod restarted;
 //! - `spec.proxy` removed: the proxy's Deployment, ConfigMap and NetworkPolicy are deleted
 //!   (with the installed operator's RBAC).
 //!
@@ -23,23 +25,27 @@ use std::time::{Duration, Instant};
 
 use cli_mcp_api::names::label;
 use cli_mcp_api::pod_state::is_ready;
-use cli_mcp_e2e::addons::{self, Enforcer, Ipv4Net};
+use cli_mcp_e2e::addons::{self, Enforcer, Ipv4Net, Reach};
 use cli_mcp_e2e::cluster::ClusterConfig;
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::node::{self, NodeKind};
-use cli_mcp_e2e::peer::{expect, peer};
+use cli_mcp_e2e::peer::{expect, peer, reach};
 use cli_mcp_e2e::project_images;
 use cli_mcp_e2e::testing::{self, pod_ip, wait_for, wait_for_set, workspace_root, TIMEOUT};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
 const AGENT_PORT: u16 = cli_mcp_api::wire::AGENT_PORT;
 const PROXY_PORT: u16 = cli_mcp_api::proxy::PROXY_PORT;
+/// How soon a rotated token must be in use: well under the kubelet's periodic pod sync
+/// (about a minute), so only the operator's nudge of the proxy pods can meet it.
+const ROTATION: Duration = Duration::from_secs(30);
 
 /// The ready, not deleting pods of `selector`, waiting until there are at least `n`.
 async fn ready_pods(api: Api<Pod>, selector: &str, n: usize) -> Vec<Pod> {
@@ -50,6 +56,30 @@ async fn ready_pods(api: Api<Pod>, selector: &str, n: usize) -> Vec<Pod> {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     pods.into_iter().filter(|p| live(p)).collect()
+}
+
+/// Whether the API server accepts `token` (the admin kubeconfig's server and CA, no client
+/// certificate).
+async fn token_works(kubeconfig: &std::path::Path, token: &str) -> bool {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("admin kubeconfig");
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("client config");
+    cfg.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_owned().into()),
+        ..Default::default()
+    };
+    let client = kube::Client::try_from(cfg).expect("client");
+    match Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .list(&ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 401 => false,
+        // Authenticated but not allowed is still a working token.
+        Err(kube::Error::Api(s)) if s.code == 403 => true,
+        Err(e) => panic!("asking the API server with a token: {e}"),
+    }
 }
 
 /// A command that must succeed; its stdout.
@@ -152,7 +182,7 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     let seen = ok(
         &mcp,
         "s1",
-        "env; echo ---; cat \"$KUBECONFIG\"; echo ---; \
+        "export MARK=kept; env; echo ---; cat \"$KUBECONFIG\"; echo ---; \
          ls -la /etc/cli-mcp /etc/cli-mcp/* /var/run/secrets 2>&1; echo ---; \
          cat /etc/cli-mcp/proxy-client/* 2>&1",
     )
@@ -280,6 +310,32 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Out of the EndpointSlice is not yet out of the node's rules: kube-proxy syncs on its own
+    // schedule. Gone means 20 connections in a row through the Service IP all reach a live
+    // replica (with the dead one still in the rules, each has an even chance to fail).
+    let service_ip: Ipv4Addr = env
+        .api::<Service>()
+        .get("cli-mcp-p-proxy")
+        .await
+        .expect("the proxy Service")
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .and_then(|ip| ip.parse().ok())
+        .expect("the proxy Service's IP");
+    let synced = Instant::now() + TIMEOUT;
+    let mut in_a_row = 0;
+    while in_a_row < 20 {
+        if reach(&sandbox, service_ip, PROXY_PORT).await == Reach::Connected {
+            in_a_row += 1;
+        } else {
+            in_a_row = 0;
+            assert!(
+                Instant::now() < synced,
+                "the node still routes the proxy Service to the killed replica {victim}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     for i in 0..10 {
         let out = ok(&mcp, "s1", "kubectl get ns kube-system -o name").await;
         assert_eq!(
@@ -289,6 +345,111 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         );
     }
     eprintln!("calls after a proxy replica was killed: 10/10");
+
+    // --- Token rotation mid-session --------------------------------------------------------------
+    // A new token for the investigator in the admin's Secret, and the old one revoked (its
+    // token Secret deleted): the session's next calls use the new one, with no restart of the
+    // sandbox or of the proxy pods.
+    let new_token = env
+        .api::<ServiceAccount>()
+        .create_token_request(
+            "cli-mcp-investigator",
+            &PostParams::default(),
+            &TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a new token for the investigator")
+        .status
+        .and_then(|s| s.token)
+        .expect("token");
+    let secrets = env.api::<Secret>();
+    let mut admin = secrets
+        .get("cli-mcp-p-kubeconfig")
+        .await
+        .expect("the admin kubeconfig Secret");
+    let data = admin.data.get_or_insert_with(Default::default);
+    let old_kc = String::from_utf8(data["kubeconfig"].0.clone()).expect("kubeconfig utf-8");
+    assert!(old_kc.contains(&token), "the Secret holds the first token");
+    data.insert(
+        "kubeconfig".into(),
+        k8s_openapi::ByteString(old_kc.replace(&token, &new_token).into_bytes()),
+    );
+    admin.metadata.managed_fields = None;
+    secrets
+        .replace("cli-mcp-p-kubeconfig", &PostParams::default(), &admin)
+        .await
+        .expect("rotating the token in the admin Secret");
+    let replaced = Instant::now();
+    secrets
+        .delete("cli-mcp-investigator-token", &DeleteParams::default())
+        .await
+        .expect("revoking the first token");
+    // The API server caches token reviews for a few seconds: wait until it refuses the old
+    // token itself, so the sandbox's success below can only come from the new one.
+    let refused = Instant::now() + TIMEOUT;
+    while token_works(&info.kubeconfig, &token).await {
+        assert!(
+            Instant::now() < refused,
+            "the API server still accepts the revoked token"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        token_works(&info.kubeconfig, &new_token).await,
+        "the new token works against the API server"
+    );
+    let proxies_before: Vec<String> = ready_pods(pods.clone(), &sel("proxy"), 2)
+        .await
+        .iter()
+        .map(|p| p.uid().unwrap_or_default())
+        .collect();
+    let rotated = Instant::now();
+    let deadline = rotated + ROTATION;
+    loop {
+        let (r, t) = run(&mcp, "s1", "kubectl get ns kube-system -o name").await;
+        if r["isError"] == false {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rotated token was not used within {ROTATION:?}: {t}\n{}",
+            env.logs("operator")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "rotated token in use {:.1?} after the Secret changed ({:.1?} after the old one was refused)",
+        replaced.elapsed(),
+        rotated.elapsed()
+    );
+    for i in 0..5 {
+        let out = ok(&mcp, "s1", "kubectl get ns kube-system -o name").await;
+        assert_eq!(
+            out.trim(),
+            "namespace/kube-system",
+            "call {i} after rotation: {out}"
+        );
+    }
+    let proxies_after: Vec<String> = ready_pods(pods.clone(), &sel("proxy"), 2)
+        .await
+        .iter()
+        .map(|p| p.uid().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        proxies_before, proxies_after,
+        "the proxy pods were not restarted by the rotation"
+    );
+    assert_eq!(
+        ok(&mcp, "s1", "echo $MARK").await.trim(),
+        "kept",
+        "the session's shell was not restarted by the rotation"
+    );
 
     // --- spec.proxy removed: the proxy and everything it holds go --------------------------------
     let mut without = cr.clone();

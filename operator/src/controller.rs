@@ -101,6 +101,9 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     if spec.proxy.is_none() {
         teardown::remove_proxy(ctx, spec).await;
     }
+    if let Some(p) = &inputs.proxy {
+        crate::rotation::nudge_proxy_pods(ctx, spec, p).await;
+    }
     teardown::remove_expose(ctx, spec).await;
     let proxy_unavailable = proxy_gate(ctx, &inputs);
     let key = resolved.key.as_ref();

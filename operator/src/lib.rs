@@ -26,6 +26,7 @@ pub mod leader;
 pub mod metrics;
 pub mod pool;
 pub mod resolve;
+pub mod rotation;
 pub mod run;
 pub mod status;
 pub mod teardown;

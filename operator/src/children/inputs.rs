@@ -231,6 +231,9 @@ pub struct ProxyInputs {
     pub ca_pem: String,
     /// Hash of the CA Secret: a new CA rolls the proxy.
     pub ca_version: String,
+    /// Hash of the kubeconfig's servers and tokens, with a kubernetes target: a rotated
+    /// token is passed on to the running proxy pods ([`crate::rotation`]), never rolled.
+    pub kubeconfig_version: Option<String>,
 }
 
 impl Inputs {

@@ -88,7 +88,25 @@ pub fn proxy_inputs(
         kubeconfig_secret: plan.kubeconfig_secret.clone(),
         ca_pem: ca_pem.to_owned(),
         ca_version: ca_version.to_owned(),
+        kubeconfig_version: kubeconfig.map(kubeconfig_version),
     })
+}
+
+/// A hash of each server with its token: changes exactly when a token (or server) does.
+fn kubeconfig_version(k: &Kubeconfig) -> String {
+    let parts: Vec<String> = k
+        .routes()
+        .iter()
+        .map(|r| {
+            format!(
+                "{}={}",
+                r.domain,
+                k.token_for(&r.domain).unwrap_or_default()
+            )
+        })
+        .collect();
+    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
+    super::secrets::version_of(&bytes)
 }
 
 /// Every proxy child of one instance.
@@ -598,6 +616,36 @@ mod tests {
             .any(|r| cidrs(r).contains(&"0.0.0.0/0".to_owned())
                 && ports(r) == [IntOrString::Int(443)]));
         assert!(egress.iter().all(|r| r.to.is_some() && r.ports.is_some()));
+    }
+
+    #[test]
+    fn the_kubeconfig_version_follows_the_token_and_nothing_else() {
+        let inp = proxied();
+        let plan = inp.spec.proxy.clone().expect("plan");
+        let p = proxy(&inp);
+        let version = |token: &str| {
+            let k = cli_mcp_api::kubeconfig::validate(&format!(
+                "clusters: [{{name: c, cluster: {{server: 'https://kubernetes.default.svc'}}}}]\n\
+                 users: [{{name: u, user: {{token: {token}}}}}]\n\
+                 contexts: [{{name: x, context: {{cluster: c, user: u, namespace: a}}}}]\n"
+            ))
+            .expect("valid");
+            proxy_inputs(&plan, Some("i"), Some(&k), &p.ca_pem, "v")
+                .expect("inputs")
+                .kubeconfig_version
+                .expect("a version")
+        };
+        assert_eq!(version("t1"), version("t1"));
+        assert_ne!(version("t1"), version("t2"));
+        // A rotated token changes no part of the pod template: no roll, open watches stay.
+        let k = super::super::test_support::admin_kubeconfig();
+        let a = proxy_inputs(&plan, Some("i"), Some(&k), &p.ca_pem, "v").expect("a");
+        let mut b = a.clone();
+        b.kubeconfig_version = Some("other".into());
+        assert_eq!(
+            serde_json::to_value(deployment(&inp, &a)).expect("json"),
+            serde_json::to_value(deployment(&inp, &b)).expect("json")
+        );
     }
 
     #[test]
