@@ -5,7 +5,7 @@
 //!
 //! The first test needs no container engine: it reads the archives with `tar`. The second
 //! starts a throwaway containerd of its own (root, state and socket in a temporary
-//! directory, CRI plugin off), imports the three archives with `ctr images import` and runs
+//! directory, CRI plugin off), imports the four archives with `ctr images import` and runs
 //! commands in the sandbox under an arbitrary UID in group 0, as OpenShift's restricted SCC
 //! would. It is skipped, saying so, when `containerd`, `ctr` or `runc` is not on PATH
 //! (Debian: `apt-get install containerd`) or the test does not run as root.
@@ -22,7 +22,7 @@ use anyhow::{ensure, Context, Result};
 use cli_mcp_e2e::workspace::workspace_root;
 use serde_json::Value;
 
-const IMAGES: [&str; 3] = ["operator", "server", "sandbox"];
+const IMAGES: [&str; 4] = ["operator", "server", "proxy", "sandbox"];
 
 fn run(cmd: &mut Command) -> Result<Output> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
@@ -326,6 +326,15 @@ fn archives_hold_the_users_entry_points_and_tools() -> Result<()> {
     );
     let server = &images["server"];
     assert_eq!(server.config["config"]["User"], "1001:0");
+    let proxy = &images["proxy"];
+    assert_eq!(proxy.config["config"]["User"], "1001:0");
+    assert!(
+        !proxy
+            .files
+            .keys()
+            .any(|p| p.ends_with("bin/sh") || p.ends_with("bin/bash")),
+        "the proxy image has no shell"
+    );
 
     let sbx = &images["sandbox"];
     assert_eq!(sbx.config["config"]["User"], "1001:0");
@@ -516,8 +525,8 @@ fn sandbox_runs_under_an_arbitrary_uid_in_group_0() -> Result<()> {
     }
 
     let id = |what: &str| format!("cli-mcp-images-{what}-{}", std::process::id());
-    // Operator and server: the binaries start (glibc, libgcc) in their minimal base.
-    for name in ["operator", "server"] {
+    // Operator, server and proxy: the binaries start (glibc, libgcc) in their minimal base.
+    for name in ["operator", "server", "proxy"] {
         let out = run(containerd
             .ctr()
             .args(["run", "--rm"])
