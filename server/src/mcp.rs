@@ -163,20 +163,18 @@ fn tool_error(msg: impl Into<String>) -> CallToolResponse {
 pub fn new_handle(caller: &Caller) -> SessionId {
     let random: [u8; HANDLE_RANDOM_HEX / 2] = rand::random();
     let text = format!("c{}{}", owner_prefix(caller), hex::encode(random));
-    SessionId::parse(&text).unwrap_or_else(|_| unreachable_handle())
+    SessionId::parse(&text)
+        .unwrap_or_else(|e| unreachable!("`c` and lowercase hex is a valid session id: {e}"))
 }
 
-fn unreachable_handle() -> SessionId {
-    // `c` + hex always parses; this only keeps the function total.
-    SessionId::parse("c0").unwrap_or_else(|_| unreachable!("`c0` is a valid session id"))
-}
-
+/// The start of the caller's owner hash (with auth off, where there is no owner, of its name).
 fn owner_prefix(caller: &Caller) -> String {
-    let owner = caller
-        .owner
-        .clone()
-        .unwrap_or_else(|| crate::auth::owner_hash(&caller.name));
-    owner[..HANDLE_OWNER_HEX.min(owner.len())].to_owned()
+    let mut owner = match &caller.owner {
+        Some(owner) => owner.clone(),
+        None => crate::auth::owner_hash(&caller.name),
+    };
+    owner.truncate(HANDLE_OWNER_HEX);
+    owner
 }
 
 /// Checks a handle a client sent back (`what` names where it came from).
@@ -188,13 +186,15 @@ pub fn check_handle(text: &str, caller: &Caller, what: &str) -> Result<SessionId
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     if !well_formed {
         return Err(format!(
-            "{what} {:?} is not a session handle of this server; omit it to start a new              session (the result then names its handle)",
+            "{what} {:?} is not a session handle of this server; omit it to start a new \
+             session (the result then names its handle)",
             text.chars().take(80).collect::<String>()
         ));
     }
     if text[1..1 + HANDLE_OWNER_HEX] != owner_prefix(caller) {
         return Err(format!(
-            "{what} {text:?} belongs to another identity; use a handle this server gave you,              or omit it to start a new session"
+            "{what} {text:?} belongs to another identity; use a handle this server gave you, \
+             or omit it to start a new session"
         ));
     }
     SessionId::parse(text).map_err(|e| format!("{what} {text:?}: {e}"))
@@ -224,7 +224,8 @@ pub fn resolve_session(
         let sid = session_from_headers(headers)?;
         if let Some(arg) = argument.filter(|a| *a != sid.as_str()) {
             return Err(format!(
-                "argument `session` {arg:?} differs from this connection's X-Session-ID                  {sid:?}, which decides the session here; omit `session`"
+                "argument `session` {arg:?} differs from this connection's X-Session-ID \
+                 {sid:?}, which decides the session here; omit `session`"
             ));
         }
         return Ok((sid, SessionSource::Header));
@@ -580,6 +581,8 @@ mod tests {
         );
         let e = resolve_session(&none, Some(first.as_str()), &bob).expect_err("not bob's");
         assert!(e.contains("belongs to another identity"), "{e}");
+        // One sentence: a line continuation lost in the source shows as a run of spaces.
+        assert!(!e.contains("  "), "{e:?}");
         for forged in [
             "my-session",
             "c1234",
@@ -587,8 +590,8 @@ mod tests {
         ] {
             let e = resolve_session(&none, Some(forged), &alice).expect_err("forged");
             assert!(
-                e.contains("is not a session handle of this server"),
-                "{forged}: {e}"
+                e.contains("is not a session handle of this server") && !e.contains("  "),
+                "{forged}: {e:?}"
             );
         }
 
@@ -617,9 +620,11 @@ mod tests {
             Ok(("orch-1".to_owned(), SessionSource::Header))
         );
         assert!(resolve_session(&h, Some("orch-1"), &bob).is_ok());
-        assert!(resolve_session(&h, Some(first.as_str()), &alice)
-            .expect_err("differs")
-            .contains("differs from this connection's X-Session-ID"));
+        let e = resolve_session(&h, Some(first.as_str()), &alice).expect_err("differs");
+        assert!(
+            e.contains("differs from this connection's X-Session-ID") && !e.contains("  "),
+            "{e:?}"
+        );
         // Auth off: handles are still checked, against the anonymous name.
         let anon = Caller::anonymous();
         let (h1, _) = resolve_session(&none, None, &anon).expect("new");
