@@ -95,28 +95,42 @@ pub fn server_args(inp: &Inputs) -> Vec<String> {
     a
 }
 
-fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
+/// Volume items mounting each key under its own name (and nothing else of the source).
+pub(super) fn key_items(keys: &[&str]) -> Option<Vec<KeyToPath>> {
+    Some(
+        keys.iter()
+            .map(|k| KeyToPath {
+                key: (*k).into(),
+                path: (*k).into(),
+                ..Default::default()
+            })
+            .collect(),
+    )
+}
+
+pub(super) fn container_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+pub(super) fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
     Volume {
         name: name.into(),
         secret: Some(SecretVolumeSource {
             secret_name: Some(secret.into()),
             default_mode: Some(0o440),
-            items: Some(
-                keys.iter()
-                    .map(|k| KeyToPath {
-                        key: (*k).into(),
-                        path: (*k).into(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
+            items: key_items(keys),
             ..Default::default()
         }),
         ..Default::default()
     }
 }
 
-fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+pub(super) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: name.into(),
         mount_path: path.into(),
@@ -125,7 +139,7 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-fn http_probe(path: &str, period: i32, failure: i32) -> Probe {
+pub(super) fn http_probe(path: &str, period: i32, failure: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -174,18 +188,8 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         args: Some(server_args(inp)),
         env: Some(server_env(inp)),
         ports: Some(vec![
-            ContainerPort {
-                name: Some(mcp_port_name.into()),
-                container_port: inp.spec.mcp_port(),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("health".into()),
-                container_port: HEALTH_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
+            container_port(mcp_port_name, inp.spec.mcp_port()),
+            container_port("health", HEALTH_PORT),
         ]),
         liveness_probe: Some(http_probe("/livez", 10, 3)),
         readiness_probe: Some(http_probe("/readyz", 2, 3)),
@@ -195,16 +199,41 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let selector = inp.spec.selector(label::COMPONENT_SERVER);
+    rolling_deployment(
+        inp,
+        inp.spec.name.server(),
+        label::COMPONENT_SERVER,
+        inp.spec.replicas,
+        annotations,
+        PodSpec {
+            service_account_name: Some(inp.spec.name.server()),
+            automount_service_account_token: Some(true),
+            containers: vec![container],
+            volumes: Some(volumes),
+            ..Default::default()
+        },
+    )
+}
+
+/// What the instance's Deployments (server and proxy) share: `replicas` pods of
+/// `component` under the instance's labels, rolled one new pod at a time with none
+/// unavailable, `annotations` on the template (the hashes that roll it), a restricted pod
+/// without service links; `pod` says the rest.
+pub(super) fn rolling_deployment(
+    inp: &Inputs,
+    name: String,
+    component: &str,
+    replicas: i32,
+    annotations: BTreeMap<String, String>,
+    pod: PodSpec,
+) -> Deployment {
     Deployment {
-        metadata: inp
-            .spec
-            .meta(inp.spec.name.server(), label::COMPONENT_SERVER),
+        metadata: inp.spec.meta(name, component),
         spec: DeploymentSpec {
-            replicas: Some(inp.spec.replicas),
+            replicas: Some(replicas),
             revision_history_limit: Some(3),
             selector: LabelSelector {
-                match_labels: Some(selector),
+                match_labels: Some(inp.spec.selector(component)),
                 ..Default::default()
             },
             strategy: Some(DeploymentStrategy {
@@ -216,19 +245,15 @@ pub fn deployment(inp: &Inputs) -> Deployment {
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(inp.spec.labels(label::COMPONENT_SERVER)),
+                    labels: Some(inp.spec.labels(component)),
                     annotations: Some(annotations),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    service_account_name: Some(inp.spec.name.server()),
-                    automount_service_account_token: Some(true),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(30),
-                    containers: vec![container],
-                    volumes: Some(volumes),
                     security_context: Some(pod_security::restricted_pod(None)),
-                    ..Default::default()
+                    ..pod
                 }),
             },
             ..Default::default()

@@ -71,28 +71,34 @@ pub(super) fn dns_rule() -> NetworkPolicyEgressRule {
     }
 }
 
-fn api_server_rule(inp: &Inputs) -> Option<NetworkPolicyEgressRule> {
+/// A peer of exactly one address.
+pub(super) fn ip_peer(ip: &str) -> NetworkPolicyPeer {
+    let cidr = if ip.contains(':') {
+        format!("{ip}/128")
+    } else {
+        format!("{ip}/32")
+    };
+    cidr_peer(cidr)
+}
+
+pub(super) fn cidr_peer(cidr: impl Into<String>) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        ip_block: Some(IPBlock {
+            cidr: cidr.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The Kubernetes API server's endpoints and Service IP on their ports (`None` when the
+/// operator could not read them).
+pub(super) fn api_server_rule(inp: &Inputs) -> Option<NetworkPolicyEgressRule> {
     if inp.api_server.ips.is_empty() {
         return None;
     }
     Some(NetworkPolicyEgressRule {
-        to: Some(
-            inp.api_server
-                .ips
-                .iter()
-                .map(|ip| NetworkPolicyPeer {
-                    ip_block: Some(IPBlock {
-                        cidr: if ip.contains(':') {
-                            format!("{ip}/128")
-                        } else {
-                            format!("{ip}/32")
-                        },
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect(),
-        ),
+        to: Some(inp.api_server.ips.iter().map(|ip| ip_peer(ip)).collect()),
         ports: Some(
             inp.api_server
                 .ports

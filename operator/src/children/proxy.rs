@@ -8,17 +8,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
-};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
-    SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PodAffinityTerm,
+    PodAntiAffinity, PodSpec, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
     WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::networking::v1::{
-    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicySpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -35,7 +32,10 @@ use cli_mcp_api::proxy::{
 };
 use cli_mcp_api::sandbox::{KUBECONFIG_KEY, PROXY_CA_KEY};
 
-use super::networkpolicy::{dns_rule, port, selector};
+use super::deployment::{
+    container_port, http_probe, key_items, mount, rolling_deployment, secret_volume,
+};
+use super::networkpolicy::{api_server_rule, cidr_peer, dns_rule, ip_peer, port, selector};
 use super::{Inputs, ProxyInputs};
 
 pub const CONTAINER: &str = "proxy";
@@ -195,60 +195,24 @@ pub fn pod_disruption_budget(inp: &Inputs) -> PodDisruptionBudget {
     }
 }
 
-fn ip_peer(ip: &str) -> NetworkPolicyPeer {
-    let cidr = if ip.contains(':') {
-        format!("{ip}/128")
-    } else {
-        format!("{ip}/32")
-    };
-    NetworkPolicyPeer {
-        ip_block: Some(IPBlock {
-            cidr,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-/// Where a route's packets go, as a NetworkPolicy can say it.
-fn route_egress(inp: &Inputs, d: &Domain) -> NetworkPolicyEgressRule {
-    let peers_ports: (Vec<NetworkPolicyPeer>, Vec<i32>) = if KUBERNETES_SERVICE_HOSTS
-        .contains(&d.host())
+/// Where a route's packets go, as a NetworkPolicy can say it; `None` for a route to the
+/// API server whose addresses the operator could not read.
+fn route_egress(inp: &Inputs, d: &Domain) -> Option<NetworkPolicyEgressRule> {
+    if KUBERNETES_SERVICE_HOSTS.contains(&d.host())
         || inp.api_server.ips.iter().any(|ip| ip == d.host())
     {
-        (
-            inp.api_server.ips.iter().map(|ip| ip_peer(ip)).collect(),
-            inp.api_server.ports.clone(),
-        )
-    } else if let Some(ip) = d.ip() {
-        (vec![ip_peer(&ip.to_string())], vec![i32::from(d.port())])
-    } else {
+        return api_server_rule(inp);
+    }
+    let to = match d.ip() {
+        Some(ip) => vec![ip_peer(&ip.to_string())],
         // A DNS name: a NetworkPolicy cannot name it, so any address on that port. The
         // proxy itself connects only to the route's host.
-        (
-            vec![
-                NetworkPolicyPeer {
-                    ip_block: Some(IPBlock {
-                        cidr: "0.0.0.0/0".into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                NetworkPolicyPeer {
-                    ip_block: Some(IPBlock {
-                        cidr: "::/0".into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            ],
-            vec![i32::from(d.port())],
-        )
+        None => vec![cidr_peer("0.0.0.0/0"), cidr_peer("::/0")],
     };
-    NetworkPolicyEgressRule {
-        to: Some(peers_ports.0),
-        ports: Some(peers_ports.1.into_iter().map(|p| port("TCP", p)).collect()),
-    }
+    Some(NetworkPolicyEgressRule {
+        to: Some(to),
+        ports: Some(vec![port("TCP", i32::from(d.port()))]),
+    })
 }
 
 /// Ingress only from this instance's sandboxes, on the proxy port; egress only to DNS and
@@ -256,9 +220,13 @@ fn route_egress(inp: &Inputs, d: &Domain) -> NetworkPolicyEgressRule {
 pub fn network_policy(inp: &Inputs, p: &ProxyInputs) -> NetworkPolicy {
     let n = inp.spec.name.to_string();
     let mut egress = vec![dns_rule()];
-    for r in p.routes.routes() {
-        let rule = route_egress(inp, &r.domain);
-        if rule.to.as_ref().is_some_and(|t| !t.is_empty()) && !egress.contains(&rule) {
+    for rule in p
+        .routes
+        .routes()
+        .iter()
+        .filter_map(|r| route_egress(inp, &r.domain))
+    {
+        if !egress.contains(&rule) {
             egress.push(rule);
         }
     }
@@ -306,54 +274,6 @@ pub fn proxy_args(p: &ProxyInputs) -> Vec<String> {
     a
 }
 
-fn items(keys: &[&str]) -> Option<Vec<KeyToPath>> {
-    Some(
-        keys.iter()
-            .map(|k| KeyToPath {
-                key: (*k).into(),
-                path: (*k).into(),
-                ..Default::default()
-            })
-            .collect(),
-    )
-}
-
-fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
-    Volume {
-        name: name.into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(secret.into()),
-            default_mode: Some(0o440),
-            items: items(keys),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn mount(name: &str, path: &str) -> VolumeMount {
-    VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        read_only: Some(true),
-        ..Default::default()
-    }
-}
-
-fn probe(path: &str, period: i32) -> Probe {
-    Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::String("health".into()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        timeout_seconds: Some(2),
-        failure_threshold: Some(3),
-        ..Default::default()
-    }
-}
-
 pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
     let name = inp.spec.name.proxy();
     let mut volumes = vec![
@@ -361,7 +281,7 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
             name: "routes".into(),
             config_map: Some(ConfigMapVolumeSource {
                 name: name.clone(),
-                items: items(&[ROUTES_KEY]),
+                items: key_items(&[ROUTES_KEY]),
                 default_mode: Some(0o444),
                 ..Default::default()
             }),
@@ -379,17 +299,14 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
         },
     ];
     let mut mounts = vec![
-        mount("routes", ROUTES_DIR),
-        mount("proxy-ca", CA_DIR),
-        VolumeMount {
-            read_only: Some(false),
-            ..mount("tmp", "/tmp")
-        },
+        mount("routes", ROUTES_DIR, true),
+        mount("proxy-ca", CA_DIR, true),
+        mount("tmp", "/tmp", false),
     ];
     if let Some(secret) = &p.kubeconfig_secret {
         // Only the one key: whatever else the admin's Secret holds stays out of the pod.
         volumes.push(secret_volume("admin-kubeconfig", secret, &[KUBECONFIG_KEY]));
-        mounts.push(mount("admin-kubeconfig", ADMIN_KUBECONFIG_DIR));
+        mounts.push(mount("admin-kubeconfig", ADMIN_KUBECONFIG_DIR, true));
     }
     let annotations = BTreeMap::from([
         (
@@ -398,22 +315,16 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
         ),
         (CA_VERSION_ANNOTATION.to_owned(), p.ca_version.clone()),
     ]);
-    let port = |name: &str, n: u16| ContainerPort {
-        name: Some(name.into()),
-        container_port: i32::from(n),
-        protocol: Some("TCP".into()),
-        ..Default::default()
-    };
     let container = Container {
         name: CONTAINER.into(),
         image: Some(p.image.clone()),
         args: Some(proxy_args(p)),
         ports: Some(vec![
-            port("proxy", PROXY_PORT),
-            port("health", PROXY_HEALTH_PORT),
+            container_port("proxy", i32::from(PROXY_PORT)),
+            container_port("health", i32::from(PROXY_HEALTH_PORT)),
         ]),
-        readiness_probe: Some(probe("/readyz", 2)),
-        liveness_probe: Some(probe("/healthz", 10)),
+        readiness_probe: Some(http_probe("/readyz", 2, 3)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
         resources: Some(p.resources.clone()),
         volume_mounts: Some(mounts),
         security_context: Some(pod_security::restricted_container()),
@@ -441,44 +352,21 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
         }),
         ..Default::default()
     };
-    Deployment {
-        metadata: meta(inp),
-        spec: DeploymentSpec {
-            replicas: Some(p.replicas),
-            revision_history_limit: Some(3),
-            selector: LabelSelector {
-                match_labels: Some(selector),
-                ..Default::default()
-            },
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(1)),
-                    max_unavailable: Some(IntOrString::Int(0)),
-                }),
-            }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(inp.spec.labels(label::COMPONENT_PROXY)),
-                    annotations: Some(annotations),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(name),
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    termination_grace_period_seconds: Some(30),
-                    affinity: Some(spread),
-                    containers: vec![container],
-                    volumes: Some(volumes),
-                    security_context: Some(pod_security::restricted_pod(None)),
-                    ..Default::default()
-                }),
-            },
+    rolling_deployment(
+        inp,
+        name.clone(),
+        label::COMPONENT_PROXY,
+        p.replicas,
+        annotations,
+        PodSpec {
+            service_account_name: Some(name),
+            automount_service_account_token: Some(false),
+            affinity: Some(spread),
+            containers: vec![container],
+            volumes: Some(volumes),
             ..Default::default()
         },
-        ..Default::default()
-    }
+    )
 }
 
 #[cfg(test)]
