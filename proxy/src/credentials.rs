@@ -11,12 +11,16 @@
 //! A file that became unreadable or invalid is reported on every request (502) and by
 //! `/readyz`, rather than silently serving an older token: the admin replaced it for a reason.
 
+use std::collections::BTreeMap;
 use std::fs;
+use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use cli_mcp_api::kubeconfig::{self, Kubeconfig, MAX_KUBECONFIG_BYTES};
+use http::HeaderValue;
+
+use cli_mcp_api::kubeconfig::{self, MAX_KUBECONFIG_BYTES};
 use cli_mcp_api::proxy::Domain;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -54,9 +58,13 @@ impl FileId {
     }
 }
 
+/// The `Authorization` value of each server of a kubeconfig, built when the file is read, so a
+/// request costs a lookup and a reference-count increment.
+type Headers = BTreeMap<Domain, HeaderValue>;
+
 struct Loaded {
     id: FileId,
-    parsed: Result<Arc<Kubeconfig>, CredentialError>,
+    parsed: Result<Headers, CredentialError>,
 }
 
 /// Source of the tokens for kubernetes routes.
@@ -73,65 +81,74 @@ impl Credentials {
         }
     }
 
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
-    }
-
-    /// The token to inject for `domain`, from the current content of the kubeconfig.
-    pub fn token_for(&self, domain: &Domain) -> Result<String, CredentialError> {
-        let kc = self.current(domain)?;
-        kc.token_for(domain)
-            .map(str::to_owned)
-            .ok_or_else(|| CredentialError::NoToken(domain.clone()))
-    }
-
-    /// The kubeconfig as it is now (re-read if the file changed).
-    pub fn current(&self, domain: &Domain) -> Result<Arc<Kubeconfig>, CredentialError> {
+    /// `Bearer <token>` for `domain`, from the current content of the kubeconfig (re-read if
+    /// the file changed); marked sensitive, so it is never logged.
+    pub fn authorization(&self, domain: &Domain) -> Result<HeaderValue, CredentialError> {
         let Some(path) = &self.path else {
             return Err(CredentialError::NoKubeconfig(domain.clone()));
         };
-        let shown = path.display().to_string();
-        let unreadable = |e: std::io::Error| CredentialError::Unreadable {
-            path: shown.clone(),
-            reason: e.to_string(),
+        let id = fs::metadata(path)
+            .map(|m| FileId::of(&m))
+            .map_err(|e| unreadable(path, e))?;
+        let mut slot = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        let loaded = match slot.take() {
+            Some(l) if l.id == id => slot.insert(l),
+            previous => {
+                let parsed = read(path);
+                if let Err(e) = &parsed {
+                    tracing::warn!(error = %e, "kubeconfig reload failed");
+                } else if previous.is_some() {
+                    tracing::info!(path = %path.display(), "kubeconfig changed; new tokens are used from the next request");
+                }
+                slot.insert(Loaded { id, parsed })
+            }
         };
-        let id = FileId::of(&fs::metadata(path).map_err(unreadable)?);
-        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = loaded.as_ref().filter(|l| l.id == id) {
-            return l.parsed.clone();
+        match &loaded.parsed {
+            Ok(headers) => headers
+                .get(domain)
+                .cloned()
+                .ok_or_else(|| CredentialError::NoToken(domain.clone())),
+            Err(e) => Err(e.clone()),
         }
-        let parsed = read(path, &shown).map(Arc::new);
-        if let Err(e) = &parsed {
-            tracing::warn!(error = %e, "kubeconfig reload failed");
-        } else if loaded.is_some() {
-            tracing::info!(path = %shown, "kubeconfig changed; new tokens are used from the next request");
-        }
-        *loaded = Some(Loaded {
-            id,
-            parsed: parsed.clone(),
-        });
-        parsed
     }
 }
 
-fn read(path: &Path, shown: &str) -> Result<Kubeconfig, CredentialError> {
+fn unreadable(path: &Path, e: std::io::Error) -> CredentialError {
+    CredentialError::Unreadable {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
+fn read(path: &Path) -> Result<Headers, CredentialError> {
     // Bounded read: a Secret is at most 1 MiB, but a mounted file could be anything.
-    use std::io::Read;
-    let file = fs::File::open(path).map_err(|e| CredentialError::Unreadable {
-        path: shown.to_owned(),
-        reason: e.to_string(),
-    })?;
     let mut text = String::new();
-    file.take(MAX_KUBECONFIG_BYTES as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| CredentialError::Unreadable {
-            path: shown.to_owned(),
-            reason: e.to_string(),
+    fs::File::open(path)
+        .and_then(|f| {
+            f.take(MAX_KUBECONFIG_BYTES as u64 + 1)
+                .read_to_string(&mut text)
+        })
+        .map_err(|e| unreadable(path, e))?;
+    let invalid = |reason: String| CredentialError::Invalid {
+        path: path.display().to_string(),
+        reason,
+    };
+    let kc = kubeconfig::validate(&text).map_err(|e| invalid(e.to_string()))?;
+    let mut headers = Headers::new();
+    for route in kc.routes() {
+        let Some(token) = kc.token_for(&route.domain) else {
+            continue;
+        };
+        let mut value = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+            invalid(format!(
+                "the token for server {} is not a valid HTTP header value",
+                route.domain
+            ))
         })?;
-    kubeconfig::validate(&text).map_err(|e| CredentialError::Invalid {
-        path: shown.to_owned(),
-        reason: e.to_string(),
-    })
+        value.set_sensitive(true);
+        headers.insert(route.domain, value);
+    }
+    Ok(headers)
 }
 
 #[cfg(test)]
@@ -169,13 +186,13 @@ mod tests {
         let d = Domain::parse("10.0.0.1:6443").unwrap();
         publish(dir.path(), 1, &kubeconfig("https://10.0.0.1:6443", "first"));
         let creds = Credentials::new(Some(dir.path().join("kubeconfig")));
-        assert_eq!(creds.token_for(&d).unwrap(), "first");
+        assert_eq!(creds.authorization(&d).unwrap(), "Bearer first");
         publish(
             dir.path(),
             2,
             &kubeconfig("https://10.0.0.1:6443", "second"),
         );
-        assert_eq!(creds.token_for(&d).unwrap(), "second");
+        assert_eq!(creds.authorization(&d).unwrap(), "Bearer second");
     }
 
     #[test]
@@ -184,11 +201,24 @@ mod tests {
         let d = Domain::parse("10.0.0.1:6443").unwrap();
         publish(dir.path(), 1, &kubeconfig("https://10.0.0.1:6443", "first"));
         let creds = Credentials::new(Some(dir.path().join("kubeconfig")));
-        creds.token_for(&d).unwrap();
+        creds.authorization(&d).unwrap();
         publish(dir.path(), 2, &kubeconfig("http://10.0.0.1:6443", "second"));
-        let err = creds.token_for(&d).unwrap_err();
+        let err = creds.authorization(&d).unwrap_err();
         assert!(matches!(err, CredentialError::Invalid { .. }), "{err}");
         assert!(err.to_string().contains("https"), "{err}");
+        // A token no request could carry is the file's fault, found when it is read (and so
+        // by /readyz), not left to fail each request.
+        publish(
+            dir.path(),
+            3,
+            &kubeconfig("https://10.0.0.1:6443", "\"bad\\x01token\""),
+        );
+        let err = creds.authorization(&d).unwrap_err();
+        assert!(matches!(err, CredentialError::Invalid { .. }), "{err}");
+        assert!(
+            err.to_string().contains("not a valid HTTP header value"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -197,11 +227,11 @@ mod tests {
         let d = Domain::parse("10.0.0.2:6443").unwrap();
         let creds = Credentials::new(Some(dir.path().join("kubeconfig")));
         assert!(matches!(
-            creds.token_for(&d).unwrap_err(),
+            creds.authorization(&d).unwrap_err(),
             CredentialError::Unreadable { .. }
         ));
         publish(dir.path(), 1, &kubeconfig("https://10.0.0.1:6443", "t"));
-        let err = creds.token_for(&d).unwrap_err();
+        let err = creds.authorization(&d).unwrap_err();
         assert!(
             err.to_string()
                 .contains("no token for server 10.0.0.2:6443"),
@@ -209,7 +239,7 @@ mod tests {
         );
         let none = Credentials::new(None);
         assert!(matches!(
-            none.token_for(&d).unwrap_err(),
+            none.authorization(&d).unwrap_err(),
             CredentialError::NoKubeconfig(_)
         ));
     }

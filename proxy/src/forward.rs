@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header;
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -119,22 +119,11 @@ impl Tunnel {
         strip_hop_by_hop(&mut parts.headers);
         strip_credentials(&mut parts.headers);
         if self.is_kubernetes() {
-            let token = self
+            let value = self
                 .shared
                 .credentials
-                .token_for(&self.domain)
+                .authorization(&self.domain)
                 .map_err(credential_refusal)?;
-            let mut value = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
-                Refusal::new(
-                    StatusCode::BAD_GATEWAY,
-                    "bad_token",
-                    format!(
-                        "the kubeconfig Secret's token for {} is not a valid header value",
-                        self.domain
-                    ),
-                )
-            })?;
-            value.set_sensitive(true);
             parts.headers.insert(header::AUTHORIZATION, value);
         }
         Ok(Request::from_parts(parts, body))

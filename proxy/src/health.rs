@@ -26,7 +26,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
 pub fn not_ready(shared: &Shared) -> Option<String> {
     for route in shared.routes.routes() {
         if route.injector == Injector::Kubernetes {
-            if let Err(e) = shared.credentials.token_for(&route.domain) {
+            if let Err(e) = shared.credentials.authorization(&route.domain) {
                 return Some(e.to_string());
             }
         }
