@@ -198,70 +198,57 @@ async fn remove_proxy_pods(
     Ok(Some(left.items.len()))
 }
 
+/// Deletes the child `name` of kind `K` when the store shows it (no request otherwise);
+/// failures are logged and retried on the next reconcile. `why` names the spec field whose
+/// removal made it unwanted.
+async fn delete_cached<K: crate::apply::Owned>(ctx: &Context, ns: &str, name: &str, why: &str) {
+    if crate::context::cached(K::store(&ctx.stores), ns, name).is_none() {
+        return;
+    }
+    let api = K::api(ctx.client.clone(), ns);
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => ctx.metrics.api_write(K::kind(&()).as_ref(), "delete"),
+        Err(e) if is_status(&e, 404) => {}
+        Err(e) => tracing::warn!(
+            "deleting {} {ns}/{name} of a removed {why}: {e}; retrying on the next reconcile",
+            K::kind(&())
+        ),
+    }
+}
+
 /// An instance whose `spec.proxy` was removed: deletes the proxy children the stores still
-/// show, so no proxy keeps holding the admin's token. Failures are logged and retried on
-/// the next reconcile (owner references remove them with the instance anyway).
+/// show, so no proxy keeps holding the admin's token (owner references remove them with the
+/// instance anyway).
 pub async fn remove_proxy(ctx: &Context, spec: &crate::children::Spec) {
-    use crate::apply::Owned;
-    use crate::context::cached;
     use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-    async fn remove<K: Owned>(ctx: &Context, ns: &str, name: &str) {
-        if cached(K::store(&ctx.stores), ns, name).is_none() {
-            return;
-        }
-        let api = K::api(ctx.client.clone(), ns);
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => ctx.metrics.api_write(K::kind(&()).as_ref(), "delete"),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => tracing::warn!(
-                "deleting {} {ns}/{name} of a removed spec.proxy: {e}; retrying on the next reconcile",
-                K::kind(&())
-            ),
-        }
-    }
-    let ns = spec.namespace.as_str();
-    let name = spec.name.proxy();
-    remove::<Deployment>(ctx, ns, &name).await;
-    remove::<PodDisruptionBudget>(ctx, ns, &name).await;
-    remove::<Service>(ctx, ns, &name).await;
-    remove::<NetworkPolicy>(ctx, ns, &name).await;
-    remove::<ConfigMap>(ctx, ns, &name).await;
-    remove::<ServiceAccount>(ctx, ns, &name).await;
+    let (ns, name, why) = (spec.namespace.as_str(), spec.name.proxy(), "spec.proxy");
+    delete_cached::<Deployment>(ctx, ns, &name, why).await;
+    delete_cached::<PodDisruptionBudget>(ctx, ns, &name, why).await;
+    delete_cached::<Service>(ctx, ns, &name, why).await;
+    delete_cached::<NetworkPolicy>(ctx, ns, &name, why).await;
+    delete_cached::<ConfigMap>(ctx, ns, &name, why).await;
+    delete_cached::<ServiceAccount>(ctx, ns, &name, why).await;
 }
 
 /// The Ingress or HTTPRoute an instance no longer asks for (`spec.server.expose` removed or
-/// switched to the other kind): deleted when the store shows it, so the endpoint stops being
-/// published. Failures are logged and retried on the next reconcile.
+/// switched to the other kind), so the endpoint stops being published.
 pub async fn remove_expose(ctx: &Context, spec: &crate::children::Spec) {
-    use crate::apply::Owned;
     use crate::children::expose::HttpRoute;
-    use crate::context::cached;
     use k8s_openapi::api::networking::v1::Ingress;
 
-    async fn remove<K: Owned>(ctx: &Context, ns: &str, name: &str) {
-        if cached(K::store(&ctx.stores), ns, name).is_none() {
-            return;
-        }
-        let api = K::api(ctx.client.clone(), ns);
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => ctx.metrics.api_write(K::kind(&()).as_ref(), "delete"),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => tracing::warn!(
-                "deleting {} {ns}/{name} of a removed spec.server.expose: {e}; retrying on the next reconcile",
-                K::kind(&())
-            ),
-        }
-    }
-    let ns = spec.namespace.as_str();
-    let name = spec.name.server();
+    let (ns, name, why) = (
+        spec.namespace.as_str(),
+        spec.name.server(),
+        "spec.server.expose",
+    );
     let expose = spec.expose.as_ref();
     if expose.and_then(|e| e.ingress.as_ref()).is_none() {
-        remove::<Ingress>(ctx, ns, &name).await;
+        delete_cached::<Ingress>(ctx, ns, &name, why).await;
     }
     if expose.and_then(|e| e.http_route.as_ref()).is_none() {
-        remove::<HttpRoute>(ctx, ns, &name).await;
+        delete_cached::<HttpRoute>(ctx, ns, &name, why).await;
     }
 }
