@@ -19,7 +19,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 
-use cli_mcp_api::proxy::{Domain, Injector, Route};
+use cli_mcp_api::proxy::{Domain, Injector};
 
 use crate::credentials::CredentialError;
 use crate::headers::{is_upgrade, strip_credentials, strip_hop_by_hop};
@@ -34,23 +34,23 @@ pub type Body = Either<Incoming, Full<Bytes>>;
 /// request and reused for the next ones (HTTP/1.1 requests on a tunnel come one at a time).
 pub struct Tunnel {
     domain: Domain,
-    route: Route,
+    injector: Injector,
     shared: Arc<Shared>,
     upstream: tokio::sync::Mutex<Option<SendRequest<Incoming>>>,
 }
 
 impl Tunnel {
-    pub fn new(domain: Domain, route: Route, shared: Arc<Shared>) -> Self {
+    pub fn new(domain: Domain, injector: Injector, shared: Arc<Shared>) -> Self {
         Self {
             domain,
-            route,
+            injector,
             shared,
             upstream: tokio::sync::Mutex::new(None),
         }
     }
 
     fn is_kubernetes(&self) -> bool {
-        self.route.injector == Injector::Kubernetes
+        self.injector == Injector::Kubernetes
     }
 
     fn refuse(&self, method: &Method, path: &str, r: Refusal) -> Response<Body> {
@@ -103,19 +103,15 @@ impl Tunnel {
             });
         }
         let (mut parts, body) = req.into_parts();
-        // Origin form upstream, whatever form the client used.
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_else(|| "/".into());
-        parts.uri = path_and_query.parse::<Uri>().map_err(|e| {
-            Refusal::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request_target",
-                format!("the request target cannot be forwarded: {e}"),
-            )
-        })?;
+        // Origin form upstream, whatever form the client used (an absolute-form target was
+        // checked against the CONNECT authority above).
+        if parts.uri.authority().is_some() {
+            parts.uri = parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .map_or_else(|| Uri::from_static("/"), Uri::from);
+        }
         strip_hop_by_hop(&mut parts.headers);
         strip_credentials(&mut parts.headers);
         if self.is_kubernetes() {
@@ -203,13 +199,15 @@ pub async fn handle(
     tunnel: Arc<Tunnel>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    // For the log lines after `req` is consumed; both clones share the parsed head's bytes.
     let method = req.method().clone();
-    let path = req.uri().path().to_owned();
+    let uri = req.uri().clone();
+    let path = uri.path();
     let req = match tunnel.prepare(req) {
         Ok(r) => r,
         Err(r) => {
             tunnel.shared.metrics.request("refused");
-            return Ok(tunnel.refuse(&method, &path, r));
+            return Ok(tunnel.refuse(&method, path, r));
         }
     };
     match tunnel.send(req).await {
@@ -229,7 +227,7 @@ pub async fn handle(
                 _ => StatusCode::BAD_GATEWAY,
             };
             let r = Refusal::new(status, "upstream_error", format!("upstream {e}"));
-            Ok(tunnel.refuse(&method, &path, r))
+            Ok(tunnel.refuse(&method, path, r))
         }
     }
 }

@@ -162,7 +162,7 @@ async fn connect(
             ))
         }
     };
-    let Some(route) = shared.routes.get(&domain).cloned() else {
+    let Some(injector) = shared.routes.get(&domain).map(|r| r.injector) else {
         return Ok(refuse(
             &shared,
             Refusal::domain_not_allowed(&domain),
@@ -173,7 +173,7 @@ async fn connect(
     let upgrade = hyper::upgrade::on(req);
     tracker.spawn(async move {
         match upgrade.await {
-            Ok(upgraded) => tunnel::run(upgraded, domain, route, shared, shutdown).await,
+            Ok(upgraded) => tunnel::run(upgraded, domain, injector, shared, shutdown).await,
             Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
         }
         drop(permit);

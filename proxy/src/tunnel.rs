@@ -11,7 +11,7 @@ use tokio_rustls::rustls::server::Acceptor;
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use cli_mcp_api::proxy::{Domain, Route};
+use cli_mcp_api::proxy::{Domain, Injector};
 
 use crate::forward::{self, Tunnel};
 use crate::metrics::GaugeGuard;
@@ -20,7 +20,7 @@ use crate::Shared;
 pub async fn run(
     upgraded: Upgraded,
     domain: Domain,
-    route: Route,
+    injector: Injector,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
@@ -73,7 +73,7 @@ pub async fn run(
             )
         }
     };
-    let tunnel = Arc::new(Tunnel::new(domain.clone(), route, shared.clone()));
+    let tunnel = Arc::new(Tunnel::new(domain.clone(), injector, shared.clone()));
     let service = service_fn(move |req| forward::handle(tunnel.clone(), req));
     let mut builder = http1::Builder::new();
     builder

@@ -345,6 +345,17 @@ async fn a_host_other_than_the_connect_authority_is_refused() {
     assert!(head.starts_with("HTTP/1.1 400"), "{head}");
     assert!(up.seen().is_empty());
     assert_eq!(other.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // Absolute form naming the CONNECT authority is forwarded, in origin form.
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(
+        format!("GET https://{host}/api/v1/pods?limit=1 HTTP/1.1\r\nHost: {host}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(up.seen()[0].uri, "/api/v1/pods?limit=1");
 }
 
 #[tokio::test]
