@@ -406,14 +406,14 @@ async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next)
     // One shell per chat: a handshake-era client without X-Session-ID gets an MCP session
     // id at initialize, which it sends with every later request; the tool call takes it
     // as its sandbox session. It is a handle, not server state (rmcp stays stateless), so
-    // any replica serves the chat.
-    let issue = initialize && !parts.headers.contains_key(crate::mcp::SESSION_HEADER);
-    let caller = parts.extensions.get::<Caller>().cloned();
+    // any replica serves the chat. Only an initialize looks at the caller (no clone of it
+    // for every other request).
+    let handle = (initialize && !parts.headers.contains_key(crate::mcp::SESSION_HEADER))
+        .then(|| crate::mcp::new_handle(&caller_of(parts.extensions.get())));
     let mut res = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
-    if issue && res.status() == StatusCode::OK {
-        let handle = crate::mcp::new_handle(&caller.unwrap_or_else(Caller::anonymous));
+    if let Some(handle) = handle.filter(|_| res.status() == StatusCode::OK) {
         if let Ok(v) = HeaderValue::from_str(handle.as_str()) {
             res.headers_mut().insert(crate::mcp::MCP_SESSION_HEADER, v);
         }
