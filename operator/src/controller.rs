@@ -124,8 +124,8 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         obs.external_endpoint = spec.external_endpoint();
     }
     obs.expose_problem = expose_problem;
-    // Not while the kubeconfig is the reason: that one says what to fix.
-    obs.proxy_unavailable = proxy_unavailable.filter(|_| resolved.kubeconfig_invalid.is_none());
+    // Ready names KubeconfigInvalid first when both hold: that one says what to fix.
+    obs.proxy_unavailable = proxy_unavailable;
     write_status(ctx, &cr, &obs).await?;
     // Renewal due: back when it is, a little late so it has passed.
     let renew = resolved
@@ -158,14 +158,8 @@ fn proxy_gate(ctx: &Context, inputs: &Inputs) -> Option<String> {
     match cached(&ctx.stores.deployments, ns, &name).map(|d| deployment_state(&d)) {
         Some(d) if d.ready >= 1 => None,
         Some(d) => Some(format!(
-            "credential proxy Deployment {name} has {}/{} ready replicas{}; sandboxes wait for it",
-            d.ready,
-            d.replicas,
-            if d.message.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", d.message)
-            }
+            "credential proxy Deployment {name} has {}; sandboxes wait for it",
+            d.replicas_summary()
         )),
         None => Some(format!(
             "credential proxy Deployment {name} not observed yet; sandboxes wait for it"

@@ -30,6 +30,18 @@ pub struct DeploymentState {
     pub message: String,
 }
 
+impl DeploymentState {
+    /// `ready/replicas ready replicas`, with the first failing condition's message.
+    pub fn replicas_summary(&self) -> String {
+        let mut s = format!("{}/{} ready replicas", self.ready, self.replicas);
+        if !self.message.is_empty() {
+            s.push_str(": ");
+            s.push_str(&self.message);
+        }
+        s
+    }
+}
+
 /// Everything the status is computed from.
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
@@ -105,16 +117,7 @@ fn ready_condition(prev_ready: bool, o: &Observed) -> Cond {
         Some(d) => {
             return bad(
                 "DeploymentUnavailable",
-                format!(
-                    "server Deployment has {}/{} ready replicas{}",
-                    d.ready,
-                    d.replicas,
-                    if d.message.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", d.message)
-                    }
-                ),
+                format!("server Deployment has {}", d.replicas_summary()),
             )
         }
         None => {
