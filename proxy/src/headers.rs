@@ -9,8 +9,9 @@
 use http::header::{self, HeaderMap, HeaderName};
 
 /// Connection-specific headers, never forwarded in either direction. `Transfer-Encoding` and
-/// `Content-Length` framing is redone by the HTTP library on each side.
-const HOP_BY_HOP: &[HeaderName] = &[
+/// `Content-Length` framing is redone by the HTTP library on each side. `Keep-Alive` and
+/// `Proxy-Connection` are obsolete but still sent by some clients.
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
@@ -18,22 +19,25 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
 ];
 
-/// Obsolete hop-by-hop headers still sent by some clients.
-const HOP_BY_HOP_NAMES: &[&str] = &["keep-alive", "proxy-connection"];
+/// Credentials a sandbox could present (the route's injector alone decides the credential),
+/// and headers that reveal the sandbox's address or the proxy chain.
+static CREDENTIALS_AND_FORWARDING: [HeaderName; 6] = [
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    header::VIA,
+    header::FORWARDED,
+    HeaderName::from_static("x-forwarded-for"),
+];
 
-/// Credentials a sandbox could present; the route's injector alone decides the credential.
-const CREDENTIALS: &[HeaderName] = &[header::AUTHORIZATION, header::PROXY_AUTHORIZATION];
-const CREDENTIAL_NAMES: &[&str] = &["x-api-key"];
 /// Prefixes of credential-bearing headers: Kubernetes impersonation (`Impersonate-User`,
 /// `-Group`, `-Uid`, `-Extra-*`) and the authenticating-proxy headers an API server trusts
 /// from its front proxy (`X-Remote-User`, `-Group`, `-Extra-*`).
 const CREDENTIAL_PREFIXES: &[&str] = &["impersonate-", "x-remote-"];
-
-/// Headers that reveal the sandbox's address or the proxy chain.
-const FORWARDING: &[HeaderName] = &[header::VIA, header::FORWARDED];
-const FORWARDING_NAMES: &[&str] = &["x-forwarded-for"];
 
 /// Removes hop-by-hop headers, including those listed in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -44,22 +48,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP) {
+    for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
-    }
-    for name in HOP_BY_HOP_NAMES {
-        headers.remove(*name);
     }
 }
 
 /// Removes every credential and forwarding header a sandbox may have set. `HeaderName`s are
 /// lowercase, so the comparison is case-insensitive by construction.
 pub fn strip_credentials(headers: &mut HeaderMap) {
-    for name in CREDENTIALS.iter().chain(FORWARDING) {
+    for name in &CREDENTIALS_AND_FORWARDING {
         headers.remove(name);
-    }
-    for name in CREDENTIAL_NAMES.iter().chain(FORWARDING_NAMES) {
-        headers.remove(*name);
     }
     let prefixed: Vec<HeaderName> = headers
         .keys()
@@ -103,6 +101,13 @@ mod tests {
         h
     }
 
+    /// The header names left, sorted.
+    fn names(h: &HeaderMap) -> Vec<&str> {
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        left
+    }
+
     #[test]
     fn credentials_are_stripped_in_any_case() {
         let mut h = map(&[
@@ -123,9 +128,7 @@ mod tests {
             ("X-Goog-Api-Key", "kept: not a header any route here uses"),
         ]);
         strip_credentials(&mut h);
-        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        left.sort();
-        assert_eq!(left, vec!["accept", "x-goog-api-key"]);
+        assert_eq!(names(&h), ["accept", "x-goog-api-key"]);
     }
 
     #[test]
@@ -145,9 +148,7 @@ mod tests {
             ("Content-Length", "3"),
         ]);
         strip_hop_by_hop(&mut h);
-        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        left.sort();
-        assert_eq!(left, vec!["accept", "content-length"]);
+        assert_eq!(names(&h), ["accept", "content-length"]);
     }
 
     #[test]
