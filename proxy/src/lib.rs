@@ -71,6 +71,21 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// An HTTP/1.1 server holding requests to the head limits, with `header_read_timeout` on
+    /// every head: the CONNECT head on a client connection, the idle time between requests
+    /// inside a tunnel.
+    fn http1(&self, header_read_timeout: Duration) -> hyper::server::conn::http1::Builder {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(header_read_timeout)
+            .max_buf_size(self.max_header_bytes)
+            .max_headers(self.max_headers);
+        builder
+    }
+}
+
 /// Everything the proxy needs to start.
 #[derive(Debug, Clone)]
 pub struct Config {

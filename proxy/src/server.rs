@@ -7,9 +7,8 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response};
 use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -99,13 +98,8 @@ async fn connection(
             tracker.clone(),
         )
     });
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .max_headers(limits.max_headers);
-    let conn = builder
+    let conn = limits
+        .http1(limits.header_read_timeout)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);

@@ -1,12 +1,13 @@
 //! An accepted CONNECT: TLS terminated with a leaf for the CONNECT host, then HTTP/1.1
 //! requests served one at a time by [`crate::forward`].
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::upgrade::Upgraded;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio_rustls::rustls::server::Acceptor;
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -31,15 +32,9 @@ pub async fn run(
         shared.metrics.refused(reason);
     };
     let accept = LazyConfigAcceptor::new(Acceptor::default(), TokioIo::new(upgraded));
-    let start = match tokio::time::timeout(limits.handshake_timeout, accept).await {
-        Ok(Ok(start)) => start,
-        Ok(Err(e)) => return refuse("tls_handshake", e.to_string()),
-        Err(_) => {
-            return refuse(
-                "tls_handshake_timeout",
-                format!("{:?}", limits.handshake_timeout),
-            )
-        }
+    let start = match step(limits.handshake_timeout, accept).await {
+        Ok(start) => start,
+        Err((reason, detail)) => return refuse(reason, detail),
     };
     // SNI names the host the client thinks it is talking to; it must be the CONNECT host (IP
     // literals carry no SNI), or the client is trying to reach one host through another's
@@ -62,28 +57,16 @@ pub async fn run(
         Ok(c) => c,
         Err(e) => return refuse("leaf_certificate", e.to_string()),
     };
-    let tls = match tokio::time::timeout(limits.handshake_timeout, start.into_stream(config)).await
-    {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => return refuse("tls_handshake", e.to_string()),
-        Err(_) => {
-            return refuse(
-                "tls_handshake_timeout",
-                format!("{:?}", limits.handshake_timeout),
-            )
-        }
+    let tls = match step(limits.handshake_timeout, start.into_stream(config)).await {
+        Ok(tls) => tls,
+        Err((reason, detail)) => return refuse(reason, detail),
     };
     let tunnel = Arc::new(Tunnel::new(domain.clone(), injector, shared.clone()));
     let service = service_fn(move |req| forward::handle(tunnel.clone(), req));
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        // Also the idle limit between requests: hyper starts it whenever it waits for a head.
-        .header_read_timeout(limits.idle_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .max_headers(limits.max_headers)
-        .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    // The idle limit between requests: hyper starts the head timer whenever it waits for one.
+    let conn = limits
+        .http1(limits.idle_timeout)
+        .serve_connection(TokioIo::new(tls), service);
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,
@@ -95,5 +78,17 @@ pub async fn run(
     };
     if let Err(e) = result {
         tracing::debug!(domain = %domain, error = %e, "tunnel ended");
+    }
+}
+
+/// One TLS handshake step within `limit`; `Err` is the refusal's reason and detail.
+async fn step<T>(
+    limit: Duration,
+    fut: impl Future<Output = std::io::Result<T>>,
+) -> Result<T, (&'static str, String)> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(("tls_handshake", e.to_string())),
+        Err(_) => Err(("tls_handshake_timeout", format!("{limit:?}"))),
     }
 }
