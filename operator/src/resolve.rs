@@ -220,17 +220,19 @@ async fn own_secret(ctx: &Context, cr: &CliMcpInstance, ns: &str, name: &str) ->
     })
 }
 
-/// [`own_secret`], creating the Secret `make` builds when there is none. `Err` is why the
-/// instance cannot have it yet.
+/// [`own_secret`], creating the Secret `make` builds when there is none and publishing
+/// the Event `(reason, message)` when this call created it. `Err` is why the instance
+/// cannot have it yet.
 async fn own_or_create(
     ctx: &Context,
     cr: &CliMcpInstance,
     ns: &str,
     name: &str,
     make: impl FnOnce() -> Result<Secret>,
-) -> Result<std::result::Result<(Secret, bool), Problem>> {
+    created_event: (&str, String),
+) -> Result<std::result::Result<Secret, Problem>> {
     match own_secret(ctx, cr, ns, name).await? {
-        Own::Usable(s) => Ok(Ok((*s, false))),
+        Own::Usable(s) => Ok(Ok(*s)),
         Own::Blocked(p) => Ok(Err(p)),
         Own::Absent => {
             let (s, created) = create_once(ctx, ns, &make()?).await?;
@@ -240,7 +242,11 @@ async fn own_or_create(
                     "{name} (still the Secret of the deleted instance of the same name)"
                 ))));
             }
-            Ok(Ok((s, created)))
+            if created {
+                let (reason, message) = created_event;
+                ctx.publish(cr, EventType::Normal, reason, message).await;
+            }
+            Ok(Ok(s))
         }
     }
 }
@@ -251,24 +257,27 @@ async fn ensure_hmac(
     spec: &Spec,
 ) -> Result<(Option<HmacKey>, String, Option<Problem>)> {
     let name = spec.name.hmac_secret();
-    let made = own_or_create(ctx, cr, &spec.namespace, &name, || {
-        let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
-        Ok(secrets::hmac_secret(meta, &secrets::generate_hmac_key()))
-    })
+    let event = (
+        "HmacKeyGenerated",
+        format!(
+            "generated a new HMAC key in Secret {name}; the server rolls and warm sandboxes \
+             are replaced"
+        ),
+    );
+    let made = own_or_create(
+        ctx,
+        cr,
+        &spec.namespace,
+        &name,
+        || {
+            let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+            Ok(secrets::hmac_secret(meta, &secrets::generate_hmac_key()))
+        },
+        event,
+    )
     .await?;
     let secret = match made {
-        Ok((s, created)) => {
-            if created {
-                ctx.publish(
-                    cr,
-                    EventType::Normal,
-                    "HmacKeyGenerated",
-                    format!("generated a new HMAC key in Secret {name}; the server rolls and warm sandboxes are replaced"),
-                )
-                .await;
-            }
-            s
-        }
+        Ok(s) => s,
         Err(problem) => return Ok((None, secrets::version_of(&[]), Some(problem))),
     };
     let raw = secrets::secret_value(&secret, secrets::HMAC_KEY);
@@ -457,28 +466,27 @@ async fn ensure_tls_ca(
     spec: &Spec,
 ) -> Result<std::result::Result<secrets::CaMaterial, Problem>> {
     let name = secrets::tls_ca_secret_name(&spec.name);
-    let made = own_or_create(ctx, cr, &spec.namespace, &name, || {
-        let ca = secrets::generate_tls_ca(&spec.name.server(), &spec.namespace)?;
-        let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
-        Ok(secrets::tls_ca_secret(meta, &ca))
-    })
+    let made = own_or_create(
+        ctx,
+        cr,
+        &spec.namespace,
+        &name,
+        || {
+            let ca = secrets::generate_tls_ca(&spec.name.server(), &spec.namespace)?;
+            let meta = spec.meta(name.clone(), label::COMPONENT_SERVER);
+            Ok(secrets::tls_ca_secret(meta, &ca))
+        },
+        (
+            "CaGenerated",
+            format!(
+                "generated the serving CA into Secret {name}; it is published in ConfigMap {}",
+                secrets::ca_config_map_name(&spec.name)
+            ),
+        ),
+    )
     .await?;
     let secret = match made {
-        Ok((s, created)) => {
-            if created {
-                ctx.publish(
-                    cr,
-                    EventType::Normal,
-                    "CaGenerated",
-                    format!(
-                        "generated the serving CA into Secret {name}; it is published in ConfigMap {}",
-                        secrets::ca_config_map_name(&spec.name)
-                    ),
-                )
-                .await;
-            }
-            s
-        }
+        Ok(s) => s,
         Err(problem) => return Ok(Err(problem)),
     };
     let text =
@@ -638,25 +646,24 @@ async fn ensure_proxy_ca(
 ) -> Result<std::result::Result<(String, String), Problem>> {
     use cli_mcp_api::proxy::{CA_CERT_KEY, CA_KEY_KEY};
     let name = spec.name.proxy_ca_secret();
-    let made = own_or_create(ctx, cr, &spec.namespace, &name, || {
-        let ca = secrets::generate_proxy_ca(spec.name.as_str(), &spec.namespace)?;
-        let meta = spec.meta(name.clone(), label::COMPONENT_PROXY);
-        Ok(secrets::proxy_ca_secret(meta, &ca))
-    })
+    let made = own_or_create(
+        ctx,
+        cr,
+        &spec.namespace,
+        &name,
+        || {
+            let ca = secrets::generate_proxy_ca(spec.name.as_str(), &spec.namespace)?;
+            let meta = spec.meta(name.clone(), label::COMPONENT_PROXY);
+            Ok(secrets::proxy_ca_secret(meta, &ca))
+        },
+        (
+            "ProxyCaGenerated",
+            format!("generated the credential proxy's CA into Secret {name}"),
+        ),
+    )
     .await?;
     let secret = match made {
-        Ok((s, created)) => {
-            if created {
-                ctx.publish(
-                    cr,
-                    EventType::Normal,
-                    "ProxyCaGenerated",
-                    format!("generated the credential proxy's CA into Secret {name}"),
-                )
-                .await;
-            }
-            s
-        }
+        Ok(s) => s,
         Err(problem) => return Ok(Err(problem)),
     };
     let (Some(crt), Some(key)) = (
