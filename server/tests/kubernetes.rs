@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use futures::future::join_all;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::Subject;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::wait::conditions::is_deleted;
 use kube::ResourceExt;
@@ -977,30 +977,6 @@ async fn concurrent_new_sessions_never_overshoot_max_sessions() {
 
 // ---- auth ----
 
-/// A self-signed CA and a serving certificate for 127.0.0.1, as PEM files.
-fn tls_files(dir: &std::path::Path) -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::default();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).expect("CA");
-    let issuer = Issuer::new(ca, &ca_key);
-    let key = KeyPair::generate().expect("key");
-    let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
-    leaf.subject_alt_names
-        .push(SanType::IpAddress([127, 0, 0, 1].into()));
-    let cert = leaf.signed_by(&key, &issuer).expect("leaf");
-    let cert_path = dir.join("tls.crt");
-    let key_path = dir.join("tls.key");
-    std::fs::write(&cert_path, cert.pem()).expect("write cert");
-    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-    (
-        cert_path.display().to_string(),
-        key_path.display().to_string(),
-        ca_cert.pem(),
-    )
-}
-
 /// A ServiceAccount, optionally bound to a Role with `verbs` on climcpinstances/mcp of the
 /// instance; returns its token.
 async fn identity(w: &World, name: &str, verbs: &[&str]) -> String {
@@ -1016,44 +992,13 @@ async fn identity(w: &World, name: &str, verbs: &[&str]) -> String {
         .await
         .expect("create ServiceAccount");
     if !verbs.is_empty() {
-        let role = Role {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec!["cli-mcp.redhat.com".into()]),
-                resources: Some(vec!["climcpinstances/mcp".into()]),
-                resource_names: Some(vec![INSTANCE.into()]),
-                verbs: verbs.iter().map(|v| v.to_string()).collect(),
-                ..Default::default()
-            }]),
+        let sa = Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(w.ns.name.clone()),
+            ..Default::default()
         };
-        w.ns.api::<Role>()
-            .create(&PostParams::default(), &role)
-            .await
-            .expect("create Role");
-        let binding = RoleBinding {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Role".into(),
-                name: name.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: name.into(),
-                namespace: Some(w.ns.name.clone()),
-                ..Default::default()
-            }]),
-        };
-        w.ns.api::<RoleBinding>()
-            .create(&PostParams::default(), &binding)
-            .await
-            .expect("create RoleBinding");
+        support::grant_mcp(&w.ns, name, INSTANCE, verbs, vec![sa]).await;
     }
     let tr = TokenRequest {
         spec: Some(TokenRequestSpec {
@@ -1077,7 +1022,8 @@ async fn auth_server(w: &World) -> (Server, reqwest::Client) {
 }
 
 async fn auth_server_with(w: &World, extra: &[&str]) -> (Server, reqwest::Client) {
-    let (cert, key, ca) = tls_files(w.dir.path());
+    let pki = support::Pki::new(w.dir.path());
+    let (cert, key) = pki.leaf("tls");
     let mut args = vec![
         "--auth",
         "kubernetes",
@@ -1092,7 +1038,7 @@ async fn auth_server_with(w: &World, extra: &[&str]) -> (Server, reqwest::Client
     ];
     args.extend_from_slice(extra);
     let server = w.server_with(&args).await;
-    (server, support::https(&ca))
+    (server, support::https(&pki.ca_pem))
 }
 
 async fn metrics_of(server: &Server) -> String {

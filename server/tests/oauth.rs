@@ -24,13 +24,10 @@ use axum::{Json, Router};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::api::rbac::v1::Subject;
+use kube::api::PostParams;
 use kube::Api;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer as CaIssuer,
-    KeyPair, SanType, SigningKey,
-};
+use rcgen::{KeyPair, SigningKey};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
@@ -39,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use cli_mcp_e2e::cluster::AUTHENTICATION_CONFIG_FILE;
 use cli_mcp_e2e::testing::{self, TestCluster, TestNamespace};
-use support::{Mcp, Server};
+use support::{Mcp, Pki, Server};
 
 const INSTANCE: &str = "demo";
 /// The audience the server expects (`--token-audience`) and the apiserver accepts.
@@ -50,56 +47,6 @@ const OTHER_AUDIENCE: &str = "kubectl-oidc-test";
 const PREFIX: &str = "oidc:";
 
 // ---- certificates and keys ----
-
-/// One CA for the test's TLS: it signs the authorization server's and the MCP server's
-/// certificates (127.0.0.1), so the apiserver and the SDK each trust one PEM.
-struct Pki {
-    ca_pem: String,
-    ca_file: std::path::PathBuf,
-    issuer: CaIssuer<'static, KeyPair>,
-    dir: std::path::PathBuf,
-}
-
-impl Pki {
-    fn new(dir: std::path::PathBuf) -> Pki {
-        let ca_key = KeyPair::generate().expect("key");
-        let mut ca = CertificateParams::default();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // Distinct names: OpenSSL (the Python SDK's TLS) takes a leaf whose subject equals
-        // its issuer for a self-signed certificate.
-        ca.distinguished_name = DistinguishedName::new();
-        ca.distinguished_name
-            .push(DnType::CommonName, "cli-mcp oauth test CA");
-        let ca_cert = ca.self_signed(&ca_key).expect("CA");
-        let ca_file = dir.join("ca.crt");
-        std::fs::write(&ca_file, ca_cert.pem()).expect("write CA");
-        Pki {
-            ca_pem: ca_cert.pem(),
-            ca_file,
-            issuer: CaIssuer::new(ca, ca_key),
-            dir,
-        }
-    }
-
-    /// A serving certificate for 127.0.0.1: (cert file, key file).
-    fn leaf(&self, name: &str) -> (String, String) {
-        let key = KeyPair::generate().expect("key");
-        let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
-        leaf.distinguished_name = DistinguishedName::new();
-        leaf.distinguished_name.push(DnType::CommonName, name);
-        leaf.subject_alt_names
-            .push(SanType::IpAddress([127, 0, 0, 1].into()));
-        let cert = leaf.signed_by(&key, &self.issuer).expect("leaf");
-        let cert_path = self.dir.join(format!("{name}.crt"));
-        let key_path = self.dir.join(format!("{name}.key"));
-        std::fs::write(&cert_path, cert.pem()).expect("write cert");
-        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-        (
-            cert_path.display().to_string(),
-            key_path.display().to_string(),
-        )
-    }
-}
 
 /// An ES256 signing key and its JWK.
 struct JwtKey {
@@ -309,7 +256,7 @@ fn world() -> &'static World {
     static WORLD: std::sync::OnceLock<World> = std::sync::OnceLock::new();
     WORLD.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let pki = Pki::new(dir.path().to_path_buf());
+        let pki = Pki::new(dir.path());
         let (cert, key) = pki.leaf("issuer");
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind issuer");
         std_listener.set_nonblocking(true).expect("nonblocking");
@@ -411,51 +358,26 @@ async fn trust_the_issuer(cluster: &TestCluster) {
     .await;
 }
 
-/// A Role with every verb on climcpinstances/mcp of the instance, bound to `users`.
+/// A Role with every verb on climcpinstances/mcp of the instance, bound to `users` (the
+/// issuer's subjects, as the apiserver names them).
 async fn grant(ns: &TestNamespace, users: &[&str]) {
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some("mcp-users".into()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["cli-mcp.redhat.com".into()]),
-            resources: Some(vec!["climcpinstances/mcp".into()]),
-            resource_names: Some(vec![INSTANCE.into()]),
-            verbs: vec!["create".into(), "get".into(), "delete".into()],
-            ..Default::default()
-        }]),
-    };
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create Role");
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some("mcp-users".into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
+    let subjects = users
+        .iter()
+        .map(|u| Subject {
+            kind: "User".into(),
+            name: format!("{PREFIX}{u}"),
             api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "Role".into(),
-            name: "mcp-users".into(),
-        },
-        subjects: Some(
-            users
-                .iter()
-                .map(|u| Subject {
-                    kind: "User".into(),
-                    name: format!("{PREFIX}{u}"),
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    ..Default::default()
-                })
-                .collect(),
-        ),
-    };
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create RoleBinding");
+            ..Default::default()
+        })
+        .collect();
+    support::grant_mcp(
+        ns,
+        "mcp-users",
+        INSTANCE,
+        &["create", "get", "delete"],
+        subjects,
+    )
+    .await;
 }
 
 /// The MCP server: local sandboxes, Kubernetes auth on the test cluster, TLS from the test

@@ -8,7 +8,13 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use cli_mcp_e2e::child::LocalServer;
+use cli_mcp_e2e::testing::TestNamespace;
 use cli_mcp_e2e::{http, jsonrpc};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{ObjectMeta, PostParams};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, SanType,
+};
 use serde_json::{json, Value};
 
 pub use cli_mcp_e2e::jsonrpc::{is_error, structured, text, ACCEPT};
@@ -194,4 +200,96 @@ impl Mcp {
             .cloned()
             .unwrap_or_else(|| panic!("no result in {}", a.text))
     }
+}
+
+/// A test CA (its PEM, and the same in `ca.crt` of its directory) that signs serving
+/// certificates for 127.0.0.1, so a client trusts one PEM for every server of a test.
+pub struct Pki {
+    pub ca_pem: String,
+    pub ca_file: PathBuf,
+    issuer: Issuer<'static, KeyPair>,
+    dir: PathBuf,
+}
+
+impl Pki {
+    pub fn new(dir: &Path) -> Pki {
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca = CertificateParams::default();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // Distinct names: OpenSSL (the Python SDK's TLS) takes a leaf whose subject equals
+        // its issuer for a self-signed certificate.
+        ca.distinguished_name = DistinguishedName::new();
+        ca.distinguished_name
+            .push(DnType::CommonName, "cli-mcp test CA");
+        let ca_cert = ca.self_signed(&ca_key).expect("CA");
+        let ca_file = dir.join("ca.crt");
+        std::fs::write(&ca_file, ca_cert.pem()).expect("write CA");
+        Pki {
+            ca_pem: ca_cert.pem(),
+            ca_file,
+            issuer: Issuer::new(ca, ca_key),
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// A serving certificate for 127.0.0.1 and localhost, as `<name>.crt` and `<name>.key`:
+    /// (cert file, key file).
+    pub fn leaf(&self, name: &str) -> (String, String) {
+        let key = KeyPair::generate().expect("key");
+        let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+        leaf.distinguished_name = DistinguishedName::new();
+        leaf.distinguished_name.push(DnType::CommonName, name);
+        leaf.subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        let cert = leaf.signed_by(&key, &self.issuer).expect("leaf");
+        let cert_path = self.dir.join(format!("{name}.crt"));
+        let key_path = self.dir.join(format!("{name}.key"));
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (
+            cert_path.display().to_string(),
+            key_path.display().to_string(),
+        )
+    }
+}
+
+/// A Role `name` with `verbs` on climcpinstances/mcp of `instance`, bound to `subjects`.
+pub async fn grant_mcp(
+    ns: &TestNamespace,
+    name: &str,
+    instance: &str,
+    verbs: &[&str],
+    subjects: Vec<Subject>,
+) {
+    let meta = ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["cli-mcp.redhat.com".into()]),
+            resources: Some(vec!["climcpinstances/mcp".into()]),
+            resource_names: Some(vec![instance.into()]),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+            ..Default::default()
+        }]),
+    };
+    ns.api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create Role");
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(subjects),
+    };
+    ns.api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create RoleBinding");
 }
