@@ -467,21 +467,26 @@ fn chart_readme_lists_every_value_with_its_type_and_default() {
 fn image_tags_are_the_workspace_version() {
     let version = workspace_version();
     let root = workspace_root();
-    // kustomize: the images the rendered Deployment runs and hands to the operator.
+    // The images the rendered Deployment runs and hands to the operator.
+    let images_are_the_version = |d: &Value| {
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["image"], format!("cli-mcp-operator:{version}"));
+        for (env, image) in [
+            ("RELATED_IMAGE_SERVER", "cli-mcp-server"),
+            ("RELATED_IMAGE_SANDBOX", "cli-mcp-sandbox"),
+            ("RELATED_IMAGE_PROXY", "cli-mcp-proxy"),
+        ] {
+            assert_eq!(env_of(d, env), &format!("{image}:{version}"), "{env}");
+        }
+    };
+    // kustomize.
     let docs = documents(&kustomize_build(
         "pkg-version",
         "resources:\n  - ../../config/default\n",
     ));
     let d = named(&docs, "Deployment", "cli-mcp-operator");
+    images_are_the_version(d);
     let c = &d["spec"]["template"]["spec"]["containers"][0];
-    assert_eq!(c["image"], format!("cli-mcp-operator:{version}"));
-    for (env, image) in [
-        ("RELATED_IMAGE_SERVER", "cli-mcp-server"),
-        ("RELATED_IMAGE_SANDBOX", "cli-mcp-sandbox"),
-        ("RELATED_IMAGE_PROXY", "cli-mcp-proxy"),
-    ] {
-        assert_eq!(env_of(d, env), &format!("{image}:{version}"), "{env}");
-    }
     // The journeys' overlay replaces env 0..2 by index: they must stay these three.
     let names: Vec<&Value> = c["env"]
         .as_array()
@@ -500,16 +505,7 @@ fn image_tags_are_the_workspace_version() {
     );
     // Helm: the same images by default, and the chart's appVersion.
     let docs = documents(&helm_template(&[]));
-    let d = named(&docs, "Deployment", "t-cli-mcp-operator");
-    let c = &d["spec"]["template"]["spec"]["containers"][0];
-    assert_eq!(c["image"], format!("cli-mcp-operator:{version}"));
-    for (env, image) in [
-        ("RELATED_IMAGE_SERVER", "cli-mcp-server"),
-        ("RELATED_IMAGE_SANDBOX", "cli-mcp-sandbox"),
-        ("RELATED_IMAGE_PROXY", "cli-mcp-proxy"),
-    ] {
-        assert_eq!(env_of(d, env), &format!("{image}:{version}"), "{env}");
-    }
+    images_are_the_version(named(&docs, "Deployment", "t-cli-mcp-operator"));
     let chart: serde_yaml::Value = serde_yaml::from_str(
         &std::fs::read_to_string(root.join("charts/cli-mcp-operator/Chart.yaml"))
             .expect("Chart.yaml"),
