@@ -9,9 +9,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use cli_mcp_api::proxy::{Domain, Injector, Route};
+use cli_mcp_proxy::Config;
 use support::*;
 
 const TOKEN: &str = "real-admin-token";
+
+/// An upstream on an allow-list route, and a proxy configuration without a kubeconfig.
+async fn allow_list_setup() -> (Upstream, Inputs, Config) {
+    let up = Upstream::start().await;
+    let inputs = Inputs::new(vec![up.route(Injector::None)]);
+    let mut config = inputs.config();
+    config.kubeconfig = None;
+    (up, inputs, config)
+}
 
 /// An upstream routed as a Kubernetes API server, with a kubeconfig holding [`TOKEN`].
 async fn kubernetes_setup() -> (Upstream, Inputs) {
@@ -73,9 +83,8 @@ async fn connect_to_a_domain_without_a_route_is_403_and_reaches_nothing() {
 
 #[tokio::test]
 async fn plain_http_proxy_requests_are_refused() {
-    let up = Upstream::start().await;
-    let inputs = Inputs::new(vec![up.route(Injector::None)]);
-    let proxy = Running::start(inputs.config()).await;
+    let (up, _inputs, config) = allow_list_setup().await;
+    let proxy = Running::start(config).await;
     let reply = raw(
         proxy.addr,
         format!(
@@ -136,10 +145,7 @@ async fn the_clients_credentials_never_reach_upstream_and_the_routes_token_does(
 
 #[tokio::test]
 async fn an_allow_list_route_gets_no_credential_at_all() {
-    let up = Upstream::start().await;
-    let inputs = Inputs::new(vec![up.route(Injector::None)]);
-    let mut config = inputs.config();
-    config.kubeconfig = None;
+    let (up, inputs, config) = allow_list_setup().await;
     let proxy = Running::start(config).await;
     let resp = client(&proxy, &inputs.ca)
         .post(format!("https://{}/upload", up.addr))
@@ -199,15 +205,7 @@ async fn a_kubeconfig_without_a_token_for_the_server_is_a_502_that_says_so() {
         "{body}"
     );
     assert!(up.seen().is_empty());
-    let ready = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/readyz", proxy.health))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 503);
+    assert_eq!(proxy.health_get("/readyz").await.status(), 503);
 }
 
 #[tokio::test]
@@ -273,11 +271,13 @@ async fn encoded_dot_parameter_and_double_slash_tricks_are_refused() {
         "/api/v1/proxy/namespaces/default/pods/p",
         "/api/v1/watch/namespaces/default/pods/p/attach",
     ] {
-        let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
-        tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let head = read_head(&mut tls).await;
+        let head = tunnel_request(
+            proxy.addr,
+            &host,
+            &inputs.ca,
+            &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+        )
+        .await;
         assert!(
             head.starts_with("HTTP/1.1 403") || head.starts_with("HTTP/1.1 400"),
             "{path}: {head}"
@@ -291,16 +291,11 @@ async fn upgrades_are_refused_on_kubernetes_routes() {
     let (up, inputs) = kubernetes_setup().await;
     let proxy = Running::start(inputs.config()).await;
     let host = up.addr.to_string();
-    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
-    tls.write_all(
-        format!(
-            "GET /api/v1/namespaces/default/pods HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let head = read_head(&mut tls).await;
+    let request = format!(
+        "GET /api/v1/namespaces/default/pods HTTP/1.1\r\nHost: {host}\r\n\
+         Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    );
+    let head = tunnel_request(proxy.addr, &host, &inputs.ca, &request).await;
     assert!(head.starts_with("HTTP/1.1 403"), "{head}");
     assert!(up.seen().is_empty());
 }
@@ -311,49 +306,48 @@ async fn a_host_other_than_the_connect_authority_is_refused() {
     let other = Upstream::start().await;
     let proxy = Running::start(inputs.config()).await;
     let host = up.addr.to_string();
-    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
-    tls.write_all(format!("GET /api/v1/pods HTTP/1.1\r\nHost: {}\r\n\r\n", other.addr).as_bytes())
-        .await
-        .unwrap();
-    let head = read_head(&mut tls).await;
+    let head = tunnel_request(
+        proxy.addr,
+        &host,
+        &inputs.ca,
+        &format!("GET /api/v1/pods HTTP/1.1\r\nHost: {}\r\n\r\n", other.addr),
+    )
+    .await;
     assert!(head.starts_with("HTTP/1.1 421"), "{head}");
     // Absolute form naming another authority, with the right Host.
-    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
-    tls.write_all(
-        format!(
+    let head = tunnel_request(
+        proxy.addr,
+        &host,
+        &inputs.ca,
+        &format!(
             "GET https://{}/api/v1/pods HTTP/1.1\r\nHost: {host}\r\n\r\n",
             other.addr
-        )
-        .as_bytes(),
+        ),
     )
-    .await
-    .unwrap();
-    let head = read_head(&mut tls).await;
+    .await;
     assert!(head.starts_with("HTTP/1.1 421"), "{head}");
     // Two Host headers.
-    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
-    tls.write_all(
-        format!(
+    let head = tunnel_request(
+        proxy.addr,
+        &host,
+        &inputs.ca,
+        &format!(
             "GET /api/v1/pods HTTP/1.1\r\nHost: {host}\r\nHost: {}\r\n\r\n",
             other.addr
-        )
-        .as_bytes(),
+        ),
     )
-    .await
-    .unwrap();
-    let head = read_head(&mut tls).await;
+    .await;
     assert!(head.starts_with("HTTP/1.1 400"), "{head}");
     assert!(up.seen().is_empty());
     assert_eq!(other.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
     // Absolute form naming the CONNECT authority is forwarded, in origin form.
-    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
-    tls.write_all(
-        format!("GET https://{host}/api/v1/pods?limit=1 HTTP/1.1\r\nHost: {host}\r\n\r\n")
-            .as_bytes(),
+    let head = tunnel_request(
+        proxy.addr,
+        &host,
+        &inputs.ca,
+        &format!("GET https://{host}/api/v1/pods?limit=1 HTTP/1.1\r\nHost: {host}\r\n\r\n"),
     )
-    .await
-    .unwrap();
-    let head = read_head(&mut tls).await;
+    .await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(up.seen()[0].uri, "/api/v1/pods?limit=1");
 }
@@ -445,10 +439,7 @@ async fn oversized_headers_get_431_outside_and_inside_the_tunnel() {
 
 #[tokio::test]
 async fn a_slowloris_client_is_cut_off_at_the_header_read_timeout() {
-    let up = Upstream::start().await;
-    let inputs = Inputs::new(vec![up.route(Injector::None)]);
-    let mut config = inputs.config();
-    config.kubeconfig = None;
+    let (up, inputs, mut config) = allow_list_setup().await;
     config.limits.header_read_timeout = Duration::from_millis(300);
     config.limits.idle_timeout = Duration::from_millis(300);
     let proxy = Running::start(config).await;
@@ -481,10 +472,7 @@ async fn a_slowloris_client_is_cut_off_at_the_header_read_timeout() {
 /// most that many, whatever a client opens.
 #[tokio::test]
 async fn connections_beyond_the_limit_are_refused_and_not_held() {
-    let up = Upstream::start().await;
-    let inputs = Inputs::new(vec![up.route(Injector::None)]);
-    let mut config = inputs.config();
-    config.kubeconfig = None;
+    let (up, _inputs, mut config) = allow_list_setup().await;
     config.limits.max_connections = 8;
     let proxy = Running::start(config).await;
     let mut idle = Vec::new();
@@ -533,10 +521,7 @@ async fn connections_beyond_the_limit_are_refused_and_not_held() {
 
 #[tokio::test]
 async fn streaming_responses_arrive_before_they_end() {
-    let up = Upstream::start().await;
-    let inputs = Inputs::new(vec![up.route(Injector::None)]);
-    let mut config = inputs.config();
-    config.kubeconfig = None;
+    let (up, inputs, config) = allow_list_setup().await;
     let proxy = Running::start(config).await;
     let mut resp = client(&proxy, &inputs.ca)
         .get(format!("https://{}/stream", up.addr))
@@ -589,16 +574,15 @@ async fn an_upstream_that_does_not_present_the_pinned_ca_gets_no_request() {
 async fn health_readiness_and_metrics() {
     let (up, inputs) = kubernetes_setup().await;
     let proxy = Running::start(inputs.config()).await;
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let get = |p: &str| http.get(format!("http://{}{p}", proxy.health)).send();
-    assert_eq!(get("/healthz").await.unwrap().status(), 200);
-    assert_eq!(get("/readyz").await.unwrap().status(), 200);
+    let get = |p| proxy.health_get(p);
+    assert_eq!(get("/healthz").await.status(), 200);
+    assert_eq!(get("/readyz").await.status(), 200);
     client(&proxy, &inputs.ca)
         .get(format!("https://{}/api/v1/pods", up.addr))
         .send()
         .await
         .unwrap();
-    let m = get("/metrics").await.unwrap().text().await.unwrap();
+    let m = proxy.metrics().await;
     assert_eq!(
         metric(&m, "cli_mcp_proxy_requests_total{outcome=\"forwarded\"}"),
         1.0,
@@ -607,29 +591,20 @@ async fn health_readiness_and_metrics() {
     assert!(!m.contains(TOKEN));
     // A kubeconfig replaced by something unusable makes the proxy unready.
     inputs.publish_kubeconfig("users: [");
-    let r = get("/readyz").await.unwrap();
+    let r = get("/readyz").await;
     assert_eq!(r.status(), 503);
     assert!(r.text().await.unwrap().contains("not usable"));
 }
 
 #[tokio::test]
 async fn sigterm_drains_the_request_in_flight_and_stops_accepting() {
-    let up = Upstream::start().await;
-    let inputs = Inputs::new(vec![up.route(Injector::None)]);
-    let mut config = inputs.config();
-    config.kubeconfig = None;
+    let (up, inputs, config) = allow_list_setup().await;
     let mut proxy = Running::start(config).await;
     let client = client(&proxy, &inputs.ca);
     let url = format!("https://{}/slow", up.addr);
     let in_flight = tokio::spawn(async move { client.get(url).send().await?.text().await });
     // Wait until the request is upstream, so the stop comes while it is in flight.
-    tokio::time::timeout(DEADLINE, async {
-        while up.seen().is_empty() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the request reached the upstream");
+    up.wait_seen(1).await;
     proxy.stop();
     // New connections are no longer accepted once the listener is closed.
     let refused = tokio::time::timeout(DEADLINE, async {

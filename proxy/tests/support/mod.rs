@@ -22,7 +22,7 @@ use hyper_util::rt::TokioIo;
 use rcgen::{CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
@@ -106,6 +106,8 @@ pub struct Upstream {
     pub seen: Arc<Mutex<Vec<Seen>>>,
     pub accepted: Arc<AtomicUsize>,
     release: Arc<Notify>,
+    /// Requests recorded so far, for [`Upstream::wait_seen`].
+    arrived: Arc<watch::Sender<usize>>,
 }
 
 impl Upstream {
@@ -117,17 +119,23 @@ impl Upstream {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let accepted = Arc::new(AtomicUsize::new(0));
         let release = Arc::new(Notify::new());
-        let (s, a, r) = (seen.clone(), accepted.clone(), release.clone());
+        let arrived = Arc::new(watch::Sender::new(0));
+        let (s, a, r, n) = (
+            seen.clone(),
+            accepted.clone(),
+            release.clone(),
+            arrived.clone(),
+        );
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 a.fetch_add(1, Ordering::SeqCst);
                 let acceptor = acceptor.clone();
-                let (s, r) = (s.clone(), r.clone());
+                let (s, r, n) = (s.clone(), r.clone(), n.clone());
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
-                    let svc = service_fn(move |req| answer(req, s.clone(), r.clone()));
+                    let svc = service_fn(move |req| answer(req, s.clone(), r.clone(), n.clone()));
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(tls), svc)
                         .await;
@@ -140,6 +148,7 @@ impl Upstream {
             seen,
             accepted,
             release,
+            arrived,
         }
     }
 
@@ -149,6 +158,15 @@ impl Upstream {
 
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` requests have reached the upstream.
+    pub async fn wait_seen(&self, n: usize) {
+        let mut arrived = self.arrived.subscribe();
+        tokio::time::timeout(DEADLINE, arrived.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{n} request(s) did not reach the upstream in time"))
+            .unwrap();
     }
 
     /// Lets `/stream` send its second chunk and `/slow` answer.
@@ -171,6 +189,7 @@ async fn answer(
     req: Request<Incoming>,
     seen: Arc<Mutex<Vec<Seen>>>,
     release: Arc<Notify>,
+    arrived: Arc<watch::Sender<usize>>,
 ) -> Result<Response<UpBody>, hyper::Error> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
@@ -181,6 +200,7 @@ async fn answer(
         headers: parts.headers,
         body,
     });
+    arrived.send_modify(|n| *n += 1);
     match path.as_str() {
         "/stream" => {
             let (mut tx, rx) = Channel::new(1);
@@ -327,18 +347,20 @@ impl Running {
         format!("http://{}", self.addr)
     }
 
-    pub async fn metrics(&self) -> String {
+    /// `GET <path>` on the health listener.
+    pub async fn health_get(&self, path: &str) -> reqwest::Response {
         reqwest::Client::builder()
             .no_proxy()
             .build()
             .unwrap()
-            .get(format!("http://{}/metrics", self.health))
+            .get(format!("http://{}{path}", self.health))
             .send()
             .await
             .unwrap()
-            .text()
-            .await
-            .unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.health_get("/metrics").await.text().await.unwrap()
     }
 }
 
@@ -413,6 +435,18 @@ pub async fn tunnel(
     TlsConnector::from(proxy_ca.client_config())
         .connect(name, tcp)
         .await
+}
+
+/// Sends `request` in a fresh tunnel to `host` and reads the response head.
+pub async fn tunnel_request(
+    proxy: SocketAddr,
+    host: &str,
+    proxy_ca: &TestCa,
+    request: &str,
+) -> String {
+    let mut tls = tunnel(proxy, host, None, proxy_ca).await.unwrap();
+    tls.write_all(request.as_bytes()).await.unwrap();
+    read_head(&mut tls).await
 }
 
 pub fn path_of(p: &Path) -> String {
