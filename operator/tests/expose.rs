@@ -6,9 +6,10 @@
 
 mod support;
 
-use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::crd::{CliMcpInstance, CliMcpInstanceStatus};
 use cli_mcp_api::names::InstanceName;
-use cli_mcp_e2e::testing::{cluster, wait_for, TestCluster};
+use cli_mcp_e2e::instance::wait_instance;
+use cli_mcp_e2e::testing::{cluster, wait_for, wait_gone, TestCluster, TestNamespace};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -38,11 +39,7 @@ fn flag_values(args: &[String], flag: &str) -> Vec<String> {
         .collect()
 }
 
-async fn patch_server(
-    ns: &cli_mcp_e2e::testing::TestNamespace,
-    name: &str,
-    server: serde_json::Value,
-) {
+async fn patch_server(ns: &TestNamespace, name: &str, server: serde_json::Value) {
     ns.api::<CliMcpInstance>()
         .patch(
             name,
@@ -72,16 +69,7 @@ async fn an_ingress_publishes_the_endpoint_and_goes_when_expose_is_removed() {
     )
     .await;
 
-    let ingress = wait_for(
-        ns.api::<Ingress>(),
-        &n.server(),
-        "the Ingress",
-        TIMEOUT,
-        |o: Option<&Ingress>| o.is_some(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("no Ingress: {e}\n{}", op.log_tail()))
-    .expect("Ingress");
+    let ingress = wait_exists(ns.api::<Ingress>(), &n.server(), "the Ingress", &op).await;
     let ann = ingress.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(
         ann.get("nginx.ingress.kubernetes.io/backend-protocol")
@@ -141,7 +129,7 @@ async fn an_ingress_publishes_the_endpoint_and_goes_when_expose_is_removed() {
         Some("mcp.example.com")
     );
 
-    let st = wait_instance_status(&ns, name, "the external endpoint", |s| {
+    let st = wait_instance_status(&ns, name, "the external endpoint", &op, |s| {
         s.external_endpoint.as_deref() == Some("https://mcp.example.com/mcp")
     })
     .await;
@@ -151,20 +139,14 @@ async fn an_ingress_publishes_the_endpoint_and_goes_when_expose_is_removed() {
     );
 
     // A new host: the generated certificate is regenerated for it, the server rolls.
-    let before = d
-        .spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get("cli-mcp.redhat.com/tls-version").cloned());
+    let before = template_annotation(&d, "cli-mcp.redhat.com/tls-version");
     patch_server(
         &ns,
         name,
         json!({"expose": {"ingress": {"host": "mcp2.example.com"}}}),
     )
     .await;
-    wait_for(
+    op.ok(wait_for(
         ns.api::<Secret>(),
         &n.tls_secret(),
         "the certificate for the new host",
@@ -175,23 +157,15 @@ async fn an_ingress_publishes_the_endpoint_and_goes_when_expose_is_removed() {
                 .is_some_and(|h| h == "mcp2.example.com")
         },
     )
-    .await
-    .unwrap_or_else(|e| panic!("certificate not regenerated: {e}\n{}", op.log_tail()));
-    wait_for(
-        ns.api::<Deployment>(),
+    .await);
+    wait_rolled(
+        &ns,
         &n.server(),
-        "the server rolled to the new certificate",
-        TIMEOUT,
-        |o: Option<&Deployment>| {
-            let v = o
-                .and_then(|d| d.spec.template.metadata.as_ref())
-                .and_then(|m| m.annotations.as_ref())
-                .and_then(|a| a.get("cli-mcp.redhat.com/tls-version").cloned());
-            v.is_some() && v != before
-        },
+        "cli-mcp.redhat.com/tls-version",
+        before.as_deref(),
+        &op,
     )
-    .await
-    .unwrap_or_else(|e| panic!("server not rolled: {e}\n{}", op.log_tail()));
+    .await;
 
     // Removing expose deletes the Ingress and the external endpoint.
     patch_server(
@@ -200,16 +174,14 @@ async fn an_ingress_publishes_the_endpoint_and_goes_when_expose_is_removed() {
         json!({"expose": null, "authorization": {"resourceUrl": "https://mcp.example.com/mcp"}}),
     )
     .await;
-    wait_for(
+    op.ok(wait_gone(
         ns.api::<Ingress>(),
         &n.server(),
         "the Ingress deleted",
         TIMEOUT,
-        |o: Option<&Ingress>| o.is_none(),
     )
-    .await
-    .unwrap_or_else(|e| panic!("Ingress not deleted: {e}\n{}", op.log_tail()));
-    wait_instance_status(&ns, name, "no external endpoint", |s| {
+    .await);
+    wait_instance_status(&ns, name, "no external endpoint", &op, |s| {
         s.external_endpoint.is_none()
     })
     .await;
@@ -218,51 +190,34 @@ async fn an_ingress_publishes_the_endpoint_and_goes_when_expose_is_removed() {
 
 /// Waits until the instance's status satisfies `ok`, and returns it.
 async fn wait_instance_status(
-    ns: &cli_mcp_e2e::testing::TestNamespace,
+    ns: &TestNamespace,
     name: &str,
     what: &str,
-    ok: impl Fn(&cli_mcp_api::crd::CliMcpInstanceStatus) -> bool,
-) -> cli_mcp_api::crd::CliMcpInstanceStatus {
-    let cr = cli_mcp_e2e::instance::wait_instance(
-        ns.api::<CliMcpInstance>(),
-        name,
-        what,
-        TIMEOUT,
-        |cr| cr.status.as_ref().is_some_and(&ok),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    op: &Operator,
+    ok: impl Fn(&CliMcpInstanceStatus) -> bool,
+) -> CliMcpInstanceStatus {
+    let cr = op.ok(
+        wait_instance(ns.api::<CliMcpInstance>(), name, what, TIMEOUT, |cr| {
+            cr.status.as_ref().is_some_and(&ok)
+        })
+        .await,
+    );
     cr.status.unwrap_or_default()
+}
+
+/// Waits until object `name` exists, and returns it.
+async fn wait_exists<K>(api: Api<K>, name: &str, what: &str, op: &Operator) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let o = op.ok(wait_for(api, name, what, TIMEOUT, |o: Option<&K>| o.is_some()).await);
+    o.expect("it exists")
 }
 
 /// Installs the stand-in HTTPRoute CRD and waits until it is Established.
 async fn install_route_crd(c: &TestCluster) {
-    let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
     let text = include_str!("fixtures/httproute-crd.yaml");
-    let crd: CustomResourceDefinition = serde_yaml::from_str(text).expect("fixture parses");
-    api.patch(
-        ROUTE_CRD,
-        &PatchParams::apply("cli-mcp-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("apply HTTPRoute CRD");
-    wait_for(
-        api,
-        ROUTE_CRD,
-        "HTTPRoute CRD Established",
-        TIMEOUT,
-        |o: Option<&CustomResourceDefinition>| {
-            o.and_then(|c| c.status.as_ref())
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                })
-        },
-    )
-    .await
-    .expect("HTTPRoute CRD established");
+    apply_crd(c, serde_yaml::from_str(text).expect("fixture parses")).await;
 }
 
 /// Deletes the stand-in HTTPRoute CRD (a previous run's) and waits until it is gone.
@@ -273,15 +228,9 @@ async fn remove_route_crd(c: &TestCluster) {
         Err(kube::Error::Api(s)) if s.code == 404 => return,
         Err(e) => panic!("delete HTTPRoute CRD: {e}"),
     }
-    wait_for(
-        api,
-        ROUTE_CRD,
-        "HTTPRoute CRD gone",
-        TIMEOUT,
-        |o: Option<&CustomResourceDefinition>| o.is_none(),
-    )
-    .await
-    .expect("HTTPRoute CRD deleted");
+    wait_gone(api, ROUTE_CRD, "HTTPRoute CRD gone", TIMEOUT)
+        .await
+        .expect("HTTPRoute CRD deleted");
 }
 
 /// Only this test binary installs the HTTPRoute CRD, so it may remove it first to see the
@@ -306,22 +255,20 @@ async fn an_http_route_waits_for_the_gateway_api_and_then_attaches_to_its_gatewa
     .await;
 
     // No Gateway API: a clear condition, not a crash or a bare 404.
-    let degraded = |cr: &CliMcpInstance| {
-        cr.status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded"))
-            .cloned()
-    };
-    let cr = cli_mcp_e2e::instance::wait_instance(
+    let cr = op.ok(wait_instance(
         ns.api::<CliMcpInstance>(),
         name,
         "Degraded ExposeUnavailable",
         TIMEOUT,
-        |cr| degraded(cr).is_some_and(|c| c.status == "True" && c.reason == "ExposeUnavailable"),
+        |cr| {
+            find_condition(cr, "Degraded")
+                .is_some_and(|c| c.status == "True" && c.reason == "ExposeUnavailable")
+        },
     )
-    .await
-    .unwrap_or_else(|e| panic!("no ExposeUnavailable: {e}\n{}", op.log_tail()));
-    let msg = degraded(&cr).map(|c| c.message).unwrap_or_default();
+    .await);
+    let msg = find_condition(&cr, "Degraded")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
     assert!(
         msg.contains("gateway.networking.k8s.io/v1 HTTPRoute")
             && msg.contains("install the Gateway API CRDs"),
@@ -339,16 +286,7 @@ async fn an_http_route_waits_for_the_gateway_api_and_then_attaches_to_its_gatewa
         plural: "httproutes".into(),
     };
     let routes: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &ns.name, &ar);
-    let route = wait_for(
-        routes.clone(),
-        &n.server(),
-        "the HTTPRoute",
-        TIMEOUT,
-        |o: Option<&DynamicObject>| o.is_some(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("no HTTPRoute: {e}\n{}", op.log_tail()))
-    .expect("HTTPRoute");
+    let route = wait_exists(routes.clone(), &n.server(), "the HTTPRoute", &op).await;
     let spec = &route.data["spec"];
     assert_eq!(
         spec["parentRefs"],
@@ -361,7 +299,7 @@ async fn an_http_route_waits_for_the_gateway_api_and_then_attaches_to_its_gatewa
     );
     let owner = &route.metadata.owner_references.as_ref().expect("owner")[0];
     assert_eq!(owner.kind, "CliMcpInstance");
-    wait_instance_status(&ns, name, "the external endpoint", |s| {
+    wait_instance_status(&ns, name, "the external endpoint", &op, |s| {
         s.external_endpoint.as_deref() == Some("https://mcp.example.org/mcp")
     })
     .await;
@@ -373,24 +311,8 @@ async fn an_http_route_waits_for_the_gateway_api_and_then_attaches_to_its_gatewa
         json!({"expose": {"httpRoute": null, "ingress": {"host": "mcp.example.org"}}}),
     )
     .await;
-    wait_for(
-        routes,
-        &n.server(),
-        "the HTTPRoute deleted",
-        TIMEOUT,
-        |o: Option<&DynamicObject>| o.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("HTTPRoute not deleted: {e}\n{}", op.log_tail()));
-    wait_for(
-        ns.api::<Ingress>(),
-        &n.server(),
-        "the Ingress",
-        TIMEOUT,
-        |o: Option<&Ingress>| o.is_some(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("no Ingress: {e}\n{}", op.log_tail()));
+    op.ok(wait_gone(routes, &n.server(), "the HTTPRoute deleted", TIMEOUT).await);
+    wait_exists(ns.api::<Ingress>(), &n.server(), "the Ingress", &op).await;
     finish(ns, name, &op).await;
     remove_route_crd(&c).await;
 }

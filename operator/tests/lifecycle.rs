@@ -22,15 +22,6 @@ use serde_json::json;
 
 use support::*;
 
-fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
-    d.spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(key).cloned())
-}
-
 #[tokio::test]
 async fn sample_becomes_ready_with_all_children() {
     let c = cluster().await.expect("cluster");
@@ -514,19 +505,7 @@ async fn deleting_the_instance_removes_everything_including_sessions() {
     wait_ready(&ns, "td", &op).await;
     wait_pool(&ns, "td", 2, &op).await;
     session_pod(&ns, "td", "live", Duration::from_secs(0)).await;
-    let crs = ns.api::<CliMcpInstance>();
-    crs.delete("td", &DeleteParams::default())
-        .await
-        .expect("delete CR");
-    wait_for(
-        crs,
-        "td",
-        "instance released",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| o.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    delete_released(&ns, "td", &op).await;
     assert_nothing_left(&c, &ns, "td").await;
     ns.delete().await.expect("delete namespace");
 }
@@ -586,14 +565,7 @@ async fn teardown_survives_an_operator_restart() {
     wait_ready(&ns, "rs", &op).await;
     // A session pod that cannot go away yet (a foreign finalizer) holds the teardown.
     let held = session_pod(&ns, "rs", "held", Duration::from_secs(0)).await;
-    ns.api::<Pod>()
-        .patch(
-            &held.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": ["e2e.cli-mcp/hold"]}})),
-        )
-        .await
-        .expect("hold pod");
+    hold(ns.api::<Pod>(), &held.name_any(), true).await;
     let crs = ns.api::<CliMcpInstance>();
     crs.delete("rs", &DeleteParams::default())
         .await
@@ -619,23 +591,8 @@ async fn teardown_survives_an_operator_restart() {
     assert!(o.metadata.deletion_timestamp.is_some());
     // A new operator process continues where the old one stopped.
     let op2 = Operator::start(&c, &ns.name, "op2");
-    ns.api::<Pod>()
-        .patch(
-            &held.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("release pod");
-    wait_for(
-        crs,
-        "rs",
-        "instance released",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| o.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op2.log_tail()));
+    hold(ns.api::<Pod>(), &held.name_any(), false).await;
+    wait_released(&ns, "rs", &op2).await;
     assert_nothing_left(&c, &ns, "rs").await;
     ns.delete().await.expect("delete namespace");
 }
@@ -681,18 +638,14 @@ async fn deleted_hmac_secret_gives_a_new_key_rolls_the_server_and_replaces_the_p
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
     assert_ne!(hmac_key(&ns, "hk").await.to_hex(), old_key, "a new key");
-    wait_for(
-        ns.api::<Deployment>(),
+    wait_rolled(
+        &ns,
         "cli-mcp-hk",
-        "server template rolled",
-        TIMEOUT,
-        |d: Option<&Deployment>| {
-            d.and_then(|d| template_annotation(d, "cli-mcp.redhat.com/hmac-version"))
-                .is_some_and(|v| v != old_version)
-        },
+        "cli-mcp.redhat.com/hmac-version",
+        Some(&old_version),
+        &op,
     )
-    .await
-    .expect("server rolls");
+    .await;
     // The template rolls in the same reconcile that replaces the pool, just before it: wait
     // for a full pool of the new key, not for any full pool (the old one still is, briefly).
     let new_key = hmac_key(&ns, "hk").await;

@@ -24,16 +24,7 @@ use serde_json::json;
 
 use support::*;
 
-const HOLD: &str = "e2e.cli-mcp/hold";
-
-fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
-    d.spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(key).cloned())
-}
+const TLS_VERSION: &str = "cli-mcp.redhat.com/tls-version";
 
 fn value(s: &Secret, key: &str) -> String {
     secrets::secret_value(s, key)
@@ -54,21 +45,6 @@ async fn published_ca(ns: &TestNamespace, n: &InstanceName) -> String {
     cm.data.unwrap_or_default()["ca.crt"].clone()
 }
 
-/// Sets or clears a finalizer of the test's own on an object, so it cannot go away.
-async fn hold<K>(api: kube::Api<K>, name: &str, on: bool)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let f = if on { json!([HOLD]) } else { json!(null) };
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": f}})),
-    )
-    .await
-    .expect("set finalizers");
-}
-
 async fn reasons(ns: &TestNamespace, name: &str) -> Vec<(String, String)> {
     let events = ns
         .api::<Event>()
@@ -84,13 +60,7 @@ async fn reasons(ns: &TestNamespace, name: &str) -> Vec<(String, String)> {
 }
 
 fn ready_reason(o: &CliMcpInstance) -> Option<(String, String, String)> {
-    let c = o
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
-    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+    find_condition(o, "Ready").map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 #[tokio::test]
@@ -115,18 +85,18 @@ async fn the_serving_certificate_is_renewed_from_the_same_ca_before_it_expires()
         .get(&n.server())
         .await
         .expect("server Deployment");
-    let version = template_annotation(&d, "cli-mcp.redhat.com/tls-version").expect("tls-version");
+    let version = template_annotation(&d, TLS_VERSION).expect("tls-version");
 
-    let renewed = wait_for(
-        ns.api::<Secret>(),
-        &n.tls_secret(),
-        "a new serving certificate",
-        TIMEOUT,
-        |s: Option<&Secret>| s.is_some_and(|s| value(s, secrets::TLS_CRT) != first_crt),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()))
-    .expect("Secret");
+    let renewed = op
+        .ok(wait_for(
+            ns.api::<Secret>(),
+            &n.tls_secret(),
+            "a new serving certificate",
+            TIMEOUT,
+            |s: Option<&Secret>| s.is_some_and(|s| value(s, secrets::TLS_CRT) != first_crt),
+        )
+        .await)
+        .expect("Secret");
     assert!(
         SystemTime::now() < expires,
         "renewed only after the old certificate expired"
@@ -137,18 +107,7 @@ async fn the_serving_certificate_is_renewed_from_the_same_ca_before_it_expires()
     // The same CA: what clients pinned keeps working.
     assert_eq!(value(&renewed, secrets::CA_CRT).trim(), ca.trim());
     assert_eq!(published_ca(&ns, &n).await.trim(), ca.trim());
-    wait_for(
-        ns.api::<Deployment>(),
-        &n.server(),
-        "server template rolled for the new certificate",
-        TIMEOUT,
-        |d: Option<&Deployment>| {
-            d.and_then(|d| template_annotation(d, "cli-mcp.redhat.com/tls-version"))
-                .is_some_and(|v| v != version)
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    wait_rolled(&ns, &n.server(), TLS_VERSION, Some(&version), &op).await;
     let events = reasons(&ns, "tr").await;
     assert!(
         events.iter().any(|(r, _)| r == "CertificateRenewed"),
@@ -176,25 +135,13 @@ async fn a_recreated_instance_never_uses_its_predecessors_secrets() {
     // re-created instance surely finds it.
     hold(ns.api::<Secret>(), &n.hmac_secret(), true).await;
 
+    delete_released(&ns, "rc", &op).await;
     let crs = ns.api::<CliMcpInstance>();
-    crs.delete("rc", &DeleteParams::default())
-        .await
-        .expect("delete CR");
-    wait_for(
-        crs.clone(),
-        "rc",
-        "instance released",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| o.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
-    ns.api::<CliMcpInstance>()
-        .create(&Default::default(), &instance("rc", spec))
+    crs.create(&Default::default(), &instance("rc", spec))
         .await
         .expect("re-create");
-    let waiting = wait_instance(
-        crs.clone(),
+    let waiting = op.ok(wait_instance(
+        crs,
         "rc",
         "Ready=False naming the predecessor's Secret",
         TIMEOUT,
@@ -204,8 +151,7 @@ async fn a_recreated_instance_never_uses_its_predecessors_secrets() {
             })
         },
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    .await);
     let (_, reason, message) = ready_reason(&waiting).expect("Ready");
     assert!(message.contains(&n.hmac_secret()), "{reason}: {message}");
     // No sandbox was made with the old key while it waited.
@@ -272,7 +218,7 @@ async fn an_unusable_hmac_key_is_secret_keys_invalid_until_the_secret_is_deleted
             },
         )
         .await
-        .unwrap_or_else(|e| panic!("{bad:?}: {e}\n{}", op.log_tail()));
+        .unwrap_or_else(|e| panic!("{bad:?}: {e}\noperator log:\n{}", op.log_tail()));
         let (_, _, message) = ready_reason(&o).expect("Ready");
         assert!(
             message.contains("delete the Secret and the operator generates a new one"),
@@ -301,19 +247,7 @@ async fn the_teardown_timeout_releases_an_instance_whose_pod_cannot_go() {
     let pool = wait_pool(&ns, "tt", 1, &op).await;
     let held = pool[0].name_any();
     hold(ns.api::<Pod>(), &held, true).await;
-    let crs = ns.api::<CliMcpInstance>();
-    crs.delete("tt", &DeleteParams::default())
-        .await
-        .expect("delete CR");
-    wait_for(
-        crs,
-        "tt",
-        "instance released after the teardown timeout",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| o.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    delete_released(&ns, "tt", &op).await;
     // Released although the pod is still there: only the timeout does that.
     let pod = ns.api::<Pod>().get_opt(&held).await.expect("get pod");
     assert!(pod.as_ref().is_some_and(is_deleting), "{pod:?}");
@@ -355,15 +289,14 @@ async fn the_finalizer_waits_for_the_credential_proxy_pods() {
         label::COMPONENT_PROXY
     );
     // Running or not: a proxy pod exists, and this one cannot go away yet.
-    let proxies = wait_for_set(
+    let proxies = op.ok(wait_for_set(
         ns.api::<Pod>(),
         &selector,
         "a proxy pod",
         TIMEOUT,
         |pods: &[Pod]| !pods.is_empty(),
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    .await);
     let held = proxies[0].name_any();
     hold(ns.api::<Pod>(), &held, true).await;
 
@@ -371,15 +304,14 @@ async fn the_finalizer_waits_for_the_credential_proxy_pods() {
     crs.delete("tp", &DeleteParams::default())
         .await
         .expect("delete CR");
-    wait_for(
+    op.ok(wait_for(
         ns.api::<Pod>(),
         &held,
         "proxy pod terminating",
         TIMEOUT,
         |p: Option<&Pod>| p.is_some_and(is_deleting),
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    .await);
     // The teardown deleted the proxy (the garbage collector would only have started once
     // the instance was gone) and waits for its pod.
     let o = crs.get_opt("tp").await.expect("get CR");
@@ -396,15 +328,7 @@ async fn the_finalizer_waits_for_the_credential_proxy_pods() {
         .is_none_or(|d| d.metadata.deletion_timestamp.is_some()));
 
     hold(ns.api::<Pod>(), &held, false).await;
-    wait_for(
-        crs,
-        "tp",
-        "instance released",
-        TIMEOUT,
-        |o: Option<&CliMcpInstance>| o.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    wait_released(&ns, "tp", &op).await;
     let left = ns
         .api::<Pod>()
         .list(&ListParams::default().labels(&selector))

@@ -15,9 +15,13 @@ use cli_mcp_api::names::FIELD_MANAGER;
 use cli_mcp_api::pod_state::{is_deleting, is_ready};
 use cli_mcp_e2e::http::{self, metric_sum};
 use cli_mcp_e2e::instance::{self, delete_instance, is_ready_for_generation, wait_instance};
-use cli_mcp_e2e::testing::{wait_for, wait_for_set, workspace_root, TestCluster, TestNamespace};
+use cli_mcp_e2e::testing::{
+    wait_for, wait_for_set, wait_gone, workspace_root, TestCluster, TestNamespace,
+};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
@@ -29,10 +33,14 @@ pub use cli_mcp_e2e::testing::TIMEOUT;
 
 /// Installs (server-side applies) the CRD and waits until it is Established.
 pub async fn install_crd(c: &TestCluster) {
-    let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
     // Exactly what config/crd and the chart install.
     let yaml = cli_mcp_operator::crdgen::crd_yaml().expect("CRD YAML");
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml).expect("CRD parses");
+    apply_crd(c, serde_yaml::from_str(&yaml).expect("CRD parses")).await;
+}
+
+/// Server-side applies `crd` and waits until it is Established.
+pub async fn apply_crd(c: &TestCluster, crd: CustomResourceDefinition) {
+    let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
     let name = crd.name_any();
     api.patch(
         &name,
@@ -40,7 +48,7 @@ pub async fn install_crd(c: &TestCluster) {
         &Patch::Apply(&crd),
     )
     .await
-    .expect("apply CRD");
+    .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
     wait_for(
         api,
         &name,
@@ -56,7 +64,7 @@ pub async fn install_crd(c: &TestCluster) {
         },
     )
     .await
-    .expect("CRD established");
+    .unwrap_or_else(|e| panic!("CRD {name} not established: {e}"));
 }
 
 /// An operator process on the host, watching one namespace. Killed on drop.
@@ -146,6 +154,12 @@ impl Operator {
         self.metric("cli_mcp_operator_api_writes_total").await as u64
     }
 
+    /// The value, or a panic with the error and the tail of this operator's log (what it
+    /// did instead is usually the reason a wait failed).
+    pub fn ok<T, E: std::fmt::Display>(&self, r: Result<T, E>) -> T {
+        r.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", self.log_tail()))
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -218,16 +232,87 @@ pub async fn wait_pool(ns: &TestNamespace, instance: &str, n: usize, op: &Operat
     }
 }
 
+/// Waits until instance `name` is gone: its finalizer released it.
+pub async fn wait_released(ns: &TestNamespace, name: &str, op: &Operator) {
+    op.ok(wait_gone(
+        ns.api::<CliMcpInstance>(),
+        name,
+        "instance released",
+        TIMEOUT,
+    )
+    .await);
+}
+
+/// Deletes instance `name` and waits until its finalizer released it.
+pub async fn delete_released(ns: &TestNamespace, name: &str, op: &Operator) {
+    op.ok(delete_instance(ns.api::<CliMcpInstance>(), name, TIMEOUT).await);
+}
+
 /// Deletes the instance while the operator runs, waits for it to be gone, then deletes the
 /// namespace. Call at the end of a successful test.
 pub async fn finish(ns: TestNamespace, name: &str, op: &Operator) {
-    if let Err(e) = delete_instance(ns.api::<CliMcpInstance>(), name, TIMEOUT).await {
-        panic!(
-            "instance {name} was not released: {e}\noperator log:\n{}",
-            op.log_tail()
-        );
-    }
+    delete_released(&ns, name, op).await;
     ns.delete().await.expect("delete namespace");
+}
+
+/// Condition `ty` of the instance's status.
+pub fn find_condition<'a>(o: &'a CliMcpInstance, ty: &str) -> Option<&'a Condition> {
+    o.status.as_ref()?.conditions.iter().find(|c| c.type_ == ty)
+}
+
+/// Annotation `key` of Deployment `d`'s pod template.
+pub fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
+    d.spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(key).cloned())
+}
+
+/// Waits until Deployment `name`'s template annotation `key` is set and no longer `before`:
+/// the Deployment rolls.
+pub async fn wait_rolled(
+    ns: &TestNamespace,
+    name: &str,
+    key: &str,
+    before: Option<&str>,
+    op: &Operator,
+) -> Deployment {
+    let d = wait_for(
+        ns.api::<Deployment>(),
+        name,
+        &format!("{name} rolled (a new {key})"),
+        TIMEOUT,
+        |d: Option<&Deployment>| {
+            let now = d.and_then(|d| template_annotation(d, key));
+            now.is_some() && now.as_deref() != before
+        },
+    )
+    .await;
+    op.ok(d).expect("Deployment")
+}
+
+/// A finalizer of the tests' own: on an object, it cannot go away.
+pub const HOLD: &str = "e2e.cli-mcp/hold";
+
+/// Sets (`on`) or clears every finalizer of an object: [`HOLD`] alone, or none.
+pub async fn hold<K>(api: Api<K>, name: &str, on: bool)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let f = if on {
+        serde_json::json!([HOLD])
+    } else {
+        serde_json::Value::Null
+    };
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": f}})),
+    )
+    .await
+    .expect("set finalizers");
 }
 
 pub fn field_manager() -> &'static str {
