@@ -93,18 +93,7 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         ],
     )?;
     let token = kubectl(&kubectl_bin, admin, &["-n", n, "create", "token", "bench"])?;
-    let server = kubectl(
-        &kubectl_bin,
-        admin,
-        &[
-            "config",
-            "view",
-            "--raw",
-            "--minify",
-            "-o",
-            "jsonpath={.clusters[0].cluster.server}",
-        ],
-    )?;
+    let server = &cluster.info.apiserver;
     let ca_data = kubectl(
         &kubectl_bin,
         admin,
