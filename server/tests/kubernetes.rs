@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
 use cli_mcp_api::pod_state::{is_deleting, is_ready, phase};
-use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_e2e::testing::{
     self, wait_for, wait_for_set, wait_restarted, AfterRestart, TestCluster, TestNamespace, TIMEOUT,
@@ -186,6 +186,38 @@ fn labels(p: &Pod) -> BTreeMap<String, String> {
 
 fn ann(p: &Pod, key: &str) -> Option<String> {
     p.annotations().get(key).cloned()
+}
+
+/// Fail closed: with a credential proxy in the sandbox config, no sandbox is created while
+/// the proxy's Deployment has no ready replica (here it does not exist); the call says why
+/// and what to do.
+#[tokio::test]
+async fn no_sandbox_starts_without_a_ready_credential_proxy() {
+    let mut w = World::new("srv-noproxy").await;
+    w.cfg.proxy = Some(SandboxProxy {
+        url: w.instance().proxy_url(&w.ns.name),
+        config_map: w.instance().proxy(),
+        kubeconfig: false,
+    });
+    let server = w.server().await;
+    let r = Mcp::new(&server, Some("no-proxy-1")).bash("true").await;
+    assert!(is_error(&r), "{r}");
+    assert!(
+        text(&r).contains(&format!(
+            "credential proxy (Deployment {}) has no ready replica",
+            w.instance().proxy()
+        )),
+        "{}",
+        text(&r)
+    );
+    let pods =
+        w.ns.api::<Pod>()
+            .list(&ListParams::default().labels(&w.instance().sandbox_selector()))
+            .await
+            .expect("list pods");
+    assert!(pods.items.is_empty(), "a sandbox pod was created");
+    drop(server);
+    w.done().await;
 }
 
 #[tokio::test]

@@ -193,16 +193,19 @@ impl KubeBackend {
 
     /// Fail closed: with a credential proxy, no sandbox is created while its Deployment has
     /// no ready replica (the sandbox could reach nothing it was given, and the operator
-    /// creates no warm pods either). One GET per new cold session.
+    /// creates no warm pods either). One GET per new cold session, next to the pod's create
+    /// and the wait for its agent; a watch of the Deployment would cost every replica a
+    /// stream and could answer from a stale view, where this check must see the present.
     async fn proxy_serves(&self) -> Result<(), SessionError> {
-        let Some(proxy) = &self.cfg.proxy else {
+        if self.cfg.proxy.is_none() {
             return Ok(());
-        };
-        let name = &proxy.config_map;
+        }
+        // Named as the operator names it (every proxy child has the instance's proxy name).
+        let name = self.instance.proxy();
         let api: kube::Api<Deployment> =
             kube::Api::namespaced(self.client.clone(), &self.cfg.namespace);
         let ready = api
-            .get_opt(name)
+            .get_opt(&name)
             .await?
             .and_then(|d| d.status)
             .and_then(|s| s.ready_replicas)
@@ -211,7 +214,9 @@ impl KubeBackend {
             return Ok(());
         }
         Err(SessionError::Sandbox(format!(
-            "the instance's credential proxy (Deployment {name}) has no ready replica, and no sandbox starts without it; retry in a few seconds, or ask the admin to check the CliMcpInstance's Ready condition"
+            "the instance's credential proxy (Deployment {name}) has no ready replica, and no \
+             sandbox starts without it; retry in a few seconds, or ask the admin to check the \
+             CliMcpInstance's Ready condition"
         )))
     }
 
