@@ -34,6 +34,7 @@ pub mod pki;
 pub mod portforward;
 pub mod process;
 pub mod project_images;
+pub mod real_node_rig;
 pub mod registry;
 pub mod testing;
 pub mod workspace;

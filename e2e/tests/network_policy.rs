@@ -45,18 +45,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-/// One connection attempt; a policy's REJECT answers at once, a drop times out.
-const CONNECT: Duration = Duration::from_millis(700);
-/// How long a policy change may take to show in the traffic.
-const SETTLE: Duration = Duration::from_secs(60);
-
-/// A running pod and the network namespace its containers live in.
-#[derive(Clone)]
-struct Peer {
-    name: String,
-    ip: Ipv4Addr,
-    netns: PathBuf,
-}
+use cli_mcp_e2e::peer::{expect, Peer, CONNECT, SETTLE};
 
 fn listener_pod(name: &str, role: &str) -> Pod {
     let httpd = |port: u16| {
@@ -105,42 +94,6 @@ async fn start_pod(ns: &TestNamespace, name: &str, role: &str) -> Peer {
         name: name.into(),
         ip,
         netns,
-    }
-}
-
-/// One TCP connection from `from`'s network namespace to `to:port`.
-async fn reach(from: &Peer, to: Ipv4Addr, port: u16) -> Reach {
-    let netns = from.netns.clone();
-    tokio::task::spawn_blocking(move || {
-        in_netns(&netns, move || {
-            tcp_reach(SocketAddr::from((to, port)), CONNECT)
-        })
-    })
-    .await
-    .expect("join")
-    .unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Poll until a connection from `from` to `to:port` is allowed (`true`) or denied (`false`),
-/// at most [`SETTLE`]. A denied connection must be refused or time out, nothing else.
-async fn expect(from: &Peer, to: Ipv4Addr, port: u16, to_name: &str, allowed: bool) {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let got = reach(from, to, port).await;
-        if let Reach::Failed(e) = &got {
-            panic!("{} -> {to_name}:{port}: unexpected error {e}", from.name);
-        }
-        if (got == Reach::Connected) == allowed {
-            eprintln!("  {} -> {to_name}:{port}: {got:?}", from.name);
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} -> {to_name} ({to}:{port}) still {got:?} after {SETTLE:?}; want {}",
-            from.name,
-            if allowed { "connected" } else { "denied" }
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

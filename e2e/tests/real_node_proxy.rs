@@ -25,16 +25,13 @@ use std::time::{Duration, Instant};
 
 use cli_mcp_api::names::label;
 use cli_mcp_api::pod_state::is_ready;
-use cli_mcp_e2e::addons::{self, Enforcer, Ipv4Net, Reach};
-use cli_mcp_e2e::cluster::ClusterConfig;
+use cli_mcp_e2e::addons::Reach;
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
-use cli_mcp_e2e::node::{self, NodeKind};
 use cli_mcp_e2e::peer::{expect, peer, reach};
-use cli_mcp_e2e::project_images;
-use cli_mcp_e2e::testing::{self, pod_ip, wait_for, wait_for_set, workspace_root, TIMEOUT};
+use cli_mcp_e2e::real_node_rig::RealNodeRig;
+use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -98,52 +95,23 @@ async fn run(mcp: &Mcp, sid: &str, command: &str) -> (Value, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP real_node_proxy: needs root (containerd, cgroups, network namespaces)");
-        return;
-    }
     let t0 = Instant::now();
-    let bin_dir = testing::binaries_dir().expect("binaries dir");
-    let run_dir = workspace_root().join(".run/e2e-real-node-proxy");
-    let mut cfg = ClusterConfig::local(&bin_dir, run_dir.clone()).expect("cluster config");
-    if let Err(e) = node::preflight(&cfg.control_plane_bin) {
-        eprintln!("SKIP real_node_proxy: {e}");
+    let Some(rig) = RealNodeRig::start("real_node_proxy").await else {
         return;
-    }
-    addons::enforcer_preflight().unwrap_or_else(|e| panic!("{e}"));
-    cfg.node = NodeKind::Real;
-    cfg.images.clear();
-    let addons_bin = tokio::task::spawn_blocking(|| addons::locate_addons(None))
-        .await
-        .expect("join")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let build = tokio::task::spawn_blocking(move || project_images::build(&bin_dir));
-    let pc = testing::private_cluster_with(cfg)
-        .await
-        .unwrap_or_else(|e| panic!("a private real-node cluster: {e}"));
-    let images = build
-        .await
-        .expect("join")
-        .unwrap_or_else(|e| panic!("hack/build-images.sh: {e}"));
+    };
+    let RealNodeRig {
+        pc,
+        info,
+        socket,
+        images,
+        mut enforcer,
+        gateway,
+        run_dir: _,
+    } = rig;
     assert!(
         images.names().iter().any(|n| n.contains("/cli-mcp-proxy:")),
         "the build has no proxy image ({:?}); hack/build-images.sh must build cli-mcp-proxy",
         images.names()
-    );
-    pc.cluster
-        .import_project_images(&images)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let info = pc.test.info.clone();
-    let socket = info.containerd_socket.clone().expect("containerd socket");
-    let mut enforcer = Enforcer::start(&info, &addons_bin)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let gateway = Ipv4Net::parse(&info.pod_cidr)
-        .expect("pod CIDR")
-        .first_host();
-    eprintln!(
-        "cluster, images and enforcer ready after {:.1?}",
-        t0.elapsed()
     );
 
     // --- An instance whose sandboxes reach the API through the proxy only ---------------------
@@ -350,24 +318,7 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     // A new token for the investigator in the admin's Secret, and the old one revoked (its
     // token Secret deleted): the session's next calls use the new one, with no restart of the
     // sandbox or of the proxy pods.
-    let new_token = env
-        .api::<ServiceAccount>()
-        .create_token_request(
-            "cli-mcp-investigator",
-            &PostParams::default(),
-            &TokenRequest {
-                spec: Some(TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("a new token for the investigator")
-        .status
-        .and_then(|s| s.token)
-        .expect("token");
+    let new_token = env.service_account_token("cli-mcp-investigator").await;
     let secrets = env.api::<Secret>();
     let mut admin = secrets
         .get("cli-mcp-p-kubeconfig")

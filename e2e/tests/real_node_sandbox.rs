@@ -36,15 +36,14 @@ use cli_mcp_api::pod_state::is_ready;
 use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::addons::{
-    self, in_netns, query_a, tcp_reach, Enforcer, Ipv4Net, Reach, DNS_SERVICE_IP, RCODE_NOERROR,
+    self, in_netns, query_a, tcp_reach, Reach, DNS_SERVICE_IP, RCODE_NOERROR,
 };
-use cli_mcp_e2e::cluster::ClusterConfig;
 use cli_mcp_e2e::instance::{delete_instance, hmac_key};
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
-use cli_mcp_e2e::node::{self, NodeKind};
+use cli_mcp_e2e::node;
 use cli_mcp_e2e::peer::{expect, peer, Peer, CONNECT, SETTLE};
-use cli_mcp_e2e::project_images;
-use cli_mcp_e2e::testing::{self, pod_ip, wait_for, wait_for_set, workspace_root, TIMEOUT};
+use cli_mcp_e2e::real_node_rig::RealNodeRig;
+use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -168,50 +167,21 @@ async fn ok(mcp: &Mcp, sid: &str, command: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP real_node_sandbox: needs root (containerd, cgroups, network namespaces)");
-        return;
-    }
     let t0 = Instant::now();
-    let bin_dir = testing::binaries_dir().expect("binaries dir");
-    let run_dir = workspace_root().join(".run/e2e-real-node-sandbox");
-    let mut cfg = ClusterConfig::local(&bin_dir, run_dir.clone()).expect("cluster config");
-    if let Err(e) = node::preflight(&cfg.control_plane_bin) {
-        eprintln!("SKIP real_node_sandbox: {e}");
+    let Some(rig) = RealNodeRig::start("real_node_sandbox").await else {
         return;
-    }
-    addons::enforcer_preflight().unwrap_or_else(|e| panic!("{e}"));
-    cfg.node = NodeKind::Real;
-    cfg.images.clear();
-    let addons_bin = tokio::task::spawn_blocking(|| addons::locate_addons(None))
-        .await
-        .expect("join")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let build = tokio::task::spawn_blocking(move || project_images::build(&bin_dir));
-    let pc = testing::private_cluster_with(cfg)
-        .await
-        .unwrap_or_else(|e| panic!("a private real-node cluster: {e}"));
-    let images = build
-        .await
-        .expect("join")
-        .unwrap_or_else(|e| panic!("hack/build-images.sh: {e}"));
-    pc.cluster
-        .import_project_images(&images)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let info = pc.test.info.clone();
-    let socket = info.containerd_socket.clone().expect("containerd socket");
+    };
+    let RealNodeRig {
+        pc,
+        info,
+        socket,
+        images: _,
+        mut enforcer,
+        gateway,
+        run_dir,
+    } = rig;
     let busybox = build_busybox_image(&run_dir.join("test-image"));
     node::import_image(&socket, &busybox).unwrap_or_else(|e| panic!("{e}"));
-    let mut enforcer = Enforcer::start(&info, &addons_bin)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let gateway = Ipv4Net::parse(&info.pod_cidr)
-        .expect("pod CIDR")
-        .first_host();
-    eprintln!(
-        "cluster, images and enforcer ready after {:.1?}",
-        t0.elapsed()
-    );
 
     // --- The namespace enforces `restricted` before any instance pod exists ------------------
     let mut env = Env::install_on(pc.test.clone(), "rn-sandbox").await;

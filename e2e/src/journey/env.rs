@@ -396,15 +396,11 @@ impl Env {
         m
     }
 
-    /// The client ServiceAccount the operator made for instance `name`
-    /// (`cli-mcp-<name>-client`, allowed exactly the MCP verbs on this instance), its token,
-    /// the instance CA and a loopback forward to the Service.
-    pub async fn client(&self, name: &str) -> Mcp {
-        let n = &self.ns.name;
-        let token = self
-            .api::<ServiceAccount>()
+    /// A fresh token (one hour) of ServiceAccount `sa` of the namespace.
+    pub async fn service_account_token(&self, sa: &str) -> String {
+        self.api::<ServiceAccount>()
             .create_token_request(
-                &format!("cli-mcp-{name}-client"),
+                sa,
                 &PostParams::default(),
                 &TokenRequest {
                     spec: Some(TokenRequestSpec {
@@ -415,10 +411,20 @@ impl Env {
                 },
             )
             .await
-            .expect("a token of the instance's client ServiceAccount")
+            .unwrap_or_else(|e| panic!("a token of ServiceAccount {sa}: {e}"))
             .status
             .and_then(|s| s.token)
-            .expect("token");
+            .unwrap_or_else(|| panic!("no token in the TokenRequest of {sa}"))
+    }
+
+    /// The client ServiceAccount the operator made for instance `name`
+    /// (`cli-mcp-<name>-client`, allowed exactly the MCP verbs on this instance), its token,
+    /// the instance CA and a loopback forward to the Service.
+    pub async fn client(&self, name: &str) -> Mcp {
+        let n = &self.ns.name;
+        let token = self
+            .service_account_token(&format!("cli-mcp-{name}-client"))
+            .await;
         let svc = format!("cli-mcp-{name}");
         let ca = self
             .api::<ConfigMap>()
