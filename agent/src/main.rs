@@ -28,17 +28,10 @@ fn init_tracing(json: bool) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(log_colours());
+        .with_ansi(cli_mcp_api::terminal::log_colours());
     if json {
         builder.json().flatten_event(true).init();
     } else {
         builder.compact().init();
     }
-}
-
-/// Colour only for a person at a terminal: `kubectl logs` and log collectors read a pipe,
-/// where escape codes are noise. `NO_COLOR` (any non-empty value) turns it off everywhere.
-fn log_colours() -> bool {
-    use std::io::IsTerminal as _;
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }

@@ -17,6 +17,7 @@
 pub mod names;
 pub mod proxy;
 pub mod session;
+pub mod terminal;
 pub mod token;
 pub mod wire;
 

@@ -1,6 +1,6 @@
 //! `kubectl logs` and log collectors read a binary's stderr through a pipe: no ANSI colour
 //! codes there. A terminal gets colour, unless `NO_COLOR` is set. Checked on the built
-//! agent, server and operator (from [`binaries_dir`], like the cluster's images: build them
+//! agent, server, operator and credential proxy (from [`binaries_dir`], like the cluster's images: build them
 //! with `cargo build --workspace --bins`); none needs a cluster.
 
 use std::io::{BufRead as _, BufReader, Read};
@@ -181,6 +181,37 @@ fn the_operator_colours_only_a_terminal() {
             cmd.args(["--health-listen", "127.0.0.1:0", "--leader-elect", "false"])
                 .args(["--server-image", "cli-mcp-server:test"])
                 .env("KUBECONFIG", kubeconfig);
+        },
+    });
+}
+
+/// The credential proxy up to serving, with a fresh CA and no routes (it refuses every
+/// CONNECT, which is all a log check needs), until SIGTERM drains it.
+#[test]
+fn the_proxy_colours_only_a_terminal() {
+    check(&Case {
+        binary: "cli-mcp-proxy",
+        until: "proxy serving",
+        level: "INFO",
+        setup: |cmd, dir| {
+            let key = rcgen::KeyPair::generate().expect("CA key");
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+            let cert = params.self_signed(&key).expect("self-signed CA");
+            let write = |name: &str, text: &str| {
+                let path = dir.join(name);
+                std::fs::write(&path, text).expect("write proxy input");
+                path
+            };
+            cmd.arg("--routes")
+                .arg(write("routes.json", r#"{"routes":[]}"#))
+                .arg("--ca-cert")
+                .arg(write("ca.crt", &cert.pem()))
+                .arg("--ca-key")
+                .arg(write("ca.key", &key.serialize_pem()))
+                .args(["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"])
+                .env_remove("CLI_MCP_PROXY_LOG_JSON");
         },
     });
 }

@@ -10,7 +10,7 @@ pub fn init(json: bool) {
     let registry = tracing_subscriber::registry().with(filter);
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(log_colours());
+        .with_ansi(cli_mcp_api::terminal::log_colours());
     let result = if json {
         registry
             .with(layer.json().flatten_event(true).with_current_span(false))
@@ -20,11 +20,4 @@ pub fn init(json: bool) {
     };
     // A second init (tests) keeps the first subscriber.
     let _ = result;
-}
-
-/// Colour only for a person at a terminal: `kubectl logs` and log collectors read a pipe,
-/// where escape codes are noise. `NO_COLOR` (any non-empty value) turns it off everywhere.
-fn log_colours() -> bool {
-    use std::io::IsTerminal as _;
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }

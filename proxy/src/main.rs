@@ -9,7 +9,8 @@ fn init_logs(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(cli_mcp_api::terminal::log_colours());
     if json {
         builder.json().flatten_event(true).init();
     } else {

@@ -35,7 +35,7 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(log_colours())
+        .with_ansi(cli_mcp_api::terminal::log_colours())
         .init();
     let args = cli::Args::parse();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -52,11 +52,4 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// Colour only for a person at a terminal: `kubectl logs` and log collectors read a pipe,
-/// where escape codes are noise. `NO_COLOR` (any non-empty value) turns it off everywhere.
-fn log_colours() -> bool {
-    use std::io::IsTerminal as _;
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
