@@ -4,13 +4,14 @@
 //! A tunnel was opened for one `host:port`, and every request in it must be for that authority
 //! (a `Host` naming another host would be smuggled past the route check). On kubernetes routes
 //! the path is read with [`crate::k8s_path`] and protocol upgrades are refused, since exec,
-//! attach and port-forward stream over SPDY or WebSocket. Bodies are never buffered: the
+//! attach and port-forward stream over SPDY or WebSocket; allow-list routes carry WebSocket
+//! upgrades ([`crate::websocket`]). Bodies are never buffered: the
 //! request body is handed to the upstream connection and the response body back to the client
 //! as they arrive, so `logs -f` and watches stream and memory per request stays bounded by the
 //! HTTP library's buffers.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use bytes::Bytes;
 use http::header;
@@ -26,6 +27,7 @@ use crate::headers::{is_upgrade, strip_credentials, strip_hop_by_hop};
 use crate::k8s_path;
 use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
+use crate::websocket;
 use crate::Shared;
 
 pub type Body = Either<Incoming, Full<Bytes>>;
@@ -37,6 +39,9 @@ pub struct Tunnel {
     injector: Injector,
     shared: Arc<Shared>,
     upstream: tokio::sync::Mutex<Option<SendRequest<Incoming>>>,
+    /// A WebSocket accepted on this tunnel, for [`crate::tunnel`] to run once hyper has
+    /// written the 101 and let go of the connection.
+    upgrade: std::sync::Mutex<Option<websocket::Pending>>,
 }
 
 impl Tunnel {
@@ -46,7 +51,16 @@ impl Tunnel {
             injector,
             shared,
             upstream: tokio::sync::Mutex::new(None),
+            upgrade: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The WebSocket accepted on this tunnel, if any.
+    pub fn take_upgrade(&self) -> Option<websocket::Pending> {
+        self.upgrade
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     fn is_kubernetes(&self) -> bool {
@@ -85,23 +99,27 @@ impl Tunnel {
         if self.is_kubernetes() {
             k8s_path::classify(req.uri().path()).map_err(|p| Refusal::path(&p))?;
         }
-        if is_upgrade(req.headers()) {
-            return Err(if self.is_kubernetes() {
-                Refusal::new(
+        let websocket = if is_upgrade(req.headers()) {
+            if self.is_kubernetes() {
+                return Err(Refusal::new(
                     StatusCode::FORBIDDEN,
                     "upgrade_refused",
                     "exec, attach and port-forward stream through a protocol upgrade (SPDY or \
                      WebSocket); the proxy never allows an upgrade on a Kubernetes API route, \
                      whatever the kubeconfig's RBAC says",
-                )
-            } else {
+                ));
+            }
+            Some(websocket::requested(req.headers()).ok_or_else(|| {
                 Refusal::new(
                     StatusCode::NOT_IMPLEMENTED,
                     "upgrade_unsupported",
-                    "the proxy does not forward protocol upgrades (WebSocket)",
+                    "the proxy forwards only WebSocket upgrades (Connection: upgrade and \
+                     Upgrade: websocket)",
                 )
-            });
-        }
+            })?)
+        } else {
+            None
+        };
         let (mut parts, body) = req.into_parts();
         // Origin form upstream, whatever form the client used (an absolute-form target was
         // checked against the CONNECT authority above).
@@ -114,6 +132,9 @@ impl Tunnel {
         }
         strip_hop_by_hop(&mut parts.headers);
         strip_credentials(&mut parts.headers);
+        if let Some(protocol) = websocket {
+            websocket::mark(&mut parts.headers, protocol);
+        }
         if self.is_kubernetes() {
             let value = self
                 .shared
@@ -203,14 +224,44 @@ pub async fn handle(
     let method = req.method().clone();
     let uri = req.uri().clone();
     let path = uri.path();
-    let req = match tunnel.prepare(req) {
+    let mut req = match tunnel.prepare(req) {
         Ok(r) => r,
         Err(r) => {
             tunnel.shared.metrics.request("refused");
             return Ok(tunnel.refuse(&method, path, r));
         }
     };
+    // Taken before the request goes upstream: hyper hands the client's connection over
+    // through it once the 101 is written.
+    let client_upgrade = websocket::requested(req.headers()).map(|_| hyper::upgrade::on(&mut req));
     match tunnel.send(req).await {
+        Ok(mut resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            let protocol = resp.headers().get(header::UPGRADE).cloned();
+            let (Some(client), Some(protocol)) =
+                (client_upgrade, protocol.filter(websocket::is_websocket))
+            else {
+                tunnel.shared.metrics.request("upstream_error");
+                let r = Refusal::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    "the upstream switched protocols without a WebSocket upgrade being asked \
+                     for and answered",
+                );
+                return Ok(tunnel.refuse(&method, path, r));
+            };
+            let upstream = hyper::upgrade::on(&mut resp);
+            tunnel.shared.metrics.request("forwarded");
+            tracing::debug!(domain = %tunnel.domain, %method, path, "WebSocket upgrade accepted");
+            *tunnel
+                .upgrade
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) =
+                Some(websocket::Pending { client, upstream });
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            websocket::mark(&mut parts.headers, protocol);
+            Ok(Response::from_parts(parts, Either::Left(body)))
+        }
         Ok(resp) => {
             tunnel.shared.metrics.request("forwarded");
             tracing::debug!(domain = %tunnel.domain, %method, path, status = resp.status().as_u16(), "forwarded");

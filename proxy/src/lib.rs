@@ -19,8 +19,10 @@ pub mod k8s_path;
 pub mod metrics;
 pub mod refusal;
 pub mod server;
+pub mod slow_head;
 pub mod tunnel;
 pub mod upstream;
+pub mod websocket;
 
 use std::future::Future;
 use std::net::SocketAddr;

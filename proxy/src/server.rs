@@ -18,6 +18,7 @@ use cli_mcp_api::proxy::Domain;
 
 use crate::metrics::GaugeGuard;
 use crate::refusal::Refusal;
+use crate::slow_head::Watched;
 use crate::{tunnel, Shared};
 
 type Body = http_body_util::Either<Empty<Bytes>, Full<Bytes>>;
@@ -98,9 +99,10 @@ async fn connection(
             tracker.clone(),
         )
     });
+    let stream = Watched::new(stream);
     let conn = limits
         .http1(limits.header_read_timeout)
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection(TokioIo::new(stream.clone()), service)
         .with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
@@ -124,6 +126,15 @@ async fn connection(
             shared.metrics.refused(reason);
         }
         tracing::debug!(error = %e, reason, "client connection ended");
+        if e.is_timeout() && stream.head_begun() {
+            stream
+                .request_timeout(
+                    limits.header_read_timeout,
+                    "--header-read-timeout",
+                    limits.handshake_timeout,
+                )
+                .await;
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! An accepted CONNECT: TLS terminated with a leaf for the CONNECT host, then HTTP/1.1
-//! requests served one at a time by [`crate::forward`].
+//! requests served one at a time by [`crate::forward`], or a WebSocket once one is accepted.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use cli_mcp_api::proxy::{Domain, Injector};
 
 use crate::forward::{self, Tunnel};
 use crate::metrics::GaugeGuard;
+use crate::slow_head::Watched;
 use crate::Shared;
 
 pub async fn run(
@@ -62,11 +63,14 @@ pub async fn run(
         Err((reason, detail)) => return refuse(reason, detail),
     };
     let tunnel = Arc::new(Tunnel::new(domain.clone(), injector, shared.clone()));
-    let service = service_fn(move |req| forward::handle(tunnel.clone(), req));
+    let svc_tunnel = tunnel.clone();
+    let service = service_fn(move |req| forward::handle(svc_tunnel.clone(), req));
     // The idle limit between requests: hyper starts the head timer whenever it waits for one.
+    let tls = Watched::new(tls);
     let conn = limits
         .http1(limits.idle_timeout)
-        .serve_connection(TokioIo::new(tls), service);
+        .serve_connection(TokioIo::new(tls.clone()), service)
+        .with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,
@@ -76,8 +80,27 @@ pub async fn run(
             conn.await
         }
     };
+    // After a 101 hyper lets go of the connection; the WebSocket keeps the tunnel's slot.
+    if let Some(ws) = tunnel.take_upgrade() {
+        ws.run(
+            &domain,
+            limits.handshake_timeout,
+            limits.idle_timeout,
+            &shutdown,
+        )
+        .await;
+    }
     if let Err(e) = result {
         tracing::debug!(domain = %domain, error = %e, "tunnel ended");
+        if e.is_timeout() && tls.head_begun() {
+            shared.metrics.refused("header_read_timeout");
+            tls.request_timeout(
+                limits.idle_timeout,
+                "--idle-timeout",
+                limits.handshake_timeout,
+            )
+            .await;
+        }
     }
 }
 

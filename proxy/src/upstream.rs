@@ -111,7 +111,8 @@ impl Upstreams {
             .map_err(|e| UpstreamError::Http(domain.clone(), e))?;
         let d = domain.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            // Upgrades: a WebSocket's 101 hands the connection over instead of ending it.
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(domain = %d, error = %e, "upstream connection ended");
             }
         });

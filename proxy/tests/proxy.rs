@@ -300,6 +300,106 @@ async fn upgrades_are_refused_on_kubernetes_routes() {
     assert!(up.seen().is_empty());
 }
 
+fn websocket_request(host: &str, path: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Authorization: Bearer stolen\r\nImpersonate-User: admin\r\n\r\n"
+    )
+}
+
+#[tokio::test]
+async fn websockets_on_allow_list_routes_carry_bytes_both_ways_without_credentials() {
+    let (up, inputs, config) = allow_list_setup().await;
+    let proxy = Running::start(config).await;
+    let host = up.addr.to_string();
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(websocket_request(&host, "/ws").as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut tls).await.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    assert!(head.contains("connection: upgrade"), "{head}");
+    // More than one read buffer of the copy, so it has to loop and hold back.
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut read, mut write) = tokio::io::split(tls);
+    let sent = payload.clone();
+    let writer = tokio::spawn(async move {
+        write.write_all(&sent).await.unwrap();
+        write
+    });
+    let mut echoed = vec![0u8; payload.len()];
+    tokio::time::timeout(DEADLINE, read.read_exact(&mut echoed))
+        .await
+        .expect("the echo in time")
+        .unwrap();
+    assert!(echoed == payload, "the echo differs from what was sent");
+    let m = proxy.metrics().await;
+    assert_eq!(metric(&m, "cli_mcp_proxy_tunnels"), 1.0, "{m}");
+    // The client's close reaches the upstream, whose close comes back.
+    let mut write = writer.await.unwrap();
+    write.shutdown().await.unwrap();
+    let rest = read_to_close(&mut read).await;
+    assert_eq!(rest, "");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    let h = &seen[0].headers;
+    assert_eq!(h["upgrade"], "websocket");
+    assert_eq!(h["connection"], "upgrade");
+    assert_eq!(h["sec-websocket-key"], "dGhlIHNhbXBsZSBub25jZQ==");
+    assert!(!h.contains_key("authorization"), "{h:?}");
+    assert!(!h.contains_key("impersonate-user"), "{h:?}");
+}
+
+#[tokio::test]
+async fn an_idle_websocket_is_closed_at_the_idle_timeout() {
+    let (up, inputs, mut config) = allow_list_setup().await;
+    config.limits.idle_timeout = Duration::from_millis(300);
+    let proxy = Running::start(config).await;
+    let host = up.addr.to_string();
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(websocket_request(&host, "/ws").as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tls.write_all(b"one").await.unwrap();
+    let mut echo = [0u8; 3];
+    tls.read_exact(&mut echo).await.unwrap();
+    assert_eq!(&echo, b"one");
+    // Then nothing either way: the proxy closes it.
+    assert_eq!(read_to_close(&mut tls).await, "");
+}
+
+#[tokio::test]
+async fn upgrades_other_than_websocket_are_not_forwarded() {
+    let (up, inputs, config) = allow_list_setup().await;
+    let proxy = Running::start(config).await;
+    let host = up.addr.to_string();
+    for request in [
+        format!("GET /ws HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"),
+        format!("GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n\r\n"),
+        format!(
+            "GET /ws HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Upgrade: SPDY/3.1\r\n\r\n"
+        ),
+    ] {
+        let head = tunnel_request(proxy.addr, &host, &inputs.ca, &request).await;
+        assert!(head.starts_with("HTTP/1.1 501"), "{request}: {head}");
+    }
+    assert!(up.seen().is_empty(), "{:?}", up.seen());
+    // An upstream that switches to something else than what was asked for gets no hand-over.
+    let head = tunnel_request(
+        proxy.addr,
+        &host,
+        &inputs.ca,
+        &websocket_request(&host, "/ws-other"),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+}
+
 #[tokio::test]
 async fn a_host_other_than_the_connect_authority_is_refused() {
     let (up, inputs) = kubernetes_setup().await;
@@ -438,32 +538,62 @@ async fn oversized_headers_get_431_outside_and_inside_the_tunnel() {
 }
 
 #[tokio::test]
-async fn a_slowloris_client_is_cut_off_at_the_header_read_timeout() {
+async fn a_slowloris_client_gets_408_at_the_header_read_timeout() {
     let (up, inputs, mut config) = allow_list_setup().await;
     config.limits.header_read_timeout = Duration::from_millis(300);
-    config.limits.idle_timeout = Duration::from_millis(300);
+    config.limits.idle_timeout = Duration::from_millis(400);
     let proxy = Running::start(config).await;
     // Outside: a CONNECT head that never ends.
     let mut tcp = TcpStream::connect(proxy.addr).await.unwrap();
     tcp.write_all(format!("CONNECT {} HTTP/1.1\r\nX-A: ", up.addr).as_bytes())
         .await
         .unwrap();
-    let rest = read_to_close(&mut tcp).await;
-    assert!(!rest.contains("200"), "{rest}");
-    // Inside: a tunnel whose request head never ends.
+    let reply = read_to_close(&mut tcp).await;
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(
+        reply.contains("did not arrive within 300ms (--header-read-timeout)"),
+        "{reply}"
+    );
+    // Inside: a tunnel whose request head never ends, after one request answered.
     let host = up.addr.to_string();
     let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
-    tls.write_all(b"GET / HTTP/1.1\r\nX-A: ").await.unwrap();
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(DEADLINE, tls.read_to_end(&mut buf)).await;
-    assert!(read.is_ok(), "the tunnel stayed open");
-    assert!(up.seen().is_empty());
+    tls.write_all(format!("GET /first HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length in {head}"));
+    let mut body = vec![0; length];
+    tls.read_exact(&mut body).await.unwrap();
+    tls.write_all(b"GET /second HTTP/1.1\r\nX-A: ")
+        .await
+        .unwrap();
+    let reply = read_to_close(&mut tls).await;
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("400ms (--idle-timeout)"), "{reply}");
+    assert_eq!(up.seen().len(), 1, "{:?}", up.seen());
+    // A tunnel merely idle after its request is closed without a 408: a keep-alive client
+    // sending its next request at that moment would take the 408 for its answer.
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(format!("GET /only HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let rest = read_to_close(&mut tls).await;
+    assert!(rest.starts_with("HTTP/1.1 200"), "{rest}");
+    assert!(!rest.contains("408"), "{rest}");
+    // So is a connection that never sent a byte.
+    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
+    assert_eq!(read_to_close(&mut silent).await, "");
     let m = proxy.metrics().await;
     assert!(
         metric(
             &m,
             "cli_mcp_proxy_refusals_total{reason=\"header_read_timeout\"}"
-        ) >= 1.0,
+        ) >= 2.0,
         "{m}"
     );
 }

@@ -99,7 +99,9 @@ pub struct Seen {
 /// An HTTPS server on loopback recording every request that reaches it.
 ///
 /// `/stream` answers with a first chunk at once and the second only after
-/// [`Upstream::release`]; `/slow` answers only after it. Anything else: a small JSON body.
+/// [`Upstream::release`]; `/slow` answers only after it. `/ws` accepts a WebSocket upgrade and
+/// echoes every byte back until the client closes; `/ws-other` answers 101 with another
+/// protocol. Anything else: a small JSON body.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub ca: TestCa,
@@ -138,6 +140,7 @@ impl Upstream {
                     let svc = service_fn(move |req| answer(req, s.clone(), r.clone(), n.clone()));
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(tls), svc)
+                        .with_upgrades()
                         .await;
                 });
             }
@@ -186,11 +189,15 @@ impl Upstream {
 type UpBody = Either<Full<Bytes>, Channel<Bytes>>;
 
 async fn answer(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     seen: Arc<Mutex<Vec<Seen>>>,
     release: Arc<Notify>,
     arrived: Arc<watch::Sender<usize>>,
 ) -> Result<Response<UpBody>, hyper::Error> {
+    let upgrade = req
+        .headers()
+        .contains_key("upgrade")
+        .then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
     let body = body.collect().await?.to_bytes();
@@ -210,6 +217,23 @@ async fn answer(
                 let _ = tx.send_data(Bytes::from_static(b"second\n")).await;
             });
             Ok(Response::new(Either::Right(rx)))
+        }
+        "/ws" | "/ws-other" if upgrade.is_some() => {
+            let protocol = if path == "/ws" { "websocket" } else { "h2c" };
+            if let Some(upgrade) = upgrade {
+                tokio::spawn(async move {
+                    let Ok(upgraded) = upgrade.await else { return };
+                    let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+            Ok(Response::builder()
+                .status(101)
+                .header("connection", "upgrade")
+                .header("upgrade", protocol)
+                .body(Either::Left(Full::new(Bytes::new())))
+                .unwrap())
         }
         "/slow" => {
             release.notified().await;
