@@ -7,7 +7,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools images crdgen bench clean
+.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools images crdgen bundle bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -57,8 +57,9 @@ bench: prereqs control-plane tools build ## speed and memory figures, printed as
 	$(CARGO) bench -p cli-mcp-server --bench server
 	$(CARGO) bench -p cli-mcp-operator --bench operator
 
-tools: ## helm and kustomize from the Go module proxy (cached), for the packaging tests
+tools: ## helm, kustomize and operator-sdk from the Go module proxy (cached), for the packaging tests
 	@hack/build-helm-kustomize.sh >/dev/null
+	@hack/build-operator-sdk.sh >/dev/null
 
 images: ## OCI image archives of operator, server, proxy and sandbox, no container engine (cached; images/README.md)
 	$(CARGO) build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-proxy -p cli-mcp-agent
@@ -66,6 +67,9 @@ images: ## OCI image archives of operator, server, proxy and sandbox, no contain
 
 crdgen: ## regenerate the CRD YAML (config/crd, chart) from the Rust types
 	hack/crdgen.sh
+
+bundle: ## regenerate the OLM bundle (bundle/) from config/ (docs/olm.md)
+	hack/olm-bundle.sh
 
 clean: ## remove build outputs (the control-plane cache outside the repo is kept)
 	$(CARGO) clean

@@ -24,4 +24,8 @@ for f in config/crd/bases/cli-mcp.redhat.com_climcpinstances.yaml \
         echo "wrote $f" >&2
     fi
 done
+if [[ "${1:-}" != "--check" ]]; then
+    # The OLM bundle carries a copy of the CRD.
+    "$root/hack/olm-bundle.sh"
+fi
 exit "$status"

@@ -89,6 +89,22 @@ pub struct Args {
 pub enum Command {
     /// Print the CustomResourceDefinition YAML.
     Crdgen,
+    /// Write the OLM bundle (`bundle/`) from kustomize's renderings of `config/default` and
+    /// `config/samples` (`hack/olm-bundle.sh` runs kustomize and this).
+    OlmBundle {
+        /// `kustomize build config/default` output.
+        #[arg(long)]
+        rendered: std::path::PathBuf,
+        /// `kustomize build config/samples` output.
+        #[arg(long)]
+        samples: std::path::PathBuf,
+        /// The workspace root: `config/manifests/` is read from it, `bundle/` written in it.
+        #[arg(long, default_value = ".")]
+        root: std::path::PathBuf,
+        /// Write nothing; exit non-zero naming every file that differs.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

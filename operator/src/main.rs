@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use cli_mcp_operator::cli::{Args, Command};
 use cli_mcp_operator::metrics::Metrics;
 use cli_mcp_operator::run::{self, Ended};
-use cli_mcp_operator::{crdgen, http, leader, telemetry};
+use cli_mcp_operator::{crdgen, http, leader, olm, telemetry};
 
 /// How long the runtime waits for tasks that are still blocked (a DNS lookup, a connect
 /// to an unreachable API server) once the controllers have stopped.
@@ -20,9 +20,18 @@ const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Command::Crdgen) = args.command {
-        print!("{}", crdgen::crd_yaml()?);
-        return Ok(());
+    match &args.command {
+        Some(Command::Crdgen) => {
+            print!("{}", crdgen::crd_yaml()?);
+            return Ok(());
+        }
+        Some(Command::OlmBundle {
+            rendered,
+            samples,
+            root,
+            check,
+        }) => return olm::generate(rendered, samples, root, *check),
+        None => {}
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
