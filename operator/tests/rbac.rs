@@ -1,0 +1,690 @@
+//! Least privilege, asked of the real API server as each identity: the operator (installed
+//! by config/default, and by config/namespaced watching one namespace), an instance's
+//! server, sandbox and client ServiceAccounts, and the admin of an unrelated namespace.
+//!
+//! Both tables of docs/operations.md ("Who may do what") are read and asserted row by row:
+//! the RBAC table with SelfSubjectAccessReviews made as each identity (impersonation), the
+//! admission table by making each request (dryRun=All) as the identity, once with RBAC only
+//! — every attack in it gets through — and once with config/admission's policies installed.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cli_mcp_api::names::{label, InstanceName, PoolSuffix};
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
+use cli_mcp_api::token::Commitment;
+use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
+use cli_mcp_e2e::testing::{cluster, wait_for, workspace_root, TestCluster};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Pod, SecretKeySelector,
+    SecretVolumeSource, Volume,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::json;
+
+use support::*;
+
+const INSTANCE: &str = "rb";
+
+/// A client that acts as `user` (the API server adds a ServiceAccount's groups itself).
+async fn client_as(c: &TestCluster, user: &str) -> Client {
+    let kc = Kubeconfig::read_from(&c.info.kubeconfig).expect("kubeconfig");
+    let mut cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("client config");
+    // kube's Config parses a kubeconfig's `as:` but does not send it; the header does.
+    cfg.headers.push((
+        reqwest::header::HeaderName::from_static("impersonate-user"),
+        reqwest::header::HeaderValue::from_str(user).expect("header value"),
+    ));
+    Client::try_from(cfg).expect("client")
+}
+
+fn service_account(ns: &str, name: &str) -> String {
+    format!("system:serviceaccount:{ns}:{name}")
+}
+
+/// The rows between `<!-- {marker} -->` and `<!-- /{marker} -->` of docs/operations.md,
+/// cells trimmed, header and separator dropped.
+fn doc_table(marker: &str) -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/operations.md"))
+        .expect("docs/operations.md");
+    let start = format!("<!-- {marker} -->");
+    let end = format!("<!-- /{marker} -->");
+    let body = doc
+        .split_once(&start)
+        .and_then(|(_, rest)| rest.split_once(&end))
+        .unwrap_or_else(|| panic!("no {start} … {end} in docs/operations.md"))
+        .0;
+    body.lines()
+        .filter(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// Everything the tables' placeholders stand for in this run.
+struct World {
+    c: TestCluster,
+    ns: String,
+    other: String,
+    identities: BTreeMap<&'static str, String>,
+}
+
+impl World {
+    fn place(&self, text: &str) -> String {
+        text.replace("`<ns>`", &self.ns)
+            .replace("`<other>`", &self.other)
+            .replace("`<instance>`", INSTANCE)
+    }
+
+    /// `[group/]resource[/subresource] [name]` in `where`, as the table writes it.
+    fn attributes(&self, verb: &str, resource: &str, place: &str) -> ResourceAttributes {
+        let resource = self.place(resource);
+        let (path, name) = match resource.split_once(' ') {
+            Some((p, n)) => (p.to_owned(), Some(n.to_owned())),
+            None => (resource.clone(), None),
+        };
+        let parts: Vec<&str> = path.split('/').collect();
+        let (group, rest) = if parts[0].contains('.') || parts[0] == "apps" {
+            (parts[0], &parts[1..])
+        } else {
+            ("", &parts[..])
+        };
+        ResourceAttributes {
+            verb: Some(verb.to_owned()),
+            group: Some(group.to_owned()),
+            resource: Some(rest[0].to_owned()),
+            subresource: rest.get(1).map(|s| (*s).to_owned()),
+            name,
+            namespace: match place {
+                "cluster" => None,
+                p => Some(self.place(p)),
+            },
+            ..Default::default()
+        }
+    }
+
+    async fn allowed(&self, identity: &str, attrs: ResourceAttributes) -> bool {
+        let user = self
+            .identities
+            .get(identity)
+            .unwrap_or_else(|| panic!("identity {identity:?} of the table is unknown"));
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(attrs),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SelfSubjectAccessReview> = Api::all(client_as(&self.c, user).await);
+        let r = api
+            .create(&PostParams::default(), &review)
+            .await
+            .expect("SelfSubjectAccessReview");
+        r.status.expect("review status").allowed
+    }
+}
+
+/// The sandbox pod the builder makes for the test instance (no proxy: its kubeconfig Secret).
+fn builder_pod(ns: &str) -> Pod {
+    let mut cfg = SandboxConfig::new(
+        InstanceName::parse(INSTANCE).expect("instance name"),
+        ns,
+        SANDBOX_IMAGE,
+    );
+    cfg.kubeconfig_secret = Some(format!("cli-mcp-{INSTANCE}-kubeconfig"));
+    let role = SandboxRole::Pool {
+        suffix: PoolSuffix::from_random_bytes(*b"rbactest00"),
+        assign: Commitment::of("not a real token"),
+    };
+    build_sandbox_pod(&cfg, &role, "2026-01-01T00:00:00Z")
+}
+
+fn spec(p: &mut Pod) -> &mut k8s_openapi::api::core::v1::PodSpec {
+    p.spec.as_mut().expect("pod spec")
+}
+
+fn agent(p: &mut Pod) -> &mut Container {
+    &mut spec(p).containers[0]
+}
+
+/// The pod of an admission-table row that starts "the same pod …" or "a sandbox pod …".
+fn attack_pod(ns: &str, request: &str) -> Pod {
+    let mut p = builder_pod(ns);
+    match request {
+        r if r.starts_with("a sandbox pod as the builder makes it") => {}
+        "the same pod with a hostPath volume" => spec(&mut p)
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(Volume {
+                name: "host".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: "/".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        "the same pod with hostNetwork" => spec(&mut p).host_network = Some(true),
+        "the same pod with hostPID" => spec(&mut p).host_pid = Some(true),
+        "the same pod privileged" => {
+            let sc = agent(&mut p).security_context.as_mut().expect("context");
+            sc.privileged = Some(true);
+            // The API refuses privileged together with allowPrivilegeEscalation=false.
+            sc.allow_privilege_escalation = None;
+        }
+        "the same pod adding capability NET_ADMIN" => {
+            let sc = agent(&mut p).security_context.as_mut().expect("context");
+            sc.capabilities = Some(Capabilities {
+                add: Some(vec!["NET_ADMIN".into()]),
+                drop: Some(vec!["ALL".into()]),
+            });
+        }
+        "the same pod with an init container" => {
+            let a = agent(&mut p).clone();
+            spec(&mut p).init_containers = Some(vec![Container {
+                name: "init".into(),
+                image: a.image,
+                security_context: a.security_context,
+                ..Default::default()
+            }]);
+        }
+        "the same pod mounting the instance's HMAC Secret as its kubeconfig" => {
+            for v in spec(&mut p).volumes.get_or_insert_with(Vec::new) {
+                if v.name == "kubeconfig" {
+                    v.secret = Some(SecretVolumeSource {
+                        secret_name: Some(format!("cli-mcp-{INSTANCE}-hmac")),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        "the same pod with an env var from a Secret" => {
+            agent(&mut p).env.get_or_insert_with(Vec::new).push(EnvVar {
+                name: "STOLEN".into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: format!("cli-mcp-{INSTANCE}-hmac"),
+                        key: "key".into(),
+                        optional: Some(true),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+        "the same pod running as ServiceAccount default" => {
+            spec(&mut p).service_account_name = Some("default".into());
+            spec(&mut p).automount_service_account_token = Some(true);
+        }
+        "the same pod without the instance label" => {
+            p.metadata
+                .labels
+                .as_mut()
+                .expect("labels")
+                .remove(label::INSTANCE);
+        }
+        "the same pod labelled as another instance" => {
+            p.metadata
+                .labels
+                .as_mut()
+                .expect("labels")
+                .insert(label::INSTANCE.into(), "another".into());
+        }
+        other => panic!("no pod for admission-table row {other:?}"),
+    }
+    p
+}
+
+fn dry_post() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..Default::default()
+    }
+}
+
+fn dry_delete() -> DeleteParams {
+    DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    }
+}
+
+/// What the admission table's ClusterRoleBinding rows need.
+struct Bindings {
+    own: String,
+    foreign: String,
+    operator_role: String,
+}
+
+/// A ClusterRoleBinding that looks like the operator's for the test instance.
+fn lookalike_binding(ns: &str, subject: Subject, role: &str) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(format!("cli-mcp-{ns}-{INSTANCE}-auth-delegator-ffffffff")),
+            labels: Some(BTreeMap::from([
+                (
+                    label::APP_MANAGED_BY.to_owned(),
+                    label::MANAGED_BY.to_owned(),
+                ),
+                (
+                    label::COMPONENT.to_owned(),
+                    label::COMPONENT_SERVER.to_owned(),
+                ),
+                (label::INSTANCE.to_owned(), INSTANCE.to_owned()),
+                (
+                    "cli-mcp.redhat.com/instance-namespace".to_owned(),
+                    ns.to_owned(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![subject]),
+    }
+}
+
+/// Makes the request of one admission-table row as its identity; `Err` is the API's refusal.
+async fn attempt(w: &World, b: &Bindings, request: &str, identity: &str) -> Result<(), String> {
+    let client = client_as(&w.c, &w.identities[identity]).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &w.ns);
+    let crbs: Api<ClusterRoleBinding> = Api::all(client);
+    let dry_patch = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let r = if request.contains(" pod") && !request.contains("ClusterRoleBinding") {
+        pods.create(&dry_post(), &attack_pod(&w.ns, request))
+            .await
+            .map(drop)
+    } else {
+        match request {
+            "patch its instance's auth-delegator ClusterRoleBinding" => crbs
+                .patch(
+                    &b.own,
+                    &dry_patch,
+                    &Patch::Merge(json!({"metadata": {"annotations": {"rbac-test": "touch"}}})),
+                )
+                .await
+                .map(drop),
+            "delete its instance's auth-delegator ClusterRoleBinding" => {
+                crbs.delete(&b.own, &dry_delete()).await.map(drop)
+            }
+            "delete a ClusterRoleBinding it does not own" => {
+                crbs.delete(&b.foreign, &dry_delete()).await.map(drop)
+            }
+            "label a ClusterRoleBinding it does not own as its own" => {
+                let labels = lookalike_binding(&w.ns, server_subject(&w.ns), "x")
+                    .metadata
+                    .labels;
+                crbs.patch(
+                    &b.foreign,
+                    &dry_patch,
+                    &Patch::Merge(json!({"metadata": {"labels": labels}})),
+                )
+                .await
+                .map(drop)
+            }
+            "bind its own ClusterRole to another user" => {
+                let crb = ClusterRoleBinding {
+                    metadata: ObjectMeta {
+                        name: Some(format!("{}-escalate", w.ns)),
+                        ..Default::default()
+                    },
+                    role_ref: RoleRef {
+                        api_group: Some("rbac.authorization.k8s.io".into()),
+                        kind: "ClusterRole".into(),
+                        name: b.operator_role.clone(),
+                    },
+                    subjects: Some(vec![Subject {
+                        kind: "User".into(),
+                        name: "mallory".into(),
+                        api_group: Some("rbac.authorization.k8s.io".into()),
+                        ..Default::default()
+                    }]),
+                };
+                crbs.create(&dry_post(), &crb).await.map(drop)
+            }
+            "bind system:auth-delegator, labelled as the instance's, to ServiceAccount default" => {
+                let subject = Subject {
+                    name: "default".into(),
+                    ..server_subject(&w.ns)
+                };
+                let crb = lookalike_binding(&w.ns, subject, "system:auth-delegator");
+                crbs.create(&dry_post(), &crb).await.map(drop)
+            }
+            other => panic!("no request for admission-table row {other:?}"),
+        }
+    };
+    r.map_err(|e| e.to_string())
+}
+
+fn server_subject(ns: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: format!("cli-mcp-{INSTANCE}"),
+        namespace: Some(ns.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// Whether an outcome is what a table cell says: `allowed`, or `refused: <words of the
+/// policy's message>`.
+fn matches(cell: &str, outcome: &Result<(), String>) -> bool {
+    match (cell.strip_prefix("refused: "), outcome) {
+        (None, Ok(())) => cell == "allowed",
+        (Some(words), Err(e)) => e.contains("ValidatingAdmissionPolicy") && e.contains(words),
+        _ => false,
+    }
+}
+
+/// The install's objects: config/default (policies included) or config/namespaced watching
+/// `ns`, into `opns` under `prefix`, without the operator Deployment (the test asks for
+/// permissions; an operator process runs on the host). The sandbox-pod policies' bindings
+/// get a namespace selector so that they judge only this test's namespaces in a cluster
+/// other tests share.
+fn install(base: &str, opns: &str, prefix: &str, ns: &str, other: &str) -> String {
+    let namespaced = base == "namespaced";
+    let watch = if namespaced {
+        format!(
+            "  - target: {{kind: Deployment, name: cli-mcp-operator}}
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/containers/0/env/2/value
+        value: {ns}
+"
+        )
+    } else {
+        String::new()
+    };
+    let watched = if namespaced {
+        "  - ../../config/namespaced/watched-namespace\n"
+    } else {
+        ""
+    };
+    let yaml = kustomize_build(
+        &format!("rbac-{prefix}"),
+        &format!(
+            r#"resources:
+  - ../../config/{base}
+namespace: {opns}
+namePrefix: {prefix}
+patches:
+{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-secrets)"}}
+    patch: |-
+      - op: add
+        path: /spec/matchResources
+        value:
+          namespaceSelector:
+            matchExpressions:
+              - {{key: kubernetes.io/metadata.name, operator: In, values: [{ns}, {other}]}}
+transformers:
+  - ../../config/rbac/apiserver-endpoints-in-default
+  - ../../config/admission/operator-identity
+{watched}"#
+        ),
+    );
+    // The Deployment and the install's Namespace (renamed to `opns`, which exists) stay out.
+    yaml.split("\n---\n")
+        .filter(|d| {
+            !d.contains("\nkind: Deployment\n")
+                && !d.starts_with("apiVersion: v1\nkind: Namespace\n")
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+/// The admission policies and their bindings of a YAML stream, or everything else.
+fn documents(yaml: &str, admission: bool) -> String {
+    yaml.split("\n---\n")
+        .filter(|d| d.contains("\nkind: ValidatingAdmissionPolicy") == admission)
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+#[tokio::test]
+async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
+    let c = cluster().await.expect("cluster");
+    // The CRD the packages ship (not the generator's: what is installed is under test).
+    let crd = std::fs::read_to_string(
+        workspace_root().join("config/crd/bases/cli-mcp.redhat.com_climcpinstances.yaml"),
+    )
+    .expect("CRD");
+    apply_crd(&c, serde_yaml::from_str(&crd).expect("CRD parses")).await;
+    let ns = c.namespace("rbac").await.expect("namespace");
+    let other = c.namespace("rbac-other").await.expect("namespace");
+    let opns = c.namespace("rbac-op").await.expect("namespace");
+    let all = format!("{}-all-", opns.name);
+    let one = format!("{}-one-", opns.name);
+
+    // RBAC of both installs first; the policies of config/default wait for the second half.
+    let default_yaml = install("default", &opns.name, &all, &ns.name, &other.name);
+    let namespaced_yaml = install("namespaced", &opns.name, &one, &ns.name, &other.name);
+    let mut outside = apply_yaml(&c, &opns.name, &documents(&namespaced_yaml, false), |_| {}).await;
+    outside.extend(apply_yaml(&c, &opns.name, &documents(&default_yaml, false), |_| {}).await);
+
+    // An instance whose server, sandbox and client ServiceAccounts and RBAC the operator
+    // makes (a host process with the admin's credentials: what it makes is under test, not
+    // how it authenticates).
+    let op = Operator::start(&c, &ns.name, "rbac");
+    let ins = ns.clone();
+    create_instance(&ins, INSTANCE, json!({"sandbox": {"warmPoolSize": 0}})).await;
+    wait_ready(&ins, INSTANCE, &op).await;
+    let own = InstanceName::parse(INSTANCE)
+        .expect("name")
+        .auth_delegator_binding(&ns.name);
+
+    // The admin of an unrelated namespace.
+    let ns_admin = format!("{}-admin", other.name);
+    other
+        .api::<RoleBinding>()
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some("admin".into()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "ClusterRole".into(),
+                    name: "admin".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "User".into(),
+                    name: ns_admin.clone(),
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .expect("namespace admin binding");
+
+    // A binding nobody gave the operator, of the one ClusterRole it may bind (so RBAC alone
+    // lets it change this binding too): another product's auth-delegator binding.
+    let foreign = format!("{}-foreign", ns.name);
+    let crbs: Api<ClusterRoleBinding> = Api::all(c.client.clone());
+    crbs.create(
+        &PostParams::default(),
+        &ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(foreign.clone()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: "system:auth-delegator".into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                name: "somebody".into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                ..Default::default()
+            }]),
+        },
+    )
+    .await
+    .expect("foreign ClusterRoleBinding");
+
+    let w = World {
+        identities: BTreeMap::from([
+            (
+                "operator",
+                service_account(&opns.name, &format!("{all}cli-mcp-operator")),
+            ),
+            (
+                "operator, one namespace",
+                service_account(&opns.name, &format!("{one}cli-mcp-operator")),
+            ),
+            (
+                "server",
+                service_account(&ns.name, &format!("cli-mcp-{INSTANCE}")),
+            ),
+            (
+                "sandbox",
+                service_account(&ns.name, &format!("cli-mcp-{INSTANCE}-sandbox")),
+            ),
+            (
+                "client",
+                service_account(&ns.name, &format!("cli-mcp-{INSTANCE}-client")),
+            ),
+            ("namespace admin", ns_admin),
+        ]),
+        c: c.clone(),
+        ns: ns.name.clone(),
+        other: other.name.clone(),
+    };
+
+    // The RBAC table.
+    let rows = doc_table("rbac-table");
+    assert!(rows.len() > 30, "the RBAC table lost its rows: {rows:?}");
+    let mut wrong = Vec::new();
+    for row in &rows {
+        let [identity, verb, resource, place, allowed] = &row[..] else {
+            panic!("RBAC table row {row:?} has not 5 cells");
+        };
+        let want = match allowed.as_str() {
+            "yes" => true,
+            "no" => false,
+            other => panic!("allowed must be yes or no, not {other:?}"),
+        };
+        let got = w
+            .allowed(identity, w.attributes(verb, resource, place))
+            .await;
+        if got != want {
+            wrong.push(format!("{row:?}: the API server says {got}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "RBAC differs from docs/operations.md:\n{}",
+        wrong.join("\n")
+    );
+
+    // The admission table, RBAC only: every request gets through.
+    let b = Bindings {
+        own: own.clone(),
+        foreign: foreign.clone(),
+        operator_role: format!("{all}cli-mcp-operator-namespaced"),
+    };
+    let rows = doc_table("admission-table");
+    assert!(
+        rows.len() >= 15,
+        "the admission table lost its rows: {rows:?}"
+    );
+    let mut wrong = Vec::new();
+    for row in &rows {
+        let [request, identity, without, _] = &row[..] else {
+            panic!("admission table row {row:?} has not 4 cells");
+        };
+        let got = attempt(&w, &b, request, identity).await;
+        if !matches(without, &got) {
+            wrong.push(format!(
+                "{request} as {identity}: {got:?}, the table says {without}"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "without the policies:\n{}",
+        wrong.join("\n")
+    );
+
+    // The policies. They take effect asynchronously (each API server loads them from a
+    // watch): wait until each refuses one of its attacks.
+    outside.extend(apply_yaml(&c, &opns.name, &documents(&default_yaml, true), |_| {}).await);
+    for (request, identity) in [
+        ("the same pod with a hostPath volume", "server"),
+        (
+            "the same pod mounting the instance's HMAC Secret as its kubeconfig",
+            "server",
+        ),
+        ("delete a ClusterRoleBinding it does not own", "operator"),
+    ] {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if attempt(&w, &b, request, identity).await.is_err() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no policy refused {request:?} as {identity} within {TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let mut wrong = Vec::new();
+    for row in &rows {
+        let [request, identity, _, with] = &row[..] else {
+            unreachable!("checked above");
+        };
+        let got = attempt(&w, &b, request, identity).await;
+        if !matches(with, &got) {
+            wrong.push(format!(
+                "{request} as {identity}: {got:?}, the table says {with}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "with the policies:\n{}", wrong.join("\n"));
+
+    // Teardown under the policies: the operator (here a host process with the admin's
+    // credentials) removes the binding it made.
+    delete_released(&ins, INSTANCE, &op).await;
+    wait_for(
+        crbs.clone(),
+        &own,
+        "auth-delegator binding removed",
+        TIMEOUT,
+        |o: Option<&ClusterRoleBinding>| o.is_none(),
+    )
+    .await
+    .expect("binding removed");
+
+    let _ = crbs.delete(&foreign, &DeleteParams::default()).await;
+    for (api, name) in outside {
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    for n in [ns, other, opns] {
+        n.delete().await.expect("delete namespace");
+    }
+}
