@@ -681,3 +681,250 @@ fn both_packages_grant_the_exposed_endpoints_objects() {
         }
     }
 }
+
+/// The admission policies and bindings of a rendered package, by name, with the
+/// operator's username replaced by `<operator>` so that both packages compare.
+fn admission_objects(docs: &[Value], operator: &str) -> Vec<Value> {
+    let mut out: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+        })
+        .map(|d| {
+            let text = serde_json::to_string(d).expect("JSON");
+            serde_json::from_str(&text.replace(operator, "<operator>")).expect("JSON")
+        })
+        .collect();
+    out.sort_by_key(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]));
+    out
+}
+
+#[test]
+fn both_packages_install_the_same_admission_policies() {
+    let kz = documents(&kustomize_build(
+        "pkg-admission-default",
+        "resources:\n  - ../../config/default\n",
+    ));
+    let chart = documents(&helm_template(&["--namespace", "ops"]));
+    let kz = admission_objects(&kz, "system:serviceaccount:cli-mcp-system:cli-mcp-operator");
+    let chart = admission_objects(&chart, "system:serviceaccount:ops:t-cli-mcp-operator");
+    let names = |v: &[Value]| -> Vec<String> {
+        v.iter()
+            .map(|d| {
+                format!(
+                    "{} {}",
+                    d["kind"].as_str().unwrap_or_default(),
+                    d["metadata"]["name"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        names(&kz),
+        [
+            "ValidatingAdmissionPolicy cli-mcp-operator-cluster-role-bindings",
+            "ValidatingAdmissionPolicy cli-mcp-sandbox-pod-secrets",
+            "ValidatingAdmissionPolicy cli-mcp-sandbox-pods",
+            "ValidatingAdmissionPolicyBinding cli-mcp-operator-cluster-role-bindings",
+            "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pod-secrets",
+            "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pods",
+        ]
+    );
+    assert_eq!(names(&chart).len(), kz.len(), "{:?}", names(&chart));
+    for (k, h) in kz.iter().zip(&chart) {
+        let name = k["metadata"]["name"].as_str().expect("name");
+        // The chart prefixes the release's full name; the rest is the same object.
+        let suffix = name
+            .trim_start_matches("cli-mcp-")
+            .trim_start_matches("operator-");
+        assert_eq!(
+            h["metadata"]["name"],
+            format!("t-cli-mcp-operator-{suffix}")
+        );
+        let (mut ks, mut hs) = (k["spec"].clone(), h["spec"].clone());
+        if k["kind"] == "ValidatingAdmissionPolicyBinding" {
+            assert_eq!(hs["policyName"], h["metadata"]["name"], "{name}");
+            ks["policyName"] = json!(null);
+            hs["policyName"] = json!(null);
+        } else if name != "cli-mcp-operator-cluster-role-bindings" {
+            // Kustomize cannot know the ServiceAccount's final name inside the pod
+            // policies and recognises the operator by its suffix; the chart names it.
+            let text = serde_json::to_string(&hs).expect("JSON");
+            assert!(
+                text.contains("request.userInfo.username == '<operator>'"),
+                "{name}: {text}"
+            );
+            for s in [&mut ks, &mut hs] {
+                s["matchConditions"] = json!(null);
+                if let Some(vars) = s["variables"].as_array_mut() {
+                    vars.retain(|v| v["name"] != "operator");
+                }
+            }
+        }
+        assert_eq!(
+            ks, hs,
+            "{name} differs between config/admission and the chart"
+        );
+    }
+    // Off in the chart: none.
+    let off = documents(&helm_template(&[
+        "--set",
+        "admissionPolicies.enabled=false",
+    ]));
+    assert!(admission_objects(&off, "-").is_empty());
+}
+
+/// `namespace:` and `namePrefix:` rename the operator's ServiceAccount; the policy that
+/// guards its ClusterRoleBindings must name it where it ends up, and every binding must
+/// still point at its (renamed) policy.
+#[test]
+fn an_overlay_keeps_the_admission_policies_on_the_renamed_operator() {
+    let overlay = |transformer: bool| {
+        let t = if transformer {
+            "transformers:\n  - ../../config/admission/operator-identity\n"
+        } else {
+            ""
+        };
+        documents(&kustomize_build(
+            &format!("pkg-admission-overlay-{transformer}"),
+            &format!(
+                "resources:\n  - ../../config/default\nnamespace: other\nnamePrefix: team-\n{t}"
+            ),
+        ))
+    };
+    let condition = |docs: &[Value]| {
+        named(
+            docs,
+            "ValidatingAdmissionPolicy",
+            "team-cli-mcp-operator-cluster-role-bindings",
+        )["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .expect("expression")
+            .to_owned()
+    };
+    let docs = overlay(true);
+    assert!(
+        condition(&docs).starts_with("'system:serviceaccount:other:team-cli-mcp-operator:' =="),
+        "{}",
+        condition(&docs)
+    );
+    for b in of_kind(&docs, "ValidatingAdmissionPolicyBinding") {
+        let policy = b["spec"]["policyName"].as_str().expect("policyName");
+        named(&docs, "ValidatingAdmissionPolicy", policy);
+    }
+    // Without the transformer the policy keeps naming config/default's operator.
+    let docs = overlay(false);
+    assert!(
+        condition(&docs).starts_with("'system:serviceaccount:cli-mcp-system:cli-mcp-operator:'")
+    );
+}
+
+/// The rules of the ClusterRoles that `subjects` of ClusterRoleBindings grant cluster-wide.
+fn cluster_wide_resources(docs: &[Value]) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in of_kind(docs, "ClusterRoleBinding") {
+        let role = named(
+            docs,
+            "ClusterRole",
+            b["roleRef"]["name"].as_str().expect("roleRef"),
+        );
+        for r in role["rules"].as_array().expect("rules") {
+            for res in r["resources"].as_array().expect("resources") {
+                out.push(res.as_str().expect("resource").to_owned());
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Watching one namespace, the operator reads Secrets (and writes pods, Roles, …) only
+/// there: cluster-wide it keeps only the ClusterRoleBinding rules, which are cluster-scoped.
+#[test]
+fn a_namespaced_install_grants_secrets_and_pods_only_in_the_watched_namespace() {
+    let cluster_scoped = ["clusterrolebindings", "clusterroles"];
+    // config/default: everything cluster-wide (the baseline this changes).
+    let docs = documents(&kustomize_build(
+        "pkg-ns-default",
+        "resources:\n  - ../../config/default\n",
+    ));
+    assert!(cluster_wide_resources(&docs).contains(&"secrets".to_owned()));
+
+    let check = |docs: &[Value], watched: &[&str], operator: (&str, &str), role: &str| {
+        assert_eq!(cluster_wide_resources(docs), cluster_scoped);
+        let bindings: Vec<&Value> = of_kind(docs, "RoleBinding")
+            .into_iter()
+            .filter(|b| b["roleRef"]["name"] == role)
+            .collect();
+        let mut got: Vec<&str> = bindings
+            .iter()
+            .map(|b| b["metadata"]["namespace"].as_str().expect("namespace"))
+            .collect();
+        got.sort();
+        assert_eq!(got, watched);
+        for b in bindings {
+            assert_eq!(b["roleRef"]["kind"], "ClusterRole");
+            assert_eq!(
+                b["subjects"],
+                json!([{"kind": "ServiceAccount", "name": operator.1, "namespace": operator.0}])
+            );
+        }
+        let d = of_kind(docs, "Deployment")[0];
+        assert_eq!(env_of(d, "WATCH_NAMESPACE"), &json!(watched.join(",")));
+    };
+    let docs = documents(&kustomize_build(
+        "pkg-ns-namespaced",
+        "resources:\n  - ../../config/namespaced\n",
+    ));
+    check(
+        &docs,
+        &["cli-mcp-instances"],
+        ("cli-mcp-system", "cli-mcp-operator"),
+        "cli-mcp-operator-namespaced",
+    );
+    // An overlay moving the operator and choosing the namespace: the RoleBinding follows
+    // WATCH_NAMESPACE and the ServiceAccount, not the overlay's `namespace:`.
+    let docs = documents(&kustomize_build(
+        "pkg-ns-overlay",
+        "resources:
+  - ../../config/namespaced
+namespace: ops
+namePrefix: t-
+patches:
+  - target: {kind: Deployment, name: cli-mcp-operator}
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/containers/0/env/2/value
+        value: team-a
+transformers:
+  - ../../config/rbac/apiserver-endpoints-in-default
+  - ../../config/admission/operator-identity
+  - ../../config/namespaced/watched-namespace
+",
+    ));
+    check(
+        &docs,
+        &["team-a"],
+        ("ops", "t-cli-mcp-operator"),
+        "t-cli-mcp-operator-namespaced",
+    );
+
+    // The chart: watchNamespaces.
+    let docs = documents(&helm_template(&["--namespace", "ops"]));
+    assert!(cluster_wide_resources(&docs).contains(&"secrets".to_owned()));
+    let docs = documents(&helm_template(&[
+        "--namespace",
+        "ops",
+        "--set",
+        "watchNamespaces={team-a,team-b}",
+    ]));
+    check(
+        &docs,
+        &["team-a", "team-b"],
+        ("ops", "t-cli-mcp-operator"),
+        "t-cli-mcp-operator-namespaced",
+    );
+}
