@@ -15,7 +15,9 @@ mod values;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicyEgressRule;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::{CustomResource, KubeSchema};
@@ -204,6 +206,91 @@ impl AuthMode {
     }
 }
 
+/// The CEL rules of the placement fields `spec.sandbox` and `spec.server` share, each naming
+/// the field it guards so the API server's refusal says what to fix.
+mod placement_rules {
+    use kube::core::{Message, Rule};
+
+    /// A DNS-1123 subdomain, as a regular expression inside a single-quoted CEL string.
+    const DNS_SUBDOMAIN: &str =
+        "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+    fn rule(cel: String, message: String) -> Rule {
+        Rule::new(cel).message(Message::Message(message))
+    }
+
+    pub fn class_name(field: &str, kind: &str, plural: &str) -> Rule {
+        rule(
+            format!("self.matches('{DNS_SUBDOMAIN}')"),
+            format!(
+                "{field} must be the name of a {kind}: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.'); kubectl get {plural} lists them"
+            ),
+        )
+    }
+
+    pub fn label_keys(field: &str) -> Rule {
+        rule(
+            "self.all(k, size(k) <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))".into(),
+            format!(
+                "{field}: each key is a node label key such as kubernetes.io/arch: an optional DNS subdomain and '/', then at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
+            ),
+        )
+    }
+
+    pub fn label_values(field: &str) -> Rule {
+        rule(
+            "self.all(k, self[k].matches('^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$'))".into(),
+            format!(
+                "{field}: each value is a label value: at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit (or empty)"
+            ),
+        )
+    }
+
+    pub fn toleration_operator(field: &str) -> Rule {
+        rule(
+            "self.all(t, !has(t.operator) || t.operator in ['Exists', 'Equal', 'Lt', 'Gt'])".into(),
+            format!("{field}[].operator must be Exists, Equal (the default), Lt or Gt"),
+        )
+    }
+
+    pub fn toleration_effect(field: &str) -> Rule {
+        rule(
+            "self.all(t, !has(t.effect) || t.effect in ['', 'NoSchedule', 'PreferNoSchedule', 'NoExecute'])".into(),
+            format!("{field}[].effect must be NoSchedule, PreferNoSchedule or NoExecute (or absent for every effect)"),
+        )
+    }
+
+    pub fn toleration_exists(field: &str) -> Rule {
+        rule(
+            "self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')".into(),
+            format!("{field}[]: operator Exists matches every value of the key; remove value, or use operator Equal"),
+        )
+    }
+
+    pub fn toleration_keyless(field: &str) -> Rule {
+        rule(
+            "self.all(t, (has(t.key) && t.key != '') || (has(t.operator) && t.operator == 'Exists'))".into(),
+            format!("{field}[]: a toleration without key needs operator Exists (it then tolerates every taint); set key, or operator: Exists"),
+        )
+    }
+
+    pub fn toleration_seconds(field: &str) -> Rule {
+        rule(
+            "self.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))".into(),
+            format!("{field}[].tolerationSeconds applies only to effect NoExecute; set effect: NoExecute or remove tolerationSeconds"),
+        )
+    }
+
+    pub fn pull_secrets(field: &str) -> Rule {
+        rule(
+            format!("self.all(s, s.name.matches('{DNS_SUBDOMAIN}'))"),
+            format!(
+                "{field}: each entry is {{name: <Secret>}}, naming a Secret of type kubernetes.io/dockerconfigjson in the instance's namespace (a DNS-1123 subdomain, not empty)"
+            ),
+        )
+    }
+}
+
 /// Sandbox pods of this instance.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -308,6 +395,59 @@ pub struct SandboxSpec {
     #[serde(default = "default_output_budget")]
     #[schemars(range(min = 1024, max = 16777216))]
     pub output_budget_bytes: i64,
+
+    /// RuntimeClass of sandbox pods (`runtimeClassName`), such as `gvisor` or `kata`: a stronger boundary around untrusted commands than the default runtime. The
+    /// RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused.
+    /// Default: the node's default runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = placement_rules::class_name("spec.sandbox.runtimeClassName", "RuntimeClass", "runtimeclass"))]
+    pub runtime_class_name: Option<String>,
+
+    /// Node labels sandbox pods must run on (`nodeSelector`), such as
+    /// `kubernetes.io/arch: amd64`. At most 32.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
+    #[x_kube(
+        validation = placement_rules::label_keys("spec.sandbox.nodeSelector"),
+        validation = placement_rules::label_values("spec.sandbox.nodeSelector")
+    )]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Taints sandbox pods tolerate (standard pod `tolerations`). At most 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = placement_rules::toleration_operator("spec.sandbox.tolerations"),
+        validation = placement_rules::toleration_effect("spec.sandbox.tolerations"),
+        validation = placement_rules::toleration_exists("spec.sandbox.tolerations"),
+        validation = placement_rules::toleration_keyless("spec.sandbox.tolerations"),
+        validation = placement_rules::toleration_seconds("spec.sandbox.tolerations")
+    )]
+    pub tolerations: Vec<Toleration>,
+
+    /// Node affinity and pod (anti-)affinity of sandbox pods (standard pod `affinity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// PriorityClass of sandbox pods (`priorityClassName`), so sandboxes preempt or yield to other workloads as the cluster decides. It must exist
+    /// (`kubectl get priorityclass`), else the pods are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = placement_rules::class_name("spec.sandbox.priorityClassName", "PriorityClass", "priorityclass"))]
+    pub priority_class_name: Option<String>,
+
+    /// Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the
+    /// kubelet pulls the image of sandbox pods with (`imagePullSecrets`). At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // The item schema is LocalObjectReference's with the name bounded: CEL's cost estimate
+    // of an unbounded name does not fit the CRD's budget.
+    #[schemars(
+        length(max = 16),
+        extend("items" = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}})
+    )]
+    #[x_kube(validation = placement_rules::pull_secrets("spec.sandbox.imagePullSecrets"))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
 }
 
 fn default_idle_timeout() -> String {
@@ -356,6 +496,12 @@ impl Default for SandboxSpec {
             max_sessions: default_max_sessions(),
             command_timeout: CommandTimeout::default(),
             output_budget_bytes: default_output_budget(),
+            runtime_class_name: None,
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+            priority_class_name: None,
+            image_pull_secrets: Vec::new(),
         }
     }
 }
@@ -569,6 +715,59 @@ pub struct ServerSpec {
     /// Needs `auth: Kubernetes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expose: Option<ExposeSpec>,
+
+    /// RuntimeClass of the server pods (`runtimeClassName`), such as `gvisor` or `kata` (the server runs no untrusted code; this is for clusters that require one). The
+    /// RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused.
+    /// Default: the node's default runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = placement_rules::class_name("spec.server.runtimeClassName", "RuntimeClass", "runtimeclass"))]
+    pub runtime_class_name: Option<String>,
+
+    /// Node labels the server pods must run on (`nodeSelector`), such as
+    /// `kubernetes.io/arch: amd64`. At most 32.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
+    #[x_kube(
+        validation = placement_rules::label_keys("spec.server.nodeSelector"),
+        validation = placement_rules::label_values("spec.server.nodeSelector")
+    )]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Taints the server pods tolerate (standard pod `tolerations`). At most 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = placement_rules::toleration_operator("spec.server.tolerations"),
+        validation = placement_rules::toleration_effect("spec.server.tolerations"),
+        validation = placement_rules::toleration_exists("spec.server.tolerations"),
+        validation = placement_rules::toleration_keyless("spec.server.tolerations"),
+        validation = placement_rules::toleration_seconds("spec.server.tolerations")
+    )]
+    pub tolerations: Vec<Toleration>,
+
+    /// Node affinity and pod (anti-)affinity of the server pods (standard pod `affinity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// PriorityClass of the server pods (`priorityClassName`). It must exist
+    /// (`kubectl get priorityclass`), else the pods are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = placement_rules::class_name("spec.server.priorityClassName", "PriorityClass", "priorityclass"))]
+    pub priority_class_name: Option<String>,
+
+    /// Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the
+    /// kubelet pulls the image of the server pods with (`imagePullSecrets`). At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // The item schema is LocalObjectReference's with the name bounded: CEL's cost estimate
+    // of an unbounded name does not fit the CRD's budget.
+    #[schemars(
+        length(max = 16),
+        extend("items" = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}})
+    )]
+    #[x_kube(validation = placement_rules::pull_secrets("spec.server.imagePullSecrets"))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
 }
 
 /// OAuth authorization servers and the metadata MCP clients discover after a 401.
@@ -774,6 +973,12 @@ impl Default for ServerSpec {
             clients: Vec::new(),
             authorization: None,
             expose: None,
+            runtime_class_name: None,
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+            priority_class_name: None,
+            image_pull_secrets: Vec::new(),
         }
     }
 }
@@ -922,6 +1127,37 @@ mod tests {
             no_uid.sandbox_config(Some("x")),
             Err(CrdError::Missing("metadata.uid"))
         );
+    }
+
+    #[test]
+    fn each_part_gets_its_own_placement() {
+        let o = cr(serde_json::json!({
+            "sandbox": {"runtimeClassName": "gvisor", "nodeSelector": {"pool": "sandboxes"},
+                        "imagePullSecrets": [{"name": "sandbox-pull"}]},
+            "server": {"priorityClassName": "critical", "tolerations": [{"operator": "Exists"}]}
+        }));
+        let cfg = o.sandbox_config(Some("i")).expect("config");
+        assert_eq!(cfg.placement, o.spec.sandbox.placement());
+        assert_eq!(cfg.placement.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(cfg.placement.node_selector["pool"], "sandboxes");
+        assert_eq!(cfg.placement.image_pull_secrets[0].name, "sandbox-pull");
+        assert_eq!(
+            cfg.placement.priority_class_name, None,
+            "the server's PriorityClass is not the sandboxes'"
+        );
+        assert!(cfg.placement.tolerations.is_empty());
+        let server = o.spec.server.placement();
+        assert_eq!(server.priority_class_name.as_deref(), Some("critical"));
+        assert_eq!(server.tolerations.len(), 1);
+        assert_eq!(server.runtime_class_name, None);
+
+        let plain = cr(serde_json::json!({}));
+        assert!(plain
+            .sandbox_config(Some("i"))
+            .expect("config")
+            .placement
+            .is_empty());
+        assert!(plain.spec.server.placement().is_empty());
     }
 
     #[test]

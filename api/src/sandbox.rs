@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
+    Affinity, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
     DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
-    ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements, SecretVolumeSource, Volume,
-    VolumeMount,
+    LocalObjectReference, ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements,
+    SecretVolumeSource, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -130,6 +130,49 @@ pub struct SandboxConfig {
     /// the agent kept. Absent for the default, so existing configs keep their hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_budget: Option<usize>,
+    /// Where and under which runtime sandboxes run, and the pull Secrets of their image.
+    /// Absent when nothing is set, so existing configs keep their hash.
+    #[serde(default, skip_serializing_if = "Placement::is_empty")]
+    pub placement: Placement,
+}
+
+/// The pod-level scheduling, runtime and image-pull settings an instance gives its pods
+/// (the sandboxes from `spec.sandbox`, the server from `spec.server`). Each field is
+/// omitted from JSON when unset, so a config that sets none hashes as before they existed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+}
+
+impl Placement {
+    /// Nothing set: the pod keeps the cluster's defaults.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// Sets these fields on `spec`; the ones this placement leaves unset are cleared, so
+    /// the API server's defaults apply.
+    pub fn apply_to(&self, spec: &mut PodSpec) {
+        spec.runtime_class_name = self.runtime_class_name.clone();
+        spec.node_selector = (!self.node_selector.is_empty()).then(|| self.node_selector.clone());
+        spec.tolerations = (!self.tolerations.is_empty()).then(|| self.tolerations.clone());
+        spec.affinity = self.affinity.clone();
+        spec.priority_class_name = self.priority_class_name.clone();
+        spec.image_pull_secrets =
+            (!self.image_pull_secrets.is_empty()).then(|| self.image_pull_secrets.clone());
+    }
 }
 
 /// How a sandbox uses its instance's credential proxy.
@@ -177,6 +220,7 @@ impl SandboxConfig {
             termination_grace_period_seconds: 30,
             owner: None,
             output_budget: None,
+            placement: Placement::default(),
         }
     }
 
@@ -429,6 +473,18 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
         ..Default::default()
     };
 
+    let mut spec = PodSpec {
+        containers: vec![agent],
+        volumes: Some(volumes),
+        service_account_name: Some(n.sandbox()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        restart_policy: Some("Always".into()),
+        termination_grace_period_seconds: Some(cfg.termination_grace_period_seconds),
+        security_context: Some(crate::pod_security::restricted_pod(Some(SANDBOX_UID))),
+        ..Default::default()
+    };
+    cfg.placement.apply_to(&mut spec);
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
@@ -438,17 +494,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             owner_references: cfg.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },
-        spec: Some(PodSpec {
-            containers: vec![agent],
-            volumes: Some(volumes),
-            service_account_name: Some(n.sandbox()),
-            automount_service_account_token: Some(false),
-            enable_service_links: Some(false),
-            restart_policy: Some("Always".into()),
-            termination_grace_period_seconds: Some(cfg.termination_grace_period_seconds),
-            security_context: Some(crate::pod_security::restricted_pod(Some(SANDBOX_UID))),
-            ..Default::default()
-        }),
+        spec: Some(spec),
         ..Default::default()
     }
 }
@@ -878,6 +924,98 @@ mod tests {
             big.hash(),
             "warm pods of the old budget are replaced"
         );
+    }
+
+    fn placement() -> Placement {
+        serde_json::from_value(serde_json::json!({
+            "runtimeClassName": "gvisor",
+            "nodeSelector": {"kubernetes.io/arch": "amd64"},
+            "tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "pool", "operator": "In", "values": ["sandboxes"]}]}]}}},
+            "priorityClassName": "sandbox-low",
+            "imagePullSecrets": [{"name": "regcred"}]
+        }))
+        .expect("placement")
+    }
+
+    #[test]
+    fn placement_lands_in_pool_and_session_pods_alike() {
+        let mut c = cfg();
+        c.placement = placement();
+        let suffix = PoolSuffix::from_random_bytes([1; 10]);
+        let assign = key()
+            .assign_token(&c.instance.pool_pod(&suffix))
+            .commitment();
+        let pool = build_sandbox_pod(&c, &SandboxRole::Pool { suffix, assign }, "t");
+        for pod in [pool, session_pod(&c)] {
+            let spec = pod.spec.expect("spec");
+            assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
+            assert_eq!(
+                spec.node_selector.expect("nodeSelector")["kubernetes.io/arch"],
+                "amd64"
+            );
+            let t = spec.tolerations.expect("tolerations");
+            assert_eq!(t.len(), 1);
+            assert_eq!(t[0].key.as_deref(), Some("sandbox"));
+            assert_eq!(spec.affinity, c.placement.affinity);
+            assert_eq!(spec.priority_class_name.as_deref(), Some("sandbox-low"));
+            assert_eq!(
+                spec.image_pull_secrets.expect("imagePullSecrets")[0].name,
+                "regcred"
+            );
+            // Placement never loosens the lockdown.
+            assert_eq!(spec.automount_service_account_token, Some(false));
+        }
+
+        // Nothing set: none of the fields appear, so the cluster's defaults apply.
+        let spec = session_pod(&cfg()).spec.expect("spec");
+        assert_eq!(spec.runtime_class_name, None);
+        assert_eq!(spec.node_selector, None);
+        assert_eq!(spec.tolerations, None);
+        assert_eq!(spec.affinity, None);
+        assert_eq!(spec.priority_class_name, None);
+        assert_eq!(spec.image_pull_secrets, None);
+    }
+
+    #[test]
+    fn an_unset_placement_keeps_the_hash_and_each_field_changes_it() {
+        // Configs written before placement existed carry no such key; one that sets
+        // nothing must serialise (and hash) exactly like them, or an upgrade would
+        // recycle every warm pool.
+        let json = serde_json::to_value(cfg()).expect("json");
+        assert!(json.get("placement").is_none(), "{json}");
+        let old: SandboxConfig = serde_json::from_value(json).expect("old config reads");
+        assert_eq!(old.hash(), cfg().hash());
+
+        let full = placement();
+        let base = cfg().hash();
+        let mut seen = std::collections::BTreeSet::from([base.clone()]);
+        let one = |f: &dyn Fn(&mut Placement)| {
+            let mut c = cfg();
+            f(&mut c.placement);
+            assert!(!c.placement.is_empty());
+            c.hash()
+        };
+        let variants: [&dyn Fn(&mut Placement); 6] = [
+            &|p| p.runtime_class_name = full.runtime_class_name.clone(),
+            &|p| p.node_selector = full.node_selector.clone(),
+            &|p| p.tolerations = full.tolerations.clone(),
+            &|p| p.affinity = full.affinity.clone(),
+            &|p| p.priority_class_name = full.priority_class_name.clone(),
+            &|p| p.image_pull_secrets = full.image_pull_secrets.clone(),
+        ];
+        for (i, v) in variants.iter().enumerate() {
+            assert!(seen.insert(one(*v)), "field {i} must change the hash");
+        }
+        // The config travels to the server as JSON: the placement survives the trip.
+        let mut c = cfg();
+        c.placement = full;
+        let back: SandboxConfig =
+            serde_json::from_str(&serde_json::to_string(&c).expect("json")).expect("parse");
+        assert_eq!(back, c);
+        assert_eq!(back.hash(), c.hash());
     }
 
     #[test]

@@ -558,4 +558,23 @@ mod tests {
         observe(&mut exp, &pods, now + EXPECTATION_TTL);
         assert!(exp.creates.is_empty() && exp.deletes.is_empty());
     }
+
+    #[test]
+    fn a_placement_change_replaces_warm_pods_and_no_placement_keeps_them() {
+        let (c, k) = (cfg(), key());
+        let pods = vec![pool_pod(&c, &k, 1, true)];
+        let mut placed = cfg();
+        placed.placement.runtime_class_name = Some("gvisor".into());
+        let h = placed.hash();
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k));
+        assert_eq!(p.delete.len(), 1);
+        assert_eq!(p.delete[0].1, DeleteReason::Stale);
+        // A config read from an instance that sets no placement is the one the pods were
+        // built from: nothing is replaced.
+        let unchanged: SandboxConfig =
+            serde_json::from_value(serde_json::to_value(&c).expect("json")).expect("config");
+        let h = unchanged.hash();
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k));
+        assert!(p.delete.is_empty() && p.stale == 0, "{p:?}");
+    }
 }

@@ -303,3 +303,155 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
     // No operator runs here, so nothing holds a finalizer: the namespace goes away cleanly.
     ns.delete().await.expect("delete namespace");
 }
+
+#[tokio::test]
+async fn placement_fields_are_checked_at_admission() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("admission-placement").await.expect("namespace");
+
+    let mut cases: Vec<(String, serde_json::Value, String)> = Vec::new();
+    for part in ["sandbox", "server"] {
+        let mut case = |name: &str, fields: serde_json::Value, want: &str| {
+            cases.push((
+                format!("{part}-{name}"),
+                json!({ part: fields }),
+                want.replace("PART", part),
+            ));
+        };
+        case(
+            "rcupper",
+            json!({"runtimeClassName": "gVisor"}),
+            "spec.PART.runtimeClassName must be the name of a RuntimeClass",
+        );
+        case(
+            "rcempty",
+            json!({"runtimeClassName": ""}),
+            "should be at least 1 chars long",
+        );
+        case(
+            "rclong",
+            json!({"runtimeClassName": "a".repeat(254)}),
+            "may not be more than 253 bytes",
+        );
+        case(
+            "pcslash",
+            json!({"priorityClassName": "high/prio"}),
+            "spec.PART.priorityClassName must be the name of a PriorityClass",
+        );
+        case(
+            "nskey",
+            json!({"nodeSelector": {"bad key": "x"}}),
+            "spec.PART.nodeSelector: each key is a node label key",
+        );
+        case(
+            "nsprefix",
+            json!({"nodeSelector": {"Example.COM/arch": "amd64"}}),
+            "spec.PART.nodeSelector: each key is a node label key",
+        );
+        case(
+            "nsvalue",
+            json!({"nodeSelector": {"kubernetes.io/arch": "-amd64"}}),
+            "spec.PART.nodeSelector: each value is a label value",
+        );
+        case(
+            "nsvaluelong",
+            json!({"nodeSelector": {"zone": "a".repeat(64)}}),
+            "may not be more than 63 bytes",
+        );
+        let many: serde_json::Map<String, serde_json::Value> =
+            (0..33).map(|i| (format!("k{i}"), json!("v"))).collect();
+        case(
+            "nsmany",
+            json!({"nodeSelector": many}),
+            "must have at most 32 items",
+        );
+        case(
+            "tolop",
+            json!({"tolerations": [{"key": "k", "operator": "Equals", "value": "v"}]}),
+            "spec.PART.tolerations[].operator must be Exists, Equal (the default), Lt or Gt",
+        );
+        case(
+            "toleffect",
+            json!({"tolerations": [{"key": "k", "effect": "NoScheduling"}]}),
+            "spec.PART.tolerations[].effect must be NoSchedule, PreferNoSchedule or NoExecute",
+        );
+        case(
+            "tolexists",
+            json!({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}),
+            "operator Exists matches every value of the key; remove value",
+        );
+        case(
+            "tolnokey",
+            json!({"tolerations": [{"value": "v"}]}),
+            "a toleration without key needs operator Exists",
+        );
+        case(
+            "tolseconds",
+            json!({"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 30}]}),
+            "tolerationSeconds applies only to effect NoExecute",
+        );
+        case(
+            "psempty",
+            json!({"imagePullSecrets": [{"name": ""}]}),
+            "spec.PART.imagePullSecrets: each entry is {name: <Secret>}",
+        );
+        case(
+            "psnoname",
+            json!({"imagePullSecrets": [{}]}),
+            "spec.PART.imagePullSecrets[0].name: Required value",
+        );
+        case(
+            "psbad",
+            json!({"imagePullSecrets": [{"name": "Reg_Cred"}]}),
+            "spec.PART.imagePullSecrets: each entry is {name: <Secret>}",
+        );
+        case(
+            "affinity",
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}),
+            "nodeSelectorTerms: Required value",
+        );
+    }
+    for (name, spec, want) in cases {
+        let msg = rejected(&c, &ns, &name, spec).await;
+        assert!(
+            msg.contains(&want),
+            "{name}: {msg:?} should contain {want:?}"
+        );
+    }
+
+    // Everything set, at its bounds, is valid and read back as written.
+    let placement = json!({
+        "runtimeClassName": "gvisor.example.com",
+        "priorityClassName": "system-node-critical",
+        "nodeSelector": {"kubernetes.io/arch": "amd64", "example.com/pool": "", "Zone_A.1": "EU-1_a"},
+        "tolerations": [
+            {"key": "sandbox", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+            {"operator": "Exists"},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+        ],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]
+        }}},
+        "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror.example"}]
+    });
+    let ok = ns
+        .api::<CliMcpInstance>()
+        .create(
+            &PostParams::default(),
+            &instance(
+                "placed",
+                json!({"sandbox": placement.clone(), "server": placement}),
+            ),
+        )
+        .await
+        .expect("valid placement is accepted");
+    for p in [ok.spec.sandbox.placement(), ok.spec.server.placement()] {
+        assert_eq!(p.runtime_class_name.as_deref(), Some("gvisor.example.com"));
+        assert_eq!(p.node_selector.len(), 3);
+        assert_eq!(p.tolerations.len(), 3);
+        assert!(p.affinity.is_some());
+        assert_eq!(p.image_pull_secrets[1].name, "mirror.example");
+    }
+    ns.delete().await.expect("delete namespace");
+}

@@ -8,10 +8,10 @@ use kube::{Resource, ResourceExt};
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use super::{CliMcpInstance, ProxySpec, ProxyTargetType, SandboxSpec};
+use super::{CliMcpInstance, ProxySpec, ProxyTargetType, SandboxSpec, ServerSpec};
 use crate::names::{InstanceName, InstanceNameError};
 use crate::proxy::{Domain, RouteError};
-use crate::sandbox::{allowed_sandbox_env, SandboxConfig, SandboxProxy};
+use crate::sandbox::{allowed_sandbox_env, Placement, SandboxConfig, SandboxProxy};
 
 /// Why a CR cannot be turned into a sandbox configuration (the CRD's admission rules make
 /// these unreachable for objects that came through the apiserver).
@@ -79,6 +79,18 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 }
 
 impl SandboxSpec {
+    /// Runtime, scheduling and pull Secrets of the sandbox pods.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            runtime_class_name: self.runtime_class_name.clone(),
+            node_selector: self.node_selector.clone(),
+            tolerations: self.tolerations.clone(),
+            affinity: self.affinity.clone(),
+            priority_class_name: self.priority_class_name.clone(),
+            image_pull_secrets: self.image_pull_secrets.clone(),
+        }
+    }
+
     /// The idle timeout as a `Duration`.
     pub fn idle_timeout(&self) -> Result<Duration, CrdError> {
         parse_duration(&self.idle_timeout).ok_or_else(|| CrdError::Duration {
@@ -104,6 +116,20 @@ impl SandboxSpec {
             )?,
             secs("spec.sandbox.commandTimeout.max", &self.command_timeout.max)?,
         ))
+    }
+}
+
+impl ServerSpec {
+    /// Runtime, scheduling and pull Secrets of the server pods.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            runtime_class_name: self.runtime_class_name.clone(),
+            node_selector: self.node_selector.clone(),
+            tolerations: self.tolerations.clone(),
+            affinity: self.affinity.clone(),
+            priority_class_name: self.priority_class_name.clone(),
+            image_pull_secrets: self.image_pull_secrets.clone(),
+        }
     }
 }
 
@@ -227,6 +253,7 @@ impl CliMcpInstance {
             cfg.kubeconfig_secret = self.kubeconfig_secret()?;
         }
         cfg.owner = Some(owner);
+        cfg.placement = sb.placement();
         cfg.output_budget = usize::try_from(sb.output_budget_bytes)
             .ok()
             .filter(|b| *b != crate::wire::DEFAULT_OUTPUT_BUDGET);

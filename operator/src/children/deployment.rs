@@ -199,19 +199,21 @@ pub fn deployment(inp: &Inputs) -> Deployment {
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
+    let mut pod = PodSpec {
+        service_account_name: Some(inp.spec.name.server()),
+        automount_service_account_token: Some(true),
+        containers: vec![container],
+        volumes: Some(volumes),
+        ..Default::default()
+    };
+    inp.spec.server_placement.apply_to(&mut pod);
     rolling_deployment(
         inp,
         inp.spec.name.server(),
         label::COMPONENT_SERVER,
         inp.spec.replicas,
         annotations,
-        PodSpec {
-            service_account_name: Some(inp.spec.name.server()),
-            automount_service_account_token: Some(true),
-            containers: vec![container],
-            volumes: Some(volumes),
-            ..Default::default()
-        },
+        pod,
     )
 }
 
@@ -391,6 +393,102 @@ mod tests {
             all(&server_args(&inp), "--resource-url"),
             ["https://gw.example/x/mcp"]
         );
+    }
+
+    fn pod_of(inp: &Inputs) -> PodSpec {
+        deployment(inp).spec.template.spec.expect("pod spec")
+    }
+
+    #[test]
+    fn server_pods_get_spec_servers_placement_and_sandboxes_get_spec_sandboxes() {
+        let server = serde_json::json!({
+            "runtimeClassName": "kata",
+            "nodeSelector": {"node-role.example.com/infra": ""},
+            "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+            "priorityClassName": "infra-high",
+            "imagePullSecrets": [{"name": "server-pull"}]
+        });
+        let inp = inputs(serde_json::json!({
+            "server": server,
+            "sandbox": {"runtimeClassName": "gvisor", "imagePullSecrets": [{"name": "sandbox-pull"}]}
+        }));
+        let pod = pod_of(&inp);
+        assert_eq!(pod.runtime_class_name.as_deref(), Some("kata"));
+        assert_eq!(
+            pod.node_selector
+                .as_ref()
+                .map(|m| m.contains_key("node-role.example.com/infra")),
+            Some(true)
+        );
+        assert_eq!(pod.tolerations.as_ref().map(Vec::len), Some(1));
+        assert!(pod
+            .affinity
+            .as_ref()
+            .is_some_and(|a| a.pod_anti_affinity.is_some()));
+        assert_eq!(pod.priority_class_name.as_deref(), Some("infra-high"));
+        assert_eq!(
+            pod.image_pull_secrets
+                .iter()
+                .flatten()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>(),
+            ["server-pull"]
+        );
+        // The server's own settings are kept beside them.
+        assert_eq!(pod.service_account_name.as_deref(), Some("cli-mcp-demo"));
+        assert_eq!(pod.enable_service_links, Some(false));
+
+        // The sandboxes' placement reaches the server (for its on-demand pods) in the
+        // SandboxConfig it is given, not in its own pod.
+        let env = pod.containers[0].env.clone().unwrap_or_default();
+        let cfg: cli_mcp_api::sandbox::SandboxConfig = serde_json::from_str(
+            env.iter()
+                .find(|e| e.name == SANDBOX_CONFIG_ENV)
+                .and_then(|e| e.value.as_deref())
+                .expect("sandbox config"),
+        )
+        .expect("valid SandboxConfig JSON");
+        assert_eq!(cfg.placement.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(cfg.placement.image_pull_secrets[0].name, "sandbox-pull");
+
+        // Unset: the pod template is as before, so upgrading rolls no server.
+        let plain = pod_of(&inputs(serde_json::json!({})));
+        assert_eq!(plain.runtime_class_name, None);
+        assert_eq!(plain.node_selector, None);
+        assert_eq!(plain.tolerations, None);
+        assert_eq!(plain.affinity, None);
+        assert_eq!(plain.priority_class_name, None);
+        assert_eq!(plain.image_pull_secrets, None);
+    }
+
+    #[test]
+    fn a_placement_change_rolls_the_server() {
+        let template = |spec: serde_json::Value| {
+            serde_json::to_value(deployment(&inputs(spec)).spec.template).expect("json")
+        };
+        let base = template(serde_json::json!({}));
+        for (part, field, value) in [
+            ("server", "runtimeClassName", serde_json::json!("kata")),
+            ("server", "priorityClassName", serde_json::json!("high")),
+            ("server", "nodeSelector", serde_json::json!({"zone": "a"})),
+            (
+                "server",
+                "tolerations",
+                serde_json::json!([{"operator": "Exists"}]),
+            ),
+            (
+                "server",
+                "imagePullSecrets",
+                serde_json::json!([{"name": "p"}]),
+            ),
+            // A sandbox placement changes the SandboxConfig the server builds pods from.
+            ("sandbox", "runtimeClassName", serde_json::json!("gvisor")),
+        ] {
+            let changed = template(serde_json::json!({ part: { field: value } }));
+            assert_ne!(changed, base, "{part}.{field} must change the pod template");
+        }
     }
 
     #[test]

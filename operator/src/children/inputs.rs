@@ -14,7 +14,7 @@ use cli_mcp_api::crd::{
     AuthMode, AuthorizationSpec, CliMcpInstance, ClientSubject, CrdError, ExposeSpec, ProxyPlan,
 };
 use cli_mcp_api::names::{label, InstanceName};
-use cli_mcp_api::sandbox::SandboxConfig;
+use cli_mcp_api::sandbox::{Placement, SandboxConfig};
 
 use super::{secrets, MCP_PLAIN_PORT, MCP_TLS_PORT};
 
@@ -30,6 +30,8 @@ pub struct Spec {
     pub server_image: String,
     pub server_pull_policy: Option<String>,
     pub server_resources: ResourceRequirements,
+    /// `spec.server`'s runtime, scheduling and pull Secrets, for the server pods.
+    pub server_placement: Placement,
     /// `spec.server.instructions`, for the MCP clients' models.
     pub server_instructions: Option<String>,
     /// `spec.server.clients`: bound to the client Role besides the client ServiceAccount.
@@ -85,6 +87,7 @@ impl Spec {
             server_image: server_image.to_owned(),
             server_pull_policy: s.server.image_pull_policy.map(|p| p.as_str().to_owned()),
             server_resources: s.server.resources.clone(),
+            server_placement: s.server.placement(),
             server_instructions: s.server.instructions.clone(),
             clients: s.server.clients.clone(),
             authorization: s.server.authorization.clone(),
