@@ -19,9 +19,12 @@ use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_e2e::instance::wait_instance;
 use cli_mcp_e2e::journey::{apply_yaml, kustomize_build, operator_overlay, tools};
 use cli_mcp_e2e::testing::{
-    cluster, wait_deployment_ready, wait_gone, workspace_root, TestCluster, TestNamespace,
+    cluster, wait_deployment_ready, wait_for_set, wait_gone, workspace_root, TestCluster,
+    TestNamespace,
 };
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::DeleteParams;
 use serde_json::{json, Value};
 
@@ -927,4 +930,84 @@ transformers:
         ("ops", "t-cli-mcp-operator"),
         "t-cli-mcp-operator-namespaced",
     );
+}
+
+/// config/namespaced in a cluster: the operator with its namespaced rules bound only in the
+/// watched namespace, and config/admission's policies naming it (the transformers listed),
+/// makes an instance Ready — its warm pod passes the pod policies, its auth-delegator
+/// ClusterRoleBinding the binding policy — and releases it, deleting that binding.
+#[tokio::test]
+async fn kustomize_namespaced_output_applies_and_its_operator_works_under_the_policies() {
+    let c = cluster().await.expect("cluster");
+    let ns = c.namespace("kustomize-ns").await.expect("namespace");
+    let overlay = operator_overlay(&ns.name, true)
+        .replace("../../config/default", "../../config/namespaced")
+        + "transformers:
+  - ../../config/rbac/apiserver-endpoints-in-default
+  - ../../config/admission/operator-identity
+  - ../../config/namespaced/watched-namespace
+";
+    let yaml = kustomize_build(&format!("kustomize-ns-{}", ns.name), &overlay);
+    let docs = documents(&yaml);
+    // Nothing namespaced is granted cluster-wide, and the binding policy names this operator.
+    assert_eq!(
+        cluster_wide_resources(&docs),
+        ["clusterrolebindings", "clusterroles"]
+    );
+    let policy = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        &format!("{}-cli-mcp-operator-cluster-role-bindings", ns.name),
+    );
+    let operator = format!("system:serviceaccount:{0}:{0}-cli-mcp-operator", ns.name);
+    assert!(policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .is_some_and(|e| e.contains(&format!("'{operator}:'"))));
+    let outside = apply_yaml(&c, &ns.name, &yaml, |_| {}).await;
+    let deployment = format!("{}-cli-mcp-operator", ns.name);
+    let r = wait_deployment_ready(ns.api::<Deployment>(), &deployment, TIMEOUT).await;
+    if let Err(e) = r {
+        panic!("operator did not become ready: {e}");
+    }
+    let logs = || c.pod_logs(&ns.name, "operator", usize::MAX);
+    create_instance(&ns, "pkg", json!({"sandbox": {"warmPoolSize": 1}})).await;
+    let api = ns.api::<CliMcpInstance>();
+    let ready = wait_instance(api.clone(), "pkg", "instance Ready", TIMEOUT, |o| {
+        is_true(o, "Ready")
+    })
+    .await;
+    if let Err(e) = ready {
+        panic!("instance not Ready under the policies: {e}\n{}", logs());
+    }
+    // The warm pod is the operator's own pod creation, which the pod policies judge.
+    let pods = wait_for_set(
+        ns.api::<Pod>(),
+        &sandbox_selector("pkg"),
+        "a warm sandbox pod",
+        TIMEOUT,
+        |pods: &[Pod]| !pods.is_empty(),
+    )
+    .await;
+    if let Err(e) = pods {
+        panic!("no warm pod under the policies: {e}\n{}", logs());
+    }
+    let binding = cli_mcp_api::names::InstanceName::parse("pkg")
+        .expect("name")
+        .auth_delegator_binding(&ns.name);
+    let crbs: kube::Api<ClusterRoleBinding> = kube::Api::all(c.client.clone());
+    assert!(crbs.get_opt(&binding).await.expect("get binding").is_some());
+    api.delete("pkg", &DeleteParams::default())
+        .await
+        .expect("delete instance");
+    wait_gone(api, "pkg", "instance released", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("finalizer not released: {e}\n{}", logs()));
+    assert!(
+        crbs.get_opt(&binding).await.expect("get binding").is_none(),
+        "the finalizer released the instance but its ClusterRoleBinding {binding} is still there"
+    );
+    for (api, name) in outside {
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    ns.delete().await.expect("delete namespace");
 }
