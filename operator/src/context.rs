@@ -241,6 +241,8 @@ pub struct Context {
     pub pool: PoolState,
     /// Where the API server is (for the sandbox NetworkPolicy), refreshed now and then.
     pub api_peers: Mutex<Option<(Instant, crate::children::ApiServerPeers)>>,
+    /// Instances already checked for the Go operator's leftovers.
+    pub migrated: crate::migrate::Migrated,
 }
 
 impl Context {
@@ -280,6 +282,7 @@ impl Context {
             applied: ApplyCache::default(),
             pool: PoolState::default(),
             api_peers: Mutex::new(None),
+            migrated: Default::default(),
         }
     }
 }

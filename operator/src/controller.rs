@@ -91,6 +91,8 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         Ok(spec) => spec,
         Err(e) => return invalid_spec(ctx, &cr, e).await,
     };
+    // Before anything is applied: a Go-era server Deployment must go, not be merged into.
+    crate::migrate::go_leftovers(ctx, &cr, &spec.name, &ns).await?;
     let resolved = resolve::resolve(ctx, &cr, &spec).await?;
     let inputs = resolved.inputs(spec);
     let mut desired = children::build_all(&inputs);

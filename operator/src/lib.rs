@@ -24,6 +24,7 @@ pub mod http;
 pub mod idle;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod olm;
 pub mod pool;
 pub mod resolve;
