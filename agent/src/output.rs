@@ -189,7 +189,7 @@ mod tests {
 
     fn spills(dir: &std::path::Path, max_file: u64) -> Spills {
         Spills::open(
-            dir,
+            crate::state_files::HeldDir::open(dir, None).expect("spill dir"),
             SpillLimits {
                 max_file,
                 max_total: 1 << 20,

@@ -8,13 +8,22 @@
 //! oldest spills are removed first to make room. Only the agent writes spill files (command
 //! output reaches it through pipes), so what it counts is what is on disk, unless a command
 //! writes there itself.
+//!
+//! The spill directory is held open ([`HeldDir`]): spills are created, listed and removed
+//! through its descriptor (each spill through the one of the directory it was made in),
+//! never through the path, so a link a command swaps in for the directory is never
+//! followed.
 
 use std::collections::VecDeque;
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+use nix::fcntl::{AtFlags, OFlag};
+
+use crate::state_files::{open_at, remove_file_at, HeldDir};
 
 /// Spill files kept at most, whatever their size.
 pub const SPILLS_KEPT: usize = 16;
@@ -57,45 +66,69 @@ impl std::fmt::Display for Cut {
 pub struct Spills(Arc<Mutex<Store>>);
 
 struct Store {
-    dir: PathBuf,
+    dir: HeldDir,
     limits: SpillLimits,
     /// Oldest first: path, bytes written, and whether a stream still writes it.
     files: VecDeque<Entry>,
 }
 
 struct Entry {
+    /// The directory it is in, and its name there.
+    dir: Arc<OwnedFd>,
+    name: String,
     path: PathBuf,
     bytes: u64,
     open: bool,
 }
 
+impl Entry {
+    fn remove(&self) {
+        let _ = remove_file_at(self.dir.as_fd(), &self.name);
+    }
+}
+
 impl Spills {
     /// Takes stock of the spills a previous agent process left in `dir` (oldest first, by
     /// modification time) and removes those over the caps.
-    pub fn open(dir: &Path, limits: SpillLimits) -> Self {
-        let mut found: Vec<(std::time::SystemTime, PathBuf, u64)> = fs::read_dir(dir)
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter_map(|e| {
-                        let m = fs::symlink_metadata(e.path()).ok()?;
-                        m.is_file()
-                            .then(|| Some((m.modified().ok()?, e.path(), m.blocks() * 512)))?
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+    pub fn open(dir: HeldDir, limits: SpillLimits) -> Self {
+        let fd = dir.shared_fd();
+        let mut found: Vec<(i64, i64, String, u64)> = Vec::new();
+        if let Ok(mut listing) = nix::dir::Dir::openat(
+            fd.as_fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            for e in listing.iter().filter_map(Result::ok) {
+                let Ok(name) = std::str::from_utf8(e.file_name().to_bytes()) else {
+                    continue;
+                };
+                let Ok(st) =
+                    nix::sys::stat::fstatat(fd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                else {
+                    continue;
+                };
+                let regular = st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG;
+                if regular {
+                    let bytes = u64::try_from(st.st_blocks).unwrap_or(0) * 512;
+                    found.push((st.st_mtime, st.st_mtime_nsec, name.to_owned(), bytes));
+                }
+            }
+        }
         found.sort();
         let store = Store {
-            dir: dir.to_path_buf(),
             limits,
             files: found
                 .into_iter()
-                .map(|(_, path, bytes)| Entry {
-                    path,
+                .map(|(_, _, name, bytes)| Entry {
+                    dir: fd.clone(),
+                    path: dir.path().join(&name),
+                    name,
                     bytes,
                     open: false,
                 })
                 .collect(),
+            dir,
         };
         let spills = Self(Arc::new(Mutex::new(store)));
         spills.store().make_room(0);
@@ -112,36 +145,40 @@ impl Spills {
 
     /// Starts a spill file named `name` in the spill dir.
     pub fn create(&self, name: &str) -> Result<SpillFile, Cut> {
-        let path = {
+        let dir = {
             let mut store = self.store();
             store.keep_dir_real();
-            store.dir.join(name)
+            store.dir.shared_fd()
         };
-        let file = match create_new(&path) {
-            Ok(f) => f,
+        let (dir, file) = match create_new(&dir, name) {
+            Ok(f) => (dir, f),
             // A full state dir is not repaired by recreating anything.
             Err(e) if is_no_space(&e) => return Err(Cut::Failed(e.to_string())),
             // A command may have removed the spill directory, replaced it or taken the access
-            // to it (or to the state dir) away: repair it where it is needed, and try once more.
+            // to it (or to the state dir) away: repair it, and try once more.
             Err(_) => {
-                let dir = self.store().dir.clone();
-                if let Some(state) = dir.parent() {
-                    let _ = crate::state_files::own_dir(state);
-                }
-                crate::state_files::own_dir(&dir)
-                    .and_then(|()| create_new(&path))
-                    .map_err(|e| Cut::Failed(e.to_string()))?
+                let mut store = self.store();
+                store.dir.reopen().map_err(|e| Cut::Failed(e.to_string()))?;
+                store.files.retain(|e| e.open);
+                let dir = store.dir.shared_fd();
+                drop(store);
+                let file = create_new(&dir, name).map_err(|e| Cut::Failed(e.to_string()))?;
+                (dir, file)
             }
         };
-        {
+        let path = {
             let mut store = self.store();
+            let path = store.dir.path().join(name);
             store.files.push_back(Entry {
+                dir,
+                name: name.to_owned(),
                 path: path.clone(),
                 bytes: 0,
                 open: true,
             });
             store.make_room(0);
-        }
+            path
+        };
         Ok(SpillFile {
             spills: self.clone(),
             path,
@@ -155,13 +192,12 @@ impl Spills {
     /// dir: the agent's own files go first.
     pub fn free_all(&self) -> u64 {
         let mut store = self.store();
-        store.keep_dir_real();
         let mut freed = 0;
         store.files.retain(|e| {
             if e.open {
                 return true;
             }
-            let _ = fs::remove_file(&e.path);
+            e.remove();
             freed += e.bytes;
             false
         });
@@ -201,43 +237,41 @@ impl Store {
         self.files.iter().map(|e| e.bytes).sum()
     }
 
-    /// Removes the oldest closed spills until `more` bytes fit within the total cap and the
-    /// file count is within `SPILLS_KEPT`.
-    /// Puts a real directory back if a command replaced the spill dir with a link (or
-    /// anything else), so that no spill is written or removed through it; the spills it
-    /// held are then out of the agent's reach and no longer counted (the ones still being
-    /// written stay counted until they are done).
+    /// Puts a real directory back if the path no longer leads to the held spill dir (a
+    /// command replaced it with a link, or changed its mode), so that new spills are where
+    /// their paths say; the spills it held are then out of the caller's sight and no longer
+    /// counted (the ones still being written stay counted until they are done).
     fn keep_dir_real(&mut self) {
-        if !crate::state_files::is_real_dir(&self.dir) {
-            tracing::warn!(path = %self.dir.display(),
-                "the spill directory was replaced (by a link?); making a new one");
-            let _ = crate::state_files::own_dir(&self.dir);
+        if !self.dir.in_place() {
+            tracing::warn!(path = %self.dir.path().display(),
+                "the spill directory was replaced (by a link?) or its mode changed; making it again");
+            let _ = self.dir.reopen();
             self.files.retain(|e| e.open);
         }
     }
 
+    /// Removes the oldest closed spills until `more` bytes fit within the total cap and the
+    /// file count is within `SPILLS_KEPT`. Each is removed through the descriptor of the
+    /// directory it was made in, wherever that directory is now.
     fn make_room(&mut self, more: u64) {
-        if self.total() + more > self.limits.max_total || self.files.len() > SPILLS_KEPT {
-            self.keep_dir_real();
-        }
         while self.total() + more > self.limits.max_total || self.files.len() > SPILLS_KEPT {
             let Some(i) = self.files.iter().position(|e| !e.open) else {
                 return;
             };
             if let Some(e) = self.files.remove(i) {
-                let _ = fs::remove_file(&e.path);
+                e.remove();
             }
         }
     }
 }
 
-fn create_new(path: &Path) -> io::Result<fs::File> {
-    fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .mode(0o600)
-        .open(path)
+fn create_new(dir: &OwnedFd, name: &str) -> io::Result<fs::File> {
+    open_at(
+        dir.as_fd(),
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+        0o600,
+    )
 }
 
 /// One spill being written: the start of a stream, up to the caps.
@@ -331,7 +365,16 @@ mod tests {
         }
     }
 
-    fn names(dir: &Path) -> Vec<String> {
+    /// Spills in `<state>/spill`.
+    fn open(state: &Path, limits: SpillLimits) -> Spills {
+        Spills::open(
+            HeldDir::open(state, Some("spill")).expect("spill dir"),
+            limits,
+        )
+    }
+
+    fn names(state: &Path) -> Vec<String> {
+        let dir = state.join("spill");
         let mut v: Vec<String> = fs::read_dir(dir)
             .expect("read dir")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
@@ -343,20 +386,23 @@ mod tests {
     #[test]
     fn a_spill_keeps_the_start_of_its_stream_up_to_its_cap() {
         let d = tempfile::tempdir().expect("tempdir");
-        let spills = Spills::open(d.path(), limits(10, 100));
+        let spills = open(d.path(), limits(10, 100));
         let mut f = spills.create("a").expect("create");
         f.write(b"0123456");
         f.write(b"789abc");
         assert_eq!(f.cut, Some(Cut::FileCap(10)));
         f.write(b"more");
         assert_eq!(f.written, 10);
-        assert_eq!(fs::read(d.path().join("a")).expect("read"), b"0123456789");
+        assert_eq!(
+            fs::read(d.path().join("spill/a")).expect("read"),
+            b"0123456789"
+        );
     }
 
     #[test]
     fn the_oldest_spills_make_room_for_a_new_one() {
         let d = tempfile::tempdir().expect("tempdir");
-        let spills = Spills::open(d.path(), limits(10, 25));
+        let spills = open(d.path(), limits(10, 25));
         for name in ["a", "b", "c"] {
             let mut f = spills.create(name).expect("create");
             f.write(&[b'x'; 10]);
@@ -364,7 +410,7 @@ mod tests {
         }
         assert_eq!(names(d.path()), ["b", "c"]);
         // The only spill left open is never removed for another: it stops at the total cap.
-        let spills = Spills::open(d.path(), limits(100, 25));
+        let spills = open(d.path(), limits(100, 25));
         spills.free_all();
         let mut f = spills.create("d").expect("create");
         f.write(&[b'y'; 30]);
@@ -375,7 +421,8 @@ mod tests {
     fn spills_left_by_a_previous_process_count_and_go_first() {
         let d = tempfile::tempdir().expect("tempdir");
         for (i, name) in ["old", "new"].iter().enumerate() {
-            let p = d.path().join(name);
+            fs::create_dir_all(d.path().join("spill")).expect("mkdir");
+            let p = d.path().join("spill").join(name);
             fs::write(&p, vec![b'z'; 8192]).expect("write");
             let t =
                 std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
@@ -385,7 +432,7 @@ mod tests {
                 .and_then(|f| f.set_modified(t))
                 .expect("set mtime");
         }
-        let spills = Spills::open(d.path(), limits(8192, 12288));
+        let spills = open(d.path(), limits(8192, 12288));
         assert_eq!(names(d.path()), ["new"]);
         let mut f = spills.create("next").expect("create");
         f.write(&[b'x'; 8192]);
@@ -395,7 +442,7 @@ mod tests {
     #[test]
     fn at_most_spills_kept_files_are_kept() {
         let d = tempfile::tempdir().expect("tempdir");
-        let spills = Spills::open(d.path(), limits(10, 1 << 20));
+        let spills = open(d.path(), limits(10, 1 << 20));
         for i in 0..SPILLS_KEPT + 3 {
             let mut f = spills.create(&format!("{i:02}")).expect("create");
             f.write(b"x");

@@ -2,66 +2,244 @@
 //! Links are never followed, a FIFO never blocks a read or a write, and nothing but a
 //! regular file of its own is read or written through.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, AtFlags, OFlag, AT_FDCWD};
+use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
 
 /// Mode of the agent's directories: the session's files are nobody else's business.
 pub const DIR_MODE: u32 = 0o700;
 
-/// Whether `path` itself is a directory (a link to one is not). Checked before the agent
-/// writes or removes anything in one of its directories, since a command may have replaced
-/// the directory with a link to somewhere else.
-pub fn is_real_dir(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+/// A directory of the agent's in the state dir, held open. Every file the agent creates,
+/// writes, lists or removes there is reached through this descriptor (`openat`,
+/// `unlinkat`, `mkfifoat`…) and never through the path, so a command that swaps the
+/// directory for a link at any moment, also between a check and a use, cannot make the
+/// agent touch anything elsewhere: the descriptor stays on the directory the agent made.
+/// The path still matters to bash (it is handed paths) and to a restarted agent (it looks
+/// there), so [`HeldDir::in_place`] tells whether the path still leads here, and
+/// [`HeldDir::reopen`] makes it do so again.
+pub struct HeldDir {
+    /// The state dir.
+    state: PathBuf,
+    /// The directory in it, or `None` for the state dir itself.
+    sub: Option<&'static str>,
+    path: PathBuf,
+    fd: Arc<OwnedFd>,
+    dev: u64,
+    ino: u64,
 }
 
-/// Makes `path` a directory of ours, as the agent needs it: creates it (and missing
-/// parents) with [`DIR_MODE`]; replaces a link, file or FIFO a command put there (a link is
-/// removed, never followed); and gives a directory the agent owns its mode back when a
-/// command changed it (`chmod 000`). A directory owned by someone else is left as it is.
-pub fn own_dir(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            let ours = m.uid() == nix::unistd::geteuid().as_raw();
-            if ours && m.mode() & 0o7777 != DIR_MODE {
-                fs::set_permissions(path, fs::Permissions::from_mode(DIR_MODE))?;
-            }
-            return Ok(());
+impl HeldDir {
+    /// Makes `<state>/<sub>` (or `state` itself) a directory of ours (see [`own_at`]) and
+    /// holds it open. The state dir is made ours first, in its parent (which is not ours,
+    /// and is reached by its path); `sub` is made ours inside the state dir's descriptor,
+    /// so a link in the state dir's place is never followed either.
+    pub fn open(state: &Path, sub: Option<&'static str>) -> io::Result<Self> {
+        let name = state.file_name().ok_or_else(|| {
+            io::Error::other(format!("{}: not a directory name", state.display()))
+        })?;
+        let parent = match state.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(DIR_MODE)
+                .create(parent)?;
         }
-        Ok(_) => fs::remove_file(path)?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+        let parent = openat(
+            AT_FDCWD,
+            parent,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut fd = own_at(parent.as_fd(), name)?;
+        let mut path = state.to_path_buf();
+        if let Some(sub) = sub {
+            fd = own_at(fd.as_fd(), sub.as_ref())?;
+            path = state.join(sub);
+        }
+        let st = fstat(&fd)?;
+        Ok(Self {
+            state: state.to_path_buf(),
+            sub,
+            path,
+            fd: Arc::new(fd),
+            dev: st.st_dev,
+            ino: st.st_ino,
+        })
     }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(DIR_MODE)
-        .create(path)
+
+    /// Opens it again from its path, repairing what a command did to it (or to the state
+    /// dir): a link or file in its place is removed and a new directory made, a mode the
+    /// agent needs is given back.
+    pub fn reopen(&mut self) -> io::Result<()> {
+        *self = Self::open(&self.state, self.sub)?;
+        Ok(())
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The descriptor, for files that are removed later from the directory they were made
+    /// in, whatever happened to the path meanwhile.
+    pub fn shared_fd(&self) -> Arc<OwnedFd> {
+        self.fd.clone()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the path still leads to this directory, with the mode the agent gave it
+    /// (one `lstat`). False also when a command changed the mode of a directory on the way
+    /// (`chmod 000` of the state dir): bash, which goes by the path, needs it too.
+    pub fn in_place(&self) -> bool {
+        fstatat(AT_FDCWD, &self.path, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
+            st.st_dev == self.dev
+                && st.st_ino == self.ino
+                && (st.st_mode & 0o7777 == DIR_MODE || st.st_uid != euid())
+        })
+    }
 }
 
-/// Creates `path` (which must not exist, and is never followed if it is a link) with
+fn euid() -> u32 {
+    static EUID: OnceLock<u32> = OnceLock::new();
+    *EUID.get_or_init(|| nix::unistd::geteuid().as_raw())
+}
+
+fn is_dir(st: &FileStat) -> bool {
+    st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFDIR.bits()
+}
+
+/// Makes `name` in `parent` a directory of ours and opens it, never following a link:
+/// creates it with [`DIR_MODE`]; replaces a link, file or FIFO a command put there (the
+/// entry is removed, never followed); and gives a directory the agent owns its mode back
+/// when a command changed it (`chmod 000`). A directory owned by someone else is used as it
+/// is.
+pub fn own_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {
+    let mut last = io::Error::other("the directory kept being replaced");
+    // A command swapping the entry as we go makes a step fail; a few tries outlast a swap
+    // in progress, and every step refuses to follow a link whatever it finds.
+    for _ in 0..8 {
+        match fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if is_dir(&st) => {}
+            Ok(_) => {
+                match unlinkat(parent, name, UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) | Err(Errno::ENOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                make_dir_at(parent, name)?;
+            }
+            Err(Errno::ENOENT) => make_dir_at(parent, name)?,
+            Err(e) => return Err(e.into()),
+        }
+        // O_PATH: opening needs no permission on the directory itself, so one a command
+        // made 0000 can still be repaired.
+        let handle = match openat(
+            parent,
+            name,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(h) => h,
+            Err(e @ (Errno::ENOTDIR | Errno::ELOOP | Errno::ENOENT)) => {
+                last = e.into();
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let st = fstat(&handle)?;
+        if st.st_uid == euid() && st.st_mode & 0o7777 != DIR_MODE {
+            // fchmod refuses an O_PATH descriptor; its /proc name is that very directory
+            // (not whatever now has its name), so the change cannot land elsewhere.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(
+                format!("/proc/self/fd/{}", handle.as_raw_fd()),
+                fs::Permissions::from_mode(DIR_MODE),
+            )?;
+        }
+        return openat(
+            &handle,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(Into::into);
+    }
+    Err(last)
+}
+
+fn make_dir_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    match mkdirat(parent, name, Mode::from_bits_truncate(DIR_MODE)) {
+        Ok(()) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Opens the directory `name` in `dir` (never a link) for files of its own.
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
+    openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(Into::into)
+}
+
+/// Makes the directory `name` in `dir`.
+pub fn make_new_dir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    mkdirat(dir, name, Mode::from_bits_truncate(DIR_MODE)).map_err(Into::into)
+}
+
+/// Opens `name` in `dir` with `flags`, never following a link (and close-on-exec); `mode`
+/// for a file it creates.
+pub fn open_at(dir: BorrowedFd<'_>, name: &str, flags: OFlag, mode: u32) -> io::Result<fs::File> {
+    openat(
+        dir,
+        name,
+        flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(mode),
+    )
+    .map(fs::File::from)
+    .map_err(Into::into)
+}
+
+/// Creates `name` in `dir` (it must not exist; a link there is never followed) with
 /// `bytes`.
-pub fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .mode(0o600)
-        .open(path)?;
+pub fn write_new_file_at(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let mut f = open_at(
+        dir,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+        0o600,
+    )?;
     f.write_all(bytes)
 }
 
-/// Writes `bytes` at the start of `path` and cuts the file to their length. Never follows a
-/// link, never blocks on a FIFO, and refuses anything but a regular file with one name.
-pub fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .mode(0o600)
-        .open(path)?;
+/// Writes `bytes` at the start of `name` in `dir` and cuts the file to their length. Never
+/// follows a link, never blocks on a FIFO, and refuses anything but a regular file with one
+/// name.
+pub fn write_in_place_at(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let file = open_at(
+        dir,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
+        0o600,
+    )?;
     let meta = file.metadata()?;
     if !meta.file_type().is_file() || meta.nlink() != 1 {
         return Err(io::Error::other("not a regular file of its own"));
@@ -70,14 +248,81 @@ pub fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
     file.set_len(bytes.len() as u64)
 }
 
-/// Reads a whole file of at most `cap` bytes. `Ok(None)`: no file. `Err`: the file is not
+/// Removes the file (or link, or FIFO: never what it points to) `name` in `dir`.
+pub fn remove_file_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).map_err(Into::into)
+}
+
+/// Directory levels [`remove_all_at`] descends at most: a command can nest directories
+/// deeper than any stack.
+const REMOVE_DEPTH: usize = 64;
+
+/// Removes `name` in `dir` with everything in it, going only through descriptors: a link
+/// anywhere in the tree is removed, never followed. A tree deeper than [`REMOVE_DEPTH`] is
+/// left in part (an error).
+pub fn remove_all_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    remove_tree(dir, name, 0)
+}
+
+fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr, depth: usize) -> io::Result<()> {
+    match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => return Ok(()),
+        Err(Errno::EISDIR | Errno::EPERM) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let sub = match openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    empty_dir(sub.as_fd(), depth)?;
+    match unlinkat(dir, name, UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes everything in the open directory `dir` (whatever its name is now).
+pub fn empty_dir(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
+    if depth >= REMOVE_DEPTH {
+        return Err(io::Error::other("directories nested too deep"));
+    }
+    let names: Vec<std::ffi::OsString> = {
+        let mut listing = nix::dir::Dir::openat(
+            dir,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        listing
+            .iter()
+            .filter_map(Result::ok)
+            .map(|e| OsStr::from_bytes(e.file_name().to_bytes()).to_owned())
+            .filter(|n| n != "." && n != "..")
+            .collect()
+    };
+    let mut result = Ok(());
+    for n in names {
+        if let Err(e) = remove_tree(dir, &n, depth + 1) {
+            result = Err(e);
+        }
+    }
+    result
+}
+
+/// Reads the whole file `name` in `dir`, of at most `cap` bytes. `Ok(None)`: no file. `Err`: the file is not
 /// one we could have written (a link, a FIFO, too large); the reason is for the log.
-pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
-    let mut file = match fs::File::options()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
-    {
+pub fn read_capped_at(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    cap: u64,
+) -> Result<Option<Vec<u8>>, String> {
+    let mut file = match open_at(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
@@ -115,4 +360,50 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
         return Err(format!("it grew over the {cap}-byte cap"));
     }
     Ok(Some(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removing_a_tree_removes_links_in_it_never_what_they_point_to() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        fs::write(outside.path().join("keep"), "x").expect("seed");
+        let tree = d.path().join("t");
+        fs::create_dir_all(tree.join("a/b")).expect("mkdir");
+        fs::write(tree.join("a/b/f"), "y").expect("file");
+        std::os::unix::fs::symlink(outside.path(), tree.join("a/link")).expect("link");
+        nix::unistd::mkfifo(&tree.join("fifo"), Mode::S_IRWXU).expect("fifo");
+        let dir = HeldDir::open(d.path(), None).expect("held");
+        remove_all_at(dir.fd(), "t".as_ref()).expect("removed");
+        assert!(!tree.exists());
+        assert_eq!(
+            fs::read_to_string(outside.path().join("keep")).expect("kept"),
+            "x"
+        );
+    }
+
+    #[test]
+    fn a_held_dir_replaced_by_a_link_is_not_in_place_and_reopens_as_a_real_one() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        let mut dir = HeldDir::open(d.path(), Some("sub")).expect("held");
+        assert!(dir.in_place());
+        let sub = d.path().join("sub");
+        fs::rename(&sub, d.path().join("moved")).expect("move away");
+        std::os::unix::fs::symlink(outside.path(), &sub).expect("link");
+        assert!(!dir.in_place());
+        // Still the directory the agent made, whatever the path now leads to.
+        write_new_file_at(dir.fd(), "f", b"z").expect("write");
+        assert_eq!(
+            fs::read(d.path().join("moved/f")).expect("in the moved dir"),
+            b"z"
+        );
+        dir.reopen().expect("reopen");
+        assert!(dir.in_place());
+        assert!(fs::symlink_metadata(&sub).expect("lstat").is_dir());
+        assert_eq!(fs::read_dir(outside.path()).expect("ls").count(), 0);
+    }
 }

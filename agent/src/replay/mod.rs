@@ -21,9 +21,11 @@
 //! record answers only the request whose id hashes to the hash it holds, and a response
 //! whose stdout or stderr is longer than a live one can be (the output budget plus room for
 //! markers and notes) is not replayed, so a forged record cannot bypass truncation.
-//! `dir_is_ours` (a real directory, not a link) is checked at open and before every write or
-//! removal (one `lstat`; a link is replaced by a real directory), and each file is opened with
-//! `O_NOFOLLOW`.
+//! The directory is held open ([`HeldDir`]) and every record is read, written and removed
+//! through that descriptor, never through the path, so a link swapped in for the directory
+//! at any moment is never followed. Before every write or removal one `lstat` tells
+//! whether the path still leads to the held directory (a restarted agent looks there);
+//! otherwise a link or file in its place is removed and a real directory made and held.
 //!
 //! None of this stops the shell user from forging or deleting its own session's records:
 //! the user that runs the caller's commands can write here, and there are no keyed
@@ -47,7 +49,6 @@
 
 mod record;
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -55,7 +56,7 @@ use sha2::{Digest, Sha256};
 
 use cli_mcp_api::wire::ExecResponse;
 
-use crate::state_files::{own_dir, write_in_place};
+use crate::state_files::{remove_all_at, remove_file_at, write_in_place_at, HeldDir};
 use record::{encode_response, read_response, response_cap, within_output_budget, RequestFile};
 
 /// Requests remembered. More than one, so a retry still finds its record when another
@@ -90,7 +91,9 @@ struct Record {
 }
 
 pub struct Journal {
-    dir: PathBuf,
+    state_dir: PathBuf,
+    /// `None` while it cannot be made (records are then kept in memory only).
+    dir: Option<HeldDir>,
     output_budget: usize,
     response_cap: u64,
     slots: [Option<Record>; RECORDS_KEPT],
@@ -107,19 +110,27 @@ impl Journal {
     /// a journal that cannot be read or written only costs replay across restarts, which
     /// is logged.
     pub fn open(state_dir: &Path, output_budget: usize) -> Self {
+        let path = state_dir.join("replay");
+        let replaced = std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_dir());
+        if replaced {
+            tracing::warn!(path = %path.display(),
+                "the replay directory is not a directory; replacing it");
+        }
+        let dir = HeldDir::open(state_dir, Some("replay"))
+            .inspect_err(|e| {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "cannot make the replay directory; records are kept in memory only")
+            })
+            .ok();
         let mut journal = Self {
-            dir: state_dir.join("replay"),
+            state_dir: state_dir.to_path_buf(),
+            dir,
             output_budget,
             response_cap: response_cap(output_budget),
             slots: Default::default(),
             next_seq: 1,
         };
-        if !journal.dir_is_ours() {
-            if fs::symlink_metadata(&journal.dir).is_ok() {
-                tracing::warn!(path = %journal.dir.display(),
-                    "the replay directory is not a directory; replacing it");
-            }
-            journal.repair_dir();
+        if replaced {
             return journal;
         }
         let mut max_seq = 0;
@@ -130,8 +141,8 @@ impl Journal {
                     max_seq = max_seq.max(rec.request.seq);
                     journal.slots[slot] = Some(rec);
                 }
-                Err((path, why)) => {
-                    tracing::warn!(path = %path.display(), why, "ignoring a replay record")
+                Err((name, why)) => {
+                    tracing::warn!(path = %path.join(name).display(), why, "ignoring a replay record")
                 }
             }
         }
@@ -184,7 +195,7 @@ impl Journal {
         let slot = (seq % RECORDS_KEPT as u64) as usize;
         let request = RequestFile::new(seq, sha256_hex(request_id), command_sha256.to_owned());
         match serde_json::to_vec(&request) {
-            Ok(bytes) => self.write(&self.request_path(slot), &bytes),
+            Ok(bytes) => self.write(&request_name(slot), &bytes),
             Err(e) => tracing::warn!(error = %e, "cannot encode a replay record"),
         }
         self.slots[slot] = Some(Record {
@@ -201,7 +212,7 @@ impl Journal {
         };
         rec.state = State::Done(response.clone());
         if let Some(bytes) = encode_response(&rec.request, response) {
-            self.write(&self.response_path(slot), &bytes);
+            self.write(&response_name(slot), &bytes);
         }
     }
 
@@ -212,10 +223,9 @@ impl Journal {
     pub fn forget(&mut self, slot: usize) {
         if let Some(s) = self.slots.get_mut(slot) {
             *s = None;
-            if !self.dir_is_ours() {
-                self.replace_dir();
+            if let Some(dir) = self.dir() {
+                let _ = remove_file_at(dir.fd(), &request_name(slot));
             }
-            let _ = fs::remove_file(self.request_path(slot));
         }
     }
 
@@ -227,21 +237,17 @@ impl Journal {
         }
     }
 
-    fn request_path(&self, slot: usize) -> PathBuf {
-        self.dir.join(format!("{slot}.json"))
-    }
-
-    fn response_path(&self, slot: usize) -> PathBuf {
-        self.dir.join(format!("{slot}.response"))
-    }
-
-    fn load(&self, slot: usize) -> Result<Option<Record>, (PathBuf, String)> {
-        let path = self.request_path(slot);
-        let Some(request) = RequestFile::read(&path).map_err(|why| (path.clone(), why))? else {
+    fn load(&self, slot: usize) -> Result<Option<Record>, (String, String)> {
+        let Some(dir) = self.dir.as_ref() else {
             return Ok(None);
         };
-        let path = self.response_path(slot);
-        let state = match read_response(&path, self.response_cap, &request) {
+        let name = request_name(slot);
+        let Some(request) = RequestFile::read(dir.fd(), &name).map_err(|why| (name, why))? else {
+            return Ok(None);
+        };
+        let name = response_name(slot);
+        let path = dir.path().join(&name);
+        let state = match read_response(dir.fd(), &name, self.response_cap, &request) {
             Ok(Some(resp)) if within_output_budget(&resp, self.output_budget) => State::Done(resp),
             Ok(Some(_)) => {
                 // The shell user can write here: never replay more than a live answer holds.
@@ -259,59 +265,67 @@ impl Journal {
         Ok(Some(Record { request, state }))
     }
 
-    /// Rewrites `path` in place (see the module docs for why not temp + rename). Anything
+    /// Rewrites `name` in place (see the module docs for why not temp + rename). Anything
     /// but our own regular file there (a link, a FIFO, a directory, a hard link to another
     /// file) is removed and the write tried once more.
-    fn write(&self, path: &Path, bytes: &[u8]) {
-        // One lstat per write: a command may have replaced the directory with a link, and a
-        // record must never be written through it.
-        if !self.dir_is_ours() {
-            self.replace_dir();
-        }
-        if write_in_place(path, bytes).is_ok() {
-            return;
+    fn write(&mut self, name: &str, bytes: &[u8]) {
+        if let Some(dir) = self.dir() {
+            if write_in_place_at(dir.fd(), name, bytes).is_ok() {
+                return;
+            }
         }
         // Off the hot path: only after a failure (a command broke the directory).
         self.repair_dir();
-        match fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => {
-                let _ = fs::remove_dir_all(path);
+        let result = match &self.dir {
+            Some(dir) => {
+                let _ = remove_all_at(dir.fd(), name.as_ref());
+                write_in_place_at(dir.fd(), name, bytes)
             }
-            Ok(_) => {
-                let _ = fs::remove_file(path);
-            }
-            Err(_) => {}
-        }
-        if let Err(e) = write_in_place(path, bytes) {
-            tracing::warn!(path = %path.display(), error = %e,
+            None => Err(std::io::Error::other("no replay directory")),
+        };
+        if let Err(e) = result {
+            tracing::warn!(path = %self.state_dir.join("replay").join(name).display(), error = %e,
                 "cannot write a replay record; a retry after an agent restart would run the command again");
         }
     }
 
-    /// True when the journal directory is a real directory (not a link to elsewhere).
-    fn dir_is_ours(&self) -> bool {
-        crate::state_files::is_real_dir(&self.dir)
-    }
-
-    fn replace_dir(&self) {
-        tracing::warn!(path = %self.dir.display(),
-            "the replay directory was replaced (by a link?); making a new one");
-        self.repair_dir();
+    /// The journal directory, made again first if its path no longer leads to it (one
+    /// `lstat`): a command replaced it (by a link?) or changed its mode.
+    fn dir(&mut self) -> Option<&HeldDir> {
+        if !self.dir.as_ref().is_some_and(HeldDir::in_place) {
+            tracing::warn!(path = %self.state_dir.join("replay").display(),
+                "the replay directory was replaced (by a link?) or its mode changed; making it again");
+            self.repair_dir();
+        }
+        self.dir.as_ref()
     }
 
     /// The state dir first: a command may have taken the access to it away.
-    fn repair_dir(&self) {
-        if let Some(state) = self.dir.parent() {
-            let _ = own_dir(state);
+    fn repair_dir(&mut self) {
+        match &mut self.dir {
+            Some(dir) => {
+                if dir.reopen().is_err() {
+                    self.dir = None;
+                }
+            }
+            None => self.dir = HeldDir::open(&self.state_dir, Some("replay")).ok(),
         }
-        let _ = own_dir(&self.dir);
     }
+}
+
+fn request_name(slot: usize) -> String {
+    format!("{slot}.json")
+}
+
+fn response_name(slot: usize) -> String {
+    format!("{slot}.response")
 }
 
 #[cfg(test)]
 mod tests {
     use super::record::STREAM_SLACK;
     use super::*;
+    use std::fs;
 
     fn response(stdout: &str) -> ExecResponse {
         ExecResponse {

@@ -2,7 +2,7 @@
 //! encoded and parsed strictly: the shell user can write them, so whatever does not parse,
 //! does not match its request, or holds more output than a live answer can is not believed.
 
-use std::path::Path;
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::de::DeserializeOwned;
@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use cli_mcp_api::wire::{Encoding, ExecResponse};
 
-use crate::state_files::read_capped;
+use crate::state_files::read_capped_at;
 
 /// Format version written in every file; others are ignored.
 const VERSION: u32 = 1;
@@ -72,10 +72,10 @@ impl RequestFile {
         UNIX_EPOCH + Duration::from_millis(self.started_unix_ms)
     }
 
-    /// The request in `path`; `Ok(None)`: no file. `Err`: a file this agent did not write
-    /// (the reason is for the log).
-    pub fn read(path: &Path) -> Result<Option<Self>, String> {
-        let Some(bytes) = read_capped(path, REQUEST_CAP)? else {
+    /// The request in the file `name` in `dir`; `Ok(None)`: no file. `Err`: a file this
+    /// agent did not write (the reason is for the log).
+    pub fn read(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Self>, String> {
+        let Some(bytes) = read_capped_at(dir, name, REQUEST_CAP)? else {
             return Ok(None);
         };
         let request: Self = first_json_value(&bytes)?;
@@ -125,11 +125,12 @@ pub(super) fn encode_response(request: &RequestFile, response: &ExecResponse) ->
 
 /// The response recorded for `request`, if its file is whole and belongs to it.
 pub(super) fn read_response(
-    path: &Path,
+    dir: BorrowedFd<'_>,
+    name: &str,
     cap: u64,
     request: &RequestFile,
 ) -> Result<Option<ExecResponse>, String> {
-    let Some(bytes) = read_capped(path, cap)? else {
+    let Some(bytes) = read_capped_at(dir, name, cap)? else {
         return Ok(None);
     };
     let Some(nl) = bytes.iter().position(|b| *b == b'\n') else {

@@ -30,19 +30,21 @@ mod runaway;
 mod streams;
 
 use std::collections::BTreeSet;
-use std::fs;
 use std::future::Future;
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use cli_mcp_api::wire::ExecResponse;
 
 use crate::output::Captured;
+use crate::procs;
 use crate::reaper::Reaper;
 use crate::spill::{SpillLimits, Spills};
-use crate::{procs, state_files};
+use crate::state_files::{self, HeldDir};
 use bash::{Bash, Ended};
 use interrupt::Stop;
 use report::{Notes, Outcome};
@@ -69,9 +71,10 @@ pub struct Shell {
     /// Set when the shell state was lost outside a command (agent restart, shell death
     /// between commands); reported on the next response.
     pending_reset: Option<String>,
-    /// `<state-dir>/shell-used`: exists once a command ran in this pod, so a restarted agent
-    /// knows that a session's shell state was lost.
-    started_marker: PathBuf,
+    /// The state dir, which holds [`MARKER`] and the reserve.
+    root: HeldDir,
+    /// `<state-dir>/cmd`, which holds each command's directory.
+    cmd: HeldDir,
     spills: Spills,
     /// Output streams of earlier commands that background jobs still write.
     lingering: Lingering,
@@ -82,6 +85,10 @@ pub struct Shell {
     errexit: bool,
 }
 
+/// `<state-dir>/shell-used`: exists once a command ran in this pod, so a restarted agent
+/// knows that a session's shell state was lost.
+const MARKER: &str = "shell-used";
+
 /// One command's directory: `cmd` holds the command, `out` and `err` its output.
 struct CommandFiles {
     dir: PathBuf,
@@ -89,6 +96,38 @@ struct CommandFiles {
     nonce: String,
     /// What bash is sent to run the command.
     line: String,
+    /// The directory, once made.
+    made: Option<MadeDir>,
+}
+
+/// A command's directory as the agent made it: removed through these descriptors, so
+/// nothing a command swapped in for it, or for `cmd/`, is followed.
+struct MadeDir {
+    /// The `cmd/` it was made in, and its name there.
+    parent: Arc<OwnedFd>,
+    name: String,
+    fd: OwnedFd,
+}
+
+impl MadeDir {
+    /// Its files by name (one `unlinkat` each, no listing), then the directory; whatever a
+    /// command added to it is found by a listing only if the directory is not empty then.
+    fn remove(&self) {
+        for name in ["cmd", "out", "err", "done"] {
+            let _ = state_files::remove_file_at(self.fd.as_fd(), name);
+        }
+        let rmdir = || {
+            nix::unistd::unlinkat(
+                self.parent.as_fd(),
+                self.name.as_str(),
+                nix::unistd::UnlinkatFlags::RemoveDir,
+            )
+        };
+        if rmdir().is_err() {
+            let _ = state_files::empty_dir(self.fd.as_fd(), 0);
+            let _ = rmdir();
+        }
+    }
 }
 
 impl CommandFiles {
@@ -107,34 +146,33 @@ impl Shell {
             dir: opts.state_dir.clone(),
             source,
         };
-        for dir in state_dirs(&opts.state_dir) {
-            state_files::own_dir(&dir).map_err(files_err)?;
-        }
+        let root = HeldDir::open(&opts.state_dir, None).map_err(files_err)?;
         // Leftovers of a previous agent process are never resumed.
-        let _ = fs::remove_dir_all(opts.state_dir.join("cmd"));
-        state_files::own_dir(&opts.state_dir.join("cmd")).map_err(files_err)?;
-        let started_marker = opts.state_dir.join("shell-used");
+        let _ = state_files::remove_all_at(root.fd(), "cmd".as_ref());
+        let cmd = HeldDir::open(&opts.state_dir, Some("cmd")).map_err(files_err)?;
+        let spill = HeldDir::open(&opts.state_dir, Some("spill")).map_err(files_err)?;
         // Whatever is there counts (also a link a command put there: it is never followed).
-        let pending_reset = fs::symlink_metadata(&started_marker).is_ok().then(|| {
+        let pending_reset = has_marker(&root).then(|| {
             "the sandbox agent restarted since the last command; the shell state (working \
              directory, variables, functions) was reset"
                 .to_owned()
         });
         let spills = Spills::open(
-            &opts.state_dir.join("spill"),
+            spill,
             SpillLimits {
                 max_file: opts.spill_max_bytes,
                 max_total: opts.spill_total_bytes,
             },
         );
-        let reserve = Reserve::new(opts.state_dir.join("reserve"), opts.reserve_bytes);
+        let reserve = Reserve::new(root.fd(), opts.reserve_bytes);
         Ok(Self {
             opts,
             reaper,
             bash: None,
             seq: 0,
             pending_reset,
-            started_marker,
+            root,
+            cmd,
             spills,
             lingering: Lingering::default(),
             reserve,
@@ -162,8 +200,8 @@ impl Shell {
     /// Recreates the restart marker if it is missing: one `lstat` per call. Never follows
     /// or truncates anything a command put in its place.
     fn keep_marker(&self) {
-        if fs::symlink_metadata(&self.started_marker).is_err() {
-            let _ = state_files::write_new_file(&self.started_marker, b"");
+        if !has_marker(&self.root) {
+            let _ = state_files::write_new_file_at(self.root.fd(), MARKER, b"");
         }
     }
 
@@ -365,17 +403,18 @@ impl Shell {
 
     /// Removes the command's directory and restores what the command may have removed.
     fn clean_up(&mut self, files: &CommandFiles) {
-        if state_files::is_real_dir(&self.cmd_dir()) {
-            let _ = fs::remove_dir_all(&files.dir);
-        } else {
-            // The command replaced `cmd` (with a link?): its directory went with the old
-            // one, and nothing is removed through the new one.
+        if let Some(made) = &files.made {
+            made.remove();
+        }
+        if !self.cmd.in_place() {
+            // The command replaced or removed `cmd` (or the state dir): bash, which goes by
+            // the path, must find the next command's files.
             self.ensure_dirs();
         }
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
         // restart before the next command must still be reported.
         self.keep_marker();
-        self.reserve.keep();
+        self.reserve.keep(self.root.fd());
     }
 
     /// Kills the shell and everything it started (agent shutdown).
@@ -422,15 +461,19 @@ impl Shell {
         Ok(())
     }
 
-    /// Recreates the state dir and its directories and gives them back to us if a command
-    /// removed them, replaced them or changed their mode (errors surface on the file
-    /// operations that follow). The state dir first: without access to it nothing inside
-    /// can be repaired.
-    fn ensure_dirs(&self) {
-        for dir in state_dirs(&self.opts.state_dir) {
-            let _ = state_files::own_dir(&dir);
-        }
+    /// Recreates the state dir and `cmd/` and gives them back to us if a command removed
+    /// them, replaced them or changed their mode (errors surface on the file operations
+    /// that follow); the spill dir and the journal see to their own. The state dir first:
+    /// without access to it nothing inside can be repaired.
+    fn ensure_dirs(&mut self) {
+        let _ = self.root.reopen();
+        let _ = self.cmd.reopen();
     }
+}
+
+/// Whether the restart marker is there (whatever it is: a link is never followed).
+fn has_marker(root: &HeldDir) -> bool {
+    nix::sys::stat::fstatat(root.fd(), MARKER, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
 }
 
 /// The note for `DEBUG`/`RETURN` traps the framing removed; `listing` is their `trap -p`.
@@ -446,10 +489,4 @@ fn removed_traps(listing: &str) -> String {
         names.join(" and "),
         listing.lines().collect::<Vec<_>>().join("; ")
     )
-}
-
-/// The state dir and the directories of the shell's files in it, outermost first. (Not
-/// `join("")`: its trailing slash would make a link in the state dir's place be followed.)
-fn state_dirs(state: &std::path::Path) -> [PathBuf; 3] {
-    [state.to_path_buf(), state.join("cmd"), state.join("spill")]
 }

@@ -13,13 +13,12 @@
 //!
 //! Each step taken is said in the response.
 
-use std::fs;
-use std::path::Path;
+use std::os::fd::AsFd;
 
 use super::framing::{command_line, inline_command_line, random_hex};
 use super::report::Notes;
 use super::streams::{self, Streams};
-use super::{CommandFiles, Shell, ShellError};
+use super::{CommandFiles, MadeDir, Shell, ShellError};
 use crate::state_files;
 
 impl Shell {
@@ -49,7 +48,7 @@ impl Shell {
                 return Ok((files, Some(streams)));
             }
         }
-        let reserve = self.reserve.release();
+        let reserve = self.reserve.release(self.root.fd());
         if reserve > 0 {
             if let Ok((files, streams)) = self.make_files(command, true) {
                 notes.note(format!(
@@ -81,22 +80,20 @@ impl Shell {
                 dir: self.command_dir(&nonce),
                 line: inline_command_line(command, None, &nonce),
                 nonce,
+                made: None,
             },
             None,
         ))
     }
 
-    pub(super) fn cmd_dir(&self) -> std::path::PathBuf {
-        self.opts.state_dir.join("cmd")
-    }
-
     fn command_dir(&self, nonce: &str) -> std::path::PathBuf {
-        self.cmd_dir()
-            .join(format!("{}-{}", self.seq, &nonce[..16]))
+        self.cmd.path().join(command_dir_name(self.seq, nonce))
     }
 
     /// The command's directory, its file (if `from_file`) and its output FIFOs; nothing is
-    /// left behind if one of them cannot be made.
+    /// left behind if one of them cannot be made. All are made through descriptors (of
+    /// `cmd/`, then of the new directory), so a link swapped in for either is never
+    /// followed.
     fn make_files(
         &mut self,
         command: &str,
@@ -109,35 +106,58 @@ impl Shell {
         } else {
             inline_command_line(command, Some(&dir), &nonce)
         };
-        let files = CommandFiles { dir, nonce, line };
-        // One lstat per command: a `cmd` replaced with a link would have the command's
-        // files made (and later removed) wherever it points.
-        if !state_files::is_real_dir(&self.cmd_dir()) {
+        let mut files = CommandFiles {
+            dir,
+            nonce,
+            line,
+            made: None,
+        };
+        let name = command_dir_name(self.seq, &files.nonce);
+        // One lstat per command: bash goes by the path, so it must lead to the `cmd` the
+        // agent holds (a command may have replaced it, or the state dir, with a link).
+        if !self.cmd.in_place() {
             self.ensure_dirs();
         }
-        if fs::create_dir(&files.dir).is_err() {
+        if state_files::make_new_dir_at(self.cmd.fd(), &name).is_err() {
             // The state dir is writable by the sandbox user: repair it (off the hot path,
             // only when a command broke it) and try once more.
             self.ensure_dirs();
-            fs::create_dir(&files.dir).map_err(|e| files.error(e))?;
+            state_files::make_new_dir_at(self.cmd.fd(), &name).map_err(|e| files.error(e))?;
         }
-        let made = (|| {
+        let parent = self.cmd.shared_fd();
+        let fd = match state_files::open_dir_at(parent.as_fd(), &name) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = state_files::remove_all_at(parent.as_fd(), name.as_ref());
+                return Err(files.error(e));
+            }
+        };
+        let made = MadeDir { parent, name, fd };
+        let result = (|| {
             if from_file {
-                state_files::write_new_file(&files.dir.join("cmd"), command.as_bytes())?;
+                state_files::write_new_file_at(made.fd.as_fd(), "cmd", command.as_bytes())?;
             }
             let stem = format!("{}-{}", self.seq, &random_hex()[..8]);
-            streams::open(&files.dir, self.opts.output_budget, &self.spills, &stem)
+            streams::open(
+                made.fd.as_fd(),
+                self.opts.output_budget,
+                &self.spills,
+                &stem,
+            )
         })();
-        match made {
-            Ok(streams) => Ok((files, streams)),
+        match result {
+            Ok(streams) => {
+                files.made = Some(made);
+                Ok((files, streams))
+            }
             Err(e) => {
-                remove_dir(&files.dir);
+                made.remove();
                 Err(files.error(e))
             }
         }
     }
 }
 
-fn remove_dir(dir: &Path) {
-    let _ = fs::remove_dir_all(dir);
+fn command_dir_name(seq: u64, nonce: &str) -> String {
+    format!("{seq}-{}", &nonce[..16])
 }

@@ -5,13 +5,18 @@
 //! state dir is full and the agent's spill files are gone already, it is removed to make
 //! room, and allocated again after a command once there is space.
 
-use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::MetadataExt;
+
+use nix::fcntl::OFlag;
+
+use crate::state_files::{open_at, remove_file_at};
+
+/// Its name in the state dir, reached through the agent's descriptor of the state dir.
+const NAME: &str = "reserve";
 
 pub(super) struct Reserve {
-    path: PathBuf,
     bytes: u64,
     /// Whether the file was in place, whole, the last time the agent looked.
     held: bool,
@@ -20,39 +25,35 @@ pub(super) struct Reserve {
 impl Reserve {
     /// Allocates the reserve if it is not there already (best effort: a full volume gets it
     /// later).
-    pub fn new(path: PathBuf, bytes: u64) -> Self {
-        let mut r = Self {
-            path,
-            bytes,
-            held: false,
-        };
-        r.keep();
+    pub fn new(state: BorrowedFd<'_>, bytes: u64) -> Self {
+        let mut r = Self { bytes, held: false };
+        r.keep(state);
         r
     }
 
     /// Allocates the reserve again if it was released or could not be allocated before: no
     /// system call when it is held.
-    pub fn keep(&mut self) {
+    pub fn keep(&mut self, state: BorrowedFd<'_>) {
         if self.held || self.bytes == 0 {
             return;
         }
-        match self.allocate() {
+        match self.allocate(state) {
             Ok(()) => self.held = true,
             Err(e) => {
                 // A part-allocated file would hold space without being of use.
-                let _ = fs::remove_file(&self.path);
+                let _ = remove_file_at(state, NAME);
                 tracing::debug!(error = %e, "cannot allocate the state dir reserve yet");
             }
         }
     }
 
-    fn allocate(&self) -> io::Result<()> {
-        let file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-            .mode(0o600)
-            .open(&self.path)?;
+    fn allocate(&self, state: BorrowedFd<'_>) -> io::Result<()> {
+        let file = open_at(
+            state,
+            NAME,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
+            0o600,
+        )?;
         let meta = file.metadata()?;
         if !meta.is_file() {
             return Err(io::Error::other("not a regular file"));
@@ -66,12 +67,12 @@ impl Reserve {
     }
 
     /// Removes the reserve to make room; the bytes freed (0 if it was not held).
-    pub fn release(&mut self) -> u64 {
+    pub fn release(&mut self, state: BorrowedFd<'_>) -> u64 {
         if !self.held {
             return 0;
         }
         self.held = false;
-        match fs::remove_file(&self.path) {
+        match remove_file_at(state, NAME) {
             Ok(()) => self.bytes,
             Err(_) => 0,
         }

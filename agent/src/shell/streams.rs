@@ -14,11 +14,11 @@
 //! waiting, and a FIFO still open elsewhere goes on to be drained in the background.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::output::{Captured, StreamCapture};
 use crate::spill::Spills;
+use crate::state_files::open_at;
 
 /// Bytes read from a stream at a time.
 const CHUNK: usize = 64 * 1024;
@@ -56,23 +57,25 @@ pub(super) struct Collected {
     lingering: Vec<pipe::Receiver>,
 }
 
-/// Creates `dir/out` and `dir/err` as FIFOs, open for reading. `spill_stem` names the
-/// spill files (`<stem>.stdout`, `<stem>.stderr`).
+/// Creates `out` and `err` in the command's directory `dir` as FIFOs, open for reading.
+/// `spill_stem` names the spill files (`<stem>.stdout`, `<stem>.stderr`).
 pub(super) fn open(
-    dir: &Path,
+    dir: BorrowedFd<'_>,
     budget: usize,
     spills: &Spills,
     spill_stem: &str,
 ) -> io::Result<Streams> {
     let out = Stream::open(
-        &dir.join("out"),
+        dir,
+        "out",
         StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stdout")),
     )?;
     let err = Stream::open(
-        &dir.join("err"),
+        dir,
+        "err",
         StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stderr")),
     )?;
-    let done = done_fifo(&dir.join("done"))?;
+    let done = done_fifo(dir, "done")?;
     Ok(Streams {
         out,
         err,
@@ -81,14 +84,14 @@ pub(super) fn open(
 }
 
 /// A FIFO the agent only reads, with no writer of its own: its end of file is bash's close.
-fn done_fifo(path: &Path) -> io::Result<pipe::Receiver> {
-    use nix::sys::stat::Mode;
-    nix::unistd::mkfifo(path, Mode::S_IRUSR | Mode::S_IWUSR).map_err(io::Error::from)?;
-    let reader = File::options()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
-        .open(path)?;
+fn done_fifo(dir: BorrowedFd<'_>, name: &str) -> io::Result<pipe::Receiver> {
+    make_fifo(dir, name)?;
+    let reader = open_at(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0)?;
     pipe::Receiver::from_file_unchecked(reader)
+}
+
+fn make_fifo(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    nix::unistd::mkfifoat(dir, name, Mode::S_IRUSR | Mode::S_IWUSR).map_err(io::Error::from)
 }
 
 impl Streams {
@@ -118,13 +121,11 @@ struct Stream {
 }
 
 impl Stream {
-    fn open(path: &Path, capture: StreamCapture) -> io::Result<Self> {
-        use nix::sys::stat::Mode;
-        nix::unistd::mkfifo(path, Mode::S_IRUSR | Mode::S_IWUSR).map_err(io::Error::from)?;
-        let flags = nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW;
-        let reader = File::options().read(true).custom_flags(flags).open(path)?;
+    fn open(dir: BorrowedFd<'_>, name: &str, capture: StreamCapture) -> io::Result<Self> {
+        make_fifo(dir, name)?;
+        let reader = open_at(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0)?;
         // With a reader open, a non-blocking open for writing succeeds at once.
-        let writer = File::options().write(true).custom_flags(flags).open(path)?;
+        let writer = open_at(dir, name, OFlag::O_WRONLY | OFlag::O_NONBLOCK, 0)?;
         // Unchecked: the checked variant costs an fstat and two fcntls per stream on every
         // command. We made the FIFO and opened it O_RDONLY|O_NONBLOCK|O_NOFOLLOW; should a
         // command have swapped something else in first, epoll refuses it (EPERM for files and
