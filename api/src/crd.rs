@@ -161,6 +161,29 @@ pub struct CliMcpInstanceSpec {
     /// sandboxes reach nothing but cluster DNS and `networkPolicy.extraEgress`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxySpec>,
+
+    /// Deprecated: the Go operator's name for the server container's settings, accepted so
+    /// its CRs apply unchanged. Each field set here wins over the same field of
+    /// `spec.server` while it is present; move them to `spec.server.resources` and
+    /// `spec.server.imagePullPolicy`, then remove this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_container: Option<ServerContainerSpec>,
+}
+
+/// The Go operator's `spec.serverContainer`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerContainerSpec {
+    /// Compute resources of the server container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.claims)").message(
+        "spec.serverContainer.resources.claims is not supported; use requests and limits"
+    ))]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Image pull policy of the server container (Always, IfNotPresent or Never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
 }
 
 fn default_replicas() -> i32 {

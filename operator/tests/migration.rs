@@ -2,7 +2,8 @@
 //! another field manager, as its controller-runtime client made them), is taken over on the
 //! real API server. The Go server Deployment with its kube-rbac-proxy sidecar is replaced,
 //! not merged into; the sidecar's ConfigMap and the Go-era sandbox pods go; the children of
-//! the same names are adopted with this operator's content; the instance becomes Ready.
+//! the same names are adopted with this operator's content; the Go-era
+//! `spec.serverContainer` still shapes the server container; the instance becomes Ready.
 
 mod support;
 
@@ -63,14 +64,20 @@ async fn a_go_era_instance_and_its_children_are_taken_over() {
     let ns = c.namespace("migrate").await.expect("namespace");
     let name = "legacy";
     let n = InstanceName::parse(name).expect("name");
-    // The Go operator's sample shape (spec.sandbox as it wrote it).
+    // The Go operator's CR shape: spec.sandbox as it wrote it and spec.serverContainer, its
+    // name for the server container's settings.
+    let server_resources = json!({"requests": {"cpu": "70m", "memory": "80Mi"},
+                                  "limits": {"cpu": "700m", "memory": "300Mi"}});
     let cr = create_instance(
         &ns,
         name,
         json!({"sandbox": {"warmPoolSize": 1, "idleTimeout": "30m",
-                            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}}),
+                            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}},
+               "serverContainer": {"resources": server_resources, "imagePullPolicy": "IfNotPresent"}}),
     )
     .await;
+    // Kept, not pruned as an unknown field.
+    assert!(cr.spec.server_container.is_some(), "{:?}", cr.spec);
     let owner = json!([{
         "apiVersion": "cli-mcp.redhat.com/v1alpha1", "kind": "CliMcpInstance",
         "name": name, "uid": cr.uid().expect("uid"), "controller": true
@@ -153,6 +160,13 @@ async fn a_go_era_instance_and_its_children_are_taken_over() {
     let spec = d.spec.template.spec.as_ref().expect("pod spec");
     let containers: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(containers, ["server"], "{d:?}");
+    // spec.serverContainer still shapes the server container.
+    let server = &spec.containers[0];
+    assert_eq!(
+        serde_json::to_value(&server.resources).expect("resources"),
+        server_resources
+    );
+    assert_eq!(server.image_pull_policy.as_deref(), Some("IfNotPresent"));
     let volumes: Vec<&str> = spec
         .volumes
         .iter()

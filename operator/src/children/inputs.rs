@@ -73,6 +73,8 @@ impl Spec {
     ) -> Result<Self, CrdError> {
         let sandbox = cr.sandbox_config(default_sandbox_image)?;
         let s = &cr.spec;
+        // The Go operator's spec.serverContainer, kept working (see its field docs).
+        let legacy = s.server_container.as_ref();
         let (default_timeout_secs, max_timeout_secs) = s.sandbox.command_timeouts()?;
         let owner = sandbox
             .owner
@@ -85,8 +87,13 @@ impl Spec {
             replicas: s.replicas,
             auth: s.server.auth,
             server_image: server_image.to_owned(),
-            server_pull_policy: s.server.image_pull_policy.map(|p| p.as_str().to_owned()),
-            server_resources: s.server.resources.clone(),
+            server_pull_policy: legacy
+                .and_then(|c| c.image_pull_policy)
+                .or(s.server.image_pull_policy)
+                .map(|p| p.as_str().to_owned()),
+            server_resources: legacy
+                .and_then(|c| c.resources.clone())
+                .unwrap_or_else(|| s.server.resources.clone()),
             server_placement: s.server.placement(),
             server_instructions: s.server.instructions.clone(),
             clients: s.server.clients.clone(),
