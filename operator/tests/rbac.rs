@@ -12,8 +12,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{label, InstanceName, PoolSuffix};
-use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, SandboxRole};
 use cli_mcp_api::token::Commitment;
 use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
 use cli_mcp_e2e::testing::{cluster, wait_for, workspace_root, TestCluster};
@@ -22,7 +23,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Pod, SecretKeySelector,
-    SecretVolumeSource, Volume,
+    SecretVolumeSource, ServiceAccount, Volume,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -34,6 +35,8 @@ use serde_json::json;
 use support::*;
 
 const INSTANCE: &str = "rb";
+/// A second instance, with a credential proxy: its sandboxes may mount no Secret at all.
+const PROXIED: &str = "rbpx";
 
 /// A client that acts as `user` (the API server adds a ServiceAccount's groups itself).
 async fn client_as(c: &TestCluster, user: &str) -> Client {
@@ -148,11 +151,31 @@ fn builder_pod(ns: &str) -> Pod {
         SANDBOX_IMAGE,
     );
     cfg.kubeconfig_secret = Some(format!("cli-mcp-{INSTANCE}-kubeconfig"));
+    build(&cfg)
+}
+
+/// The sandbox pod the builder makes for instance [`PROXIED`], which has a credential
+/// proxy: its ConfigMap and no Secret.
+fn proxied_builder_pod(ns: &str) -> Pod {
+    let mut cfg = SandboxConfig::new(
+        InstanceName::parse(PROXIED).expect("instance name"),
+        ns,
+        SANDBOX_IMAGE,
+    );
+    cfg.proxy = Some(SandboxProxy {
+        url: format!("http://cli-mcp-{PROXIED}-proxy.{ns}.svc:8080"),
+        config_map: format!("cli-mcp-{PROXIED}-proxy"),
+        kubeconfig: true,
+    });
+    build(&cfg)
+}
+
+fn build(cfg: &SandboxConfig) -> Pod {
     let role = SandboxRole::Pool {
         suffix: PoolSuffix::from_random_bytes(*b"rbactest00"),
         assign: Commitment::of("not a real token"),
     };
-    build_sandbox_pod(&cfg, &role, "2026-01-01T00:00:00Z")
+    build_sandbox_pod(cfg, &role, "2026-01-01T00:00:00Z")
 }
 
 fn spec(p: &mut Pod) -> &mut k8s_openapi::api::core::v1::PodSpec {
@@ -165,6 +188,30 @@ fn agent(p: &mut Pod) -> &mut Container {
 
 /// The pod of an admission-table row that starts "the same pod …" or "a sandbox pod …".
 fn attack_pod(ns: &str, request: &str) -> Pod {
+    if request.starts_with("a sandbox pod of the instance with a credential proxy") {
+        let mut p = proxied_builder_pod(ns);
+        if request.ends_with("mounting the kubeconfig Secret") {
+            let kubeconfig = builder_pod(ns)
+                .spec
+                .and_then(|s| s.volumes)
+                .into_iter()
+                .flatten()
+                .find(|v| v.name == "kubeconfig")
+                .expect("kubeconfig volume");
+            let secret = kubeconfig.secret.map(|s| SecretVolumeSource {
+                secret_name: Some(format!("cli-mcp-{PROXIED}-kubeconfig")),
+                ..s
+            });
+            spec(&mut p)
+                .volumes
+                .get_or_insert_with(Vec::new)
+                .push(Volume {
+                    secret,
+                    ..kubeconfig
+                });
+        }
+        return p;
+    }
     let mut p = builder_pod(ns);
     match request {
         r if r.starts_with("a sandbox pod as the builder makes it") => {}
@@ -386,6 +433,21 @@ fn server_subject(ns: &str) -> Subject {
     }
 }
 
+/// Whether RBAC let a request through, as the "RBAC only" cell says it does. Admission
+/// runs only after authorization and RBAC's escalation check, so a refusal by an admission
+/// policy counts: another install's policies (in a cluster other tests share) may already
+/// judge these pods.
+fn rbac_lets_through(cell: &str, outcome: &Result<(), String>) -> bool {
+    assert_eq!(
+        cell, "allowed",
+        "the RBAC-only column says whether RBAC allows"
+    );
+    match outcome {
+        Ok(()) => true,
+        Err(e) => e.contains("ValidatingAdmissionPolicy"),
+    }
+}
+
 /// Whether an outcome is what a table cell says: `allowed`, or `refused: <words of the
 /// policy's message>`.
 fn matches(cell: &str, outcome: &Result<(), String>) -> bool {
@@ -488,6 +550,27 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     let ins = ns.clone();
     create_instance(&ins, INSTANCE, json!({"sandbox": {"warmPoolSize": 0}})).await;
     wait_ready(&ins, INSTANCE, &op).await;
+    // The proxied instance only needs to exist (it is the pod policy's parameter) and to
+    // have its sandbox ServiceAccount, which the operator makes first.
+    ns.api::<CliMcpInstance>()
+        .create(
+            &PostParams::default(),
+            &instance(
+                PROXIED,
+                json!({"proxy": {"targets": [{"type": "kubernetes"}]}}),
+            ),
+        )
+        .await
+        .expect("create the proxied instance");
+    wait_for(
+        ns.api::<ServiceAccount>(),
+        &format!("cli-mcp-{PROXIED}-sandbox"),
+        "the proxied instance's sandbox ServiceAccount",
+        TIMEOUT,
+        |o: Option<&ServiceAccount>| o.is_some(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", op.log_tail()));
     let own = InstanceName::parse(INSTANCE)
         .expect("name")
         .auth_delegator_binding(&ns.name);
@@ -618,7 +701,7 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
             panic!("admission table row {row:?} has not 4 cells");
         };
         let got = attempt(&w, &b, request, identity).await;
-        if !matches(without, &got) {
+        if !rbac_lets_through(without, &got) {
             wrong.push(format!(
                 "{request} as {identity}: {got:?}, the table says {without}"
             ));
@@ -669,6 +752,7 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
 
     // Teardown under the policies: the operator (here a host process with the admin's
     // credentials) removes the binding it made.
+    delete_released(&ins, PROXIED, &op).await;
     delete_released(&ins, INSTANCE, &op).await;
     wait_for(
         crbs.clone(),
