@@ -82,7 +82,11 @@ impl Limits {
         builder
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(header_read_timeout)
+            // The read buffer alone is not an exact limit: a head that arrives in one read
+            // bigger than the buffer's nominal size parses before it is checked. The head's
+            // parsed size is.
             .max_buf_size(self.max_header_bytes)
+            .max_header_size(self.max_header_bytes)
             .max_headers(self.max_headers);
         builder
     }

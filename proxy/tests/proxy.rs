@@ -515,11 +515,12 @@ async fn a_request_smuggled_with_content_length_and_chunked_never_reaches_upstre
 #[tokio::test]
 async fn oversized_headers_get_431_outside_and_inside_the_tunnel() {
     let (up, inputs) = kubernetes_setup().await;
-    let mut config = inputs.config();
-    config.limits.max_header_bytes = 8192;
-    let proxy = Running::start(config).await;
+    // The default limit, and heads that arrive in one piece: the limit must hold however
+    // much a single read brings.
+    let limit = cli_mcp_proxy::Limits::default().max_header_bytes;
+    let proxy = Running::start(inputs.config()).await;
     let host = up.addr.to_string();
-    let big = "a".repeat(20_000);
+    let big = "a".repeat(limit + 100);
     let reply = raw(
         proxy.addr,
         format!("CONNECT {host} HTTP/1.1\r\nHost: {host}\r\nX-Big: {big}\r\n\r\n").as_bytes(),
@@ -535,6 +536,17 @@ async fn oversized_headers_get_431_outside_and_inside_the_tunnel() {
     let reply = read_to_close(&mut tls).await;
     assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
     assert!(up.seen().is_empty());
+    // Just under the limit is a request like any other.
+    let fits = "a".repeat(limit - 200);
+    let head = tunnel_request(
+        proxy.addr,
+        &host,
+        &inputs.ca,
+        &format!("GET /api/v1/pods HTTP/1.1\r\nHost: {host}\r\nX-Fits: {fits}\r\n\r\n"),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(up.seen().len(), 1);
 }
 
 #[tokio::test]
