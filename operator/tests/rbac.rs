@@ -17,7 +17,7 @@ use cli_mcp_api::names::{label, InstanceName, PoolSuffix};
 use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, SandboxRole};
 use cli_mcp_api::token::Commitment;
 use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
-use cli_mcp_e2e::testing::{cluster, wait_for, workspace_root, TestCluster};
+use cli_mcp_e2e::testing::{cluster, wait_for, wait_for_set, workspace_root, TestCluster};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -313,6 +313,8 @@ fn dry_delete() -> DeleteParams {
 
 /// What the admission table's ClusterRoleBinding rows need.
 struct Bindings {
+    /// A warm pod of the test instance, made by the operator.
+    warm: String,
     own: String,
     foreign: String,
     operator_role: String,
@@ -358,7 +360,19 @@ async fn attempt(w: &World, b: &Bindings, request: &str, identity: &str) -> Resu
         dry_run: true,
         ..Default::default()
     };
-    let r = if request.contains(" pod") && !request.contains("ClusterRoleBinding") {
+    let r = if request.contains("a warm pod of its instance") {
+        let patch = if request.starts_with("claim") {
+            json!({"metadata": {
+                "labels": {label::SESSION_ID: "s1", label::LAUNCH: label::LAUNCH_WARM},
+                "annotations": {"cli-mcp.redhat.com/last-activity": "2026-01-01T00:00:00Z"},
+            }})
+        } else {
+            json!({"metadata": {"labels": {label::INSTANCE: null}}})
+        };
+        pods.patch(&b.warm, &dry_patch, &Patch::Merge(patch))
+            .await
+            .map(drop)
+    } else if request.contains(" pod") && !request.contains("ClusterRoleBinding") {
         pods.create(&dry_post(), &attack_pod(&w.ns, request))
             .await
             .map(drop)
@@ -548,7 +562,7 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     // how it authenticates).
     let op = Operator::start(&c, &ns.name, "rbac");
     let ins = ns.clone();
-    create_instance(&ins, INSTANCE, json!({"sandbox": {"warmPoolSize": 0}})).await;
+    create_instance(&ins, INSTANCE, json!({"sandbox": {"warmPoolSize": 1}})).await;
     wait_ready(&ins, INSTANCE, &op).await;
     // The proxied instance only needs to exist (it is the pod policy's parameter) and to
     // have its sandbox ServiceAccount, which the operator makes first.
@@ -685,7 +699,17 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     );
 
     // The admission table, RBAC only: every request gets through.
+    let warm = wait_for_set(
+        ns.api::<Pod>(),
+        &sandbox_selector(INSTANCE),
+        "a warm pod",
+        TIMEOUT,
+        |pods: &[Pod]| !pods.is_empty(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", op.log_tail()));
     let b = Bindings {
+        warm: warm[0].metadata.name.clone().expect("pod name"),
         own: own.clone(),
         foreign: foreign.clone(),
         operator_role: format!("{all}cli-mcp-operator-namespaced"),
