@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
@@ -29,6 +29,16 @@ use cli_mcp_api::token::HmacKey;
 
 use crate::context::{Context, PoolExpectations};
 use crate::error::Result;
+
+/// Most pool pods whose events are read in one reconcile, to learn why their pod sandbox
+/// is not created (each is one list call).
+pub const MAX_SANDBOX_EVENT_READS: usize = 5;
+/// How soon a pool with pods waiting for their pod sandbox is looked at again: the kubelet
+/// reports a failed sandbox only in an Event, which wakes nothing.
+pub const SANDBOX_RECHECK: Duration = Duration::from_secs(10);
+/// The kubelet's Event reason when the runtime cannot create a pod's sandbox (a RuntimeClass
+/// handler the node lacks, a CNI failure).
+pub const FAILED_SANDBOX_REASON: &str = "FailedCreatePodSandBox";
 
 /// How long an expectation is trusted before the cache is assumed to have missed it.
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
@@ -73,6 +83,8 @@ pub struct Plan {
     pub failing: Vec<FailingPod>,
     /// Pods whose config or key is outdated (being replaced).
     pub stale: usize,
+    /// Scheduled pods still without a pod sandbox: their events may say why.
+    pub awaiting_sandbox: Vec<Arc<Pod>>,
 }
 
 /// Current inputs of the pool.
@@ -93,6 +105,31 @@ pub fn failing_state(p: &Pod) -> Option<(String, String)> {
         return Some(("Unschedulable".to_owned(), message));
     }
     pod_state::cannot_start(p).map(|c| (c.reason, c.message))
+}
+
+/// Scheduled, but the kubelet has not got a pod sandbox for it yet (no container has run):
+/// normal for a moment after scheduling, and for good when the runtime refuses the sandbox.
+pub fn awaits_sandbox(p: &Pod) -> bool {
+    let Some(status) = p.status.as_ref() else {
+        return false;
+    };
+    let cond = |ty: &str| {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == ty)
+            .map(|c| c.status.as_str())
+    };
+    let started = status.container_statuses.iter().flatten().any(|c| {
+        c.state
+            .as_ref()
+            .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
+    });
+    pod_state::phase(p) == Some("Pending")
+        && cond("PodScheduled") == Some("True")
+        && cond("PodReadyToStartContainers") == Some("False")
+        && !started
 }
 
 /// True when the pod was built from another config or key than the current one.
@@ -161,6 +198,8 @@ pub fn plan(pods: &[Arc<Pod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> 
             });
         } else if is_ready(p) {
             out.ready += 1;
+        } else if awaits_sandbox(p) {
+            out.awaiting_sandbox.push(p.clone());
         }
         occupying.push(p.clone());
     }
@@ -333,6 +372,21 @@ pub async fn reconcile(
     if let Some(e) = first_err {
         return Err(e);
     }
+    let deleted: HashSet<Option<String>> = the_plan.delete.iter().map(|(p, _)| p.uid()).collect();
+    let awaiting: Vec<&Arc<Pod>> = the_plan
+        .awaiting_sandbox
+        .iter()
+        .filter(|p| !deleted.contains(&p.uid()))
+        .collect();
+    for p in awaiting.iter().take(MAX_SANDBOX_EVENT_READS) {
+        if let Some(message) = sandbox_failure(ctx, &cfg.namespace, p).await {
+            the_plan.failing.push(FailingPod {
+                name: p.name_any(),
+                reason: FAILED_SANDBOX_REASON.to_owned(),
+                message,
+            });
+        }
+    }
     let requeue = match (
         pending > 0 || !the_plan.delete.is_empty() || the_plan.create > 0,
         backoff,
@@ -340,6 +394,7 @@ pub async fn reconcile(
         (_, Some(b)) => Some(b),
         // Expectations resolve through pod events; this only guards against a lost event.
         (true, None) => Some(EXPECTATION_TTL),
+        (false, None) if !awaiting.is_empty() => Some(SANDBOX_RECHECK),
         (false, None) => None,
     };
     Ok(PoolOutcome {
@@ -351,6 +406,33 @@ pub async fn reconcile(
         backoff,
         requeue,
     })
+}
+
+/// The kubelet's latest word on why `pod`'s sandbox cannot be created, from its Events.
+/// `None` when there is none yet, or the Events cannot be read (the operator then reports the
+/// pod as filling, as before, and says why in its log).
+async fn sandbox_failure(ctx: &Context, namespace: &str, pod: &Pod) -> Option<String> {
+    let uid = pod.uid()?;
+    let api: Api<Event> = Api::namespaced(ctx.client.clone(), namespace);
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.uid={uid},reason={FAILED_SANDBOX_REASON}"
+    ));
+    match api.list(&lp).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .max_by_key(|e| (e.count.unwrap_or(0), e.last_timestamp.clone().map(|t| t.0)))
+            .and_then(|e| e.message)
+            .filter(|m| !m.is_empty()),
+        Err(e) => {
+            tracing::warn!(
+                pod = %pod.name_any(),
+                error = %e,
+                "cannot read the events of a pool pod without a pod sandbox; grant the operator list on events to see the kubelet's reason"
+            );
+            None
+        }
+    }
 }
 
 /// Re-reads `pod` and deletes it only if it is still unassigned, with UID and
@@ -576,5 +658,49 @@ mod tests {
         let h = unchanged.hash();
         let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k));
         assert!(p.delete.is_empty() && p.stale == 0, "{p:?}");
+    }
+
+    #[test]
+    fn scheduled_pods_without_a_pod_sandbox_are_singled_out() {
+        let (c, k) = (cfg(), key());
+        let with_status = |n: u8, status: serde_json::Value| {
+            let mut p = (*pool_pod(&c, &k, n, false)).clone();
+            p.status = Some(serde_json::from_value(status).expect("status"));
+            Arc::new(p)
+        };
+        let no_sandbox = with_status(
+            1,
+            serde_json::json!({"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "PodReadyToStartContainers", "status": "False"},
+                {"type": "Ready", "status": "False"}],
+              "containerStatuses": [{"name": "agent", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+        );
+        let unscheduled = with_status(
+            2,
+            serde_json::json!({"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}),
+        );
+        let starting = with_status(
+            3,
+            serde_json::json!({"phase": "Running", "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "PodReadyToStartContainers", "status": "True"},
+                {"type": "Ready", "status": "False"}],
+              "containerStatuses": [{"name": "agent", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"running": {}}}]}),
+        );
+        assert!(awaits_sandbox(&no_sandbox));
+        for p in [&unscheduled, &starting, &pool_pod(&c, &k, 4, true)] {
+            assert!(!awaits_sandbox(p), "{:?}", p.status);
+        }
+        let h = c.hash();
+        let pods = vec![no_sandbox.clone(), unscheduled, starting];
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(3, &h, &k));
+        let names: Vec<_> = p.awaiting_sandbox.iter().map(|p| p.name_any()).collect();
+        assert_eq!(names, [no_sandbox.name_any()]);
+        assert!(p.failing.is_empty(), "only its events can say it fails");
+        assert_eq!(p.create, 0, "it holds its slot meanwhile");
     }
 }

@@ -156,7 +156,7 @@ fn failing_message(p: &PoolOutcome) -> String {
         first.reason,
         first.message
     );
-    m.push_str(". They are kept (the kubelet retries them) instead of being recreated; fix spec.sandbox.image or the kubeconfig Secret");
+    m.push_str(". They are kept (the kubelet retries them) instead of being recreated; fix spec.sandbox.image, spec.sandbox.runtimeClassName or the kubeconfig Secret");
     m
 }
 
