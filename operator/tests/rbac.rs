@@ -22,8 +22,8 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Pod, SecretKeySelector,
-    SecretVolumeSource, ServiceAccount, Volume,
+    Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Pod, SeccompProfile,
+    SecretKeySelector, SecretVolumeSource, ServiceAccount, Volume,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -228,6 +228,26 @@ fn attack_pod(ns: &str, request: &str) -> Pod {
             }),
         "the same pod with hostNetwork" => spec(&mut p).host_network = Some(true),
         "the same pod with hostPID" => spec(&mut p).host_pid = Some(true),
+        "the same pod running as root" => {
+            let sc = spec(&mut p).security_context.as_mut().expect("context");
+            sc.run_as_non_root = Some(false);
+            sc.run_as_user = Some(0);
+            agent(&mut p)
+                .security_context
+                .as_mut()
+                .expect("context")
+                .run_as_non_root = None;
+        }
+        "the same pod without a seccomp profile" => {
+            let sc = spec(&mut p).security_context.as_mut().expect("context");
+            sc.seccomp_profile = Some(SeccompProfile {
+                type_: "Unconfined".into(),
+                ..Default::default()
+            });
+        }
+        "the same pod bound to a node by name" => {
+            spec(&mut p).node_name = Some("cli-mcp-node".into());
+        }
         "the same pod privileged" => {
             let sc = agent(&mut p).security_context.as_mut().expect("context");
             sc.privileged = Some(true);
