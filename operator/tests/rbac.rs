@@ -27,7 +27,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::json;
@@ -170,6 +172,29 @@ fn proxied_builder_pod(ns: &str) -> Pod {
     build(&cfg)
 }
 
+/// The builder's pod with every placement field an instance may set; the RuntimeClass and
+/// PriorityClass named `<ns>-sandbox` exist (their admission plugins look them up).
+fn placed_builder_pod(ns: &str) -> Pod {
+    let mut cfg = SandboxConfig::new(
+        InstanceName::parse(INSTANCE).expect("instance name"),
+        ns,
+        SANDBOX_IMAGE,
+    );
+    cfg.kubeconfig_secret = Some(format!("cli-mcp-{INSTANCE}-kubeconfig"));
+    cfg.placement = serde_json::from_value(json!({
+        "runtimeClassName": format!("{ns}-sandbox"),
+        "nodeSelector": {"sandbox": "true"},
+        "tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [
+                {"key": "sandbox", "operator": "In", "values": ["true"]}]}}]}},
+        "priorityClassName": format!("{ns}-sandbox"),
+        "imagePullSecrets": [{"name": "pull"}],
+    }))
+    .expect("placement");
+    build(&cfg)
+}
+
 fn build(cfg: &SandboxConfig) -> Pod {
     let role = SandboxRole::Pool {
         suffix: PoolSuffix::from_random_bytes(*b"rbactest00"),
@@ -211,6 +236,9 @@ fn attack_pod(ns: &str, request: &str) -> Pod {
                 });
         }
         return p;
+    }
+    if request == "a sandbox pod as the builder makes it, with every placement field set" {
+        return placed_builder_pod(ns);
     }
     let mut p = builder_pod(ns);
     match request {
@@ -636,6 +664,38 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
         .await
         .expect("namespace admin binding");
 
+    // What the placement row names.
+    let classes = format!("{}-sandbox", ns.name);
+    let runtime: Api<DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("node.k8s.io", "v1", "RuntimeClass")),
+    );
+    let priority: Api<DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "scheduling.k8s.io",
+            "v1",
+            "PriorityClass",
+        )),
+    );
+    for (api, obj) in [
+        (
+            &runtime,
+            json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                "metadata": {"name": classes}, "handler": "runc"}),
+        ),
+        (
+            &priority,
+            json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": classes}, "value": 100}),
+        ),
+    ] {
+        let obj: DynamicObject = serde_json::from_value(obj).expect("object");
+        api.create(&PostParams::default(), &obj)
+            .await
+            .expect("placement class");
+    }
+
     // A binding nobody gave the operator, of the one ClusterRole it may bind (so RBAC alone
     // lets it change this binding too): another product's auth-delegator binding.
     let foreign = format!("{}-foreign", ns.name);
@@ -809,6 +869,8 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     .expect("binding removed");
 
     let _ = crbs.delete(&foreign, &DeleteParams::default()).await;
+    let _ = runtime.delete(&classes, &DeleteParams::default()).await;
+    let _ = priority.delete(&classes, &DeleteParams::default()).await;
     for (api, name) in outside {
         let _ = api.delete(&name, &DeleteParams::default()).await;
     }
