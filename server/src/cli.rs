@@ -630,6 +630,61 @@ mod tests {
     }
 
     #[test]
+    fn the_sandbox_placement_reaches_the_pods_the_server_builds() {
+        let mut cfg: serde_json::Value = serde_json::from_str(&sandbox_json()).expect("json");
+        cfg["placement"] = serde_json::json!({
+            "runtimeClassName": "gvisor",
+            "nodeSelector": {"pool": "sandboxes"},
+            "tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "sandbox-low",
+            "imagePullSecrets": [{"name": "regcred"}]
+        });
+        let json = cfg.to_string();
+        let s = parse(&["--backend", "kubernetes", "--sandbox-config", &json])
+            .resolve(no_env)
+            .expect("resolves");
+        let sandbox = s.sandbox.expect("sandbox config");
+        let pod = cli_mcp_api::sandbox::build_sandbox_pod(
+            &sandbox,
+            &cli_mcp_api::sandbox::SandboxRole::session(
+                &cli_mcp_api::token::HmacKey::from_bytes([1; 32]),
+                cli_mcp_api::SessionId::parse("s1").expect("sid"),
+                cli_mcp_api::token::SandboxNonce::from_bytes([2; cli_mcp_api::token::NONCE_LEN]),
+                None,
+            ),
+            "2026-12-01T00:00:00Z",
+        );
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(
+            spec.node_selector
+                .and_then(|m| m.get("pool").cloned())
+                .as_deref(),
+            Some("sandboxes")
+        );
+        assert_eq!(spec.tolerations.map(|t| t.len()), Some(1));
+        assert_eq!(spec.priority_class_name.as_deref(), Some("sandbox-low"));
+        assert_eq!(
+            spec.image_pull_secrets
+                .map(|p| p[0].name.clone())
+                .as_deref(),
+            Some("regcred")
+        );
+
+        // A malformed placement is refused at start, not turned into pods without it.
+        cfg["placement"] = serde_json::json!({"tolerations": "all"});
+        let e = parse(&[
+            "--backend",
+            "kubernetes",
+            "--sandbox-config",
+            &cfg.to_string(),
+        ])
+        .resolve(no_env)
+        .expect_err("bad placement");
+        assert!(e.to_string().contains("not a valid SandboxConfig"), "{e}");
+    }
+
+    #[test]
     fn instance_and_namespace_must_match_the_sandbox_config() {
         let json = sandbox_json();
         let e = parse(&["--sandbox-config", &json, "--instance", "other"])
