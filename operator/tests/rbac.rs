@@ -37,6 +37,8 @@ use serde_json::json;
 use support::*;
 
 const INSTANCE: &str = "rb";
+/// A pod of something else in the instance's namespace.
+const BYSTANDER: &str = "bystander";
 /// A second instance, with a credential proxy: its sandboxes may mount no Secret at all.
 const PROXIED: &str = "rbpx";
 
@@ -408,7 +410,11 @@ async fn attempt(w: &World, b: &Bindings, request: &str, identity: &str) -> Resu
         dry_run: true,
         ..Default::default()
     };
-    let r = if request.contains("a warm pod of its instance") {
+    let r = if request == "delete a warm pod of its instance" {
+        pods.delete(&b.warm, &dry_delete()).await.map(drop)
+    } else if request == "delete another workload's pod in its namespace" {
+        pods.delete(BYSTANDER, &dry_delete()).await.map(drop)
+    } else if request.contains("a warm pod of its instance") {
         let patch = if request.starts_with("claim") {
             json!({"metadata": {
                 "labels": {label::SESSION_ID: "s1", label::LAUNCH: label::LAUNCH_WARM},
@@ -552,7 +558,7 @@ fn install(base: &str, opns: &str, prefix: &str, ns: &str, other: &str) -> Strin
 namespace: {opns}
 namePrefix: {prefix}
 patches:
-{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-secrets)"}}
+{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-secrets,sandbox-pod-deletions)"}}
     patch: |-
       - op: add
         path: /spec/matchResources
@@ -663,6 +669,19 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
         )
         .await
         .expect("namespace admin binding");
+
+    // Someone else's pod next to the instance's (bound to no node: it never runs).
+    ns.api::<Pod>()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": BYSTANDER, "labels": {"app": "bystander"}},
+                "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "bystander"}]},
+            }))
+            .expect("pod"),
+        )
+        .await
+        .expect("bystander pod");
 
     // What the placement row names.
     let classes = format!("{}-sandbox", ns.name);
@@ -827,6 +846,7 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
             "server",
         ),
         ("delete a ClusterRoleBinding it does not own", "operator"),
+        ("delete another workload's pod in its namespace", "server"),
     ] {
         let deadline = Instant::now() + TIMEOUT;
         loop {
