@@ -12,6 +12,18 @@
 //! - the API server cannot be reached around the proxy (the sandbox's NetworkPolicy), and a
 //!   host that is no route gets the proxy's 403;
 //! - the proxy accepts connections only from the instance's sandboxes;
+//! - an allow-listed in-cluster HTTPS server (run by the test inside a pod's network
+//!   namespace, its certificate from a CA the test makes) is reached through the proxy from
+//!   the session, which verifies it: unknown to the proxy's trust store it is a 502 naming
+//!   the certificate, trusted (the CA given to the proxy pods as `SSL_CERT_FILE`, as an admin
+//!   would build it into the image) it answers, with the session's credentials stripped; a
+//!   port of it that is no route gets the proxy's 403 and no connection;
+//! - hostile clients in the session: an oversized header gets 431 (on CONNECT and inside a
+//!   tunnel), a CONNECT to a non-route 403, a client that never finishes its head 408, and
+//!   the proxy pods stay Ready with no restart;
+//! - both NetworkPolicies (the sandbox's and the proxy's) deleted under the live session: the
+//!   operator restores them, after which the sandbox still cannot reach the API server
+//!   directly nor the server the proxy, and calls through the proxy keep working;
 //! - a proxy replica killed: once it is gone from the Service, calls keep working;
 //! - the token rotated in the admin's Secret and the old one revoked: the session's next
 //!   calls use the new one within seconds, no sandbox or proxy pod restarted;
@@ -20,12 +32,13 @@
 //!
 //! Skipped, saying so, when not root or when the host cannot run the real node.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cli_mcp_api::names::label;
 use cli_mcp_api::pod_state::is_ready;
-use cli_mcp_e2e::addons::Reach;
+use cli_mcp_e2e::addons::{in_netns, Reach};
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::peer::{expect, peer, reach};
 use cli_mcp_e2e::real_node_rig::RealNodeRig;
@@ -34,9 +47,13 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio_rustls::rustls::{self, ServerConfig};
+use tokio_rustls::TlsAcceptor;
 
 const AGENT_PORT: u16 = cli_mcp_api::wire::AGENT_PORT;
 const PROXY_PORT: u16 = cli_mcp_api::proxy::PROXY_PORT;
@@ -93,6 +110,116 @@ async fn run(mcp: &Mcp, sid: &str, command: &str) -> (Value, String) {
     (r, t)
 }
 
+/// The allow-listed port of the test's HTTPS server, and one that is no route.
+const WEB_PORT: u16 = 8443;
+const UNROUTED_PORT: u16 = 9443;
+const WEB_BODY: &str = "hello from the allow-listed server\n";
+
+/// What reached the test's HTTPS server: the source of every TCP connection (by port) and
+/// every request head that arrived over TLS.
+#[derive(Debug, Default)]
+struct WebLog {
+    peers: Vec<(u16, std::net::IpAddr)>,
+    heads: Vec<String>,
+}
+
+/// A CA made for this run, and a TLS acceptor presenting a leaf it signed for `host`.
+fn web_tls(host: &str) -> (String, TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.distinguished_name
+        .push(DnType::CommonName, "real-node web test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(ca, &ca_key);
+    let key = KeyPair::generate().expect("leaf key");
+    let leaf = CertificateParams::new(vec![host.to_owned()])
+        .expect("leaf params")
+        .signed_by(&key, &issuer)
+        .expect("leaf certificate");
+    let config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(leaf.der().to_vec())],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .expect("server TLS config");
+    (ca_cert.pem(), TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves HTTPS on `port` inside the network namespace `netns` (a pod's: the connections
+/// come to the pod's IP, through its policies), from this process. Each connection gets
+/// one fixed answer, after its request head.
+async fn serve_web(netns: &std::path::Path, port: u16, tls: TlsAcceptor, log: Arc<Mutex<WebLog>>) {
+    let ns = netns.to_path_buf();
+    let listener = tokio::task::spawn_blocking(move || {
+        in_netns(&ns, move || {
+            std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+        })
+    })
+    .await
+    .expect("join")
+    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("listening on {port} in the web pod: {e}"));
+    listener.set_nonblocking(true).expect("non-blocking");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    tokio::spawn(async move {
+        while let Ok((tcp, from)) = listener.accept().await {
+            log.lock().expect("web log").peers.push((port, from.ip()));
+            let (tls, log) = (tls.clone(), log.clone());
+            tokio::spawn(async move {
+                let limit = Duration::from_secs(10);
+                let Ok(Ok(mut stream)) = tokio::time::timeout(limit, tls.accept(tcp)).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tokio::time::timeout(limit, stream.read(&mut buf)).await {
+                        Ok(Ok(n)) if n > 0 && head.len() < 65536 => {
+                            head.extend_from_slice(&buf[..n])
+                        }
+                        _ => return,
+                    }
+                }
+                log.lock()
+                    .expect("web log")
+                    .heads
+                    .push(String::from_utf8_lossy(&head).into_owned());
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{WEB_BODY}",
+                    WEB_BODY.len()
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+}
+
+/// The restart counts of the ready proxy pods, by name.
+fn restarts(pods: &[Pod]) -> Vec<(String, i32)> {
+    let mut r: Vec<(String, i32)> = pods
+        .iter()
+        .map(|p| {
+            let n = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+                .unwrap_or(0);
+            (p.name_any(), n)
+        })
+        .collect();
+    r.sort();
+    r
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it() {
     let t0 = Instant::now();
@@ -117,8 +244,15 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     // --- An instance whose sandboxes reach the API through the proxy only ---------------------
     let mut env = Env::install_on(pc.test.clone(), "rn-proxy").await;
     env.investigation_kubeconfig("p").await;
+    let ns = env.ns.name.clone();
+    let web_host = format!("web.{ns}.svc");
+    let web = format!("{web_host}:{WEB_PORT}");
+    let unrouted = format!("{web_host}:{UNROUTED_PORT}");
     let mut cr = env.cr("p", 1);
-    cr["spec"]["proxy"] = json!({"targets": [{"type": "kubernetes"}]});
+    cr["spec"]["proxy"] = json!({"targets": [
+        {"type": "kubernetes"},
+        {"type": "allowlist", "domains": [web]},
+    ]});
     cr["spec"]["sandbox"]["resources"] = json!({
         "requests": {"cpu": "5m", "memory": "64Mi"},
         "limits": {"cpu": "1", "memory": "256Mi"},
@@ -250,6 +384,216 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     expect(&server_peer, proxy_ip, PROXY_PORT, "proxy", false).await;
     expect(&server_peer, sandbox.ip, AGENT_PORT, "sandbox p", true).await;
 
+    // --- An allow-listed in-cluster HTTPS server, verified by the proxy -------------------------
+    // A pod whose network namespace the test serves HTTPS in, behind a Service; the proxy
+    // verifies unpinned allow-list upstreams against its trust store, which does not know the
+    // test's CA yet.
+    let sandbox_image = images
+        .names()
+        .into_iter()
+        .find(|n| n.contains("/cli-mcp-sandbox:"))
+        .expect("the sandbox image");
+    let web_pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {
+                "runAsNonRoot": true, "runAsUser": 1001, "runAsGroup": 0,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [{
+                "name": "c", "image": sandbox_image, "imagePullPolicy": "Never",
+                "command": ["sleep", "infinity"],
+                "securityContext": {
+                    "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }],
+        }
+    }))
+    .expect("web pod manifest");
+    pods.create(&PostParams::default(), &web_pod)
+        .await
+        .expect("creating the web pod");
+    let web_svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [
+            {"name": "routed", "port": WEB_PORT, "targetPort": WEB_PORT},
+            {"name": "unrouted", "port": UNROUTED_PORT, "targetPort": UNROUTED_PORT},
+        ]}
+    }))
+    .expect("web Service manifest");
+    env.api::<Service>()
+        .create(&PostParams::default(), &web_svc)
+        .await
+        .expect("creating the web Service");
+    let web_pod = ready_pods(pods.clone(), "app=web", 1).await.remove(0);
+    let web_peer = peer(&socket, "web", &web_pod);
+    let (web_ca, web_acceptor) = web_tls(&web_host);
+    let web_log = Arc::new(Mutex::new(WebLog::default()));
+    for port in [WEB_PORT, UNROUTED_PORT] {
+        serve_web(&web_peer.netns, port, web_acceptor.clone(), web_log.clone()).await;
+    }
+    // Reachable from the sandbox's namespace only through the proxy: its policy has no rule
+    // for the web pod.
+    expect(&sandbox, web_peer.ip, WEB_PORT, "web", false).await;
+    let proxy_ips: Vec<std::net::IpAddr> = proxies
+        .iter()
+        .filter_map(|p| pod_ip(p).and_then(|ip| ip.parse().ok()))
+        .collect();
+    // Until the node routes the new Service to the pod, connecting fails (kube-proxy rejects
+    // a Service without endpoints): a 502 as well, but one that names the connection.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (_, t) = run(
+            &mcp,
+            "s1",
+            &format!("curl -sS -m 20 -w '\\n%{{http_code}}\\n' https://{web}/untrusted 2>&1"),
+        )
+        .await;
+        if t.contains(&format!("TLS with {web}")) {
+            assert!(t.contains("\n502"), "{t}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && t.contains(&format!("connecting to {web}")),
+            "an allow-listed upstream the proxy cannot verify is a 502 naming TLS: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    {
+        let log = web_log.lock().expect("web log");
+        assert!(
+            log.peers
+                .iter()
+                .any(|(port, ip)| *port == WEB_PORT && proxy_ips.contains(ip)),
+            "the proxy reached the allow-listed server (its NetworkPolicy allows the route's \
+             port): {log:?}"
+        );
+        assert!(
+            log.heads.is_empty(),
+            "no request reached an unverified upstream: {log:?}"
+        );
+    }
+    let (_, t) = run(
+        &mcp,
+        "s1",
+        &format!("curl -sS -m 20 -o /dev/null https://{unrouted}/ 2>&1"),
+    )
+    .await;
+    assert!(
+        t.contains("403"),
+        "a port of the server that is no route: {t}"
+    );
+    assert!(
+        web_log
+            .lock()
+            .expect("web log")
+            .peers
+            .iter()
+            .all(|(port, _)| *port != UNROUTED_PORT),
+        "nothing connected to the port that is no route"
+    );
+    eprintln!("allow-list route: reached and verified by the proxy; a non-route port 403");
+
+    // --- Hostile clients in the session -----------------------------------------------------------
+    let connections_before = web_log.lock().expect("web log").peers.len();
+    let big = "head -c 40000 /dev/zero | tr '\\0' a";
+    // On the CONNECT head (curl sends --proxy-header there) and inside a tunnel.
+    let (_, t) = run(
+        &mcp,
+        "s1",
+        &format!(
+            "curl -sS -m 20 -o /dev/null --proxy-header \"X-Big: $({big})\" https://{web}/ 2>&1"
+        ),
+    )
+    .await;
+    assert!(t.contains("431"), "an oversized CONNECT head: {t}");
+    let code = ok(
+        &mcp,
+        "s1",
+        &format!(
+            "curl -sS -m 20 -o /dev/null -w '%{{http_code}}' -H \"X-Big: $({big})\" https://{web}/"
+        ),
+    )
+    .await;
+    assert_eq!(code.trim(), "431", "an oversized head inside the tunnel");
+    assert_eq!(
+        web_log.lock().expect("web log").peers.len(),
+        connections_before,
+        "an oversized head reached no upstream"
+    );
+    // A client that starts its CONNECT head and never finishes it, on bash's /dev/tcp.
+    let slow = ok(
+        &mcp,
+        "s1",
+        &format!(
+            "hp=${{HTTPS_PROXY#http://}}; hp=${{hp%/}}; exec 3<>/dev/tcp/${{hp%:*}}/${{hp##*:}}; \
+             printf 'CONNECT {web} HTTP/1.1\\r\\nHost: {web}\\r\\nX-Slow: ' >&3; \
+             start=$SECONDS; timeout 45 cat <&3; echo; echo \"closed after $((SECONDS - start))s\""
+        ),
+    )
+    .await;
+    assert!(
+        slow.starts_with("HTTP/1.1 408") && slow.contains("--header-read-timeout"),
+        "a client that never finishes its head gets 408: {slow}"
+    );
+    eprintln!("slow client: {}", slow.lines().last().unwrap_or_default());
+    let after = ready_pods(pods.clone(), &sel("proxy"), 2).await;
+    assert_eq!(
+        restarts(&after),
+        restarts(&proxies)
+            .into_iter()
+            .map(|(n, _)| (n, 0))
+            .collect::<Vec<_>>(),
+        "the proxy pods are the same, Ready and never restarted after the hostile clients"
+    );
+    eprintln!("hostile clients: 431 outside and inside, 403, 408; proxies Ready, no restart");
+
+    // --- Both NetworkPolicies deleted under the live session: restored -------------------------
+    let policies = env.api::<NetworkPolicy>();
+    for name in ["cli-mcp-p-sandbox", "cli-mcp-p-proxy"] {
+        let before = policies
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("NetworkPolicy {name}: {e}"))
+            .uid();
+        policies
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting NetworkPolicy {name}: {e}"));
+        wait_for(
+            policies.clone(),
+            name,
+            &format!("NetworkPolicy {name} restored by the operator"),
+            TIMEOUT,
+            move |n: Option<&NetworkPolicy>| n.is_some_and(|n| n.uid() != before),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
+    }
+    let restored = Instant::now();
+    expect(&sandbox, gateway, info.apiserver_port, "apiserver", false).await;
+    expect(&server_peer, proxy_ip, PROXY_PORT, "proxy", false).await;
+    let (r, t) = run(
+        &mcp,
+        "s1",
+        &format!("curl -sS --noproxy '*' -k -m 3 -o /dev/null -w '%{{http_code}}' {apiserver}"),
+    )
+    .await;
+    assert_eq!(
+        r["isError"], true,
+        "the API server answered the sandbox directly after the policies were restored: {t}"
+    );
+    let listed = ok(&mcp, "s1", "kubectl get ns kube-system -o name").await;
+    assert_eq!(listed.trim(), "namespace/kube-system", "{listed}");
+    eprintln!(
+        "policies restored; enforced again {:.1?} after; calls through the proxy work",
+        restored.elapsed()
+    );
+
     // --- One proxy replica killed ---------------------------------------------------------------
     let victim = proxies[0].name_any();
     pods.delete(&victim, &DeleteParams::default().grace_period(0))
@@ -313,6 +657,101 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         );
     }
     eprintln!("calls after a proxy replica was killed: 10/10");
+
+    // --- The allow-listed server trusted: it answers, without the session's credentials --------
+    // The admin's way to trust a private CA for allow-list routes is the proxy image's trust
+    // store; here the CA reaches the proxy pods as SSL_CERT_FILE, applied beside the
+    // operator's fields (its own field manager, so the operator's apply leaves them).
+    let trust: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "web-ca"},
+        "data": {"ca.crt": web_ca},
+    }))
+    .expect("web-ca ConfigMap");
+    env.api::<ConfigMap>()
+        .create(&PostParams::default(), &trust)
+        .await
+        .expect("creating the web-ca ConfigMap");
+    let trusted = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "cli-mcp-p-proxy"},
+        "spec": {"template": {"spec": {
+            "containers": [{
+                "name": "proxy",
+                "env": [{"name": "SSL_CERT_FILE", "value": "/etc/e2e-trust/ca.crt"}],
+                "volumeMounts": [{"name": "e2e-trust", "mountPath": "/etc/e2e-trust", "readOnly": true}],
+            }],
+            "volumes": [{"name": "e2e-trust", "configMap": {"name": "web-ca"}}],
+        }}},
+    });
+    env.api::<Deployment>()
+        .patch(
+            "cli-mcp-p-proxy",
+            &PatchParams::apply("e2e-web-trust"),
+            &Patch::Apply(&trusted),
+        )
+        .await
+        .expect("giving the proxy pods the web CA");
+    let has_trust = |p: &Pod| {
+        p.spec.as_ref().is_some_and(|s| {
+            s.containers
+                .iter()
+                .any(|c| c.env.iter().flatten().any(|e| e.name == "SSL_CERT_FILE"))
+        })
+    };
+    let live = |p: &Pod| p.metadata.deletion_timestamp.is_none();
+    wait_for_set(
+        pods.clone(),
+        &sel("proxy"),
+        "the proxy pods rolled with the web CA",
+        TIMEOUT,
+        |ps: &[Pod]| {
+            ps.iter()
+                .filter(|p| live(p) && has_trust(p) && is_ready(p))
+                .count()
+                >= 2
+                && ps.iter().all(|p| !live(p) || has_trust(p))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
+    // The rolled pods are reached through the Service once kube-proxy has them.
+    let deadline = Instant::now() + TIMEOUT;
+    let answered = loop {
+        let (r, t) = run(
+            &mcp,
+            "s1",
+            &format!(
+                "curl -sS -m 20 -H 'Authorization: Bearer stolen' -H 'Impersonate-User: admin' \
+                 https://{web}/trusted 2>&1"
+            ),
+        )
+        .await;
+        if r["isError"] == false && t.contains(WEB_BODY.trim()) {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the trusted allow-listed server did not answer through the proxy: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(answered.contains(WEB_BODY.trim()), "{answered}");
+    {
+        let log = web_log.lock().expect("web log");
+        let head = log
+            .heads
+            .iter()
+            .find(|h| h.starts_with("GET /trusted "))
+            .unwrap_or_else(|| panic!("the request reached the server: {log:?}"));
+        let lower = head.to_ascii_lowercase();
+        assert!(lower.contains(&format!("host: {web}")), "{head}");
+        assert!(
+            !lower.contains("authorization") && !lower.contains("impersonate"),
+            "the session's credentials reached the allow-listed server: {head}"
+        );
+    }
+    eprintln!("allow-list route: trusted server answered through the proxy, credentials stripped");
 
     // --- Token rotation mid-session --------------------------------------------------------------
     // A new token for the investigator in the admin's Secret, and the old one revoked (its
