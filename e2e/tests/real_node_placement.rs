@@ -3,7 +3,8 @@
 //!
 //! - A RuntimeClass whose handler is `runc` (the runtime the node's containerd configures):
 //!   the session pod the server creates on demand and the warm pod the operator keeps both
-//!   carry it, become Ready, and answer a session's command.
+//!   carry it, become Ready, and answer a session's command; the server pods run under it
+//!   too (`spec.server.runtimeClassName`).
 //! - A RuntimeClass whose handler containerd lacks: the replacement warm pod never starts;
 //!   the kubelet's reason (containerd has no such runtime) is in the pod's events, and the
 //!   instance's status names the pod and that reason.
@@ -105,17 +106,29 @@ async fn the_sandbox_runtime_class_reaches_pool_and_session_pods() {
     env.dummy_kubeconfig("a").await;
     let mut cr = env.cr("a", 0);
     cr["spec"]["sandbox"]["runtimeClassName"] = json!(RUNC_CLASS);
+    cr["spec"]["server"]["runtimeClassName"] = json!(RUNC_CLASS);
     env.apply_cr(&cr).await;
     env.wait_ready("a").await;
     eprintln!("instance a ready after {:.1?}", t0.elapsed());
+    let instance = InstanceName::parse("a").expect("name");
+    let pods = env.api::<Pod>();
+    let server = ready_one(
+        pods.clone(),
+        &format!(
+            "{}=a,{}={}",
+            label::INSTANCE,
+            label::COMPONENT,
+            label::COMPONENT_SERVER
+        ),
+    )
+    .await;
+    assert_eq!(runtime_class_of(&server), Some(RUNC_CLASS), "spec.server's");
 
     // No warm pool: the session's pod is the server's own, created on demand.
     let mcp = env.client("a").await;
     let r = mcp.bash("cold", "echo cold-$((6 * 7))").await;
     assert_eq!(r["isError"], false, "{}", text(&r));
     assert_eq!(stdout(&r).trim(), "cold-42");
-    let instance = InstanceName::parse("a").expect("name");
-    let pods = env.api::<Pod>();
     let cold = ready_one(
         pods.clone(),
         &format!("{},{}=cold", instance.sandbox_selector(), label::SESSION_ID),
