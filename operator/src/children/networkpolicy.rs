@@ -38,7 +38,12 @@ pub(super) fn selector(labels: &[(&str, &str)]) -> LabelSelector {
     }
 }
 
-/// DNS peers: kube-dns/CoreDNS in kube-system, and OpenShift's DNS daemonset.
+/// The address NodeLocal DNSCache listens on in every node (its documented default); pods
+/// of clusters that run it have it as their only nameserver.
+pub const NODE_LOCAL_DNS: &str = "169.254.20.10";
+
+/// DNS peers: kube-dns/CoreDNS in kube-system, OpenShift's DNS daemonset, and NodeLocal
+/// DNSCache on the node.
 pub(super) fn dns_rule() -> NetworkPolicyEgressRule {
     NetworkPolicyEgressRule {
         to: Some(vec![
@@ -61,6 +66,7 @@ pub(super) fn dns_rule() -> NetworkPolicyEgressRule {
                 )])),
                 ..Default::default()
             },
+            ip_peer(NODE_LOCAL_DNS),
         ]),
         ports: Some(vec![
             port("UDP", 53),
@@ -187,6 +193,37 @@ mod tests {
     }
 
     #[test]
+    fn dns_reaches_cluster_dns_openshift_dns_and_node_local_dns_on_53_only() {
+        let rule = dns_rule();
+        let peers = rule.to.as_ref().expect("peers");
+        let namespaces: Vec<_> = peers
+            .iter()
+            .filter_map(|p| p.namespace_selector.as_ref())
+            .filter_map(|s| s.match_labels.as_ref())
+            .filter_map(|l| l.get("kubernetes.io/metadata.name").cloned())
+            .collect();
+        assert_eq!(namespaces, ["kube-system", "openshift-dns"]);
+        let cidrs: Vec<_> = peers
+            .iter()
+            .filter_map(|p| p.ip_block.as_ref())
+            .map(|b| b.cidr.as_str())
+            .collect();
+        assert_eq!(cidrs, ["169.254.20.10/32"]);
+        let ports: Vec<_> = rule
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.protocol.clone().unwrap_or_default(), p.port.clone()))
+            .collect();
+        for (_, port) in &ports {
+            assert!(
+                matches!(port, Some(IntOrString::Int(53 | 5353))),
+                "{ports:?}"
+            );
+        }
+    }
+
+    #[test]
     fn egress_is_dns_api_server_and_extra() {
         let np = network_policy(&inputs(
             serde_json::json!({"networkPolicy": {"extraEgress": [
@@ -233,10 +270,14 @@ mod tests {
             egress[1].ports.as_ref().expect("ports")[0].port,
             Some(IntOrString::Int(8080))
         );
+        // No address but NodeLocal DNSCache's (in the DNS rule, on DNS ports only).
+        let node_dns = format!("{NODE_LOCAL_DNS}/32");
         assert!(
-            egress
+            egress.iter().all(|r| r
+                .to
                 .iter()
-                .all(|r| r.to.iter().flatten().all(|p| p.ip_block.is_none())),
+                .flatten()
+                .all(|p| p.ip_block.as_ref().is_none_or(|b| b.cidr == node_dns))),
             "no address of the API server: {egress:?}"
         );
     }
