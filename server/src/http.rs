@@ -28,6 +28,7 @@ use cli_mcp_api::SessionId;
 use crate::audit;
 use crate::auth::resource::{self, ProtectedResource};
 use crate::auth::{bearer, AuthError, Authenticator, Caller, Verb};
+use crate::cancel::CallKey;
 use crate::mcp::{BashServer, McpState};
 use crate::metrics::{ErrorKind, Format as MetricsFormat, Listener, Metrics};
 use crate::origin::OriginPolicy;
@@ -395,7 +396,11 @@ async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next)
             "invalid request: the object must have \"jsonrpc\": \"2.0\"".into(),
         );
     }
-    let initialize = value.get("method").and_then(Value::as_str) == Some("initialize");
+    let method = value.get("method").and_then(Value::as_str);
+    let initialize = method == Some("initialize");
+    let cancelled = (method == Some(CANCELLED) && value.get("id").is_none())
+        .then(|| value.pointer("/params/requestId").cloned())
+        .flatten();
     if let Err(e) = serde_json::from_value::<ClientJsonRpcMessage>(value) {
         return bad(
             id,
@@ -408,6 +413,9 @@ async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next)
     // as its sandbox session. It is a handle, not server state (rmcp stays stateless), so
     // any replica serves the chat. Only an initialize looks at the caller (no clone of it
     // for every other request).
+    if let Some(request_id) = cancelled {
+        cancel_call(&s, &parts, &request_id);
+    }
     let handle = (initialize && !parts.headers.contains_key(crate::mcp::SESSION_HEADER))
         .then(|| crate::mcp::new_handle(&caller_of(parts.extensions.get())));
     let mut res = next
@@ -425,6 +433,21 @@ fn caller_of(req_caller: Option<&Caller>) -> Caller {
     req_caller.cloned().unwrap_or_else(Caller::anonymous)
 }
 
+/// The notification a client sends to cancel one of its requests.
+const CANCELLED: &str = "notifications/cancelled";
+
+/// Cancels the running tool call a `notifications/cancelled` names, which rmcp's stateless
+/// service would drop (see [`crate::cancel`]). rmcp still answers the notification (202).
+fn cancel_call(s: &AppState, parts: &http::request::Parts, request_id: &Value) {
+    let caller = caller_of(parts.extensions.get());
+    let Some(key) = CallKey::new(&caller, &parts.headers, request_id) else {
+        tracing::debug!(%request_id, "a cancellation without a session header names no call");
+        return;
+    };
+    let n = s.mcp.calls.cancel(&key);
+    tracing::info!(%request_id, caller = %caller.name, calls = n, "cancel requested");
+}
+
 fn session_error_response(e: &SessionError) -> Response {
     let (status, code) = match e {
         SessionError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
@@ -436,6 +459,8 @@ fn session_error_response(e: &SessionError) -> Response {
         | SessionError::Interrupted(_)
         | SessionError::Deleted
         | SessionError::Agent(_) => (StatusCode::BAD_GATEWAY, "sandbox"),
+        // Only a tool call is cancelled, and its errors are tool results.
+        SessionError::Cancelled => (StatusCode::BAD_REQUEST, "cancelled"),
     };
     error_response(status, code, e.to_string())
 }
@@ -461,7 +486,7 @@ async fn delete_session(
     let result = s.mcp.sessions.backend().delete(&sid, &caller).await;
     let outcome = match &result {
         Ok(()) => "ok",
-        Err(e) => e.kind().as_str(),
+        Err(e) => e.kind().map_or("cancelled", ErrorKind::as_str),
     };
     audit::log(&audit::Record {
         action: "delete",
@@ -474,7 +499,9 @@ async fn delete_session(
     match result {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => {
-            s.metrics.error(e.kind());
+            if let Some(kind) = e.kind() {
+                s.metrics.error(kind);
+            }
             session_error_response(&e)
         }
     }
@@ -488,7 +515,9 @@ async fn list_sessions(
     match s.mcp.sessions.backend().list(&caller).await {
         Ok(list) => Json(json!({ "sessions": list })).into_response(),
         Err(e) => {
-            s.metrics.error(e.kind());
+            if let Some(kind) = e.kind() {
+                s.metrics.error(kind);
+            }
             session_error_response(&e)
         }
     }

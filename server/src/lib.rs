@@ -2,7 +2,8 @@
 //! routed to its own sandbox (docs/server.md).
 //!
 //! - [`cli`]: flags and their resolution into [`cli::Settings`].
-//! - [`mcp`]: the `bash` tool handler; [`render`] turns an agent answer into a tool result.
+//! - [`mcp`]: the `bash` tool handler; [`render`] turns an agent answer into a tool result;
+//!   [`cancel`]: the running calls a `notifications/cancelled` can stop.
 //! - [`http`]: routes (`/mcp`, `/sessions`, health, metrics) and the auth middleware;
 //!   [`serve`]: the accept loop (TLS, header limits, graceful shutdown).
 //! - [`sessions`]: the [`sessions::Backend`] trait with the `kubernetes` backend (lookup,
@@ -20,6 +21,7 @@
 pub mod agent_client;
 pub mod audit;
 pub mod auth;
+pub mod cancel;
 pub mod cli;
 pub mod http;
 pub mod mcp;

@@ -20,6 +20,7 @@ use cli_mcp_api::SessionId;
 
 use crate::audit;
 use crate::auth::Caller;
+use crate::cancel::{CallKey, RunningCalls};
 use crate::cli::Limits;
 use crate::metrics::{ErrorKind, Outcome};
 use crate::render::{render, BashOutput};
@@ -81,6 +82,8 @@ pub struct McpState {
     pub stdio_session: Option<SessionId>,
     /// The `instructions` of the initialize result (see [`instructions`]).
     pub instructions: String,
+    /// Running calls, for `notifications/cancelled` (see [`crate::cancel`]).
+    pub calls: RunningCalls,
 }
 
 #[derive(Clone)]
@@ -420,23 +423,40 @@ impl BashServer {
             Err(msg) => return audit_fail(None, ErrorKind::BadRequest, msg),
         };
         let command_hash = audit::command_hash(&args.command);
+        // rmcp cancels `context.ct` when the client abandons the HTTP request (and, on stdio,
+        // on `notifications/cancelled`), but it runs the handler in a task of its own that
+        // it never drops: the call must stop by itself. Over HTTP a notification reaches it
+        // only through `state.calls`.
+        let cancel = context.ct.child_token();
+        let _running = parts
+            .and_then(|p| {
+                let id = serde_json::to_value(&context.id).ok()?;
+                CallKey::new(&caller, &p.headers, &id)
+            })
+            .map(|key| state.calls.register(key, cancel.clone()));
         let outcome = match state
             .sessions
-            .exec(&sid, &caller, args.command, args.timeout)
+            .exec(&sid, &caller, args.command, args.timeout, &cancel)
             .await
         {
             Ok(o) => o,
             Err(e) => {
                 let kind = e.kind();
-                metrics.error(kind);
-                metrics.exec(Outcome::Error, t0.elapsed());
+                let result = match kind {
+                    Some(kind) => {
+                        metrics.error(kind);
+                        Outcome::Error
+                    }
+                    None => Outcome::Cancelled,
+                };
+                metrics.exec(result, t0.elapsed());
                 audit::log(&audit::Record {
                     action: "tools/call",
                     session: Some(sid.as_str()),
                     caller: &caller.name,
                     command_sha256: Some(&command_hash),
                     duration_ms: t0.elapsed().as_millis() as u64,
-                    outcome: kind.as_str(),
+                    outcome: kind.map_or(result.as_str(), ErrorKind::as_str),
                     ..Default::default()
                 });
                 tracing::info!(session = %sid, error = %e, "bash call failed");

@@ -36,6 +36,8 @@ pub enum Outcome {
     TimedOut,
     /// The call did not reach a result (see `errors_total` for the kind).
     Error,
+    /// The client cancelled the call; the command was interrupted.
+    Cancelled,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -209,7 +211,7 @@ macro_rules! label_value {
 
 label_value!(Launch { Warm => "warm", Cold => "cold", Local => "local" });
 label_value!(Admitted { Admitted => "admitted", Refused => "refused" });
-label_value!(Outcome { Ok => "ok", Failed => "failed", TimedOut => "timed_out", Error => "error" });
+label_value!(Outcome { Ok => "ok", Failed => "failed", TimedOut => "timed_out", Error => "error", Cancelled => "cancelled" });
 label_value!(ErrorKind {
     BadRequest => "bad_request",
     Unauthenticated => "unauthenticated",

@@ -122,6 +122,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         sessions: SessionManager::new(backend.clone(), agent, metrics.clone()),
         limits,
         stdio_session: settings.stdio_session.clone(),
+        calls: Default::default(),
         instructions: crate::mcp::instructions(
             settings.transport == Transport::Stdio,
             settings.instructions.as_deref(),

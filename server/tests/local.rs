@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use cli_mcp_e2e::child::LocalServer;
-use support::{is_error, structured, text, Mcp, Server};
+use support::{fifo, is_error, structured, text, Mcp, Server};
 
 async fn local_server(extra: &[&str]) -> Server {
     support::ensure_built(false);
@@ -506,18 +506,6 @@ async fn delete_then_reuse_gives_a_fresh_shell_that_says_so() {
         .await
         .unwrap_or_default()
         .contains("invalid session id"));
-}
-
-/// A FIFO in a fresh temporary directory, for a command to say it has started.
-fn fifo() -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fifo = dir.path().join("started");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo");
-    assert!(made.success());
-    (dir, fifo)
 }
 
 /// Waits until a command has opened `fifo` for writing (opening it for reading completes
@@ -1174,4 +1162,178 @@ async fn a_sigkilled_agent_leaves_no_escaped_job_behind() {
     assert!(!is_error(&r), "{r}\nserver log:\n{}", server.log_text());
     assert_eq!(structured(&r)["stdout"], "again\n");
     assert_eq!(structured(&r)["state_reset"], true);
+}
+
+/// Longest time from a cancel until the session's next call has its answer (before, the
+/// next call waited for the cancelled `sleep 30` to end).
+const NEXT_CALL_AFTER_CANCEL: Duration = Duration::from_secs(2);
+/// Longest time from a cancel until the command is interrupted.
+const INTERRUPTED_AFTER_CANCEL: Duration = Duration::from_secs(1);
+
+/// The next call on a session whose call was just cancelled (at `cancelled_at`): it runs at
+/// once, in the same shell, which kept its state (`cd /tmp && export KEPT=yes` before).
+async fn next_call_runs_at_once(mcp: &Mcp, cancelled_at: std::time::Instant, what: &str) {
+    let r = tokio::time::timeout(Duration::from_secs(40), mcp.bash("echo \"ok $PWD $KEPT\""))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the next call got no answer within 40 s"));
+    let took = cancelled_at.elapsed();
+    eprintln!("{what}: the next call answered {took:?} after the cancel");
+    assert_eq!(
+        structured(&r)["stdout"],
+        "ok /tmp yes\n",
+        "{what}: the same shell, state kept: {r}"
+    );
+    assert!(
+        took < NEXT_CALL_AFTER_CANCEL,
+        "{what}: the next call answered {took:?} after the cancel; the limit is \
+         {NEXT_CALL_AFTER_CANCEL:?}"
+    );
+}
+
+/// The command of a cancelled call is interrupted within a second and never reaches its
+/// end (`… && touch marker`).
+async fn interrupted(
+    pid: i32,
+    marker: &std::path::Path,
+    cancelled_at: std::time::Instant,
+    what: &str,
+) {
+    if let Err(e) = support::gone_within(pid, INTERRUPTED_AFTER_CANCEL).await {
+        panic!("{what}: the cancelled command was not interrupted: {e}");
+    }
+    eprintln!(
+        "{what}: the command was gone {:?} after the cancel",
+        cancelled_at.elapsed()
+    );
+    assert!(
+        !marker.exists(),
+        "{what}: the cancelled command ran to its end"
+    );
+}
+
+/// A client that abandons its HTTP request (the connection closes mid-call) cancels the
+/// call: the agent interrupts the command as Ctrl-C does, the shell keeps its state, and
+/// the session's next call runs at once. (2026-07-28 clients cancel this way too; the SDK
+/// tests cover that era.)
+#[tokio::test]
+async fn abandoning_the_http_request_interrupts_the_command_and_frees_the_session() {
+    let server = local_server(&[]).await;
+    let sid = "abandon";
+    let mcp = Mcp::new(&server, Some(sid));
+    let r = mcp.bash("cd /tmp && export KEPT=yes").await;
+    assert!(!is_error(&r), "{r}");
+    let (dir, fifo) = fifo();
+    let marker = dir.path().join("finished");
+    let body = jsonrpc_bash(&support::long_command(&fifo, &marker));
+    let request = cli_mcp_e2e::jsonrpc::post(&mcp.http, &mcp.url, Some(sid), None)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    let call = tokio::spawn(request.send());
+    let pid = number(&started(&fifo).await);
+    // Aborting the task drops the request mid-flight: its connection is closed.
+    call.abort();
+    let cancelled_at = std::time::Instant::now();
+    assert!(call.await.is_err_and(|e| e.is_cancelled()));
+    let what = "abandoned request";
+    interrupted(pid, &marker, cancelled_at, what).await;
+    next_call_runs_at_once(&mcp, cancelled_at, what).await;
+}
+
+fn jsonrpc_bash(command: &str) -> Value {
+    cli_mcp_e2e::jsonrpc::bash(json!({ "command": command }))
+}
+
+fn cancelled(request_id: Value) -> String {
+    json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": request_id, "reason": "the test cancels it"}
+    })
+    .to_string()
+}
+
+/// A handshake-era client cancels with `notifications/cancelled` on a POST of its own, while
+/// the call's POST stays open: the named call ends with a tool error that says it was
+/// cancelled, its command is interrupted, and the session's next call runs at once in the
+/// same shell. A notification that names no running call of this client and session
+/// cancels nothing.
+#[tokio::test]
+async fn a_cancel_notification_interrupts_the_call_it_names() {
+    let server = local_server(&[]).await;
+    let sid = "notified";
+    let mcp = Mcp::new(&server, Some(sid));
+    let r = mcp.bash("cd /tmp && export KEPT=yes").await;
+    assert!(!is_error(&r), "{r}");
+    let (dir, fifo) = fifo();
+    let marker = dir.path().join("finished");
+    let mut body = jsonrpc_bash(&support::long_command(&fifo, &marker));
+    body["id"] = json!(7);
+    let call = tokio::spawn({
+        let mcp = mcp.clone();
+        async move { mcp.post_raw(body.to_string()).await }
+    });
+    let pid = number(&started(&fifo).await);
+
+    let no_session = Mcp {
+        session: None,
+        ..mcp.clone()
+    };
+    for (client, notification, why) in [
+        (&mcp, cancelled(json!(8)), "another request id"),
+        (&mcp, cancelled(json!("7")), "the id as a string"),
+        (
+            &mcp.session("elsewhere"),
+            cancelled(json!(7)),
+            "another session",
+        ),
+        (&no_session, cancelled(json!(7)), "no session header"),
+        (
+            &mcp,
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {}})
+                .to_string(),
+            "no request id",
+        ),
+    ] {
+        let a = client.post_raw(notification).await;
+        assert_eq!(a.status, 202, "{why}: {}", a.text);
+    }
+    // A call on another session takes long enough for a wrongly cancelled command to be
+    // gone by its answer.
+    assert!(!is_error(&mcp.session("bystander").bash("true").await));
+    assert!(
+        cli_mcp_e2e::process::running(pid) && !call.is_finished(),
+        "a notification that names another call cancelled this one"
+    );
+
+    let a = mcp.post_raw(cancelled(json!(7))).await;
+    let cancelled_at = std::time::Instant::now();
+    assert_eq!(a.status, 202, "{}", a.text);
+    let answer = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("the cancelled call answers within 5 s")
+        .expect("join");
+    let result = &answer.body["result"];
+    assert!(is_error(result), "{}", answer.text);
+    assert!(
+        text(result).contains("cancelled by the client")
+            && text(result).contains("the shell kept its state"),
+        "{}",
+        answer.text
+    );
+    let what = "notifications/cancelled";
+    interrupted(pid, &marker, cancelled_at, what).await;
+    next_call_runs_at_once(&mcp, cancelled_at, what).await;
+
+    let metrics = support::http()
+        .get(server.health_url("/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("cli_mcp_exec_duration_seconds_count{outcome=\"cancelled\"} 1"),
+        "a cancel is counted as an outcome:\n{metrics}"
+    );
 }

@@ -286,3 +286,138 @@ async fn typescript_sdk_over_stdio() {
     check(&report, "2025-11-25", Transport::Stdio);
     assert_eq!(report.json["echo"]["structured"]["session_id"], "ts-stdio");
 }
+
+/// Longest time from a client's cancel until its next call on the same session has its
+/// answer: the cancelled command must be interrupted (Ctrl-C), not waited for. Before, the
+/// next call waited the 30 s of the cancelled `sleep 30`.
+const NEXT_CALL_AFTER_CANCEL: f64 = 2.0;
+
+/// How a client cancelled: by `notifications/cancelled` (handshake era, where abandoning the
+/// request is not a cancel), or by closing the request (2026-07-28, which has no
+/// client-to-server notifications over HTTP).
+#[derive(Debug, Clone, Copy)]
+enum Cancel {
+    Notification,
+    Disconnect,
+}
+
+/// What every SDK's cancel must show: the call stopped, the command is gone without having
+/// finished, and the next call ran at once in the same shell, whose state is kept.
+async fn check_cancel(what: &str, report: &Report, marker: &std::path::Path, protocol: &str) {
+    let r = &report.json;
+    assert_eq!(r["protocol_version"], protocol, "{what}: {r}");
+    assert_eq!(r["set_state"]["is_error"], false, "{what}: {r}");
+    let pid = r["pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .unwrap_or_else(|| panic!("{what}: no pid in {r}"));
+    let next = &r["next"];
+    let after = r["next_answered_after"].as_f64().unwrap_or(f64::MAX);
+    eprintln!(
+        "{what}: the next call answered {after:.3} s after the cancel (the cancel returned \
+         after {:.3} s)",
+        r["cancel_returned_after"].as_f64().unwrap_or(f64::NAN)
+    );
+    assert_eq!(
+        next["structured"]["stdout"], "ok /tmp kept\n",
+        "{what}: the next call runs in the same shell, with its directory and variables: {r}"
+    );
+    assert!(
+        after < NEXT_CALL_AFTER_CANCEL,
+        "{what}: the next call answered {after:.3} s after the cancel; the limit is \
+         {NEXT_CALL_AFTER_CANCEL} s: {r}"
+    );
+    // The agent interrupts before it takes the next command, so the command is gone now.
+    if let Err(e) = support::gone_within(pid, std::time::Duration::from_secs(1)).await {
+        panic!("{what}: the cancelled command was left running: {e}");
+    }
+    assert!(
+        !marker.exists(),
+        "{what}: the cancelled command ran to its end ({} exists)",
+        marker.display()
+    );
+}
+
+async fn python_cancel(server: &Server, session: Option<&str>, mode: &str, how: Cancel) {
+    let (dir, fifo) = support::fifo();
+    let marker = dir.path().join("finished");
+    let mut cmd = Command::new(python_interpreter().await);
+    cmd.arg(sdk_dir().join("python/client.py"))
+        .args(["--url", &server.url("/mcp"), "--mode", mode, "--cancel"])
+        .arg(&fifo)
+        .arg(&marker);
+    if let Some(session) = session {
+        cmd.args(["--session", session]);
+    }
+    let what = format!("the Python SDK ({mode}, {how:?}, X-Session-ID {session:?})");
+    let report = run_client(&what, cmd, Some(server)).await;
+    let protocol = if mode == "legacy" {
+        "2025-11-25"
+    } else {
+        "2026-07-28"
+    };
+    check_cancel(&what, &report, &marker, protocol).await;
+    assert_eq!(
+        report.json["scope_cancelled"], true,
+        "{what}: the call was still running when it was cancelled: {}",
+        report.json
+    );
+}
+
+async fn typescript_cancel(server: &Server, sdk: &str, session: &str, mode: &str, how: Cancel) {
+    let (dir, fifo) = support::fifo();
+    let marker = dir.path().join("finished");
+    let mut cmd = Command::new("node");
+    cmd.env("NODE_PATH", node_modules().await)
+        .arg(sdk_dir().join("typescript/client.cjs"))
+        .args(["--sdk", sdk, "--url", &server.url("/mcp")])
+        .args(["--session", session, "--mode", mode, "--cancel"])
+        .arg(&fifo)
+        .arg("--marker")
+        .arg(&marker);
+    let what = format!("the TypeScript SDK ({sdk}, {mode}, {how:?})");
+    let report = run_client(&what, cmd, Some(server)).await;
+    let protocol = if mode == "legacy" {
+        "2025-11-25"
+    } else {
+        "2026-07-28"
+    };
+    check_cancel(&what, &report, &marker, protocol).await;
+    assert!(
+        report.json["long_call"]["rejected"].is_string(),
+        "{what}: the aborted call rejects: {}",
+        report.json
+    );
+}
+
+#[tokio::test]
+async fn python_sdk_cancel_interrupts_the_command_and_frees_the_session() {
+    let server = local_server().await;
+    python_cancel(&server, Some("py-cancel"), "legacy", Cancel::Notification).await;
+}
+
+/// Without X-Session-ID the chat's shell is named by Mcp-Session-Id, which also scopes the
+/// cancel notification.
+#[tokio::test]
+async fn python_sdk_cancel_in_a_chat_without_x_session_id() {
+    let server = local_server().await;
+    python_cancel(&server, None, "legacy", Cancel::Notification).await;
+}
+
+#[tokio::test]
+async fn python_sdk_cancel_at_2026_07_28_closes_the_request() {
+    let server = local_server().await;
+    python_cancel(&server, Some("py-cancel-26"), "auto", Cancel::Disconnect).await;
+}
+
+#[tokio::test]
+async fn typescript_sdk_abort_signal_interrupts_the_command() {
+    let server = local_server().await;
+    typescript_cancel(&server, "v1", "ts-cancel", "legacy", Cancel::Notification).await;
+}
+
+#[tokio::test]
+async fn typescript_client_package_abort_at_2026_07_28_closes_the_request() {
+    let server = local_server().await;
+    typescript_cancel(&server, "v2", "ts-cancel-26", "auto", Cancel::Disconnect).await;
+}

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::token::Token;
 use cli_mcp_api::wire::{ExecRequest, ExecResponse};
@@ -85,11 +86,17 @@ pub enum SessionError {
     Busy,
     #[error("the session was deleted (DELETE /sessions/{{id}}) while this command ran, so the command was stopped with its sandbox and the session was not started again. Whether the command finished, partly ran or never started is unknown; a new call with this session id starts a fresh session")]
     Deleted,
+    /// The client cancelled the call (`notifications/cancelled`, or it abandoned the HTTP
+    /// request): the agent request was dropped, so the agent interrupts the command.
+    #[error("the call was cancelled by the client; the command was interrupted as with Ctrl-C and the shell kept its state")]
+    Cancelled,
 }
 
 impl SessionError {
-    pub fn kind(&self) -> ErrorKind {
-        match self {
+    /// What `cli_mcp_errors_total` counts this as; `None` for a cancelled call, which is an
+    /// outcome of the call (`cancelled`), not a failure.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        Some(match self {
             SessionError::Forbidden(_) => ErrorKind::Forbidden,
             SessionError::SessionLimit { .. } => ErrorKind::SessionLimit,
             SessionError::Sandbox(_)
@@ -99,7 +106,8 @@ impl SessionError {
             SessionError::Kubernetes(_) => ErrorKind::KubernetesApi,
             SessionError::Agent(_) => ErrorKind::Agent,
             SessionError::Busy => ErrorKind::Busy,
-        }
+            SessionError::Cancelled => return None,
+        })
     }
 }
 
@@ -198,21 +206,31 @@ impl SessionManager {
     /// reuses the request id, so the agent answers it from its journal instead of running
     /// the command twice. A command that may have run on a sandbox that was then replaced
     /// is not sent to the replacement: the caller is told its effects are unknown.
+    ///
+    /// `cancel` stops the call ([`SessionError::Cancelled`]): a running command's agent
+    /// request is dropped, so the agent interrupts the command (Ctrl-C, the shell kept) and
+    /// takes the session's next command at once. A sandbox being started is started all
+    /// the same (dropping that halfway could leave a pod or process nobody tracks), and then
+    /// nothing is sent to it.
     pub async fn exec(
         &self,
         sid: &SessionId,
         caller: &Caller,
         command: String,
         timeout: Duration,
+        cancel: &CancellationToken,
     ) -> Result<ExecOutcome, SessionError> {
         let mut sandbox = self.backend.acquire(sid, caller, None).await?;
+        if cancel.is_cancelled() {
+            return Err(SessionError::Cancelled);
+        }
         let req = ExecRequest {
             command,
             timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
             request_id: Some(request_id()),
         };
         let mut replaced = sandbox.replaced;
-        let mut result = self.run(sid, &sandbox, &req, timeout).await;
+        let mut result = self.run(sid, &sandbox, &req, timeout, cancel).await?;
         if let Err(e) = &result {
             if e.is_rediscoverable() {
                 tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
@@ -220,6 +238,9 @@ impl SessionManager {
                 self.backend.invalidate(sid, &sandbox);
                 // Never starts the session again when the sandbox was deleted meanwhile.
                 let again = self.backend.acquire(sid, caller, Some(&sandbox)).await?;
+                if cancel.is_cancelled() {
+                    return Err(SessionError::Cancelled);
+                }
                 // The same request id protects a retry only on the same sandbox (its agent
                 // journals requests); a replacement pod has no record of it and would run
                 // the command a second time.
@@ -232,7 +253,7 @@ impl SessionManager {
                 replaced |= again.replaced || again.uid != sandbox.uid;
                 let started = sandbox.started.or(again.started);
                 sandbox = Sandbox { started, ..again };
-                result = self.run(sid, &sandbox, &req, timeout).await;
+                result = self.run(sid, &sandbox, &req, timeout, cancel).await?;
                 if let Err(e) = &result {
                     if e.is_rediscoverable() {
                         self.backend.invalidate(sid, &sandbox);
@@ -334,18 +355,26 @@ impl EndedSandboxes {
 
 impl SessionManager {
     /// One request to the agent, with the activity clock started before and stopped after,
-    /// also when the call is dropped halfway (the client went away).
+    /// also when the call is cancelled halfway. Cancelling drops the request, which closes
+    /// its connection: that is how the agent learns that its caller went away.
     async fn run(
         &self,
         sid: &SessionId,
         sandbox: &Sandbox,
         req: &ExecRequest,
         timeout: Duration,
-    ) -> Result<ExecResponse, AgentError> {
+        cancel: &CancellationToken,
+    ) -> Result<Result<ExecResponse, AgentError>, SessionError> {
         let _clock = ActivityClock::start(self.backend.as_ref(), sid, sandbox);
-        self.agent
-            .exec(&sandbox.endpoint, &sandbox.token, req, timeout)
-            .await
+        let request = self
+            .agent
+            .exec(&sandbox.endpoint, &sandbox.token, req, timeout);
+        tokio::select! {
+            // An answer that is there already wins over a cancel that came with it.
+            biased;
+            answer = request => Ok(answer),
+            _ = cancel.cancelled() => Err(SessionError::Cancelled),
+        }
     }
 }
 
@@ -426,8 +455,11 @@ mod tests {
         async fn shutdown(&self) {}
     }
 
+    /// A cancelled call ends at once, closes its connection to the agent (which is how the
+    /// agent learns to interrupt the command), and still stops the activity clock.
     #[tokio::test]
-    async fn an_abandoned_call_still_stops_the_activity_clock() {
+    async fn a_cancelled_call_ends_at_once_and_closes_its_agent_connection() {
+        use tokio::io::AsyncReadExt;
         let backend = Arc::new(Recorder::default());
         let mgr = SessionManager::new(
             backend.clone(),
@@ -435,10 +467,34 @@ mod tests {
             Arc::new(Metrics::new()),
         );
         let sid = SessionId::parse("s").expect("valid");
-        // A listener that never answers: the call stays pending until dropped.
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        // An agent that reads the request and never answers; it reports when its caller
+        // closes the connection.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let endpoint = format!("http://{}", silent.local_addr().expect("addr"));
+        let (got_request, request_seen) = tokio::sync::oneshot::channel();
+        let (closed_tx, closed) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let Ok((mut conn, _)) = silent.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let mut got_request = Some(got_request);
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        if let Some(tx) = got_request.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                }
+            }
+            let _ = closed_tx.send(());
+        });
         let sandbox = Sandbox {
-            endpoint: format!("http://{}", silent.local_addr().expect("addr")),
+            endpoint,
             token: cli_mcp_api::token::HmacKey::from_bytes([1; 32])
                 .session_token(&sid, &cli_mcp_api::token::SandboxNonce::from_bytes([2; 16])),
             name: "p".into(),
@@ -447,20 +503,44 @@ mod tests {
             replaced: false,
         };
         let req = ExecRequest {
-            command: "true".into(),
+            command: "sleep 30".into(),
             timeout_ms: None,
             request_id: None,
         };
-        let call = mgr.run(&sid, &sandbox, &req, Duration::from_secs(60));
-        // Poll once (the request is sent and waits), then drop it as rmcp does on disconnect.
-        let mut call = Box::pin(call);
-        assert!(futures::poll!(call.as_mut()).is_pending());
-        drop(call);
+        let cancel = CancellationToken::new();
+        let canceller = {
+            let cancel = cancel.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(10), request_seen)
+                    .await
+                    .expect("the request reaches the agent within 10 s")
+                    .expect("the agent reports the request");
+                cancel.cancel();
+                std::time::Instant::now()
+            }
+        };
+        let (answer, cancelled_at) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(
+                mgr.run(&sid, &sandbox, &req, Duration::from_secs(60), &cancel),
+                canceller
+            )
+        })
+        .await
+        .expect("the cancelled call ends");
+        let took = cancelled_at.elapsed();
+        assert!(matches!(answer, Err(SessionError::Cancelled)), "{answer:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "the call ended {took:?} after its cancel"
+        );
+        tokio::time::timeout(Duration::from_secs(5), closed)
+            .await
+            .expect("the agent's connection is closed within 5 s of the cancel")
+            .expect("the agent reports the close");
         assert_eq!(
             *backend.0.lock().expect("lock"),
             vec![Activity::Start, Activity::End]
         );
-        drop(silent);
     }
 
     #[test]
@@ -614,6 +694,7 @@ mod tests {
                 &Caller::anonymous(),
                 "touch /x".into(),
                 Duration::from_secs(1),
+                &CancellationToken::new(),
             )
             .await;
         let e = r.expect_err("the call must fail");
@@ -647,6 +728,7 @@ mod tests {
                 &Caller::anonymous(),
                 "sleep 30".into(),
                 Duration::from_secs(1),
+                &CancellationToken::new(),
             )
             .await
             .expect_err("the call must fail");

@@ -293,3 +293,46 @@ pub async fn grant_mcp(
         .await
         .expect("create RoleBinding");
 }
+
+/// A FIFO in a fresh temporary directory, for a command to say it has started.
+pub fn fifo() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("started");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    (dir, fifo)
+}
+
+/// Waits until `pid` no longer runs, up to `within`; how long that took, or an error that
+/// says it still runs (the process is then SIGKILLed, so a failed test leaves nothing).
+pub async fn gone_within(pid: i32, within: Duration) -> Result<Duration, String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        if !cli_mcp_e2e::process::running(pid) {
+            return Ok(t0.elapsed());
+        }
+        if t0.elapsed() >= within {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            return Err(format!(
+                "process {pid} still runs {within:?} later (now killed)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The command a cancel test starts: it writes its pid to `fifo` once it runs, sleeps 30 s,
+/// and then (only if it was not interrupted) creates `marker`.
+pub fn long_command(fifo: &Path, marker: &Path) -> String {
+    format!(
+        "sh -c 'echo $$ > {}; exec sleep 30' && touch {}",
+        fifo.display(),
+        marker.display()
+    )
+}

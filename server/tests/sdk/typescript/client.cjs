@@ -11,6 +11,8 @@
 //
 // Usage: node client.cjs --sdk v1|v2 --url URL --session SID [--mode legacy|auto|2026-07-28]
 //        node client.cjs --sdk v1|v2 --stdio '["cli-mcp-server", "--transport", "stdio", ...]'
+//        node client.cjs --sdk v1|v2 --url URL --session SID [--mode M] --cancel FIFO --marker MARKER
+//          (cancels a long call the SDK's way, an AbortSignal, then calls again)
 'use strict';
 
 function parseArgs(argv) {
@@ -28,6 +30,9 @@ function parseArgs(argv) {
     out.stdio = JSON.parse(out.stdio);
   } else if (!out.url || !out.session) {
     throw new Error('give --url and --session, or --stdio');
+  }
+  if ((out.cancel === undefined) !== (out.marker === undefined)) {
+    throw new Error('--cancel FIFO goes with --marker MARKER');
   }
   return out;
 }
@@ -108,9 +113,49 @@ async function chat(args, sdk, name) {
   return { first, second, handle, mcp_session_id: mcpSessionId };
 }
 
+// A callTool with an AbortSignal, in either SDK's signature.
+function callWithSignal(sdkName, client, params, signal) {
+  return sdkName === 'v1' ? client.callTool(params, undefined, { signal }) : client.callTool(params, { signal });
+}
+
+// Starts a 30 s command, aborts it once it runs, and calls again at once. The command writes
+// its pid to FIFO when it starts and creates MARKER if it ever ends on its own. Times are
+// seconds after the abort.
+async function cancelScenario(args, sdk) {
+  const fs = require('fs');
+  const report = {};
+  const { client, transport } = await connect(args.sdk, sdk, args.url, args.session, args.mode);
+  report.protocol_version =
+    typeof client.getNegotiatedProtocolVersion === 'function'
+      ? client.getNegotiatedProtocolVersion()
+      : transport.protocolVersion;
+  report.set_state = await call(client, 'bash', { command: 'cd /tmp && export CANCEL_VAR=kept' });
+  const controller = new AbortController();
+  const command = `sh -c 'echo $$ > ${args.cancel}; exec sleep 30' && touch ${args.marker}`;
+  const long = callWithSignal(args.sdk, client, { name: 'bash', arguments: { command } }, controller.signal).then(
+    (r) => ({ finished: r }),
+    (e) => ({ rejected: String(e && e.message ? e.message : e) }),
+  );
+  // Opening a FIFO for reading completes once the command opens it for writing.
+  report.pid = Number((await fs.promises.readFile(args.cancel, 'utf8')).trim());
+  const abortedAt = performance.now();
+  controller.abort('the test cancels the call');
+  const settled = await long;
+  report.cancel_returned_after = (performance.now() - abortedAt) / 1000;
+  report.long_call = settled;
+  report.next = await call(client, 'bash', { command: 'echo "ok $PWD $CANCEL_VAR"' });
+  report.next_answered_after = (performance.now() - abortedAt) / 1000;
+  await client.close();
+  return report;
+}
+
 async function main() {
   const args = parseArgs(process.argv.slice(2));
   const sdk = loadSdk(args.sdk);
+  if (args.cancel !== undefined) {
+    process.stdout.write(JSON.stringify(await cancelScenario(args, sdk)) + '\n');
+    return;
+  }
   const report = {};
   const target = args.stdio !== undefined ? args.stdio : args.url;
   const { client, transport } = await connect(args.sdk, sdk, target, args.session, args.mode);
