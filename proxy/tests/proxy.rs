@@ -372,6 +372,35 @@ async fn an_idle_websocket_is_closed_at_the_idle_timeout() {
     assert_eq!(read_to_close(&mut tls).await, "");
 }
 
+/// An upstream that answers a WebSocket request without switching: the answer is passed on
+/// and the tunnel serves its next request as usual.
+#[tokio::test]
+async fn a_websocket_request_the_upstream_does_not_switch_leaves_the_tunnel_usable() {
+    let (up, inputs, config) = allow_list_setup().await;
+    let proxy = Running::start(config).await;
+    let host = up.addr.to_string();
+    let mut tls = tunnel(proxy.addr, &host, None, &inputs.ca).await.unwrap();
+    tls.write_all(websocket_request(&host, "/plain").as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length in {head}"));
+    let mut body = vec![0; length];
+    tls.read_exact(&mut body).await.unwrap();
+    tls.write_all(format!("GET /next HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let uris: Vec<String> = up.seen().into_iter().map(|s| s.uri).collect();
+    assert_eq!(uris, ["/plain", "/next"]);
+}
+
 #[tokio::test]
 async fn upgrades_other_than_websocket_are_not_forwarded() {
     let (up, inputs, config) = allow_list_setup().await;
