@@ -486,6 +486,10 @@ async fn attempt(w: &World, b: &Bindings, request: &str, identity: &str) -> Resu
                 let crb = lookalike_binding(&w.ns, subject, "system:auth-delegator");
                 crbs.create(&dry_post(), &crb).await.map(drop)
             }
+            "bind its own ClusterRole, labelled as the instance's, to the instance's server" => {
+                let crb = lookalike_binding(&w.ns, server_subject(&w.ns), &b.operator_role);
+                crbs.create(&dry_post(), &crb).await.map(drop)
+            }
             other => panic!("no request for admission-table row {other:?}"),
         }
     };
