@@ -425,11 +425,17 @@ async fn sandbox_failure(ctx: &Context, namespace: &str, pod: &Pod) -> Option<St
             .and_then(|e| e.message)
             .filter(|m| !m.is_empty()),
         Err(e) => {
-            tracing::warn!(
-                pod = %pod.name_any(),
-                error = %e,
-                "cannot read the events of a pool pod without a pod sandbox; grant the operator list on events to see the kubelet's reason"
-            );
+            // Refused once is refused every time: say so once, not every 10s per pod.
+            static REFUSAL_LOGGED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            let refused = is_status(&e, 403);
+            if !refused || !REFUSAL_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    pod = %pod.name_any(),
+                    error = %e,
+                    "cannot read the events of a pool pod without a pod sandbox; grant the operator list on events to see the kubelet's reason"
+                );
+            }
             None
         }
     }
