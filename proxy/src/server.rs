@@ -122,10 +122,12 @@ async fn connection(
         } else {
             ""
         };
-        if !reason.is_empty() {
+        if reason.is_empty() {
+            tracing::debug!(error = %e, "client connection ended");
+        } else {
             shared.metrics.refused(reason);
+            tracing::info!(error = %e, reason, "connection refused");
         }
-        tracing::debug!(error = %e, reason, "client connection ended");
         if e.is_timeout() && stream.head_begun() {
             stream
                 .request_timeout(

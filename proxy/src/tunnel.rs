@@ -91,15 +91,16 @@ pub async fn run(
         .await;
     }
     if let Err(e) = result {
-        tracing::debug!(domain = %domain, error = %e, "tunnel ended");
         if e.is_timeout() && tls.head_begun() {
-            shared.metrics.refused("header_read_timeout");
+            refuse("header_read_timeout", e.to_string());
             tls.request_timeout(
                 limits.idle_timeout,
                 "--idle-timeout",
                 limits.handshake_timeout,
             )
             .await;
+        } else {
+            tracing::debug!(domain = %domain, error = %e, "tunnel ended");
         }
     }
 }
