@@ -134,6 +134,13 @@ pub struct SandboxConfig {
     /// Absent when nothing is set, so existing configs keep their hash.
     #[serde(default, skip_serializing_if = "Placement::is_empty")]
     pub placement: Placement,
+    /// The platform assigns each pod's user and group: OpenShift's `restricted-v2` SCC gives
+    /// a UID from the namespace's range and refuses any other, so the pod fixes no user,
+    /// group or fsGroup (the image works under any UID with group 0). Elsewhere the sandbox
+    /// runs as [`SANDBOX_UID`] whatever user the image names. Absent when false, so existing
+    /// configs keep their hash.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub platform_assigns_uid: bool,
 }
 
 /// The pod-level scheduling, runtime and image-pull settings an instance gives its pods
@@ -221,6 +228,7 @@ impl SandboxConfig {
             owner: None,
             output_budget: None,
             placement: Placement::default(),
+            platform_assigns_uid: false,
         }
     }
 
@@ -481,7 +489,9 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
         enable_service_links: Some(false),
         restart_policy: Some("Always".into()),
         termination_grace_period_seconds: Some(cfg.termination_grace_period_seconds),
-        security_context: Some(crate::pod_security::restricted_pod(Some(SANDBOX_UID))),
+        security_context: Some(crate::pod_security::restricted_pod(
+            (!cfg.platform_assigns_uid).then_some(SANDBOX_UID),
+        )),
         ..Default::default()
     };
     cfg.placement.apply_to(&mut spec);
@@ -709,6 +719,31 @@ mod tests {
         ] {
             assert_eq!(session_token_of(&p, &sid, &key()), None, "{what}");
         }
+    }
+
+    #[test]
+    fn the_uid_is_fixed_unless_the_platform_assigns_it() {
+        let ids = |cfg: &SandboxConfig| {
+            let sc = session_pod(cfg)
+                .spec
+                .expect("spec")
+                .security_context
+                .expect("pod security context");
+            assert_eq!(sc.run_as_non_root, Some(true));
+            (sc.run_as_user, sc.run_as_group, sc.fs_group)
+        };
+        let fixed = Some(SANDBOX_UID);
+        assert_eq!(ids(&cfg()), (fixed, fixed, fixed));
+        let openshift = SandboxConfig {
+            platform_assigns_uid: true,
+            ..cfg()
+        };
+        assert_eq!(ids(&openshift), (None, None, None));
+        // Only a platform that assigns UIDs changes the hash (existing pools stay).
+        assert_ne!(openshift.hash(), cfg().hash());
+        assert!(!serde_json::to_string(&cfg())
+            .expect("json")
+            .contains("platformAssignsUid"));
     }
 
     #[test]

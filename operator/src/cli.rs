@@ -83,6 +83,11 @@ pub struct Args {
     /// Seconds between periodic re-checks of every instance.
     #[arg(long, env = "CLI_MCP_RESYNC", default_value_t = 600)]
     pub resync: u64,
+
+    /// `auto` detects OpenShift by its `route.openshift.io` API group; on OpenShift sandbox
+    /// pods fix no UID (its SCC assigns one).
+    #[arg(long, env = "CLI_MCP_PLATFORM", value_enum, default_value_t = crate::platform::PlatformChoice::Auto)]
+    pub platform: crate::platform::PlatformChoice,
 }
 
 #[derive(Subcommand, Debug)]

@@ -71,6 +71,8 @@ pub struct OperatorConfig {
     pub resync: Duration,
     /// Reporter identity for Events (the pod name).
     pub identity: String,
+    /// Plain Kubernetes or OpenShift (detected at start unless `--platform` says).
+    pub platform: crate::platform::Platform,
 }
 
 impl OperatorConfig {
@@ -84,6 +86,7 @@ impl OperatorConfig {
             tls_lifetime: crate::children::secrets::DEFAULT_TLS_LIFETIME,
             resync: Duration::from_secs(600),
             identity: "cli-mcp-operator".into(),
+            platform: Default::default(),
         }
     }
 }
@@ -178,6 +181,11 @@ pub struct PoolExpectations {
 pub struct PoolBackoff {
     pub failures: u32,
     pub not_before: Option<Instant>,
+    /// The API server refused the last pool pod built from config hash `.0`, saying `.1`
+    /// (admission: a RuntimeClass or PriorityClass that does not exist, a policy). Kept until
+    /// a create succeeds or the config changes, so the status keeps saying it through the
+    /// backoff.
+    pub refused: Option<(String, String)>,
 }
 
 impl PoolBackoff {

@@ -91,6 +91,9 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         Ok(spec) => spec,
         Err(e) => return invalid_spec(ctx, &cr, e).await,
     };
+    let mut spec = spec;
+    // One place for both the pool's pods and the server's (it gets this config as a flag).
+    spec.sandbox.platform_assigns_uid = cfg.platform.assigns_uid();
     // Before anything is applied: a Go-era server Deployment must go, not be merged into.
     crate::migrate::go_leftovers(ctx, &cr, &spec.name, &ns).await?;
     let resolved = resolve::resolve(ctx, &cr, &spec).await?;

@@ -25,6 +25,7 @@ pub mod idle;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
+pub mod platform;
 pub mod olm;
 pub mod pool;
 pub mod resolve;

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use cli_mcp_operator::cli::{Args, Command};
 use cli_mcp_operator::metrics::Metrics;
 use cli_mcp_operator::run::{self, Ended};
-use cli_mcp_operator::{crdgen, http, leader, olm, telemetry};
+use cli_mcp_operator::{crdgen, http, leader, olm, platform, telemetry};
 
 /// How long the runtime waits for tasks that are still blocked (a DNS lookup, a connect
 /// to an unreachable API server) once the controllers have stopped.
@@ -49,13 +49,24 @@ async fn operate(args: Args) -> anyhow::Result<()> {
     // First, so a signal at any later point (even while the API server is unreachable)
     // stops the process.
     let shutdown = run::shutdown_signals().context("installing the SIGTERM/SIGINT handlers")?;
-    let config = Arc::new(args.operator_config()?);
+    let mut config = args.operator_config()?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
     let metrics = Arc::new(Metrics::new());
     let (leader_tx, leader_rx) = watch::channel(false);
     let health = tokio::spawn(http::serve(args.health_listen, metrics.clone(), leader_rx));
+    // Before any pod is built; a signal still stops a start-up that waits for the API.
+    let mut stop = shutdown.clone();
+    config.platform = tokio::select! {
+        p = platform::resolve(args.platform, &client) => p,
+        () = run::signalled(&mut stop) => {
+            health.abort();
+            tracing::info!("stopped");
+            return Ok(());
+        }
+    };
+    let config = Arc::new(config);
     tracing::info!(scope = ?config.scope, identity = %config.identity, "starting");
 
     let ended = if args.leader_elect {

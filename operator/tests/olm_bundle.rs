@@ -244,16 +244,24 @@ fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
     assert_eq!(services["resourceNames"], serde_json::json!(["kubernetes"]));
     assert_eq!(services["verbs"], serde_json::json!(["get"]));
 
-    // Every verb the kustomize ClusterRole grants on a namespaced resource is in permissions.
-    let role = rendered
+    // Every resource the kustomize ClusterRoles (cluster-scoped and namespaced parts) grant
+    // is in the bundle.
+    let roles: Vec<&Value> = rendered
         .iter()
-        .find(|o| o["kind"] == "ClusterRole")
-        .expect("operator ClusterRole");
-    for r in rule_resources(&role["rules"]) {
-        assert!(
-            namespaced.contains(&r) || cluster.contains(&r),
-            "{r} of the ClusterRole is lost in the bundle"
-        );
+        .filter(|o| o["kind"] == "ClusterRole")
+        .collect();
+    assert!(
+        roles.len() >= 2,
+        "the cluster-scoped and namespaced ClusterRoles: {roles:?}"
+    );
+    for role in roles {
+        for r in rule_resources(&role["rules"]) {
+            assert!(
+                namespaced.contains(&r) || cluster.contains(&r),
+                "{r} of ClusterRole {} is lost in the bundle",
+                role["metadata"]["name"]
+            );
+        }
     }
 
     // The operator watches what the OperatorGroup targets; all four install modes.

@@ -1,0 +1,102 @@
+//! Which platform the operator runs on, asked once at start. On OpenShift the default
+//! `restricted-v2` SCC assigns every pod a UID from its namespace's range and refuses a pod
+//! that fixes another, so sandbox pods there fix none.
+
+use std::time::{Duration, Instant};
+
+use kube::Client;
+
+/// The API group only OpenShift serves (routes), as the Go operator checks.
+pub const OPENSHIFT_GROUP: &str = "route.openshift.io";
+
+/// How long start-up keeps asking a slow or unreachable API server before it assumes plain
+/// Kubernetes.
+const DETECT_FOR: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Platform {
+    #[default]
+    Kubernetes,
+    OpenShift,
+}
+
+impl Platform {
+    /// From the names of the API groups the cluster serves.
+    pub fn from_groups<'a>(groups: impl IntoIterator<Item = &'a str>) -> Self {
+        if groups.into_iter().any(|g| g == OPENSHIFT_GROUP) {
+            Self::OpenShift
+        } else {
+            Self::Kubernetes
+        }
+    }
+
+    /// Whether the platform assigns pod UIDs (see the module docs).
+    pub fn assigns_uid(self) -> bool {
+        self == Self::OpenShift
+    }
+}
+
+/// `--platform`: detect, or say which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlatformChoice {
+    Auto,
+    Kubernetes,
+    #[value(name = "openshift")]
+    OpenShift,
+}
+
+/// Asks the API server which groups it serves. Retries for [`DETECT_FOR`], then assumes
+/// plain Kubernetes with a warning (as the Go operator did on a failed discovery).
+pub async fn detect(client: &Client) -> Platform {
+    let deadline = Instant::now() + DETECT_FOR;
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match client.list_api_groups().await {
+            Ok(list) => {
+                let p = Platform::from_groups(list.groups.iter().map(|g| g.name.as_str()));
+                tracing::info!(platform = ?p, "platform detected");
+                return p;
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!("listing API groups to detect OpenShift: {e}; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "listing API groups to detect OpenShift: {e}; assuming plain Kubernetes \
+                     (set --platform openshift if this is OpenShift)"
+                );
+                return Platform::Kubernetes;
+            }
+        }
+    }
+}
+
+/// The platform `choice` names, detecting it for `Auto`.
+pub async fn resolve(choice: PlatformChoice, client: &Client) -> Platform {
+    match choice {
+        PlatformChoice::Auto => detect(client).await,
+        PlatformChoice::Kubernetes => Platform::Kubernetes,
+        PlatformChoice::OpenShift => Platform::OpenShift,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openshift_is_the_route_group() {
+        assert_eq!(
+            Platform::from_groups(["apps", "route.openshift.io", "batch"]),
+            Platform::OpenShift
+        );
+        assert_eq!(
+            Platform::from_groups(["apps", "routes.example.com"]),
+            Platform::Kubernetes
+        );
+        assert!(Platform::OpenShift.assigns_uid());
+        assert!(!Platform::Kubernetes.assigns_uid());
+    }
+}
