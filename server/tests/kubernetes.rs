@@ -925,6 +925,73 @@ async fn a_call_racing_a_delete_fails_and_the_session_stays_deleted() {
     w.done().await;
 }
 
+/// A `notifications/cancelled` interrupts the command in the session's pod as Ctrl-C does:
+/// the command is gone within a second, and the next call answers at once in the same
+/// shell, with its directory and variables (before, it waited for the command to end).
+#[tokio::test]
+async fn a_cancelled_call_interrupts_the_command_in_its_pod() {
+    let w = World::new("srv-cancel").await;
+    let server = w.server().await;
+    let mcp = Mcp::new(&server, Some("cancel-1"));
+    let r = mcp.bash("cd /tmp && export KEPT=yes").await;
+    assert!(!is_error(&r), "{r}");
+    // A duration no other test uses, to find the command among the host's processes.
+    let marker = format!(
+        "{}.{}",
+        700 + rand::random::<u16>() % 100,
+        rand::random::<u16>()
+    );
+    let mut body = cli_mcp_e2e::jsonrpc::bash(json!({ "command": format!("sleep {marker}") }));
+    body["id"] = json!(7);
+    let call = tokio::spawn({
+        let mcp = mcp.clone();
+        async move { mcp.post_raw(body.to_string()).await }
+    });
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while pids_running(&["sleep", &marker]).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let cancel = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "the test cancels it"}
+    });
+    let a = mcp.post_raw(cancel.to_string()).await;
+    let cancelled_at = std::time::Instant::now();
+    assert_eq!(a.status, 202, "{}", a.text);
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(5), call)
+        .await
+        .expect("the cancelled call answers within 5 s")
+        .expect("join");
+    assert!(
+        text(&answer.body["result"]).contains("cancelled by the client"),
+        "{}",
+        answer.text
+    );
+    while !pids_running(&["sleep", &marker]).is_empty() {
+        assert!(
+            cancelled_at.elapsed() < std::time::Duration::from_secs(1),
+            "the cancelled command still runs 1 s after the cancel"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let gone = cancelled_at.elapsed();
+    let r = mcp.bash("echo \"ok $PWD $KEPT\"").await;
+    let took = cancelled_at.elapsed();
+    eprintln!("kubernetes: the command was gone {gone:?} and the next call answered {took:?} after the cancel");
+    assert_eq!(stdout(&r), "ok /tmp yes\n", "{r}");
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "the next call answered {took:?} after the cancel; the limit is 2 s"
+    );
+    drop(server);
+    w.done().await;
+}
+
 #[tokio::test]
 async fn session_limit_is_enforced() {
     let w = World::new("srv-limit").await;
