@@ -8,6 +8,8 @@
 //! - A RuntimeClass whose handler containerd lacks: the replacement warm pod never starts;
 //!   the kubelet's reason (containerd has no such runtime) is in the pod's events, and the
 //!   instance's status names the pod and that reason.
+//! - A RuntimeClass that does not exist: the API server refuses the pods and the status
+//!   quotes it; back to the runc class, the pool fills again at once.
 //!
 //! Skipped, saying so, when not root or when the host cannot run the real node.
 
@@ -32,6 +34,8 @@ const HANDLER: &str = "runc";
 const RUNC_CLASS: &str = "cli-mcp-test-runc";
 const MISSING_HANDLER: &str = "cli-mcp-no-such-handler";
 const MISSING_CLASS: &str = "cli-mcp-test-missing-handler";
+/// A RuntimeClass no one creates.
+const ABSENT_CLASS: &str = "cli-mcp-test-absent";
 
 fn runtime_class(name: &str, handler: &str) -> RuntimeClass {
     serde_json::from_value(json!({
@@ -230,6 +234,31 @@ async fn the_sandbox_runtime_class_reaches_pool_and_session_pods() {
     assert!(message.contains(&name), "{message}");
     assert!(message.contains("runtimeClassName"), "{message}");
     eprintln!("reported: {message}");
+
+    // A class that does not exist: the API server refuses the pods, and the status says so.
+    cr["spec"]["sandbox"]["runtimeClassName"] = json!(ABSENT_CLASS);
+    env.apply_cr(&cr).await;
+    let want = format!("RuntimeClass \"{ABSENT_CLASS}\" not found");
+    let o = env
+        .wait_status("a", "the pool reports the refused pods", |s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == "WarmPoolReady" && c.reason == "Blocked" && c.message.contains(&want)
+            })
+        })
+        .await;
+    eprintln!(
+        "refused: {:?}",
+        o.status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .find(|c| c.type_ == "WarmPoolReady")
+            .map(|c| c.message.clone())
+    );
+    // Back to a class that works: the pool recovers without waiting out the backoff.
+    cr["spec"]["sandbox"]["runtimeClassName"] = json!(RUNC_CLASS);
+    env.apply_cr(&cr).await;
+    let warm = ready_one(pods.clone(), &instance.unassigned_selector()).await;
+    assert_eq!(runtime_class_of(&warm), Some(RUNC_CLASS));
 
     for name in [RUNC_CLASS, MISSING_CLASS] {
         let _ = classes.delete(name, &DeleteParams::default()).await;

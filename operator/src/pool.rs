@@ -253,8 +253,14 @@ pub async fn reconcile(
     let all = ctx.stores.pods.state();
     let pods = instance_pods(&all, &cfg.namespace, &cfg.instance);
     let hash = cfg.hash();
-    let (the_plan, backoff_left, pending) = ctx.pool.with(uid, |exp, backoff| {
+    let (the_plan, backoff_left, pending, refused) = ctx.pool.with(uid, |exp, backoff| {
         observe(exp, &pods, now);
+        // A new config may well be accepted: try it at once.
+        if backoff.refused.as_ref().is_some_and(|(h, _)| *h != hash) {
+            backoff.refused = None;
+            backoff.reset();
+        }
+        let refused = backoff.refused.as_ref().map(|(_, why)| why.clone());
         let backoff_left = backoff.remaining(now);
         let inp = PlanInputs {
             desired,
@@ -263,11 +269,17 @@ pub async fn reconcile(
             may_create: blocked.is_none() && key.is_some() && backoff_left.is_none(),
         };
         let p = plan(&pods, exp, &inp);
-        if p.ready > 0 && p.failing.is_empty() {
+        if p.ready > 0 && p.failing.is_empty() && refused.is_none() {
             backoff.reset();
         }
-        (p, backoff_left, exp.creates.len() + exp.deletes.len())
+        (
+            p,
+            backoff_left,
+            exp.creates.len() + exp.deletes.len(),
+            refused,
+        )
     });
+    let mut refused = refused;
 
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &cfg.namespace);
     let mut first_err = None;
@@ -353,19 +365,32 @@ pub async fn reconcile(
             .buffer_unordered(8)
             .collect()
             .await;
+        let mut newly_refused = None;
         for (name, r) in results {
             match r {
                 Ok(_) => {
                     ctx.metrics.api_write("Pod", "create");
                     ctx.metrics.pool_created.inc();
+                    ctx.pool.with(uid, |_, b| b.refused = None);
+                    refused = None;
                 }
                 Err(e) => {
                     ctx.pool.with(uid, |exp, _| exp.creates.remove(&name));
-                    if !is_status(&e, 409) {
+                    if let Some(why) = admission_refusal(&e) {
+                        newly_refused = Some(why);
+                    } else if !is_status(&e, 409) {
                         first_err.get_or_insert(e.into());
                     }
                 }
             }
+        }
+        // Retrying a refused pod unchanged is refused again: back off, and say why.
+        if let Some(why) = newly_refused {
+            ctx.pool.with(uid, |_, b| {
+                b.refused = Some((hash.clone(), why.clone()));
+                backoff = Some(b.fail(Instant::now()));
+            });
+            refused = Some(why);
         }
     }
 
@@ -402,7 +427,10 @@ pub async fn reconcile(
         ready: the_plan.ready,
         failing: the_plan.failing,
         stale: the_plan.stale,
-        blocked,
+        blocked: blocked.or_else(|| {
+            refused
+                .map(|why| format!("the API server refuses the pool pods: {why}; fix spec.sandbox"))
+        }),
         backoff,
         requeue,
     })
@@ -462,6 +490,18 @@ pub async fn delete_unclaimed(api: &Api<Pod>, pod: &Pod) -> Result<Option<String
         // 409: it changed (claimed) since the read; 404: gone. Either way: keep hands off.
         Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The API server's message when it refused the pod itself and would refuse it again
+/// unchanged: 403 (an admission plugin such as RuntimeClass or Priority, a policy, or RBAC)
+/// or 422 (invalid). Conflicts and outages are not refusals.
+fn admission_refusal(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(s) if (s.code == 403 && !s.message.is_empty()) || s.code == 422 => {
+            Some(s.message.clone())
+        }
+        _ => None,
     }
 }
 
@@ -708,5 +748,23 @@ mod tests {
         assert_eq!(names, [no_sandbox.name_any()]);
         assert!(p.failing.is_empty(), "only its events can say it fails");
         assert_eq!(p.create, 0, "it holds its slot meanwhile");
+    }
+
+    #[test]
+    fn refusals_are_told_apart_from_conflicts_and_outages() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(
+                serde_json::from_value(serde_json::json!({
+                    "status": "Failure", "code": code, "message": message, "reason": "",
+                }))
+                .expect("status"),
+            )
+        };
+        let why = "pods \"x\" is forbidden: pod rejected: RuntimeClass \"nope\" not found";
+        assert_eq!(admission_refusal(&api(403, why)).as_deref(), Some(why));
+        assert!(admission_refusal(&api(422, "spec.affinity: Invalid value")).is_some());
+        for code in [409, 429, 500, 503] {
+            assert_eq!(admission_refusal(&api(code, "x")), None, "{code}");
+        }
     }
 }
