@@ -107,12 +107,23 @@ impl HeldDir {
     /// (one `lstat`). False also when a command changed the mode of a directory on the way
     /// (`chmod 000` of the state dir): bash, which goes by the path, needs it too.
     pub fn in_place(&self) -> bool {
-        fstatat(AT_FDCWD, &self.path, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
-            st.st_dev == self.dev
-                && st.st_ino == self.ino
-                && (st.st_mode & 0o7777 == DIR_MODE || st.st_uid != euid())
-        })
+        leads_to(&self.path, (self.dev, self.ino))
     }
+}
+
+/// The device and inode of an open directory, for [`leads_to`].
+pub fn dir_id(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    let st = fstat(fd)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Whether `path` (not followed if it is a link) is the directory `id`, with the mode the
+/// agent gives its directories (one `lstat`). False also when a directory on the way can no
+/// longer be searched.
+pub fn leads_to(path: &Path, id: (u64, u64)) -> bool {
+    fstatat(AT_FDCWD, path, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
+        (st.st_dev, st.st_ino) == id && (st.st_mode & 0o7777 == DIR_MODE || st.st_uid != euid())
+    })
 }
 
 fn euid() -> u32 {
@@ -245,7 +256,12 @@ pub fn write_in_place_at(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> io::R
         return Err(io::Error::other("not a regular file of its own"));
     }
     file.write_all_at(bytes, 0)?;
-    file.set_len(bytes.len() as u64)
+    // Only a shorter write has a tail to cut: a truncate to the same length still costs a
+    // metadata update.
+    if (bytes.len() as u64) < meta.len() {
+        file.set_len(bytes.len() as u64)?;
+    }
+    Ok(())
 }
 
 /// Removes the file (or link, or FIFO: never what it points to) `name` in `dir`.

@@ -664,3 +664,61 @@ async fn strict_modes_are_kept_and_an_errexit_exit_is_reported() {
     assert!(s(&v, "stderr").contains("set -e"), "{v}");
     answers(&a, false).await;
 }
+
+/// A command's directory is kept for the next command, so a command can change it for the
+/// next one: replace its FIFOs with files or links, replace the command file with a link to
+/// a file elsewhere, or leave a job that holds a FIFO open. None of it may reach the next
+/// command (its output and status stay exact) or the file elsewhere.
+#[tokio::test]
+async fn a_command_that_plants_files_in_its_own_directory_changes_nothing_for_the_next() {
+    let a = Agent::start();
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let victim = elsewhere.path().join("victim");
+    std::fs::write(&victim, "keep").expect("victim");
+    let victim = victim.display().to_string();
+    // The command's own directory, from the path of its stdout.
+    let dir = "d=$(dirname \"$(readlink /proc/$$/fd/1)\")";
+    let plants = [
+        format!("{dir}; rm \"$d/out\"; echo planted > \"$d/out\""),
+        format!("{dir}; rm \"$d/err\"; ln -s /dev/null \"$d/err\""),
+        format!("{dir}; rm \"$d/cmd\"; ln -s {victim} \"$d/cmd\""),
+        format!("{dir}; ln \"$d/cmd\" \"$d/cmd2\""),
+        format!("{dir}; rm \"$d/done\"; mkfifo \"$d/done\"; (exec 7<>\"$d/done\"; sleep 3) >/dev/null 2>&1 &"),
+        format!("{dir}; (exec 7>\"$d/out\"; sleep 3; echo late >&7) >/dev/null 2>&1 &"),
+        format!("{dir}; rm -rf \"$d\"; mkdir \"$d\"; mkfifo \"$d/out\" \"$d/err\" \"$d/done\""),
+        format!("{dir}; chmod 000 \"$d\""),
+    ];
+    for (i, plant) in plants.iter().enumerate() {
+        let v = a.exec(plant).await;
+        assert_eq!(v["exit_code"], 0, "{plant}: {v}");
+        for round in 0..3 {
+            let v = a
+                .exec_with(json!({
+                    "command": format!("echo out {i} {round}; echo err {i} {round} >&2; exit_status_{i}() {{ return 7; }}; exit_status_{i}"),
+                    "timeout_ms": QUICK_MS,
+                }))
+                .await;
+            assert_eq!(
+                (
+                    s(&v, "stdout"),
+                    s(&v, "stderr"),
+                    v["exit_code"].as_i64(),
+                    v["shell_restarted"].as_bool()
+                ),
+                (
+                    format!("out {i} {round}\n").as_str(),
+                    format!("err {i} {round}\n").as_str(),
+                    Some(7),
+                    Some(false)
+                ),
+                "after `{plant}`: {v}"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(elsewhere.path().join("victim")).expect("victim"),
+            "keep",
+            "after `{plant}`"
+        );
+    }
+    answers(&a, false).await;
+}

@@ -2,7 +2,7 @@
 //! says how to read it. Numbers come from real processes on loopback.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,13 @@ enum What {
         /// Leave out `yes` for 10 s (an agent without spill caps writes gigabytes).
         #[arg(long)]
         skip_yes: bool,
+        /// Where the measured agent's state dir is made: a disk-backed file system, as a
+        /// pod's `/tmp` emptyDir is (on tmpfs, the file-system work per command is hidden).
+        #[arg(long, default_value = "/var/tmp")]
+        state_parent: PathBuf,
+        /// Only the latency and memory tables, not the hostile-load ones.
+        #[arg(long)]
+        no_attacks: bool,
     },
     /// Local Kubernetes with the operator and server as pods: warm vs cold session start,
     /// `tools/call` through the Service and on the pod IP, N sessions × M commands at once.
@@ -58,7 +65,15 @@ fn main() -> anyhow::Result<()> {
             iterations,
             probes,
             skip_yes,
-        } => agent_bench(&agent, iterations, probes, skip_yes),
+            state_parent,
+            no_attacks,
+        } => {
+            agent_bench(&agent, iterations, &state_parent)?;
+            if no_attacks {
+                return Ok(());
+            }
+            agent_attacks::attacks(&agent, &bench_token()?, probes, skip_yes)
+        }
         What::Cluster(args) => cluster::cluster_bench(args),
         What::Images(args) => images::images_bench(args),
         What::Proxy(args) => proxy::proxy_bench(args),
@@ -106,7 +121,14 @@ impl Drop for AgentProc {
 }
 
 fn start_agent(bin: &PathBuf, commitment: &str) -> anyhow::Result<AgentProc> {
-    let state = tempfile::tempdir()?;
+    start_agent_in(bin, commitment, &std::env::temp_dir())
+}
+
+fn start_agent_in(bin: &PathBuf, commitment: &str, parent: &Path) -> anyhow::Result<AgentProc> {
+    let state = tempfile::Builder::new()
+        .prefix("cli-mcp-bench-")
+        .tempdir_in(parent)
+        .with_context(|| format!("a state dir in {}", parent.display()))?;
     let mut child = Command::new(bin)
         .args(["--listen", "127.0.0.1:0", "--log-json", "--state-dir"])
         .arg(state.path())
@@ -134,11 +156,29 @@ fn start_agent(bin: &PathBuf, commitment: &str) -> anyhow::Result<AgentProc> {
     Ok(AgentProc { child, addr, state })
 }
 
-fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow::Result<()> {
+/// The file system type of `dir` as `stat -f` names it (`ext2/ext3` for ext4, `tmpfs`).
+fn fs_type(dir: &Path) -> String {
+    Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(dir)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The session token every agent section uses.
+fn bench_token() -> anyhow::Result<cli_mcp_api::token::Token> {
     let sid = SessionId::parse("bench").context("session id")?;
-    let token = HmacKey::from_bytes([1; 32])
-        .session_token(&sid, &cli_mcp_api::token::SandboxNonce::from_bytes([2; 16]));
-    let agent = start_agent(bin, &token.commitment().to_hex())?;
+    Ok(HmacKey::from_bytes([1; 32])
+        .session_token(&sid, &cli_mcp_api::token::SandboxNonce::from_bytes([2; 16])))
+}
+
+fn agent_bench(bin: &PathBuf, n: usize, state_parent: &Path) -> anyhow::Result<()> {
+    let token = bench_token()?;
+    let agent = start_agent_in(bin, &token.commitment().to_hex(), state_parent)?;
+    let state_fs = fs_type(agent.state.path());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -170,9 +210,12 @@ fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow
     let exec = |cmd: &'static str| exec_as(cmd, None);
     let (exec_samples, journaled_samples, health_samples) = rt.block_on(async {
         exec("true").await?; // warm up: shell started, connection open
-                             // Interleaved, so a burst of load from other processes hits both alike.
+        http.get(&health_url).send().await?.bytes().await?;
+        // Interleaved, so a burst of load from other processes hits all three alike: the
+        // ratio of `true` to the bare round trip is what the agent adds, on this machine.
         let mut e = Vec::with_capacity(n);
         let mut j = Vec::with_capacity(n);
+        let mut h = Vec::with_capacity(n);
         for i in 0..n {
             let t = Instant::now();
             exec("true").await?;
@@ -180,9 +223,6 @@ fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow
             let t = Instant::now();
             exec_as("true", Some(format!("bench-{i}"))).await?;
             j.push(t.elapsed());
-        }
-        let mut h = Vec::with_capacity(n);
-        for _ in 0..n {
             let t = Instant::now();
             http.get(&health_url).send().await?.bytes().await?;
             h.push(t.elapsed());
@@ -212,7 +252,7 @@ fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow
         stats(health_samples),
         stats(spawn),
     );
-    println!("\n## agent ({n} iterations, loopback, release build)\n");
+    println!("\n## agent ({n} iterations, loopback, release build, state dir on {state_fs})\n");
     println!("| what | median | p99 |");
     println!("|---|---|---|");
     println!(
@@ -235,6 +275,12 @@ fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow
         ms(h.median),
         ms(h.p99)
     );
+    let ratio = |a: Duration| a.as_secs_f64() / h.median.as_secs_f64().max(1e-9);
+    println!(
+        "| `true` ÷ GET /healthz, medians (without / with a request_id) | {:.2}× / {:.2}× | |",
+        ratio(e.median),
+        ratio(j.median)
+    );
     println!();
     println!("| agent RSS | value |");
     println!("|---|---|");
@@ -244,6 +290,5 @@ fn agent_bench(bin: &PathBuf, n: usize, probes: usize, skip_yes: bool) -> anyhow
         "| after {n} commands + one 10 MB output | {} |",
         mib(rss_after_big)
     );
-    drop(agent);
-    agent_attacks::attacks(bin, &token, probes, skip_yes)
+    Ok(())
 }

@@ -75,6 +75,8 @@ pub struct Shell {
     root: HeldDir,
     /// `<state-dir>/cmd`, which holds each command's directory.
     cmd: HeldDir,
+    /// The last command's directory, kept for the next command.
+    slot: Option<Slot>,
     spills: Spills,
     /// Output streams of earlier commands that background jobs still write.
     lingering: Lingering,
@@ -98,6 +100,36 @@ struct CommandFiles {
     line: String,
     /// The directory, once made.
     made: Option<MadeDir>,
+    /// The command is in the directory's `cmd` file (not given to bash inline).
+    from_file: bool,
+}
+
+/// A command's directory kept for the next command. Making one per command (a directory,
+/// a file and three FIFOs) and removing it again (five removals) was most of the cost of a
+/// fast command on a disk-backed state dir: each is a journaled metadata change. It is
+/// used again only while its FIFOs have no writer and no reader but the agent's, and once
+/// bash is done with the last command's line (see [`Slot::bash_is_done`]).
+struct Slot {
+    made: MadeDir,
+    path: PathBuf,
+    /// The last command's `done` reader.
+    done: tokio::net::unix::pipe::Receiver,
+}
+
+impl Slot {
+    /// Whether bash has opened and closed `done` since the last command's reader was
+    /// opened, i.e. has finished that command's line (the agent answers on the status
+    /// record, which comes first). A FIFO reports a hang-up only then, and only while
+    /// nobody else holds it open; a new reader opened before bash's open would see bash's
+    /// close as the *next* command's end.
+    fn bash_is_done(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.done.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::ZERO).is_ok()
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    }
 }
 
 /// A command's directory as the agent made it: removed through these descriptors, so
@@ -107,6 +139,8 @@ struct MadeDir {
     parent: Arc<OwnedFd>,
     name: String,
     fd: OwnedFd,
+    /// Its device and inode.
+    id: (u64, u64),
 }
 
 impl MadeDir {
@@ -173,6 +207,7 @@ impl Shell {
             pending_reset,
             root,
             cmd,
+            slot: None,
             spills,
             lingering: Lingering::default(),
             reserve,
@@ -261,11 +296,15 @@ impl Shell {
             }
             None => status,
         };
+        let mut all_closed = false;
         let (out, mut err) = match collected {
-            Some(collected) => collected.into_captures(&mut self.lingering),
+            Some(collected) => {
+                all_closed = collected.all_closed();
+                collected.into_captures(&mut self.lingering)
+            }
             None => (Captured::empty(), Captured::empty()),
         };
-        self.clean_up(&files);
+        self.clean_up(files, done.filter(|_| all_closed));
         let shell_restarted = notes.append_to(&mut err.bytes);
         Ok(report::response(
             out,
@@ -401,14 +440,26 @@ impl Shell {
         Ok((status, self.opts.workdir.display().to_string()))
     }
 
-    /// Removes the command's directory and restores what the command may have removed.
-    fn clean_up(&mut self, files: &CommandFiles) {
-        if let Some(made) = &files.made {
-            made.remove();
+    /// Keeps the command's directory for the next command, or removes it; and restores
+    /// what the command may have removed. `done`: the command's `done` reader, when both
+    /// its streams reached their end (no process holds them any more).
+    fn clean_up(&mut self, files: CommandFiles, done: Option<tokio::net::unix::pipe::Receiver>) {
+        if let Some(made) = files.made {
+            match done {
+                Some(done) if files.from_file => {
+                    self.slot = Some(Slot {
+                        made,
+                        path: files.dir,
+                        done,
+                    })
+                }
+                _ => made.remove(),
+            }
         }
         if !self.cmd.in_place() {
             // The command replaced or removed `cmd` (or the state dir): bash, which goes by
             // the path, must find the next command's files.
+            self.drop_slot();
             self.ensure_dirs();
         }
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
@@ -465,6 +516,12 @@ impl Shell {
     /// them, replaced them or changed their mode (errors surface on the file operations
     /// that follow); the spill dir and the journal see to their own. The state dir first:
     /// without access to it nothing inside can be repaired.
+    fn drop_slot(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.made.remove();
+        }
+    }
+
     fn ensure_dirs(&mut self) {
         let _ = self.root.reopen();
         let _ = self.cmd.reopen();

@@ -18,12 +18,13 @@ use std::os::fd::AsFd;
 use super::framing::{command_line, inline_command_line, random_hex};
 use super::report::Notes;
 use super::streams::{self, Streams};
-use super::{CommandFiles, MadeDir, Shell, ShellError};
+use super::{CommandFiles, MadeDir, Shell, ShellError, Slot};
 use crate::state_files;
 
 impl Shell {
-    /// The files for `command` in a fresh, unguessable directory (nothing can be planted
-    /// there in advance), and its output streams (`None`: output discarded).
+    /// The files for `command` in a directory with an unguessable name (the last command's,
+    /// if nothing but the agent holds its files), and its output streams (`None`: output
+    /// discarded).
     pub(super) fn prepare(
         &mut self,
         command: &str,
@@ -81,6 +82,7 @@ impl Shell {
                 line: inline_command_line(command, None, &nonce),
                 nonce,
                 made: None,
+                from_file: false,
             },
             None,
         ))
@@ -99,6 +101,14 @@ impl Shell {
         command: &str,
         from_file: bool,
     ) -> Result<(CommandFiles, Streams), ShellError> {
+        if from_file {
+            if let Some(slot) = self.slot.take() {
+                match self.reuse(slot, command) {
+                    Ok(found) => return Ok(found),
+                    Err(made) => made.remove(),
+                }
+            }
+        }
         let nonce = random_hex();
         let dir = self.command_dir(&nonce);
         let line = if from_file {
@@ -111,6 +121,7 @@ impl Shell {
             nonce,
             line,
             made: None,
+            from_file,
         };
         let name = command_dir_name(self.seq, &files.nonce);
         // One lstat per command: bash goes by the path, so it must lead to the `cmd` the
@@ -132,7 +143,19 @@ impl Shell {
                 return Err(files.error(e));
             }
         };
-        let made = MadeDir { parent, name, fd };
+        let id = match state_files::dir_id(fd.as_fd()) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = state_files::remove_all_at(parent.as_fd(), name.as_ref());
+                return Err(files.error(e));
+            }
+        };
+        let made = MadeDir {
+            parent,
+            name,
+            fd,
+            id,
+        };
         let result = (|| {
             if from_file {
                 state_files::write_new_file_at(made.fd.as_fd(), "cmd", command.as_bytes())?;
@@ -143,6 +166,7 @@ impl Shell {
                 self.opts.output_budget,
                 &self.spills,
                 &stem,
+                true,
             )
         })();
         match result {
@@ -155,6 +179,46 @@ impl Shell {
                 Err(files.error(e))
             }
         }
+    }
+}
+
+impl Shell {
+    /// The last command's directory for `command`: its `cmd` file rewritten in place, its
+    /// FIFOs opened again (no `mkdir`, no `mkfifo`, nothing to remove afterwards). `Err`
+    /// gives the directory back for removal when it cannot be used: bash is not done with
+    /// the last line yet, the path no longer leads to it (one `lstat`), a command changed
+    /// its files, or a process still holds a FIFO open.
+    fn reuse(&mut self, slot: Slot, command: &str) -> Result<(CommandFiles, Streams), MadeDir> {
+        if !slot.bash_is_done() || !state_files::leads_to(&slot.path, slot.made.id) {
+            return Err(slot.made);
+        }
+        let Slot { made, path, done } = slot;
+        drop(done);
+        if state_files::write_in_place_at(made.fd.as_fd(), "cmd", command.as_bytes()).is_err() {
+            return Err(made);
+        }
+        let stem = format!("{}-{}", self.seq, &random_hex()[..8]);
+        let streams = match streams::open(
+            made.fd.as_fd(),
+            self.opts.output_budget,
+            &self.spills,
+            &stem,
+            false,
+        ) {
+            Ok(s) => s,
+            Err(_) => return Err(made),
+        };
+        let nonce = random_hex();
+        Ok((
+            CommandFiles {
+                line: command_line(&path, &nonce),
+                dir: path,
+                nonce,
+                made: Some(made),
+                from_file: true,
+            },
+            streams,
+        ))
     }
 }
 

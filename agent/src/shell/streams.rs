@@ -57,25 +57,31 @@ pub(super) struct Collected {
     lingering: Vec<pipe::Receiver>,
 }
 
-/// Creates `out` and `err` in the command's directory `dir` as FIFOs, open for reading.
-/// `spill_stem` names the spill files (`<stem>.stdout`, `<stem>.stderr`).
+/// Opens `out`, `err` and `done` in the command's directory `dir` for reading: made as
+/// FIFOs first when `fresh`; otherwise the FIFOs an earlier command used, which must have
+/// no writer left (a process that still holds one open would write into this command's
+/// output, or close `done` in the middle of it). `spill_stem` names the spill files
+/// (`<stem>.stdout`, `<stem>.stderr`).
 pub(super) fn open(
     dir: BorrowedFd<'_>,
     budget: usize,
     spills: &Spills,
     spill_stem: &str,
+    fresh: bool,
 ) -> io::Result<Streams> {
     let out = Stream::open(
         dir,
         "out",
         StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stdout")),
+        fresh,
     )?;
     let err = Stream::open(
         dir,
         "err",
         StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stderr")),
+        fresh,
     )?;
-    let done = done_fifo(dir, "done")?;
+    let done = done_fifo(dir, "done", fresh)?;
     Ok(Streams {
         out,
         err,
@@ -84,10 +90,25 @@ pub(super) fn open(
 }
 
 /// A FIFO the agent only reads, with no writer of its own: its end of file is bash's close.
-fn done_fifo(dir: BorrowedFd<'_>, name: &str) -> io::Result<pipe::Receiver> {
-    make_fifo(dir, name)?;
-    let reader = open_at(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0)?;
+fn done_fifo(dir: BorrowedFd<'_>, name: &str, fresh: bool) -> io::Result<pipe::Receiver> {
+    let reader = open_reader(dir, name, fresh)?;
     pipe::Receiver::from_file_unchecked(reader)
+}
+
+/// A FIFO's read end; an existing FIFO must have no writer and hold no bytes (a read of a
+/// FIFO with neither returns 0 at once).
+fn open_reader(dir: BorrowedFd<'_>, name: &str, fresh: bool) -> io::Result<std::fs::File> {
+    if fresh {
+        make_fifo(dir, name)?;
+    }
+    let reader = open_at(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0)?;
+    if !fresh {
+        match nix::unistd::read(&reader, &mut [0u8; 1]) {
+            Ok(0) => {}
+            _ => return Err(io::Error::other("another process holds the FIFO open")),
+        }
+    }
+    Ok(reader)
 }
 
 fn make_fifo(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
@@ -103,6 +124,12 @@ impl Streams {
 }
 
 impl Collected {
+    /// Both streams reached their end: no process holds them any more, and nobody but the
+    /// agent reads them.
+    pub(super) fn all_closed(&self) -> bool {
+        self.lingering.is_empty()
+    }
+
     /// The captured streams; any stream still open elsewhere goes to `lingering`.
     pub(super) fn into_captures(self, lingering: &mut Lingering) -> (Captured, Captured) {
         for rx in self.lingering {
@@ -121,9 +148,13 @@ struct Stream {
 }
 
 impl Stream {
-    fn open(dir: BorrowedFd<'_>, name: &str, capture: StreamCapture) -> io::Result<Self> {
-        make_fifo(dir, name)?;
-        let reader = open_at(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0)?;
+    fn open(
+        dir: BorrowedFd<'_>,
+        name: &str,
+        capture: StreamCapture,
+        fresh: bool,
+    ) -> io::Result<Self> {
+        let reader = open_reader(dir, name, fresh)?;
         // With a reader open, a non-blocking open for writing succeeds at once.
         let writer = open_at(dir, name, OFlag::O_WRONLY | OFlag::O_NONBLOCK, 0)?;
         // Unchecked: the checked variant costs an fstat and two fcntls per stream on every
