@@ -408,14 +408,14 @@ async fn jsonrpc_guard(State(s): State<Arc<AppState>>, req: Request, next: Next)
             format!("invalid request: not an MCP client message ({e})"),
         );
     }
+    if let Some(request_id) = cancelled {
+        cancel_call(&s, &parts, &request_id);
+    }
     // One shell per chat: a handshake-era client without X-Session-ID gets an MCP session
     // id at initialize, which it sends with every later request; the tool call takes it
     // as its sandbox session. It is a handle, not server state (rmcp stays stateless), so
     // any replica serves the chat. Only an initialize looks at the caller (no clone of it
     // for every other request).
-    if let Some(request_id) = cancelled {
-        cancel_call(&s, &parts, &request_id);
-    }
     let handle = (initialize && !parts.headers.contains_key(crate::mcp::SESSION_HEADER))
         .then(|| crate::mcp::new_handle(&caller_of(parts.extensions.get())));
     let mut res = next

@@ -421,3 +421,25 @@ async fn typescript_client_package_abort_at_2026_07_28_closes_the_request() {
     let server = local_server().await;
     typescript_cancel(&server, "v2", "ts-cancel-26", "auto", Cancel::Disconnect).await;
 }
+
+/// Over stdio rmcp itself cancels the call's token on `notifications/cancelled`.
+#[tokio::test]
+async fn python_sdk_cancel_over_stdio() {
+    let (dir, fifo) = support::fifo();
+    let marker = dir.path().join("finished");
+    let mut cmd = Command::new(python_interpreter().await);
+    cmd.arg(sdk_dir().join("python/client.py"))
+        .args([
+            "--stdio",
+            &stdio_server("py-stdio-cancel"),
+            "--mode",
+            "legacy",
+        ])
+        .arg("--cancel")
+        .arg(&fifo)
+        .arg(&marker);
+    let what = "the Python SDK over stdio";
+    let report = run_client(what, cmd, None).await;
+    check_cancel(what, &report, &marker, "2025-11-25").await;
+    assert_eq!(report.json["scope_cancelled"], true, "{}", report.json);
+}

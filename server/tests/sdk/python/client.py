@@ -7,7 +7,7 @@ place for every SDK.
 
 Usage: client.py --url URL --session SID --mode legacy|auto|2026-07-28
        client.py --stdio '["cli-mcp-server", "--transport", "stdio", ...]' --mode legacy
-       client.py --url URL [--session SID] --mode M --cancel FIFO MARKER
+       client.py --url URL [--session SID] | --stdio '[...]' --mode M --cancel FIFO MARKER
          (cancels a long call the SDK's way, an anyio cancel scope, then calls again)
 """
 
@@ -66,39 +66,48 @@ def read_fifo(path):
         return f.read().strip()
 
 
-async def cancel_scenario(url, session, mode, fifo, marker):
+async def cancel_scenario(url, stdio, session, mode, fifo, marker):
     """Starts a 30 s command, cancels it once it runs, and calls again at once.
 
     The command writes its pid to FIFO when it starts and creates MARKER if it ever ends on
     its own. Times are seconds after the cancel."""
-    report = {}
+    if stdio is not None:
+        server = StdioServerParameters(command=stdio[0], args=stdio[1:])
+        async with Client(server, mode=mode) as client:
+            return await cancel_calls(client, fifo, marker)
     async with http_client(session) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
-            report["protocol_version"] = client.protocol_version
-            report["set_state"] = await call(
-                client, "bash", {"command": "cd /tmp && export CANCEL_VAR=kept"}
+            return await cancel_calls(client, fifo, marker)
+
+
+async def cancel_calls(client, fifo, marker):
+    """What `cancel_scenario` does once connected."""
+    report = {}
+    report["protocol_version"] = client.protocol_version
+    report["set_state"] = await call(
+        client, "bash", {"command": "cd /tmp && export CANCEL_VAR=kept"}
+    )
+    long_call = {"finished": None}
+    scope = anyio.CancelScope()
+
+    async def run_long_call():
+        with scope:
+            command = f"sh -c 'echo $$ > {fifo}; exec sleep 30' && touch {marker}"
+            long_call["finished"] = result_json(
+                await client.call_tool("bash", {"command": command})
             )
-            long_call = {"finished": None}
-            scope = anyio.CancelScope()
 
-            async def run_long_call():
-                with scope:
-                    command = f"sh -c 'echo $$ > {fifo}; exec sleep 30' && touch {marker}"
-                    long_call["finished"] = result_json(
-                        await client.call_tool("bash", {"command": command})
-                    )
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(run_long_call)
-                with anyio.fail_after(30):
-                    report["pid"] = int(await anyio.to_thread.run_sync(read_fifo, fifo))
-                cancelled_at = time.monotonic()
-                scope.cancel()
-            report["cancel_returned_after"] = time.monotonic() - cancelled_at
-            report["long_call"] = long_call["finished"]
-            report["scope_cancelled"] = scope.cancelled_caught
-            report["next"] = await call(client, "bash", {"command": 'echo "ok $PWD $CANCEL_VAR"'})
-            report["next_answered_after"] = time.monotonic() - cancelled_at
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_long_call)
+        with anyio.fail_after(30):
+            report["pid"] = int(await anyio.to_thread.run_sync(read_fifo, fifo))
+        cancelled_at = time.monotonic()
+        scope.cancel()
+    report["cancel_returned_after"] = time.monotonic() - cancelled_at
+    report["long_call"] = long_call["finished"]
+    report["scope_cancelled"] = scope.cancelled_caught
+    report["next"] = await call(client, "bash", {"command": 'echo "ok $PWD $CANCEL_VAR"'})
+    report["next_answered_after"] = time.monotonic() - cancelled_at
     return report
 
 
@@ -157,10 +166,10 @@ def main():
     parser.add_argument("--cancel", nargs=2, metavar=("FIFO", "MARKER"))
     args = parser.parse_args()
     if args.cancel:
-        if not args.url:
-            parser.error("--cancel needs --url")
         fifo, marker = args.cancel
-        report = asyncio.run(cancel_scenario(args.url, args.session, args.mode, fifo, marker))
+        report = asyncio.run(
+            cancel_scenario(args.url, args.stdio, args.session, args.mode, fifo, marker)
+        )
         json.dump(report, sys.stdout)
         sys.stdout.write("\n")
         return
