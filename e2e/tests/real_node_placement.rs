@@ -23,7 +23,6 @@ use cli_mcp_e2e::testing::{wait_for_set, TIMEOUT};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
@@ -64,32 +63,6 @@ async fn ready_one(pods: Api<Pod>, selector: &str) -> Pod {
     .expect("a ready pod")
 }
 
-/// Lets the operator read the namespace's Events: how it learns the kubelet's reason for a
-/// pod sandbox that cannot be created. config/rbac does not grant `list` on events yet, so
-/// the test grants it in its namespace.
-async fn grant_event_reads(env: &Env) {
-    let ns = &env.ns.name;
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "cli-mcp-operator-events"},
-        "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["list"]}],
-    }))
-    .expect("Role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "cli-mcp-operator-events"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cli-mcp-operator-events"},
-        "subjects": [{"kind": "ServiceAccount", "name": format!("{ns}-cli-mcp-operator"), "namespace": ns}],
-    }))
-    .expect("RoleBinding");
-    env.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("events Role");
-    env.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("events RoleBinding");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sandbox_runtime_class_reaches_pool_and_session_pods() {
     let t0 = Instant::now();
@@ -106,7 +79,6 @@ async fn the_sandbox_runtime_class_reaches_pool_and_session_pods() {
     }
 
     let env = Env::install_on(rig.pc.test.clone(), "rn-placement").await;
-    grant_event_reads(&env).await;
     env.dummy_kubeconfig("a").await;
     let mut cr = env.cr("a", 0);
     cr["spec"]["sandbox"]["runtimeClassName"] = json!(RUNC_CLASS);
