@@ -63,13 +63,14 @@ impl Drop for Running {
     }
 }
 
-fn start(dir: &std::path::Path, leader_elect: bool) -> Running {
+fn start(dir: &std::path::Path, leader_elect: bool, platform: &str) -> Running {
     let (reader, writer) = std::io::pipe().expect("pipe");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cli-mcp-operator"));
     cmd.env("KUBECONFIG", kubeconfig(dir))
         .env("RELATED_IMAGE_SERVER", "cli-mcp-server:test")
         .env("CLI_MCP_HEALTH_LISTEN", "127.0.0.1:0")
         .env("CLI_MCP_LEADER_ELECT", leader_elect.to_string())
+        .env("CLI_MCP_PLATFORM", platform)
         .env("POD_NAMESPACE", "default")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -119,9 +120,11 @@ fn stop(r: &mut Running, sig: Signal) {
     assert!(st.success(), "exit status {st}:\n{}", r.log);
 }
 
-fn case(leader_elect: bool, sig: Signal, running: &str) {
+/// `platform` `kubernetes` skips the start-up detection, so the signal finds the process in
+/// the phase `running` names; `auto` stops it while it asks which platform this is.
+fn case(leader_elect: bool, platform: &str, sig: Signal, running: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut r = start(dir.path(), leader_elect);
+    let mut r = start(dir.path(), leader_elect, platform);
     // The process is past start-up and retrying the API server when the signal comes.
     wait_logged(&mut r, running, Duration::from_secs(30));
     stop(&mut r, sig);
@@ -137,16 +140,32 @@ fn case(leader_elect: bool, sig: Signal, running: &str) {
 #[test]
 fn sigterm_without_an_api_server_and_without_leader_election() {
     // Every watch fails to list: the controllers never sync.
-    case(false, Signal::SIGTERM, "failed with error");
+    case(false, "kubernetes", Signal::SIGTERM, "failed with error");
 }
 
 #[test]
 fn sigint_without_an_api_server_and_without_leader_election() {
-    case(false, Signal::SIGINT, "failed with error");
+    case(false, "kubernetes", Signal::SIGINT, "failed with error");
 }
 
 #[test]
 fn sigterm_without_an_api_server_with_leader_election() {
     // The election cannot create or read its Lease: it retries instead of exiting.
-    case(true, Signal::SIGTERM, "cannot start leader election");
+    case(
+        true,
+        "kubernetes",
+        Signal::SIGTERM,
+        "cannot start leader election",
+    );
+}
+
+#[test]
+fn sigterm_while_detecting_the_platform_without_an_api_server() {
+    // Start-up retries the API group list for up to 30 s before it assumes plain Kubernetes.
+    case(
+        true,
+        "auto",
+        Signal::SIGTERM,
+        "listing API groups to detect OpenShift",
+    );
 }
