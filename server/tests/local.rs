@@ -244,7 +244,7 @@ async fn invalid_utf8_output_is_shown_lossily_and_kept_exactly() {
 }
 
 #[tokio::test]
-async fn missing_or_invalid_session_header_is_a_tool_error_that_says_what_is_wrong() {
+async fn no_session_header_starts_a_named_session_and_a_bad_one_is_a_clear_tool_error() {
     let server = local_server(&[]).await;
     let none = Mcp::new(&server, None);
     // Without the header (and no MCP session) the call runs in a new session it names.
