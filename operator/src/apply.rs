@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -23,6 +23,23 @@ use crate::children::expose::HttpRoute;
 use crate::children::Desired;
 use crate::context::{Context, Stores};
 use crate::error::Result;
+
+/// Delete options that remove exactly the object that was read: its UID and, with
+/// `unchanged`, its resourceVersion too, so an object made again under the name, or changed
+/// since the read (a claim, an activity stamp), fails the delete (409) instead of going.
+pub fn delete_exactly<K: Resource>(obj: &K, unchanged: bool) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: obj.meta().uid.clone(),
+            resource_version: if unchanged {
+                obj.meta().resource_version.clone()
+            } else {
+                None
+            },
+        }),
+        ..Default::default()
+    }
+}
 
 /// Cache key of an object: `Kind/namespace/name`.
 pub fn cache_key<K: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &str) -> String {

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use cli_mcp_api::activity::{last_activity, STAMP_RESOLUTION};
@@ -105,13 +104,7 @@ pub async fn collect(
     for (pod, reason) in &p.collect {
         // The cached resourceVersion is the precondition: a last-activity patch that landed
         // after our read makes the delete fail (409) and the session lives on.
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: pod.uid(),
-                resource_version: pod.resource_version(),
-            }),
-            ..Default::default()
-        };
+        let dp = crate::apply::delete_exactly(pod.as_ref(), true);
         match api.delete(&pod.name_any(), &dp).await {
             Ok(_) => {
                 ctx.metrics.api_write("Pod", "delete");

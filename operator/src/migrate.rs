@@ -26,7 +26,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{DeleteParams, ListParams, Preconditions};
+use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
@@ -35,6 +35,7 @@ use cli_mcp_api::names::{label, InstanceName};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::pool::is_status;
 
 /// The name the Go operator gave every sandbox pod, of any instance.
 pub const GO_SANDBOX_PREFIX: &str = "cli-mcp-sandbox-";
@@ -150,15 +151,12 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: obj.meta().uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
+        propagation_policy: DeleteParams::background().propagation_policy,
+        ..crate::apply::delete_exactly(obj, false)
     };
     match api.delete(&obj.name_any(), &dp).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
         Err(e) => Err(Error::Kube(e)),
     }
 }

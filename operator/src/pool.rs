@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
 use cli_mcp_api::activity;
@@ -478,13 +478,7 @@ pub async fn delete_unclaimed(api: &Api<Pod>, pod: &Pod) -> Result<Option<String
     if fresh.uid() != pod.uid() || is_assigned(&fresh) || is_deleting(&fresh) {
         return Ok(None);
     }
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: fresh.uid(),
-            resource_version: fresh.resource_version(),
-        }),
-        ..Default::default()
-    };
+    let dp = crate::apply::delete_exactly(&fresh, true);
     match api.delete(&fresh.name_any(), &dp).await {
         Ok(_) => Ok(fresh.uid()),
         // 409: it changed (claimed) since the read; 404: gone. Either way: keep hands off.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 
@@ -184,13 +184,7 @@ async fn own_secret(ctx: &Context, cr: &CliMcpInstance, ns: &str, name: &str) ->
     };
     let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     if s.metadata.deletion_timestamp.is_none() {
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: s.uid(),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
+        let dp = crate::apply::delete_exactly(&s, false);
         match api.delete(name, &dp).await {
             Ok(_) => {
                 ctx.metrics.api_write("Secret", "delete");
