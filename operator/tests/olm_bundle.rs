@@ -8,31 +8,25 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cli_mcp_e2e::journey::tools;
+use cli_mcp_e2e::journey::{hack_bin_dir, kustomize_build};
 use cli_mcp_e2e::testing::workspace_root;
 use cli_mcp_operator::olm::{self, CSV_PATH};
 use serde::Deserialize as _;
 use serde_json::Value;
 
+/// `kustomize build config/<dir>`, as `hack/olm-bundle.sh` renders it.
 fn kustomize(dir: &str) -> String {
-    let out = Command::new(tools().join("kustomize"))
-        .arg("build")
-        .arg(workspace_root().join(dir))
-        .output()
-        .expect("run kustomize");
-    assert!(
-        out.status.success(),
-        "kustomize build {dir}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
+    kustomize_build(
+        &format!("olm-bundle-{dir}"),
+        &format!("resources:\n  - ../../config/{dir}\n"),
+    )
 }
 
 fn generated() -> olm::Bundle {
     olm::from_checkout(
         &workspace_root(),
-        &kustomize("config/default"),
-        &kustomize("config/samples"),
+        &kustomize("default"),
+        &kustomize("samples"),
     )
     .expect("the bundle generates")
 }
@@ -90,16 +84,7 @@ fn checked_in_bundle_is_current() {
 }
 
 fn operator_sdk() -> PathBuf {
-    let out = Command::new(workspace_root().join("hack/build-operator-sdk.sh"))
-        .output()
-        .expect("run hack/build-operator-sdk.sh");
-    assert!(
-        out.status.success(),
-        "hack/build-operator-sdk.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(stdout.lines().last().expect("bin dir").trim()).join("operator-sdk")
+    hack_bin_dir("build-operator-sdk.sh").join("operator-sdk")
 }
 
 fn validate(sdk: &Path, dir: &Path) -> (bool, String) {
@@ -165,7 +150,7 @@ fn rule_resources(rules: &Value) -> Vec<String> {
 
 #[test]
 fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
-    let rendered = docs(&kustomize("config/default"));
+    let rendered = docs(&kustomize("default"));
     let csv = csv(&generated());
     let install = &csv["spec"]["install"]["spec"];
 

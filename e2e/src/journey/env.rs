@@ -33,13 +33,20 @@ use crate::testing::{
 };
 use crate::ServiceForward;
 
+/// helm and kustomize (`hack/build-helm-kustomize.sh`, cached).
 pub fn tools() -> PathBuf {
-    let out = Command::new(workspace_root().join("hack/build-helm-kustomize.sh"))
+    hack_bin_dir("build-helm-kustomize.sh")
+}
+
+/// The bin directory a cached `hack/<script>` build prints as its last line (building it
+/// first when it is not cached).
+pub fn hack_bin_dir(script: &str) -> PathBuf {
+    let out = Command::new(workspace_root().join("hack").join(script))
         .output()
-        .expect("run hack/build-helm-kustomize.sh");
+        .unwrap_or_else(|e| panic!("run hack/{script}: {e}"));
     assert!(
         out.status.success(),
-        "hack/build-helm-kustomize.sh failed:\n{}",
+        "hack/{script} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -25,7 +25,7 @@ mod pods;
 
 pub use crate::instance::{SANDBOX_IMAGE, SERVER_IMAGE};
 pub use crate::jsonrpc::{response, stdout, text};
-pub use env::{apply_yaml, kustomize_build, operator_overlay, tools, Env};
+pub use env::{apply_yaml, hack_bin_dir, kustomize_build, operator_overlay, tools, Env};
 pub use mcp::{error_chain, CallError, Mcp};
 pub use pods::{
     container_pid, kill_when_running, process_running, sandbox_selector, server_selector,
