@@ -85,21 +85,23 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|o| o.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// A header map from literal pairs, for unit tests of header handling.
+#[cfg(test)]
+pub(crate) fn test_map(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            HeaderName::from_bytes(k.as_bytes()).expect("a valid test header name"),
+            http::HeaderValue::from_str(v).expect("a valid test header value"),
+        );
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_map as map;
     use super::*;
-    use http::HeaderValue;
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
 
     /// The header names left, sorted.
     fn names(h: &HeaderMap) -> Vec<&str> {

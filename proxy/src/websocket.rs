@@ -133,17 +133,7 @@ async fn pass<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
+    use crate::headers::test_map as map;
 
     #[test]
     fn only_a_well_formed_websocket_upgrade_is_one() {

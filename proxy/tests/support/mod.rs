@@ -439,6 +439,23 @@ pub async fn read_head<R: AsyncReadExt + Unpin>(r: &mut R) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Reads one response with a `content-length` body: its head, and its body read whole so the
+/// connection is ready for the next request.
+pub async fn read_response<R: AsyncReadExt + Unpin>(r: &mut R) -> (String, Vec<u8>) {
+    let head = read_head(r).await;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length in {head}"));
+    let mut body = vec![0; length];
+    tokio::time::timeout(DEADLINE, r.read_exact(&mut body))
+        .await
+        .expect("the body in time")
+        .unwrap();
+    (head, body)
+}
+
 /// CONNECT to `target` through the proxy, then TLS with `sni` (None: the target's host),
 /// trusting the proxy CA.
 pub async fn tunnel(
