@@ -824,6 +824,22 @@ async fn a_token_of_an_earlier_sandbox_never_opens_a_later_one() {
     w.done().await;
 }
 
+/// Waits until the session's pod runs `sleep <marker>` (a host process on the process
+/// kubelet); its pid.
+async fn started(marker: &str) -> i32 {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        if let Some(pid) = pids_running(&["sleep", marker]).first() {
+            return *pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Pids of processes whose command line is exactly `args` (NUL-separated).
 fn pids_running(args: &[&str]) -> Vec<i32> {
     let want: Vec<u8> = args
@@ -861,14 +877,7 @@ async fn a_call_racing_a_delete_fails_and_the_session_stays_deleted() {
         let cmd = format!("sleep {marker}");
         async move { mcp.bash(&cmd).await }
     });
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while pids_running(&["sleep", &marker]).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command never started"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    started(&marker).await;
     let http = support::http();
     let del = http
         .delete(server.url("/sessions/race-1"))
@@ -947,14 +956,7 @@ async fn a_cancelled_call_interrupts_the_command_in_its_pod() {
         let mcp = mcp.clone();
         async move { mcp.post_raw(body.to_string()).await }
     });
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while pids_running(&["sleep", &marker]).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command never started"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let pid = started(&marker).await;
     let cancel = json!({
         "jsonrpc": "2.0",
         "method": "notifications/cancelled",
@@ -972,13 +974,9 @@ async fn a_cancelled_call_interrupts_the_command_in_its_pod() {
         "{}",
         answer.text
     );
-    while !pids_running(&["sleep", &marker]).is_empty() {
-        assert!(
-            cancelled_at.elapsed() < std::time::Duration::from_secs(1),
-            "the cancelled command still runs 1 s after the cancel"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    support::gone_within(pid, std::time::Duration::from_secs(1))
+        .await
+        .unwrap_or_else(|e| panic!("the cancelled command: {e}"));
     let gone = cancelled_at.elapsed();
     let r = mcp.bash("echo \"ok $PWD $KEPT\"").await;
     let took = cancelled_at.elapsed();

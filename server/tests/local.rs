@@ -916,13 +916,7 @@ async fn stdio_transport_serves_one_session() {
 #[tokio::test]
 async fn sigterm_lets_the_running_call_finish_and_stops_the_agents() {
     let server = local_server(&[]).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fifo = dir.path().join("started");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo");
-    assert!(made.success());
+    let (_dir, fifo) = fifo();
     let mcp = Mcp::new(&server, Some("drain"));
     let list_url = server.url("/sessions");
     let cmd = format!("echo started > {}; sleep 1; echo finished", fifo.display());
