@@ -172,6 +172,18 @@ fn helm_template(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
+/// `config/default` under `namespace: other` and `namePrefix: team-`, listing the transformer
+/// `config/<transformer>` when given (what a renaming overlay must list).
+fn renamed_overlay(dir: &str, transformer: Option<&str>) -> Vec<Value> {
+    let t = transformer
+        .map(|t| format!("transformers:\n  - ../../config/{t}\n"))
+        .unwrap_or_default();
+    documents(&kustomize_build(
+        &format!("{dir}-{}", transformer.is_some()),
+        &format!("resources:\n  - ../../config/default\nnamespace: other\nnamePrefix: team-\n{t}"),
+    ))
+}
+
 /// The objects of a multi-document YAML stream.
 fn documents(yaml: &str) -> Vec<Value> {
     use serde::Deserialize as _;
@@ -534,17 +546,10 @@ fn image_tags_are_the_workspace_version() {
 #[test]
 fn a_namespace_overlay_keeps_the_apiserver_endpoints_rbac_in_default() {
     let overlay = |transformer: bool| {
-        let t = if transformer {
-            "transformers:\n  - ../../config/rbac/apiserver-endpoints-in-default\n"
-        } else {
-            ""
-        };
-        documents(&kustomize_build(
-            &format!("pkg-namespace-{transformer}"),
-            &format!(
-                "resources:\n  - ../../config/default\nnamespace: other\nnamePrefix: team-\n{t}"
-            ),
-        ))
+        renamed_overlay(
+            "pkg-namespace",
+            transformer.then_some("rbac/apiserver-endpoints-in-default"),
+        )
     };
     let docs = overlay(true);
     let role = named(&docs, "Role", "team-cli-mcp-operator-apiserver-endpoints");
@@ -788,17 +793,10 @@ fn both_packages_install_the_same_admission_policies() {
 #[test]
 fn an_overlay_keeps_the_admission_policies_on_the_renamed_operator() {
     let overlay = |transformer: bool| {
-        let t = if transformer {
-            "transformers:\n  - ../../config/admission/operator-identity\n"
-        } else {
-            ""
-        };
-        documents(&kustomize_build(
-            &format!("pkg-admission-overlay-{transformer}"),
-            &format!(
-                "resources:\n  - ../../config/default\nnamespace: other\nnamePrefix: team-\n{t}"
-            ),
-        ))
+        renamed_overlay(
+            "pkg-admission-overlay",
+            transformer.then_some("admission/operator-identity"),
+        )
     };
     let condition = |docs: &[Value]| {
         named(
