@@ -15,7 +15,7 @@ help: ## list the targets
 run: ## host prereqs, local Kubernetes (real node + project images; CLI_MCP_NODE=process: process kubelet) + operator + sample instance until Ctrl-C; prints how to reach MCP
 	hack/run.sh
 
-cluster: ## host prereqs, then only the local Kubernetes, until Ctrl-C
+cluster: ## host prereqs, then only the local Kubernetes (real node + project images; CLI_MCP_NODE=process: process kubelet), until Ctrl-C
 	hack/cluster-up.sh
 
 # hack/run.sh and hack/cluster-up.sh call hack/prereqs.sh themselves; silent when nothing is missing.
