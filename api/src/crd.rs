@@ -566,6 +566,59 @@ pub struct ProxySpec {
         "spec.proxy.resources.claims is not supported; use requests and limits"
     ))]
     pub resources: ResourceRequirements,
+
+    /// RuntimeClass of the proxy pods (`runtimeClassName`). The RuntimeClass must exist
+    /// (`kubectl get runtimeclass`), else the pods are refused. Default: the node's default
+    /// runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = placement_rules::class_name("spec.proxy.runtimeClassName", "RuntimeClass", "runtimeclass"))]
+    pub runtime_class_name: Option<String>,
+
+    /// Node labels the proxy pods must run on (`nodeSelector`). At most 32.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
+    #[x_kube(
+        validation = placement_rules::label_keys("spec.proxy.nodeSelector"),
+        validation = placement_rules::label_values("spec.proxy.nodeSelector")
+    )]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Taints the proxy pods tolerate (standard pod `tolerations`). At most 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = placement_rules::toleration_operator("spec.proxy.tolerations"),
+        validation = placement_rules::toleration_effect("spec.proxy.tolerations"),
+        validation = placement_rules::toleration_exists("spec.proxy.tolerations"),
+        validation = placement_rules::toleration_keyless("spec.proxy.tolerations"),
+        validation = placement_rules::toleration_seconds("spec.proxy.tolerations")
+    )]
+    pub tolerations: Vec<Toleration>,
+
+    /// Node affinity and pod (anti-)affinity of the proxy pods (standard pod `affinity`).
+    /// Without a `podAntiAffinity` here, the replicas prefer different nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// PriorityClass of the proxy pods (`priorityClassName`): every sandbox call needs the
+    /// proxy, so give it at least the sandboxes' priority. It must exist
+    /// (`kubectl get priorityclass`), else the pods are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = placement_rules::class_name("spec.proxy.priorityClassName", "PriorityClass", "priorityclass"))]
+    pub priority_class_name: Option<String>,
+
+    /// Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the
+    /// kubelet pulls the proxy image with (`imagePullSecrets`). At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // Bounded item schema: see spec.sandbox.imagePullSecrets.
+    #[schemars(
+        length(max = 16),
+        extend("items" = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}})
+    )]
+    #[x_kube(validation = placement_rules::pull_secrets("spec.proxy.imagePullSecrets"))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
 }
 
 fn default_proxy_replicas() -> i32 {
@@ -1173,6 +1226,22 @@ mod tests {
         assert_eq!(server.priority_class_name.as_deref(), Some("critical"));
         assert_eq!(server.tolerations.len(), 1);
         assert_eq!(server.runtime_class_name, None);
+
+        let proxied = cr(serde_json::json!({"proxy": {
+            "targets": [{"type": "kubernetes"}],
+            "runtimeClassName": "kata", "tolerations": [{"operator": "Exists"}]
+        }}));
+        let plan = proxied.proxy_plan().expect("plan").expect("a proxy");
+        assert_eq!(plan.placement.runtime_class_name.as_deref(), Some("kata"));
+        assert_eq!(plan.placement.tolerations.len(), 1);
+        assert!(
+            proxied
+                .sandbox_config(Some("i"))
+                .expect("config")
+                .placement
+                .is_empty(),
+            "the proxy's placement is not the sandboxes'"
+        );
 
         let plain = cr(serde_json::json!({}));
         assert!(plain

@@ -311,8 +311,11 @@ async fn placement_fields_are_checked_at_admission() {
     let ns = c.namespace("admission-placement").await.expect("namespace");
 
     let mut cases: Vec<(String, serde_json::Value, String)> = Vec::new();
-    for part in ["sandbox", "server"] {
-        let mut case = |name: &str, fields: serde_json::Value, want: &str| {
+    for part in ["sandbox", "server", "proxy"] {
+        let mut case = |name: &str, mut fields: serde_json::Value, want: &str| {
+            if part == "proxy" {
+                fields["targets"] = json!([{"type": "kubernetes"}]);
+            }
             cases.push((
                 format!("{part}-{name}"),
                 json!({ part: fields }),
@@ -435,18 +438,25 @@ async fn placement_fields_are_checked_at_admission() {
         }}},
         "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror.example"}]
     });
+    let mut proxy = placement.clone();
+    proxy["targets"] = json!([{"type": "kubernetes"}]);
     let ok = ns
         .api::<CliMcpInstance>()
         .create(
             &PostParams::default(),
             &instance(
                 "placed",
-                json!({"sandbox": placement.clone(), "server": placement}),
+                json!({"sandbox": placement.clone(), "server": placement, "proxy": proxy}),
             ),
         )
         .await
         .expect("valid placement is accepted");
-    for p in [ok.spec.sandbox.placement(), ok.spec.server.placement()] {
+    let proxy = ok.spec.proxy.as_ref().expect("proxy").placement();
+    for p in [
+        ok.spec.sandbox.placement(),
+        ok.spec.server.placement(),
+        proxy,
+    ] {
         assert_eq!(p.runtime_class_name.as_deref(), Some("gvisor.example.com"));
         assert_eq!(p.node_selector.len(), 3);
         assert_eq!(p.tolerations.len(), 3);

@@ -39,6 +39,8 @@ pub struct ProxyPlan {
     pub allowlist: Vec<Domain>,
     pub replicas: i32,
     pub resources: ResourceRequirements,
+    /// `spec.proxy`'s runtime, scheduling and pull Secrets, for the proxy pods.
+    pub placement: Placement,
 }
 
 /// Parses a Go-style duration (`1h30m`, `90s`, `500ms`, `1.5h`); only non-negative values.
@@ -116,6 +118,20 @@ impl SandboxSpec {
             )?,
             secs("spec.sandbox.commandTimeout.max", &self.command_timeout.max)?,
         ))
+    }
+}
+
+impl ProxySpec {
+    /// Runtime, scheduling and pull Secrets of the proxy pods.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            runtime_class_name: self.runtime_class_name.clone(),
+            node_selector: self.node_selector.clone(),
+            tolerations: self.tolerations.clone(),
+            affinity: self.affinity.clone(),
+            priority_class_name: self.priority_class_name.clone(),
+            image_pull_secrets: self.image_pull_secrets.clone(),
+        }
     }
 }
 
@@ -207,6 +223,7 @@ impl CliMcpInstance {
             kubeconfig_secret,
             allowlist,
             replicas: p.replicas,
+            placement: p.placement(),
             resources: p.resources,
         }))
     }

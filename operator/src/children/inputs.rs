@@ -231,6 +231,8 @@ pub struct ProxyInputs {
     pub image: String,
     pub replicas: i32,
     pub resources: ResourceRequirements,
+    /// `spec.proxy`'s runtime, scheduling and pull Secrets.
+    pub placement: Placement,
     /// Every route, kubernetes and allow-list.
     pub routes: cli_mcp_api::proxy::RouteTable,
     /// The sandboxes' kubeconfig (placeholder token, proxy CA), with a kubernetes target.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PodAffinityTerm,
+    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PodAffinityTerm,
     PodAntiAffinity, PodSpec, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
     WeightedPodAffinityTerm,
 };
@@ -83,6 +83,7 @@ pub fn proxy_inputs(
         image: image.to_owned(),
         replicas: plan.replicas,
         resources: plan.resources.clone(),
+        placement: plan.placement.clone(),
         routes,
         dummy_kubeconfig: kubeconfig.map(|k| k.dummy(ca_pem)),
         kubeconfig_secret: plan.kubeconfig_secret.clone(),
@@ -333,39 +334,40 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
     };
     let selector = inp.spec.selector(label::COMPONENT_PROXY);
     // Replicas on different nodes when there are several: one node lost, one proxy left.
-    let spread = Affinity {
-        pod_anti_affinity: Some(PodAntiAffinity {
-            preferred_during_scheduling_ignored_during_execution: Some(vec![
-                WeightedPodAffinityTerm {
-                    weight: 100,
-                    pod_affinity_term: PodAffinityTerm {
-                        label_selector: Some(LabelSelector {
-                            match_labels: Some(selector.clone()),
-                            ..Default::default()
-                        }),
-                        topology_key: "kubernetes.io/hostname".into(),
-                        ..Default::default()
-                    },
-                },
-            ]),
-            ..Default::default()
-        }),
+    // An admin's own podAntiAffinity replaces this preference; their node and pod
+    // affinity are kept beside it.
+    let spread = PodAntiAffinity {
+        preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+            weight: 100,
+            pod_affinity_term: PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(selector.clone()),
+                    ..Default::default()
+                }),
+                topology_key: "kubernetes.io/hostname".into(),
+                ..Default::default()
+            },
+        }]),
         ..Default::default()
     };
+    let mut pod = PodSpec {
+        service_account_name: Some(name.clone()),
+        automount_service_account_token: Some(false),
+        containers: vec![container],
+        volumes: Some(volumes),
+        ..Default::default()
+    };
+    p.placement.apply_to(&mut pod);
+    let mut affinity = pod.affinity.take().unwrap_or_default();
+    affinity.pod_anti_affinity.get_or_insert(spread);
+    pod.affinity = Some(affinity);
     rolling_deployment(
         inp,
-        name.clone(),
+        name,
         label::COMPONENT_PROXY,
         p.replicas,
         annotations,
-        PodSpec {
-            service_account_name: Some(name),
-            automount_service_account_token: Some(false),
-            affinity: Some(spread),
-            containers: vec![container],
-            volumes: Some(volumes),
-            ..Default::default()
-        },
+        pod,
     )
 }
 
@@ -439,6 +441,97 @@ mod tests {
             .and_then(|p| p.affinity)
             .and_then(|a| a.pod_anti_affinity)
             .is_some());
+    }
+
+    #[test]
+    fn proxy_pods_get_spec_proxys_placement_and_nothing_of_the_others() {
+        let inp = inputs(serde_json::json!({
+            "proxy": {
+                "targets": [{"type": "kubernetes"}],
+                "runtimeClassName": "kata",
+                "nodeSelector": {"node-role.example.com/infra": ""},
+                "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+                "priorityClassName": "infra-high",
+                "imagePullSecrets": [{"name": "proxy-pull"}]
+            },
+            "sandbox": {"runtimeClassName": "gvisor", "priorityClassName": "sandbox-low"},
+            "server": {"nodeSelector": {"server": "only"}}
+        }));
+        let pod = deployment(&inp, proxy(&inp))
+            .spec
+            .template
+            .spec
+            .expect("pod");
+        assert_eq!(pod.runtime_class_name.as_deref(), Some("kata"));
+        assert_eq!(
+            pod.node_selector
+                .expect("nodeSelector")
+                .keys()
+                .collect::<Vec<_>>(),
+            ["node-role.example.com/infra"]
+        );
+        assert_eq!(
+            pod.tolerations.expect("tolerations")[0].key.as_deref(),
+            Some("infra")
+        );
+        assert_eq!(pod.priority_class_name.as_deref(), Some("infra-high"));
+        assert_eq!(
+            pod.image_pull_secrets.expect("imagePullSecrets")[0].name,
+            "proxy-pull"
+        );
+        let affinity = pod.affinity.expect("affinity");
+        assert!(
+            affinity.node_affinity.is_some(),
+            "the admin's node affinity"
+        );
+        assert!(
+            affinity.pod_anti_affinity.is_some(),
+            "the replicas still prefer different nodes"
+        );
+        // Placement never loosens the lockdown.
+        assert_eq!(pod.automount_service_account_token, Some(false));
+
+        // An admin's own podAntiAffinity replaces the default spread.
+        let inp = inputs(serde_json::json!({"proxy": {
+            "targets": [{"type": "kubernetes"}],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "topology.kubernetes.io/zone"}]}}
+        }}));
+        let anti = deployment(&inp, proxy(&inp))
+            .spec
+            .template
+            .spec
+            .and_then(|p| p.affinity)
+            .and_then(|a| a.pod_anti_affinity)
+            .expect("anti-affinity");
+        assert_eq!(
+            anti.preferred_during_scheduling_ignored_during_execution,
+            None
+        );
+        assert_eq!(
+            anti.required_during_scheduling_ignored_during_execution
+                .expect("required")[0]
+                .topology_key,
+            "topology.kubernetes.io/zone"
+        );
+
+        // Nothing set: only the default spread.
+        let plain = proxied();
+        let pod = deployment(&plain, proxy(&plain))
+            .spec
+            .template
+            .spec
+            .expect("pod");
+        assert_eq!(pod.runtime_class_name, None);
+        assert_eq!(pod.node_selector, None);
+        assert_eq!(pod.tolerations, None);
+        assert_eq!(pod.priority_class_name, None);
+        assert_eq!(pod.image_pull_secrets, None);
+        let affinity = pod.affinity.expect("affinity");
+        assert!(affinity.node_affinity.is_none() && affinity.pod_anti_affinity.is_some());
     }
 
     #[test]
