@@ -4,28 +4,36 @@
 //! within its own timeout for the shell, then gets 409 `busy`; only a few callers may wait
 //! at once, the others get 409 `busy` at once (each waiter holds a connection). A command
 //! runs in its own task so that a caller going away interrupts it cleanly instead of
-//! abandoning it midway. `/healthz` touches neither the shell nor its queue.
+//! abandoning it midway. `/healthz` touches neither the shell nor its queue, and neither do
+//! `GET /exec/progress` (how far the running command is) and `GET /files/…` (a spill or a
+//! workspace file read back in chunks, see [`crate::files`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use tokio::sync::{oneshot, watch, OwnedMutexGuard};
 
 use cli_mcp_api::wire::{
-    AssignRequest, AssignResponse, ErrorBody, ErrorCode, ExecRequest, ExecResponse,
+    AssignRequest, AssignResponse, ErrorBody, ErrorCode, ExecProgress, ExecRequest, ExecResponse,
+    HEADER_FILE_SIZE,
 };
 
 use crate::assignment::{AssignError, Assignment, AuthError};
+use crate::files::{self, Chunk, FileError};
+use crate::progress::Progress;
 use crate::runner::{Job, RunError, Runner};
 use crate::shell::{Shell, StopReason};
+use crate::spill::Spills;
 
 /// Limits applied to every `/exec`.
 #[derive(Debug, Clone, Copy)]
@@ -48,11 +56,19 @@ pub struct AgentState {
     abort_tx: watch::Sender<bool>,
     /// Callers waiting for the shell right now.
     waiting: AtomicUsize,
+    /// The running command's progress (the shell's, reachable while the runner is busy).
+    progress: Progress,
+    spills: Spills,
+    /// The shell's starting directory: the root of `GET /files/workspace`.
+    workspace: std::path::PathBuf,
 }
 
 impl AgentState {
     pub fn new(assignment: Assignment, shell: Shell, limits: Limits) -> Arc<Self> {
         let (abort_tx, _) = watch::channel(false);
+        let progress = shell.progress();
+        let spills = shell.spills();
+        let workspace = shell.options().workdir.clone();
         Arc::new(Self {
             assignment: Mutex::new(assignment),
             runner: Arc::new(tokio::sync::Mutex::new(Runner::new(shell))),
@@ -60,6 +76,9 @@ impl AgentState {
             shutting_down: AtomicBool::new(false),
             abort_tx,
             waiting: AtomicUsize::new(0),
+            progress,
+            spills,
+            workspace,
         })
     }
 
@@ -97,20 +116,25 @@ impl AgentState {
 pub fn router(state: Arc<AgentState>) -> Router {
     Router::new()
         .route("/exec", post(exec))
+        .route("/exec/progress", get(exec_progress))
+        .route("/files/spill", get(spill_file))
+        .route("/files/workspace", get(workspace_file))
         .route("/assign", post(assign))
         .route("/healthz", get(healthz))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 ErrorCode::NotFound,
-                "no such endpoint; the agent serves POST /exec, POST /assign and GET /healthz",
+                "no such endpoint; the agent serves POST /exec, GET /exec/progress, GET \
+                 /files/spill, GET /files/workspace, POST /assign and GET /healthz",
             )
         })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 ErrorCode::BadRequest,
-                "method not allowed; the agent serves POST /exec, POST /assign and GET /healthz",
+                "method not allowed; the agent serves POST /exec, GET /exec/progress, GET \
+                 /files/spill, GET /files/workspace, POST /assign and GET /healthz",
             )
         })
         .with_state(state)
@@ -271,6 +295,7 @@ async fn exec(
     let runner = wait_for_shell(&state, timeout).await?;
     // A caller that waited for the lock may have waited through SIGTERM.
     state.refuse_if_shutting_down()?;
+    let _running = state.progress.begin(req.request_id.clone());
     let job = Job {
         command: req.command,
         request_id: req.request_id,
@@ -376,4 +401,118 @@ fn resolve_timeout(ms: Option<u64>, limits: &Limits) -> Result<Duration, ApiErro
         ))),
         Some(ms) => Ok(Duration::from_millis(ms)),
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressQuery {
+    request_id: String,
+}
+
+/// How far the command of `request_id` is; `running: false` when it is not the one running.
+async fn exec_progress(
+    State(state): State<Arc<AgentState>>,
+    headers: HeaderMap,
+    query: Result<Query<ProgressQuery>, QueryRejection>,
+) -> Result<Json<ExecProgress>, ApiError> {
+    state.assignment().authorize_exec(authorization(&headers))?;
+    let Query(q) = query.map_err(|e| {
+        bad_request(&format!(
+            "{}; GET /exec/progress takes ?request_id=<the request_id of the POST /exec>",
+            e.body_text()
+        ))
+    })?;
+    Ok(Json(state.progress.snapshot(&q.request_id)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpillQuery {
+    name: String,
+    #[serde(default)]
+    offset: u64,
+    length: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkspaceQuery {
+    path: String,
+    #[serde(default)]
+    offset: u64,
+    length: Option<u64>,
+}
+
+/// Bytes of the spill `name` (`?name=…&offset=…&length=…`).
+async fn spill_file(
+    State(state): State<Arc<AgentState>>,
+    headers: HeaderMap,
+    query: Result<Query<SpillQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    state.assignment().authorize_exec(authorization(&headers))?;
+    let Query(q) = query.map_err(|e| {
+        bad_request(&format!(
+            "{}; GET /files/spill takes ?name=<spill name>[&offset=N][&length=N]",
+            e.body_text()
+        ))
+    })?;
+    let spills = state.spills.clone();
+    let length = q.length.unwrap_or(files::FILE_READ_MAX);
+    read_file(move || files::read_spill(&spills, &q.name, q.offset, length)).await
+}
+
+/// Bytes of a file beneath the workspace (`?path=…&offset=…&length=…`).
+async fn workspace_file(
+    State(state): State<Arc<AgentState>>,
+    headers: HeaderMap,
+    query: Result<Query<WorkspaceQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    state.assignment().authorize_exec(authorization(&headers))?;
+    let Query(q) = query.map_err(|e| {
+        bad_request(&format!(
+            "{}; GET /files/workspace takes ?path=<path in the workspace>[&offset=N][&length=N]",
+            e.body_text()
+        ))
+    })?;
+    let root = state.workspace.clone();
+    let length = q.length.unwrap_or(files::FILE_READ_MAX);
+    read_file(move || files::read_workspace(&root, &q.path, q.offset, length)).await
+}
+
+/// Runs a file read off the async threads; the chunk as `application/octet-stream` with the
+/// file's size in `x-file-size`.
+async fn read_file(
+    read: impl FnOnce() -> Result<Chunk, FileError> + Send + 'static,
+) -> Result<Response, ApiError> {
+    let chunk = tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                format!("the read task failed: {e}"),
+            )
+        })?
+        .map_err(|e| match e {
+            FileError::Refused(m) => {
+                ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, m)
+            }
+            FileError::NotFound(m) => {
+                ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NoSuchFile, m)
+            }
+            FileError::Io(m) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, m)
+            }
+        })?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (
+                header::HeaderName::from_static(HEADER_FILE_SIZE),
+                chunk.size.to_string(),
+            ),
+        ],
+        chunk.bytes,
+    )
+        .into_response())
 }

@@ -10,8 +10,10 @@
 //! - [`replay`] remembers the last requests, on disk too; [`runner`] consults it so that a
 //!   retry is never run twice.
 //! - `state_files` opens files in the state dir, which commands can tamper with.
-//! - [`http`] is the axum API: `/exec`, `/assign`, `/healthz`; [`serve`] accepts and bounds
-//!   connections.
+//! - [`progress`] follows the running command's output for `GET /exec/progress`, and
+//!   [`files`] reads spills and workspace files back in bounded chunks (`GET /files/…`).
+//! - [`http`] is the axum API: `/exec`, `/exec/progress`, `/files/…`, `/assign`,
+//!   `/healthz`; [`serve`] accepts and bounds connections.
 //! - [`cli`] holds the flags; [`run`] starts, serves and shuts down the agent.
 
 // `unsafe` only where audited: the child's set-up before exec (`shell::bash::prepare_child`)
@@ -20,9 +22,11 @@
 
 pub mod assignment;
 pub mod cli;
+pub mod files;
 pub mod http;
 pub mod output;
 pub mod procs;
+pub mod progress;
 pub mod reaper;
 pub mod replay;
 pub mod run;

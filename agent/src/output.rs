@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 
+use crate::progress::{Progress, Stream};
 use crate::spill::{Cut, SpillFile, Spills};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,8 @@ pub struct StreamCapture {
     spills: Spills,
     spill_name: String,
     spill: Option<Result<SpillFile, Cut>>,
+    /// Told of every chunk, for `GET /exec/progress`.
+    progress: Option<(Progress, Stream)>,
 }
 
 impl StreamCapture {
@@ -57,7 +60,14 @@ impl StreamCapture {
             spills,
             spill_name,
             spill: None,
+            progress: None,
         }
+    }
+
+    /// Reports every chunk to `progress` as output of `stream`.
+    pub fn observed_by(mut self, progress: Progress, stream: Stream) -> Self {
+        self.progress = Some((progress, stream));
+        self
     }
 
     pub fn push(&mut self, bytes: &[u8]) {
@@ -65,6 +75,9 @@ impl StreamCapture {
             return;
         }
         self.total += bytes.len() as u64;
+        if let Some((progress, stream)) = &self.progress {
+            progress.observe(*stream, bytes);
+        }
         let into_head = bytes.len().min(self.budget - self.head.len());
         self.head.extend_from_slice(&bytes[..into_head]);
         self.push_tail(bytes);

@@ -143,6 +143,12 @@ impl Spills {
         self.store().limits
     }
 
+    /// The spill directory the agent holds now, for reading spills back by name (never
+    /// through the path, which a command may have swapped for a link).
+    pub fn held_dir(&self) -> Arc<OwnedFd> {
+        self.store().dir.shared_fd()
+    }
+
     /// Starts a spill file named `name` in the spill dir.
     pub fn create(&self, name: &str) -> Result<SpillFile, Cut> {
         let dir = {

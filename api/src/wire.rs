@@ -105,6 +105,30 @@ impl ExecResponse {
     }
 }
 
+/// `GET /exec/progress?request_id=…` success body: how far the command of that request is.
+/// The agent answers at once (it never waits for the shell).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecProgress {
+    /// False when the agent is not running this request now (not started yet, finished, or
+    /// never sent); the other fields are then zero and empty.
+    pub running: bool,
+    /// Bytes the command has written to stdout and stderr together so far (never falls
+    /// while it runs).
+    pub bytes: u64,
+    /// The last complete, non-blank line of output (either stream), at most
+    /// [`PROGRESS_LINE_MAX`] bytes, control characters removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_line: Option<String>,
+}
+
+/// Most bytes of [`ExecProgress::last_line`].
+pub const PROGRESS_LINE_MAX: usize = 200;
+
+/// Most bytes one `GET /files/…` answers (its `length` is capped to this).
+pub const FILE_READ_MAX: u64 = 4 * 1024 * 1024;
+/// Response header of `GET /files/…`: the file's size when it was opened.
+pub const HEADER_FILE_SIZE: &str = "x-file-size";
+
 /// `POST /assign` body: binds a warm pod to a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,6 +164,9 @@ pub enum ErrorCode {
     NotAssigned,
     /// 503: the agent is shutting down.
     ShuttingDown,
+    /// 404 on `GET /files/…`: no such file, or not one the agent serves (a link, a
+    /// directory, outside the workspace).
+    NoSuchFile,
     /// 500: the agent could not run the command (the shell could not be started, …).
     Internal,
 }

@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use cli_mcp_api::token::Token;
 use cli_mcp_api::wire::{
-    AssignRequest, AssignResponse, ErrorBody, ErrorCode, ExecRequest, ExecResponse,
+    AssignRequest, AssignResponse, ErrorBody, ErrorCode, ExecProgress, ExecRequest, ExecResponse,
+    FILE_READ_MAX, HEADER_FILE_SIZE,
 };
 
 /// Extra time over a command's own timeout before the server gives up on the agent: the
@@ -21,6 +22,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const SMALL_BODY_LIMIT: usize = 64 * 1024;
 /// One `GET /healthz` of a starting agent: on a pod network it answers in well under this.
 const HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
+/// One `GET /exec/progress`: asked once a second, so an answer later than that is useless.
+const PROGRESS_TIMEOUT: Duration = Duration::from_secs(1);
+/// One `GET /files/…`: at most [`FILE_READ_MAX`] bytes from the sandbox's own disk.
+const FILE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -122,15 +127,78 @@ impl AgentClient {
         timeout: Duration,
     ) -> Result<ExecResponse, AgentError> {
         let url = format!("{endpoint}/exec");
-        self.post(
+        let post = self.post(
             &url,
             endpoint,
             token.expose(),
             req,
             timeout + EXEC_GRACE,
             self.exec_body_limit,
-        )
-        .await
+        );
+        // A call whose client asked for progress also asks the agent how far it is.
+        match req.request_id.as_deref() {
+            Some(id) => {
+                crate::progress::alongside(post, || self.progress(endpoint, token, id)).await
+            }
+            None => post.await,
+        }
+    }
+
+    /// `GET /exec/progress`: how far the command of `request_id` is.
+    pub async fn progress(
+        &self,
+        endpoint: &str,
+        token: &Token,
+        request_id: &str,
+    ) -> Result<ExecProgress, AgentError> {
+        let url = format!("{endpoint}/exec/progress");
+        let req = self
+            .http
+            .get(&url)
+            .query(&[("request_id", request_id)])
+            .bearer_auth(token.expose());
+        let (_, bytes) = self
+            .get(req, endpoint, PROGRESS_TIMEOUT, SMALL_BODY_LIMIT)
+            .await?;
+        serde_json::from_slice(&bytes).map_err(|e| AgentError::BadBody(e.to_string()))
+    }
+
+    /// `GET /files/<kind>` (`spill` or `workspace`) with `query`: a chunk of a file and the
+    /// file's size.
+    pub async fn file(
+        &self,
+        endpoint: &str,
+        token: &Token,
+        kind: &str,
+        query: &[(&str, String)],
+    ) -> Result<(Vec<u8>, u64), AgentError> {
+        let url = format!("{endpoint}/files/{kind}");
+        let req = self.http.get(&url).query(query).bearer_auth(token.expose());
+        let limit = usize::try_from(FILE_READ_MAX).unwrap_or(usize::MAX);
+        let (headers, bytes) = self.get(req, endpoint, FILE_TIMEOUT, limit).await?;
+        let size = headers
+            .get(HEADER_FILE_SIZE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| AgentError::BadBody(format!("no {HEADER_FILE_SIZE} header")))?;
+        Ok((bytes, size))
+    }
+
+    async fn get(
+        &self,
+        req: reqwest::RequestBuilder,
+        endpoint: &str,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<(reqwest::header::HeaderMap, Vec<u8>), AgentError> {
+        let resp = req
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| classify(e, endpoint, timeout))?;
+        let headers = resp.headers().clone();
+        let bytes = read_body(resp, endpoint, timeout, limit).await?;
+        Ok((headers, bytes))
     }
 
     /// `GET /healthz`: whether the agent answers (what its readiness probe asks).
@@ -177,44 +245,55 @@ impl AgentClient {
             .json(body)
             .timeout(timeout)
             .send();
-        let mut resp = send.await.map_err(|e| classify(e, endpoint, timeout))?;
-        let status = resp.status();
-        let body_limit = if status.is_success() {
-            limit
-        } else {
-            SMALL_BODY_LIMIT
-        };
-        if resp.content_length().is_some_and(|n| n > body_limit as u64) {
-            return Err(AgentError::TooLarge { limit: body_limit });
-        }
-        let mut bytes = Vec::with_capacity(
-            resp.content_length().unwrap_or(1024).min(body_limit as u64) as usize,
-        );
-        loop {
-            match resp.chunk().await {
-                Ok(Some(chunk)) => {
-                    if bytes.len() + chunk.len() > body_limit {
-                        return Err(AgentError::TooLarge { limit: body_limit });
-                    }
-                    bytes.extend_from_slice(&chunk);
-                }
-                Ok(None) => break,
-                Err(e) => return Err(classify(e, endpoint, timeout)),
-            }
-        }
-        if !status.is_success() {
-            let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
-                Ok(b) => (Some(b.code), b.error),
-                Err(_) => (None, String::from_utf8_lossy(&bytes).trim().to_owned()),
-            };
-            return Err(AgentError::Status {
-                status,
-                code,
-                message,
-            });
-        }
+        let resp = send.await.map_err(|e| classify(e, endpoint, timeout))?;
+        let bytes = read_body(resp, endpoint, timeout, limit).await?;
         serde_json::from_slice(&bytes).map_err(|e| AgentError::BadBody(e.to_string()))
     }
+}
+
+/// A successful answer's body within `limit` bytes; an error answer (within
+/// `SMALL_BODY_LIMIT`) as [`AgentError::Status`].
+async fn read_body(
+    mut resp: reqwest::Response,
+    endpoint: &str,
+    timeout: Duration,
+    limit: usize,
+) -> Result<Vec<u8>, AgentError> {
+    let status = resp.status();
+    let body_limit = if status.is_success() {
+        limit
+    } else {
+        SMALL_BODY_LIMIT
+    };
+    if resp.content_length().is_some_and(|n| n > body_limit as u64) {
+        return Err(AgentError::TooLarge { limit: body_limit });
+    }
+    let mut bytes =
+        Vec::with_capacity(resp.content_length().unwrap_or(1024).min(body_limit as u64) as usize);
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                if bytes.len() + chunk.len() > body_limit {
+                    return Err(AgentError::TooLarge { limit: body_limit });
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(e) => return Err(classify(e, endpoint, timeout)),
+        }
+    }
+    if !status.is_success() {
+        let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(b) => (Some(b.code), b.error),
+            Err(_) => (None, String::from_utf8_lossy(&bytes).trim().to_owned()),
+        };
+        return Err(AgentError::Status {
+            status,
+            code,
+            message,
+        });
+    }
+    Ok(bytes)
 }
 
 fn classify(e: reqwest::Error, endpoint: &str, timeout: Duration) -> AgentError {

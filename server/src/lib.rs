@@ -3,7 +3,8 @@
 //!
 //! - [`cli`]: flags and their resolution into [`cli::Settings`].
 //! - [`mcp`]: the `bash` tool handler; [`render`] turns an agent answer into a tool result;
-//!   [`cancel`]: the running calls a `notifications/cancelled` can stop.
+//!   [`cancel`]: the running calls a `notifications/cancelled` can stop; [`progress`]:
+//!   progress notifications of a running call.
 //! - [`http`]: routes (`/mcp`, `/sessions`, health, metrics) and the auth middleware;
 //!   [`serve`]: the accept loop (TLS, header limits, graceful shutdown).
 //! - [`sessions`]: the [`sessions::Backend`] trait with the `kubernetes` backend (lookup,
@@ -27,6 +28,7 @@ pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod origin;
+pub mod progress;
 pub mod render;
 pub mod run;
 pub mod schema;

@@ -23,6 +23,7 @@ use crate::auth::Caller;
 use crate::cancel::{CallKey, RunningCalls};
 use crate::cli::Limits;
 use crate::metrics::{ErrorKind, Outcome};
+use crate::progress::{self, Reporter};
 use crate::render::{render, BashOutput};
 use crate::sessions::SessionManager;
 
@@ -434,11 +435,15 @@ impl BashServer {
                 CallKey::new(&caller, &p.headers, &id)
             })
             .map(|key| state.calls.register(key, cancel.clone()));
-        let outcome = match state
+        // Only a call that asked for progress (`_meta.progressToken`) follows it.
+        let reporter = context
+            .meta
+            .get_progress_token()
+            .map(|token| Reporter::new(context.peer.clone(), token));
+        let exec = state
             .sessions
-            .exec(&sid, &caller, args.command, args.timeout, &cancel)
-            .await
-        {
+            .exec(&sid, &caller, args.command, args.timeout, &cancel);
+        let outcome = match progress::with_reporter(reporter, exec).await {
             Ok(o) => o,
             Err(e) => {
                 let kind = e.kind();

@@ -443,3 +443,91 @@ async fn python_sdk_cancel_over_stdio() {
     check_cancel(what, &report, &marker, "2025-11-25").await;
     assert_eq!(report.json["scope_cancelled"], true, "{}", report.json);
 }
+
+/// What a progress callback must receive for `for i in 1 2 3; do echo line$i; sleep 1.2;
+/// done` (3.6 s): at least two notifications, `progress` the bytes so far (each line is 6
+/// bytes, so `line<k>` goes with progress 6k) increasing, the message the last line at that
+/// count, and at most one a second.
+fn check_progress(what: &str, report: &Report, protocol: &str) {
+    let r = &report.json;
+    assert_eq!(r["protocol_version"], protocol, "{what}: {r}");
+    assert_eq!(
+        r["with_token"]["structured"]["stdout"], "line1\nline2\nline3\n",
+        "{what}: {r}"
+    );
+    let seen = r["notifications"].as_array().expect("notifications");
+    eprintln!("{what}: {seen:?}");
+    assert!(seen.len() >= 2, "{what}: {} notifications: {r}", seen.len());
+    let mut last = 0.0;
+    for n in seen {
+        let progress = n["progress"].as_f64().unwrap_or_default();
+        assert!(progress > last, "{what}: progress must increase: {seen:?}");
+        last = progress;
+        assert!(
+            progress <= 18.0 && progress % 6.0 == 0.0,
+            "{what}: {progress} bytes: {seen:?}"
+        );
+        assert_eq!(
+            n["message"],
+            format!("line{}", progress as u64 / 6),
+            "{what}: the last line at that count: {seen:?}"
+        );
+        assert_eq!(n["total"], Value::Null, "{what}: no total is known");
+    }
+    // The first comes a second after the command started at the earliest, and each next
+    // one a second after the one before.
+    let took = r["with_token_took"].as_f64().unwrap_or_default();
+    assert!(
+        seen.len() as f64 <= took.floor(),
+        "{what}: {} notifications in {took:.2} s: {seen:?}",
+        seen.len()
+    );
+}
+
+async fn python_progress(target: &[&str], mode: &str) -> Report {
+    let mut cmd = Command::new(python_interpreter().await);
+    cmd.arg(sdk_dir().join("python/client.py"))
+        .args(target)
+        .args(["--mode", mode, "--progress"]);
+    run_client(&format!("the Python SDK ({mode}, progress)"), cmd, None).await
+}
+
+#[tokio::test]
+async fn python_sdk_progress_callback_gets_bytes_and_the_last_line() {
+    let server = local_server().await;
+    let url = server.url("/mcp");
+    let legacy = python_progress(&["--url", &url, "--session", "py-progress"], "legacy").await;
+    check_progress("Python, handshake era", &legacy, "2025-11-25");
+    let modern = python_progress(&["--url", &url, "--session", "py-progress-26"], "auto").await;
+    check_progress("Python, 2026-07-28", &modern, "2026-07-28");
+}
+
+#[tokio::test]
+async fn python_sdk_progress_over_stdio() {
+    let stdio = stdio_server("py-stdio-progress");
+    let report = python_progress(&["--stdio", &stdio], "legacy").await;
+    check_progress("Python over stdio", &report, "2025-11-25");
+}
+
+async fn typescript_progress(server: &Server, sdk: &str, session: &str, mode: &str) -> Report {
+    let mut cmd = Command::new("node");
+    cmd.env("NODE_PATH", node_modules().await)
+        .arg(sdk_dir().join("typescript/client.cjs"))
+        .args(["--sdk", sdk, "--url", &server.url("/mcp")])
+        .args(["--session", session, "--mode", mode, "--progress", "yes"]);
+    run_client(
+        &format!("the TypeScript SDK ({sdk}, {mode}, progress)"),
+        cmd,
+        Some(server),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn typescript_sdk_onprogress_gets_bytes_and_the_last_line() {
+    let server = local_server().await;
+    let v1 = typescript_progress(&server, "v1", "ts-progress", "legacy").await;
+    check_progress("TypeScript v1, handshake era", &v1, "2025-11-25");
+    let v2 = typescript_progress(&server, "v2", "ts-progress-26", "auto").await;
+    check_progress("TypeScript v2, 2026-07-28", &v2, "2026-07-28");
+}

@@ -42,6 +42,7 @@ use cli_mcp_api::wire::ExecResponse;
 
 use crate::output::Captured;
 use crate::procs;
+use crate::progress::Progress;
 use crate::reaper::Reaper;
 use crate::spill::{SpillLimits, Spills};
 use crate::state_files::{self, HeldDir};
@@ -78,6 +79,8 @@ pub struct Shell {
     /// The last command's directory, kept for the next command.
     slot: Option<Slot>,
     spills: Spills,
+    /// How far the running command is (`GET /exec/progress`).
+    progress: Progress,
     /// Output streams of earlier commands that background jobs still write.
     lingering: Lingering,
     /// Space kept aside so that a command can be written to a full state dir.
@@ -209,6 +212,7 @@ impl Shell {
             cmd,
             slot: None,
             spills,
+            progress: Progress::default(),
             lingering: Lingering::default(),
             reserve,
             errexit: false,
@@ -217,6 +221,16 @@ impl Shell {
 
     pub fn options(&self) -> &ShellOptions {
         &self.opts
+    }
+
+    /// The running command's progress, which the output collectors keep up to date.
+    pub fn progress(&self) -> Progress {
+        self.progress.clone()
+    }
+
+    /// The spill files, for reading them back (`GET /files/spill/…`).
+    pub fn spills(&self) -> Spills {
+        self.spills.clone()
     }
 
     /// The answer to a retry of a command that was running when a previous agent process

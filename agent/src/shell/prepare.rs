@@ -167,6 +167,7 @@ impl Shell {
                 &self.spills,
                 &stem,
                 true,
+                &self.progress,
             )
         })();
         match result {
@@ -204,6 +205,7 @@ impl Shell {
             &self.spills,
             &stem,
             false,
+            &self.progress,
         ) {
             Ok(s) => s,
             Err(_) => return Err(made),

@@ -26,6 +26,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::output::{Captured, StreamCapture};
+use crate::progress::{self, Progress};
 use crate::spill::Spills;
 use crate::state_files::open_at;
 
@@ -68,17 +69,20 @@ pub(super) fn open(
     spills: &Spills,
     spill_stem: &str,
     fresh: bool,
+    progress: &Progress,
 ) -> io::Result<Streams> {
     let out = Stream::open(
         dir,
         "out",
-        StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stdout")),
+        StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stdout"))
+            .observed_by(progress.clone(), progress::Stream::Stdout),
         fresh,
     )?;
     let err = Stream::open(
         dir,
         "err",
-        StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stderr")),
+        StreamCapture::new(budget, spills.clone(), format!("{spill_stem}.stderr"))
+            .observed_by(progress.clone(), progress::Stream::Stderr),
         fresh,
     )?;
     let done = done_fifo(dir, "done", fresh)?;

@@ -9,6 +9,8 @@ Usage: client.py --url URL --session SID --mode legacy|auto|2026-07-28
        client.py --stdio '["cli-mcp-server", "--transport", "stdio", ...]' --mode legacy
        client.py --url URL [--session SID] | --stdio '[...]' --mode M --cancel FIFO MARKER
          (cancels a long call the SDK's way, an anyio cancel scope, then calls again)
+       client.py --url URL --session SID | --stdio '[...]' --mode M --progress
+         (a slow command with a progress callback, then without one)
 """
 
 import argparse
@@ -111,6 +113,45 @@ async def cancel_calls(client, fifo, marker):
     return report
 
 
+PROGRESS_COMMAND = "for i in 1 2 3; do echo line$i; sleep 1.2; done"
+
+
+async def progress_scenario(url, stdio, session, mode):
+    """A slow command with a `progress_callback` (the SDK sends a progress token), then the
+    same without one. Times are seconds since the call started."""
+    if stdio is not None:
+        server = StdioServerParameters(command=stdio[0], args=stdio[1:])
+        async with Client(server, mode=mode) as client:
+            return await progress_calls(client)
+    async with http_client(session) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+            return await progress_calls(client)
+
+
+async def progress_calls(client):
+    """What `progress_scenario` does once connected."""
+    report = {"protocol_version": client.protocol_version}
+    seen = []
+    started = time.monotonic()
+
+    async def on_progress(progress, total, message):
+        seen.append(
+            {
+                "progress": progress,
+                "total": total,
+                "message": message,
+                "at": time.monotonic() - started,
+            }
+        )
+
+    report["with_token"] = result_json(
+        await client.call_tool("bash", {"command": PROGRESS_COMMAND}, progress_callback=on_progress)
+    )
+    report["with_token_took"] = time.monotonic() - started
+    report["notifications"] = seen
+    return report
+
+
 def new_session_handle(result):
     """What a model reads from a result: `[new session <handle>: pass ...]`."""
     for text in result.get("text") or []:
@@ -164,7 +205,13 @@ def main():
     parser.add_argument("--session", help="X-Session-ID (HTTP only)")
     parser.add_argument("--mode", required=True, choices=["legacy", "auto", "2026-07-28"])
     parser.add_argument("--cancel", nargs=2, metavar=("FIFO", "MARKER"))
+    parser.add_argument("--progress", action="store_true")
     args = parser.parse_args()
+    if args.progress:
+        report = asyncio.run(progress_scenario(args.url, args.stdio, args.session, args.mode))
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+        return
     if args.cancel:
         fifo, marker = args.cancel
         report = asyncio.run(

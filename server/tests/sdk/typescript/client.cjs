@@ -13,6 +13,8 @@
 //        node client.cjs --sdk v1|v2 --stdio '["cli-mcp-server", "--transport", "stdio", ...]'
 //        node client.cjs --sdk v1|v2 --url URL --session SID [--mode M] --cancel FIFO --marker MARKER
 //          (cancels a long call the SDK's way, an AbortSignal, then calls again)
+//        node client.cjs --sdk v1|v2 --url URL --session SID [--mode M] --progress yes
+//          (a slow command with an onprogress callback)
 'use strict';
 
 function parseArgs(argv) {
@@ -149,9 +151,50 @@ async function cancelScenario(args, sdk) {
   return report;
 }
 
+// A callTool with an onprogress callback (the SDK then sends a progress token), in either
+// SDK's signature.
+function callWithProgress(sdkName, client, params, onprogress) {
+  return sdkName === 'v1' ? client.callTool(params, undefined, { onprogress }) : client.callTool(params, { onprogress });
+}
+
+// A slow command with a progress callback. Times are seconds since the call started.
+async function progressScenario(args, sdk) {
+  const report = {};
+  const target = args.stdio !== undefined ? args.stdio : args.url;
+  const { client, transport } = await connect(args.sdk, sdk, target, args.session, args.mode);
+  report.protocol_version =
+    typeof client.getNegotiatedProtocolVersion === 'function'
+      ? client.getNegotiatedProtocolVersion()
+      : transport.protocolVersion;
+  const seen = [];
+  const started = performance.now();
+  const command = 'for i in 1 2 3; do echo line$i; sleep 1.2; done';
+  const r = await callWithProgress(args.sdk, client, { name: 'bash', arguments: { command } }, (p) => {
+    seen.push({
+      progress: p.progress,
+      total: p.total === undefined ? null : p.total,
+      message: p.message === undefined ? null : p.message,
+      at: (performance.now() - started) / 1000,
+    });
+  });
+  report.with_token_took = (performance.now() - started) / 1000;
+  report.with_token = {
+    is_error: Boolean(r.isError),
+    text: (r.content || []).map((b) => (b.type === 'text' ? b.text : null)),
+    structured: r.structuredContent === undefined ? null : r.structuredContent,
+  };
+  report.notifications = seen;
+  await client.close();
+  return report;
+}
+
 async function main() {
   const args = parseArgs(process.argv.slice(2));
   const sdk = loadSdk(args.sdk);
+  if (args.progress !== undefined) {
+    process.stdout.write(JSON.stringify(await progressScenario(args, sdk)) + '\n');
+    return;
+  }
   if (args.cancel !== undefined) {
     process.stdout.write(JSON.stringify(await cancelScenario(args, sdk)) + '\n');
     return;
