@@ -47,6 +47,8 @@ die() {
 
 # shellcheck source=images/rootfs.sh
 source "$IMAGES_DIR/rootfs.sh"
+# shellcheck source=hack/lib/apt.sh
+source "$root/hack/lib/apt.sh"
 
 # --- host tools -------------------------------------------------------------------------------
 pkgs=()
@@ -57,13 +59,8 @@ command -v dpkg >/dev/null || die "dpkg not found: this script needs a Debian or
 if ((${#pkgs[@]})); then
     [[ $EUID -eq 0 ]] || die "missing ${pkgs[*]}; install them (apt-get install ${pkgs[*]}) or run as root"
     say "installing ${pkgs[*]} (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt=(apt-get -q -o DPkg::Lock::Timeout=300)
-    if ! log="$("${apt[@]}" update 2>&1)" ||
-        ! log="$("${apt[@]}" install -y --no-install-recommends "${pkgs[@]}" 2>&1)"; then
-        printf '%s\n' "$log" | tail -n 20 >&2
+    apt_install "${pkgs[@]}" ||
         die "apt-get could not install ${pkgs[*]} (output above); install them by hand, then run again"
-    fi
 fi
 [[ $EUID -eq 0 ]] || die "must run as root (mmdebstrap installs packages into a chroot and the \
 layers need files owned by other users)"

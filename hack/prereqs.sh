@@ -22,6 +22,8 @@
 #                 iptables, conntrack, ipset   kube-proxy of the real node (iptables-nft)
 #                 catatonit                    the real node's pause image (static binary)
 #                 busybox-static               the real-node test's image (static shell, httpd, nc)
+#                 mmdebstrap, umoci            the project's images (hack/build-images.sh), which
+#                                              the real node runs
 #                 python3, python3-venv,       the MCP SDK clients of server/tests/sdk.rs (the SDKs
 #                 nodejs, npm                  themselves come from PyPI and npm, cached)
 #   kernel        net.ipv4.ip_forward=1        pods reach each other and the API server through
@@ -32,6 +34,8 @@
 #
 # CLI_MCP_PREREQS_EXTRA="pkg ..." adds packages to install (used to test the apt path).
 set -euo pipefail
+# shellcheck source=hack/lib/apt.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/apt.sh"
 
 mode=run
 case "${1:-}" in
@@ -95,6 +99,8 @@ missing_packages() {
     # The test copies /bin/busybox into an image: it must be the static build.
     [[ "$(dpkg-query -W -f='${db:Status-Status}' busybox-static 2>/dev/null)" == installed ]] ||
         pkgs+=(busybox-static)
+    command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
+    command -v umoci >/dev/null || pkgs+=(umoci)
     command -v python3 >/dev/null || pkgs+=(python3)
     python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
     command -v node >/dev/null || pkgs+=(nodejs)
@@ -107,17 +113,8 @@ missing_packages
 if ((${#pkgs[@]})) && step "installing ${pkgs[*]} (apt-get)"; then
     command -v apt-get >/dev/null ||
         die "apt-get not found; install the equivalent of these Debian packages by hand: ${pkgs[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    # Another apt run on this machine holds the dpkg lock for a while: wait for it.
-    apt=(apt-get -q -o DPkg::Lock::Timeout=300)
-    if ! log="$("${apt[@]}" update 2>&1)"; then
-        printf '%s\n' "$log" | tail -n 20 >&2
-        die "apt-get update failed (output above); check the network and /etc/apt/sources.list, then run again"
-    fi
-    if ! log="$("${apt[@]}" install -y --no-install-recommends "${pkgs[@]}" 2>&1)"; then
-        printf '%s\n' "$log" | tail -n 20 >&2
-        die "apt-get could not install ${pkgs[*]} (output above); install them by hand, then run again"
-    fi
+    apt_install "${pkgs[@]}" ||
+        die "apt-get could not install ${pkgs[*]} (output above); check the network and /etc/apt/sources.list, or install them by hand, then run again"
     installed=("${pkgs[@]}")
     missing_packages
     ((${#pkgs[@]} == 0)) ||
