@@ -641,6 +641,9 @@ fn default_proxy_resources() -> ResourceRequirements {
     ),
     validation = Rule::new("self.type == 'kubernetes' || has(self.domains)").message(
         "spec.proxy.targets: an allowlist target needs domains (host or host:port, 1..16)"
+    ),
+    validation = Rule::new("self.type == 'allowlist' || !has(self.caConfigMap)").message(
+        "spec.proxy.targets: caConfigMap belongs to an allowlist target; a kubernetes target trusts the CA embedded in its kubeconfig"
     )
 )]
 pub struct ProxyTarget {
@@ -670,6 +673,17 @@ pub struct ProxyTarget {
         )
     )]
     pub domains: Option<Vec<String>>,
+
+    /// Allowlist targets: a ConfigMap in the instance's namespace whose key `ca.crt` holds
+    /// the PEM CA certificates (1..32, at most 64 KiB) the proxy verifies these domains'
+    /// upstreams against — those alone, not the system roots. For upstreams with a private
+    /// CA. Default: the proxy image's system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.proxy.targets[].caConfigMap must be the name of a ConfigMap (a DNS-1123 subdomain)"))]
+    pub ca_config_map: Option<String>,
 }
 
 /// Kind of a proxy target.
@@ -1149,6 +1163,31 @@ mod tests {
                 .kubeconfig_secret,
             None
         );
+
+        // A CA of its own for an allow-list target's domains.
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["web.example:8443", "a.example"], "caConfigMap": "web-ca"},
+            {"type": "allowlist", "domains": ["pypi.org", "a.example:443"]}
+        ]}}));
+        let e = o
+            .proxy_plan()
+            .expect_err("two CAs for one domain")
+            .to_string();
+        assert!(
+            e.contains("a.example:443") && e.contains("caConfigMap"),
+            "{e}"
+        );
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["web.example:8443"], "caConfigMap": "web-ca"},
+            {"type": "allowlist", "domains": ["pypi.org"]}
+        ]}}));
+        let plan = o.proxy_plan().expect("plan").expect("a proxy");
+        let pinned: Vec<_> = plan
+            .allowlist_cas
+            .iter()
+            .map(|(d, cm)| (d.as_str(), cm.as_str()))
+            .collect();
+        assert_eq!(pinned, [("web.example:8443", "web-ca")]);
 
         // A domain admission would refuse, from an object stored before the rule.
         let o = cr(serde_json::json!({"proxy": {"targets": [

@@ -15,9 +15,14 @@
 //! - an allow-listed in-cluster HTTPS server (run by the test inside a pod's network
 //!   namespace, its certificate from a CA the test makes) is reached through the proxy from
 //!   the session, which verifies it: unknown to the proxy's trust store it is a 502 naming
-//!   the certificate, trusted (the CA given to the proxy pods as `SSL_CERT_FILE`, as an admin
-//!   would build it into the image) it answers, with the session's credentials stripped; a
-//!   port of it that is no route gets the proxy's 403 and no connection;
+//!   the certificate; its CA named as the target's `caConfigMap` before the ConfigMap exists,
+//!   the instance is Ready=False `ProxyCaInvalid` saying so while the proxy keeps serving;
+//!   once the ConfigMap exists the proxy rolls and the server answers, with the session's
+//!   credentials stripped; a port of it that is no route gets the proxy's 403 and no
+//!   connection;
+//! - a WebSocket upgrade to that server (curl with the upgrade headers) gets the server's
+//!   `101` and the frame it sends after it, without the session's credentials; the same
+//!   upgrade to the API server's route is refused with 403;
 //! - hostile clients in the session: an oversized header gets 431 (on CONNECT and inside a
 //!   tunnel), a CONNECT to a non-route 403, a client that never finishes its head 408, and
 //!   the proxy pods stay Ready with no restart;
@@ -47,7 +52,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -186,10 +191,25 @@ async fn serve_web(netns: &std::path::Path, port: u16, tls: TlsAcceptor, log: Ar
                         _ => return,
                     }
                 }
-                log.lock()
-                    .expect("web log")
-                    .heads
-                    .push(String::from_utf8_lossy(&head).into_owned());
+                let text = String::from_utf8_lossy(&head).into_owned();
+                log.lock().expect("web log").heads.push(text.clone());
+                if let Some(key) = websocket_key(&text) {
+                    // A WebSocket: 101, then one text frame carrying the client's key back,
+                    // and a close frame.
+                    let accept = websocket_accept(&key);
+                    let mut reply = format!(
+                        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\
+                         connection: Upgrade\r\nsec-websocket-accept: {accept}\r\n\r\n"
+                    )
+                    .into_bytes();
+                    let payload = format!("{WS_ECHO}{key}");
+                    reply.extend([0x81, payload.len() as u8]);
+                    reply.extend(payload.as_bytes());
+                    reply.extend([0x88, 0x00]);
+                    let _ = stream.write_all(&reply).await;
+                    let _ = stream.shutdown().await;
+                    return;
+                }
                 let reply = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
                      connection: close\r\n\r\n{WEB_BODY}",
@@ -200,6 +220,83 @@ async fn serve_web(netns: &std::path::Path, port: u16, tls: TlsAcceptor, log: Ar
             });
         }
     });
+}
+
+/// What the test server's WebSocket frame starts with, before the client's key.
+const WS_ECHO: &str = "websocket echo of key ";
+
+/// The `Sec-WebSocket-Key` of a WebSocket upgrade request head, if it is one.
+fn websocket_key(head: &str) -> Option<String> {
+    let lower = head.to_ascii_lowercase();
+    if !lower.contains("\r\nupgrade: websocket\r\n") {
+        return None;
+    }
+    head.split("\r\n").find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("sec-websocket-key")
+            .then(|| value.trim().to_owned())
+    })
+}
+
+/// `Sec-WebSocket-Accept` for `key` (RFC 6455 section 4.2.2): base64 of the SHA-1 of the key
+/// and the protocol's GUID.
+fn websocket_accept(key: &str) -> String {
+    use base64::Engine;
+    let digest = sha1(format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(digest)
+}
+
+/// SHA-1 (RFC 3174), only for the WebSocket handshake above.
+fn sha1(data: &[u8]) -> [u8; 20] {
+    let mut h: [u32; 5] = [0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0];
+    let mut msg = data.to_vec();
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend(((data.len() as u64) * 8).to_be_bytes());
+    for chunk in msg.chunks(64) {
+        let mut w = [0u32; 80];
+        for (i, word) in chunk.chunks(4).enumerate() {
+            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for i in 16..80 {
+            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e] = h;
+        for (i, wi) in w.iter().enumerate() {
+            let (f, k) = match i {
+                0..=19 => ((b & c) | (!b & d), 0x5A827999),
+                20..=39 => (b ^ c ^ d, 0x6ED9EBA1),
+                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1BBCDC),
+                _ => (b ^ c ^ d, 0xCA62C1D6),
+            };
+            let t = a
+                .rotate_left(5)
+                .wrapping_add(f)
+                .wrapping_add(e)
+                .wrapping_add(k)
+                .wrapping_add(*wi);
+            (e, d, c, b, a) = (d, c, b.rotate_left(30), a, t);
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 20];
+    for (i, x) in h.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
+    }
+    out
+}
+
+#[test]
+fn the_websocket_accept_is_rfc_6455s() {
+    // The example of RFC 6455 section 1.3.
+    assert_eq!(
+        websocket_accept("dGhlIHNhbXBsZSBub25jZQ=="),
+        "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    );
 }
 
 /// The restart counts of the ready proxy pods, by name.
@@ -659,9 +756,35 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     eprintln!("calls after a proxy replica was killed: 10/10");
 
     // --- The allow-listed server trusted: it answers, without the session's credentials --------
-    // The admin's way to trust a private CA for allow-list routes is the proxy image's trust
-    // store; here the CA reaches the proxy pods as SSL_CERT_FILE, applied beside the
-    // operator's fields (its own field manager, so the operator's apply leaves them).
+    // Its CA comes from the target's caConfigMap. Named before it exists: Ready=False
+    // ProxyCaInvalid saying what to create, and the running proxy keeps serving.
+    let mut pinned = cr.clone();
+    pinned["spec"]["proxy"]["targets"][1]["caConfigMap"] = json!("web-ca");
+    env.apply_cr(&pinned).await;
+    let waiting = env
+        .wait_status(
+            "p",
+            "Ready=False ProxyCaInvalid for the missing web-ca",
+            |s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Ready"
+                        && c.status == "False"
+                        && c.reason == "ProxyCaInvalid"
+                        && c.message.contains("web-ca")
+                })
+            },
+        )
+        .await;
+    let message = waiting
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("does not exist"), "{message}");
+    let listed = ok(&mcp, "s1", "kubectl get ns kube-system -o name").await;
+    assert_eq!(listed.trim(), "namespace/kube-system", "{listed}");
     let trust: ConfigMap = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "web-ca"},
@@ -672,31 +795,16 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         .create(&PostParams::default(), &trust)
         .await
         .expect("creating the web-ca ConfigMap");
-    let trusted = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "cli-mcp-p-proxy"},
-        "spec": {"template": {"spec": {
-            "containers": [{
-                "name": "proxy",
-                "env": [{"name": "SSL_CERT_FILE", "value": "/etc/e2e-trust/ca.crt"}],
-                "volumeMounts": [{"name": "e2e-trust", "mountPath": "/etc/e2e-trust", "readOnly": true}],
-            }],
-            "volumes": [{"name": "e2e-trust", "configMap": {"name": "web-ca"}}],
-        }}},
-    });
-    env.api::<Deployment>()
-        .patch(
-            "cli-mcp-p-proxy",
-            &PatchParams::apply("e2e-web-trust"),
-            &Patch::Apply(&trusted),
-        )
-        .await
-        .expect("giving the proxy pods the web CA");
-    let has_trust = |p: &Pod| {
-        p.spec.as_ref().is_some_and(|s| {
-            s.containers
-                .iter()
-                .any(|c| c.env.iter().flatten().any(|e| e.name == "SSL_CERT_FILE"))
+    env.wait_ready("p").await;
+    // The new route table rolls the proxy pods.
+    let pins_web = |p: &Pod| {
+        p.metadata.annotations.as_ref().is_some_and(|a| {
+            a.get("cli-mcp.redhat.com/proxy-routes-version")
+                != proxies[0]
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|b| b.get("cli-mcp.redhat.com/proxy-routes-version"))
         })
     };
     let live = |p: &Pod| p.metadata.deletion_timestamp.is_none();
@@ -707,10 +815,10 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         TIMEOUT,
         |ps: &[Pod]| {
             ps.iter()
-                .filter(|p| live(p) && has_trust(p) && is_ready(p))
+                .filter(|p| live(p) && pins_web(p) && is_ready(p))
                 .count()
                 >= 2
-                && ps.iter().all(|p| !live(p) || has_trust(p))
+                && ps.iter().all(|p| !live(p) || pins_web(p))
         },
     )
     .await
@@ -752,6 +860,57 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         );
     }
     eprintln!("allow-list route: trusted server answered through the proxy, credentials stripped");
+
+    // --- A WebSocket crosses the proxy on an allow-list route, never on a kubernetes one -----
+    let upgrade = "curl -sS -m 20 --http1.1 -i --suppress-connect-headers -H 'Connection: Upgrade' -H 'Upgrade: websocket' \
+                   -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' \
+                   -H 'Authorization: Bearer stolen'";
+    let ws = ok(
+        &mcp,
+        "s1",
+        &format!("{upgrade} https://{web}/ws 2>&1 | tr -d '\\000' | cat -v"),
+    )
+    .await;
+    assert!(
+        ws.contains("HTTP/1.1 101 "),
+        "the upstream's 101 reaches the sandbox: {ws}"
+    );
+    assert!(
+        ws.to_ascii_lowercase()
+            .contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{ws}"
+    );
+    assert!(
+        ws.contains(&format!("{WS_ECHO}dGhlIHNhbXBsZSBub25jZQ==")),
+        "the server's frame, echoing the key, came back after the 101: {ws}"
+    );
+    {
+        let log = web_log.lock().expect("web log");
+        let head = log
+            .heads
+            .iter()
+            .find(|h| h.starts_with("GET /ws "))
+            .unwrap_or_else(|| panic!("the upgrade reached the server: {log:?}"));
+        let lower = head.to_ascii_lowercase();
+        assert!(
+            lower.contains("upgrade: websocket") && !lower.contains("authorization"),
+            "the upgrade arrived, without the session's credentials: {head}"
+        );
+    }
+    let api = ok(
+        &mcp,
+        "s1",
+        "kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}'",
+    )
+    .await;
+    let (_, t) = run(&mcp, "s1", &format!("{upgrade} {}/api 2>&1", api.trim())).await;
+    assert!(
+        t.contains("HTTP/1.1 403") && !t.contains("101 Switching"),
+        "a kubernetes route refuses upgrades: {t}"
+    );
+    eprintln!(
+        "WebSocket: 101 and the echoed frame through an allow-list route; refused on the API route"
+    );
 
     // --- Token rotation mid-session --------------------------------------------------------------
     // A new token for the investigator in the admin's Secret, and the old one revoked (its

@@ -226,6 +226,7 @@ fn observe(
         missing_secrets: resolved.missing.clone(),
         invalid_secrets: resolved.invalid.clone(),
         kubeconfig_invalid: resolved.kubeconfig_invalid.clone(),
+        proxy_ca_invalid: resolved.proxy_ca_invalid.clone(),
         proxy_unavailable: None,
         apply_error,
         deployment: cached(
@@ -258,7 +259,10 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
     consider(obs.pool.requeue);
     // A little slack so the expiry has passed when we look again.
     consider(idle.next_expiry.map(|d| d + Duration::from_millis(500)));
-    if !obs.missing_secrets.is_empty() || !obs.invalid_secrets.is_empty() {
+    if !obs.missing_secrets.is_empty()
+        || !obs.invalid_secrets.is_empty()
+        || obs.proxy_ca_invalid.is_some()
+    {
         consider(Some(MISSING_SECRET_RECHECK));
     }
     if obs.apply_error.is_some() {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::events::EventType;
@@ -45,6 +45,8 @@ pub struct Resolved {
     pub proxy: Option<ProxyInputs>,
     /// Why the admin's kubeconfig cannot be used behind the proxy (`KubeconfigInvalid`).
     pub kubeconfig_invalid: Option<String>,
+    /// Why an allow-list target's `caConfigMap` cannot be used (`ProxyCaInvalid`).
+    pub proxy_ca_invalid: Option<String>,
     /// When the generated serving certificate is due for renewal, from now.
     pub tls_renew_in: Option<Duration>,
 }
@@ -52,7 +54,11 @@ pub struct Resolved {
 impl Resolved {
     /// Why no sandbox can start (so the pool creates none), if a Secret is missing or bad.
     pub fn blocked(&self) -> Option<String> {
-        if let Some(k) = &self.kubeconfig_invalid {
+        if let Some(k) = self
+            .kubeconfig_invalid
+            .as_ref()
+            .or(self.proxy_ca_invalid.as_ref())
+        {
             Some(k.clone())
         } else if !self.missing.is_empty() {
             Some(format!("missing Secrets: {}", self.missing.join(", ")))
@@ -119,6 +125,7 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
         api_server,
         proxy: proxy.inputs,
         kubeconfig_invalid: proxy.kubeconfig_invalid,
+        proxy_ca_invalid: proxy.ca_invalid,
         tls_renew_in,
     })
 }
@@ -533,6 +540,7 @@ struct ProxyState {
     inputs: Option<ProxyInputs>,
     problem: Option<Problem>,
     kubeconfig_invalid: Option<String>,
+    ca_invalid: Option<String>,
 }
 
 /// The proxy CA (created once) and the admin kubeconfig (validated) of an instance with a
@@ -568,10 +576,30 @@ async fn resolve_proxy(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Resul
             }
         }
     }
+    let mut allowlist_cas = std::collections::BTreeMap::new();
+    for name in plan.allowlist_cas.values() {
+        if allowlist_cas.contains_key(name) {
+            continue;
+        }
+        match read_allowlist_ca(ctx, spec, name).await? {
+            Ok(pem) => allowlist_cas.insert(name.clone(), pem),
+            Err(m) => {
+                return Ok(ProxyState {
+                    ca_invalid: Some(m),
+                    ..Default::default()
+                })
+            }
+        };
+    }
     match proxy::proxy_inputs(
         plan,
         spec.proxy_image.as_deref(),
         kubeconfig.as_ref(),
+    match proxy::proxy_inputs(
+        plan,
+        spec.proxy_image.as_deref(),
+        kubeconfig.as_ref(),
+        &allowlist_cas,
         &ca_pem,
         &ca_version,
     ) {
@@ -584,6 +612,35 @@ async fn resolve_proxy(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Resul
             ..Default::default()
         }),
     }
+}
+
+/// The validated CA bundle of an allow-list target's `caConfigMap`, or what to fix.
+async fn read_allowlist_ca(
+    ctx: &Context,
+    spec: &Spec,
+    name: &str,
+) -> Result<std::result::Result<String, String>> {
+    use proxy::CA_BUNDLE_KEY;
+    let cm = Api::<ConfigMap>::namespaced(ctx.client.clone(), &spec.namespace)
+        .get_opt(name)
+        .await?;
+    let Some(cm) = cm else {
+        return Ok(Err(format!(
+            "ConfigMap {name} (spec.proxy.targets[].caConfigMap) does not exist; create it in namespace {} with key '{CA_BUNDLE_KEY}' holding the PEM CA of the target's upstreams",
+            spec.namespace
+        )));
+    };
+    let pem = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(CA_BUNDLE_KEY))
+        .filter(|v| !v.trim().is_empty());
+    Ok(match pem {
+        Some(pem) => proxy::validate_ca_bundle(name, pem),
+        None => Err(format!(
+            "ConfigMap {name} (spec.proxy.targets[].caConfigMap) has no key '{CA_BUNDLE_KEY}' in data (or it is empty); put the PEM CA of the target's upstreams there"
+        )),
+    })
 }
 
 enum AdminKubeconfig {

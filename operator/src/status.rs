@@ -4,7 +4,7 @@
 //!
 //! Reasons are stable API (documented in docs/operations.md):
 //! - `Ready`: `Ready` | `InvalidSpec` | `SecretsNotFound` | `SecretKeysInvalid` |
-//!   `KubeconfigInvalid` | `ApplyFailed` | `ProxyUnavailable` | `DeploymentUnavailable` |
+//!   `KubeconfigInvalid` | `ProxyCaInvalid` | `ApplyFailed` | `ProxyUnavailable` | `DeploymentUnavailable` |
 //!   `WarmPoolFilling` | `WarmPoolUnhealthy`
 //! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
 //! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing` |
@@ -54,6 +54,8 @@ pub struct Observed {
     pub invalid_secrets: Vec<String>,
     /// The admin kubeconfig cannot be held by the credential proxy, and why.
     pub kubeconfig_invalid: Option<String>,
+    /// An allow-list target's `caConfigMap` cannot be used, and why.
+    pub proxy_ca_invalid: Option<String>,
     pub apply_error: Option<String>,
     pub deployment: Option<DeploymentState>,
     /// Why the credential proxy is not serving yet (an instance with a proxy only).
@@ -105,6 +107,9 @@ fn ready_condition(prev_ready: bool, o: &Observed) -> Cond {
     }
     if let Some(e) = &o.kubeconfig_invalid {
         return bad("KubeconfigInvalid", e.clone());
+    }
+    if let Some(e) = &o.proxy_ca_invalid {
+        return bad("ProxyCaInvalid", e.clone());
     }
     if let Some(e) = &o.apply_error {
         return bad("ApplyFailed", e.clone());
@@ -425,6 +430,12 @@ mod tests {
         assert_eq!(cond(&s, READY).reason, "KubeconfigInvalid");
         assert!(cond(&s, READY).message.contains("uses exec"));
         o.kubeconfig_invalid = None;
+        o.proxy_ca_invalid =
+            Some("ConfigMap web-ca (spec.proxy.targets[].caConfigMap) does not exist".into());
+        let s = compute(None, &o, t(1));
+        assert_eq!(cond(&s, READY).reason, "ProxyCaInvalid");
+        assert!(cond(&s, READY).message.contains("web-ca"));
+        o.proxy_ca_invalid = None;
         let s = compute(None, &o, t(1));
         assert_eq!(cond(&s, READY).reason, "ProxyUnavailable");
         assert_eq!(cond(&s, READY).status, "False");

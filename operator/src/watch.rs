@@ -268,6 +268,14 @@ pub fn build(
     .default_backoff()
     .touched_objects();
     let secret_refs = cr_reader.clone();
+    // Likewise the ConfigMaps holding allow-list targets' CAs.
+    let admin_config_maps = watcher(
+        api::<PartialObjectMeta<ConfigMap>>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let config_map_refs = cr_reader.clone();
 
     let scope_for_crb = scope.clone();
     let controller = Controller::for_stream(root, cr_reader.clone())
@@ -312,6 +320,23 @@ pub fn build(
                             .as_deref()
                             == Some(name.as_str())
                         || cr.spec.server.tls_secret_name.as_deref() == Some(name.as_str())
+                })
+                .map(|cr| ObjectRef::from_obj(cr.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(admin_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
+            let ns = c.namespace().unwrap_or_default();
+            let name = c.name_any();
+            config_map_refs
+                .state()
+                .into_iter()
+                .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
+                .filter(|cr| {
+                    cr.spec.proxy.as_ref().is_some_and(|p| {
+                        p.targets
+                            .iter()
+                            .any(|t| t.ca_config_map.as_deref() == Some(name.as_str()))
+                    })
                 })
                 .map(|cr| ObjectRef::from_obj(cr.as_ref()))
                 .collect::<Vec<_>>()

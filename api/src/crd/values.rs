@@ -2,6 +2,7 @@
 //! defaults, and the [`SandboxConfig`] both pod writers build sandboxes from. Total for
 //! objects that came through admission; [`CrdError`] covers the rest.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::{Resource, ResourceExt};
@@ -27,6 +28,8 @@ pub enum CrdError {
     NoImage,
     #[error("spec.proxy.targets: allowlist domain {domain:?}: {error}")]
     Domain { domain: String, error: RouteError },
+    #[error("spec.proxy.targets: allowlist domain {0} is in two targets with different caConfigMap; list it once, or under the same caConfigMap")]
+    TwoCas(String),
 }
 
 /// What `spec.proxy` (or the older `spec.sandbox.kubeconfigSecret`) asks for, with the
@@ -37,6 +40,9 @@ pub struct ProxyPlan {
     pub kubeconfig_secret: Option<String>,
     /// Allow-listed upstreams, sorted, each once.
     pub allowlist: Vec<Domain>,
+    /// The allow-listed upstreams verified against a CA of their own: domain → the
+    /// ConfigMap (key `ca.crt`) holding it.
+    pub allowlist_cas: BTreeMap<Domain, String>,
     pub replicas: i32,
     pub resources: ResourceRequirements,
     /// `spec.proxy`'s runtime, scheduling and pull Secrets, for the proxy pods.
@@ -196,6 +202,7 @@ impl CliMcpInstance {
         };
         let mut kubeconfig_secret = None;
         let mut allowlist = Vec::new();
+        let mut allowlist_cas = BTreeMap::new();
         for t in &p.targets {
             match t.type_ {
                 ProxyTargetType::Kubernetes => {
@@ -212,6 +219,14 @@ impl CliMcpInstance {
                                 error,
                             }
                         })?;
+                        let ca = t.ca_config_map.as_ref();
+                        let pinned = allowlist_cas.get(&parsed);
+                        if allowlist.contains(&parsed) && pinned != ca {
+                            return Err(CrdError::TwoCas(parsed.to_string()));
+                        }
+                        if let Some(ca) = ca {
+                            allowlist_cas.insert(parsed.clone(), ca.clone());
+                        }
                         allowlist.push(parsed);
                     }
                 }
@@ -222,6 +237,7 @@ impl CliMcpInstance {
         Ok(Some(ProxyPlan {
             kubeconfig_secret,
             allowlist,
+            allowlist_cas,
             replicas: p.replicas,
             placement: p.placement(),
             resources: p.resources,

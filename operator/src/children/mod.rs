@@ -166,6 +166,11 @@ pub(crate) mod test_support {
                 plan,
                 spec.proxy_image.as_deref(),
                 plan.kubeconfig_secret.as_ref().map(|_| &kubeconfig),
+                &plan
+                    .allowlist_cas
+                    .values()
+                    .map(|cm| (cm.clone(), format!("{cm} test CA")))
+                    .collect(),
                 "-----BEGIN CERTIFICATE-----\nproxy-ca\n-----END CERTIFICATE-----\n",
                 "cav1",
             )

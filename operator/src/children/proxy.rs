@@ -54,11 +54,71 @@ const KUBERNETES_SERVICE_HOSTS: &[&str] = &[
     "kubernetes.default.svc.cluster.local",
 ];
 
-/// The proxy's resolved inputs, or why there are none yet. Pure.
+/// Key of an allow-list target's CA bundle in its `caConfigMap`.
+pub const CA_BUNDLE_KEY: &str = "ca.crt";
+/// Most bytes of one CA bundle, and most certificates in it: the bundle travels in the
+/// route table (one ConfigMap) and is parsed by every proxy replica at start.
+pub const MAX_CA_BUNDLE_BYTES: usize = 64 * 1024;
+pub const MAX_CA_BUNDLE_CERTS: usize = 32;
+
+/// The CA bundle of an allow-list target's `caConfigMap` as the proxy pins it, or what to
+/// fix. Every PEM block must be a CA certificate: the proxy trusts these alone for the
+/// target's domains, and a server's own certificate cannot anchor a chain. Pure.
+pub fn validate_ca_bundle(config_map: &str, pem: &str) -> Result<String, String> {
+    let what =
+        format!("ConfigMap {config_map} key '{CA_BUNDLE_KEY}' (spec.proxy.targets[].caConfigMap)");
+    if pem.len() > MAX_CA_BUNDLE_BYTES {
+        return Err(format!(
+            "{what} is {} bytes; at most {MAX_CA_BUNDLE_BYTES}: keep only the CA certificates of the target's upstreams",
+            pem.len()
+        ));
+    }
+    let mut count = 0;
+    for (i, block) in x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes()).enumerate() {
+        let n = i + 1;
+        let block = block.map_err(|e| format!("{what}: PEM block {n} is malformed ({e})"))?;
+        if block.label != "CERTIFICATE" {
+            return Err(format!(
+                "{what}: PEM block {n} is a {}, not a CERTIFICATE; give the CA certificates only",
+                block.label
+            ));
+        }
+        let cert = block
+            .parse_x509()
+            .map_err(|e| format!("{what}: certificate {n} is not valid X.509 ({e})"))?;
+        let is_ca = cert
+            .basic_constraints()
+            .ok()
+            .flatten()
+            .is_some_and(|b| b.value.ca);
+        if !is_ca {
+            return Err(format!(
+                "{what}: certificate {n} ({}) is not a CA (no basicConstraints CA:TRUE); give the CA that issued the upstream's certificate, not the certificate itself",
+                cert.subject()
+            ));
+        }
+        count = n;
+        if count > MAX_CA_BUNDLE_CERTS {
+            return Err(format!(
+                "{what} holds more than {MAX_CA_BUNDLE_CERTS} certificates; keep only the CAs of the target's upstreams"
+            ));
+        }
+    }
+    if count == 0 {
+        return Err(format!(
+            "{what} holds no PEM certificate; put the upstream's CA certificate there, between -----BEGIN CERTIFICATE----- and -----END CERTIFICATE-----"
+        ));
+    }
+    Ok(pem.to_owned())
+}
+
+/// The proxy's resolved inputs, or why there are none yet. `allowlist_cas`: each
+/// `caConfigMap` the plan names, with its validated bundle. Pure.
 pub fn proxy_inputs(
     plan: &ProxyPlan,
     image: Option<&str>,
     kubeconfig: Option<&Kubeconfig>,
+    allowlist_cas: &BTreeMap<String, String>,
     ca_pem: &str,
     ca_version: &str,
 ) -> Result<ProxyInputs, String> {
@@ -72,10 +132,16 @@ pub fn proxy_inputs(
                 "spec.proxy.targets: allowlist domain {d} is also a server of the kubeconfig; remove it from the allowlist"
             ));
         }
+        let ca_cert = match plan.allowlist_cas.get(d) {
+            Some(cm) => Some(allowlist_cas.get(cm).cloned().ok_or_else(|| {
+                format!("ConfigMap {cm} (the CA of allowlist domain {d}) has not been read")
+            })?),
+            None => None,
+        };
         routes.push(Route {
             domain: d.clone(),
             injector: Injector::None,
-            ca_cert: None,
+            ca_cert,
         });
     }
     let routes = RouteTable::new(routes).map_err(|e| format!("spec.proxy.targets: {e}"))?;
@@ -611,7 +677,7 @@ mod tests {
                  contexts: [{{name: x, context: {{cluster: c, user: u, namespace: a}}}}]\n"
             ))
             .expect("valid");
-            proxy_inputs(&plan, Some("i"), Some(&k), &p.ca_pem, "v")
+            proxy_inputs(&plan, Some("i"), Some(&k), &BTreeMap::new(), &p.ca_pem, "v")
                 .expect("inputs")
                 .kubeconfig_version
                 .expect("a version")
@@ -620,7 +686,8 @@ mod tests {
         assert_ne!(version("t1"), version("t2"));
         // A rotated token changes no part of the pod template: no roll, open watches stay.
         let k = super::super::test_support::admin_kubeconfig();
-        let a = proxy_inputs(&plan, Some("i"), Some(&k), &p.ca_pem, "v").expect("a");
+        let a =
+            proxy_inputs(&plan, Some("i"), Some(&k), &BTreeMap::new(), &p.ca_pem, "v").expect("a");
         let mut b = a.clone();
         b.kubeconfig_version = Some("other".into());
         assert_eq!(
@@ -629,17 +696,104 @@ mod tests {
         );
     }
 
+    /// A CA (or, with `ca: false`, a leaf) certificate in PEM.
+    fn cert_pem(ca: bool) -> String {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["web.example".to_owned()]).expect("params");
+        if ca {
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        }
+        params.self_signed(&key).expect("certificate").pem()
+    }
+
+    #[test]
+    fn an_allowlist_target_with_a_ca_pins_its_domains_to_that_ca_alone() {
+        let inp = inputs(serde_json::json!({"proxy": {"targets": [
+            {"type": "kubernetes"},
+            {"type": "allowlist", "domains": ["web.example:8443"], "caConfigMap": "web-ca"},
+            {"type": "allowlist", "domains": ["pypi.org"]}
+        ]}}));
+        let plan = inp.spec.proxy.clone().expect("plan");
+        let ca = cert_pem(true);
+        let bundle = validate_ca_bundle("web-ca", &ca).expect("a CA is accepted");
+        let kc = crate::children::test_support::admin_kubeconfig();
+        let cas = BTreeMap::from([("web-ca".to_owned(), bundle)]);
+        let p = proxy_inputs(&plan, Some("i"), Some(&kc), &cas, "proxy-ca", "v").expect("inputs");
+        let ca_of = |d: &str| {
+            p.routes
+                .get(&Domain::parse(d).expect("domain"))
+                .expect("route")
+                .ca_cert
+                .clone()
+        };
+        assert_eq!(ca_of("web.example:8443"), Some(ca.clone()));
+        assert_eq!(ca_of("pypi.org:443"), None, "the system roots");
+        // The CA travels in the route table, which only the proxy mounts.
+        let cm = config_map(&inp, &p);
+        assert!(cm.data.expect("data")[ROUTES_KEY].contains("BEGIN CERTIFICATE"));
+        // Not read (yet): no inputs, rather than a route silently on the system roots.
+        let e = proxy_inputs(&plan, Some("i"), Some(&kc), &BTreeMap::new(), "p", "v")
+            .expect_err("unread CA");
+        assert!(e.contains("web-ca"), "{e}");
+    }
+
+    #[test]
+    fn a_ca_bundle_is_refused_with_what_to_fix() {
+        let err = |pem: &str| validate_ca_bundle("web-ca", pem).expect_err("refused");
+        let e = err("");
+        assert!(
+            e.contains("holds no PEM certificate") && e.contains("web-ca"),
+            "{e}"
+        );
+        let e = err("not pem at all");
+        assert!(e.contains("holds no PEM certificate"), "{e}");
+        let e = err(&cert_pem(false));
+        assert!(
+            e.contains("is not a CA"),
+            "a leaf cannot anchor a chain: {e}"
+        );
+        let e = err("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n");
+        assert!(e.contains("not a CERTIFICATE"), "{e}");
+        let e = err("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+        assert!(e.contains("not valid X.509"), "{e}");
+        let e = err("-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n");
+        assert!(e.contains("certificate 1") || e.contains("block 1"), "{e}");
+        let big = cert_pem(true).repeat(MAX_CA_BUNDLE_BYTES / 500);
+        let e = err(&big);
+        assert!(e.contains("bytes; at most"), "{e}");
+        let many = cert_pem(true).repeat(MAX_CA_BUNDLE_CERTS + 1);
+        assert!(
+            many.len() <= MAX_CA_BUNDLE_BYTES,
+            "the count is what is refused"
+        );
+        let e = err(&many);
+        assert!(e.contains("more than 32 certificates"), "{e}");
+        // Two CAs are fine.
+        let two = format!("{}{}", cert_pem(true), cert_pem(true));
+        assert_eq!(validate_ca_bundle("web-ca", &two), Ok(two.clone()));
+    }
+
     #[test]
     fn a_missing_image_or_a_clash_is_a_clear_error() {
         let inp = proxied();
         let p = proxy(&inp);
         let plan = inp.spec.proxy.clone().expect("plan");
-        let e = proxy_inputs(&plan, None, None, &p.ca_pem, "v").expect_err("no image");
+        let e = proxy_inputs(&plan, None, None, &BTreeMap::new(), &p.ca_pem, "v")
+            .expect_err("no image");
         assert!(e.contains("RELATED_IMAGE_PROXY"), "{e}");
         let kc = super::super::test_support::admin_kubeconfig();
         let mut clash = plan.clone();
         clash.allowlist = vec![Domain::parse("kubernetes.default.svc:443").expect("d")];
-        let e = proxy_inputs(&clash, Some("i"), Some(&kc), &p.ca_pem, "v").expect_err("clash");
+        let e = proxy_inputs(
+            &clash,
+            Some("i"),
+            Some(&kc),
+            &BTreeMap::new(),
+            &p.ca_pem,
+            "v",
+        )
+        .expect_err("clash");
         assert!(e.contains("also a server of the kubeconfig"), "{e}");
     }
 }
