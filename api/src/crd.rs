@@ -785,6 +785,20 @@ pub struct ServerSpec {
     #[schemars(length(min = 1, max = 8192))]
     pub instructions: Option<String>,
 
+    /// Most sessions one client identity (a Kubernetes username) may hold at once, counted
+    /// exactly across every server replica; past it that client's new sessions get a clear
+    /// error. Default: no per-client limit, only `spec.sandbox.maxSessions` (1..10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_sessions_per_client: Option<i32>,
+
+    /// Most new sessions one client identity may start per minute on each server replica (a
+    /// burst of this many, then one every 60/N seconds); past it the error says when to
+    /// retry. Default: no rate limit (1..10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub new_sessions_per_minute_per_client: Option<i32>,
+
     /// Who may use the MCP endpoint besides the instance's own client ServiceAccount
     /// `cli-mcp-<name>-client`: users, groups and ServiceAccounts bound by the operator to
     /// the instance's client Role (verbs create, get, delete on `climcpinstances/mcp` for
@@ -1060,6 +1074,8 @@ impl Default for ServerSpec {
             auth: AuthMode::Kubernetes,
             tls_secret_name: None,
             instructions: None,
+            max_sessions_per_client: None,
+            new_sessions_per_minute_per_client: None,
             clients: Vec::new(),
             authorization: None,
             expose: None,

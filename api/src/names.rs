@@ -60,6 +60,9 @@ pub mod label {
     pub const COMPONENT_SANDBOX: &str = "sandbox";
     pub const COMPONENT_PROXY: &str = "proxy";
     pub const COMPONENT_CLIENT: &str = "client";
+    /// A session slot (a Lease): one of `maxSessions` places, or of a client's
+    /// `maxSessionsPerClient`, held by one session's sandbox pod.
+    pub const COMPONENT_SLOT: &str = "slot";
     pub const LAUNCH_WARM: &str = "warm";
     pub const LAUNCH_COLD: &str = "cold";
     pub const PART_OF: &str = "cli-mcp";
@@ -221,6 +224,22 @@ impl InstanceName {
     /// Assigned sandbox pods of any session.
     pub fn assigned_selector(&self) -> String {
         format!("{},{}", self.sandbox_selector(), label::SESSION_ID)
+    }
+    /// Prefix of the instance's session slots (Leases): `cli-mcp-<n>-slot-<k>` for the
+    /// instance's `maxSessions` places, `cli-mcp-<n>-slot-c<client>-<k>` for one client's
+    /// `maxSessionsPerClient` places.
+    pub fn slot_prefix(&self) -> String {
+        self.prefixed("-slot-")
+    }
+    /// Label selector of the instance's session slots.
+    pub fn slot_selector(&self) -> String {
+        format!(
+            "{}={},{}={}",
+            label::INSTANCE,
+            self.0,
+            label::COMPONENT,
+            label::COMPONENT_SLOT
+        )
     }
 }
 

@@ -9,21 +9,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_api::names::label;
+use cli_mcp_api::names::{label, InstanceName};
 use cli_mcp_api::pod_state::{is_deleting, is_ready};
 use cli_mcp_api::sandbox::made_for_key;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 use cli_mcp_e2e::journey::{
     container_pid, kill_when_running, process_running, sandbox_selector, server_selector,
-    session_of, stdout, text, Env,
+    session_of, stdout, text, Env, Mcp,
 };
 use cli_mcp_e2e::load::CpuLoad;
 use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set, wait_restarted, AfterRestart, TIMEOUT};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{DeleteParams, EvictParams};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use kube::api::{DeleteParams, EvictParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -99,40 +100,66 @@ impl SessionPodPeak {
     }
 }
 
-/// Fault: 200 sessions created as fast as possible against `maxSessions: 100` (one server
-/// replica, a pool of 5): exactly 100 start, the other 100 get the limit error as a clear
-/// tool result, and no more than 100 session pods ever exist.
+/// Fault: 300 sessions created as fast as possible against `maxSessions: 100`, spread over
+/// three server replicas (a pool of 5): exactly 100 start, the other 200 get the limit error
+/// as a clear tool result, and no more than 100 session pods ever exist. Each replica alone
+/// would admit 100 (its own count cannot see what the others are starting at the same
+/// moment); the session slots make the bound hold across them.
 #[tokio::test]
-async fn two_hundred_new_sessions_against_a_limit_of_one_hundred() {
+async fn three_hundred_new_sessions_on_three_replicas_against_a_limit_of_one_hundred() {
     burst_against_the_limit("f-limit", None).await;
 }
 
 /// The same burst with every CPU of the machine busy: admission must not depend on how fast
 /// the API answers.
 #[tokio::test]
-async fn two_hundred_new_sessions_against_a_limit_of_one_hundred_with_the_cpus_busy() {
+async fn three_hundred_new_sessions_on_three_replicas_against_a_limit_of_one_hundred_with_the_cpus_busy(
+) {
     burst_against_the_limit("f-limit-load", Some(Duration::from_secs(300))).await;
 }
 
-/// One burst at a time: two at once would measure how 400 pod starts share two CPUs, not
+/// One burst at a time: two at once would measure how 600 pod starts share two CPUs, not
 /// admission.
 static ONE_BURST: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// 200 new sessions at once against `maxSessions: 100`, with the CPUs busy for at most
-/// `load` while the burst runs.
+/// Clients of instance `name` that each reach one ready server pod directly (its IP, port
+/// 8443), one per replica.
+async fn per_replica(env: &Env, mcp: &Mcp, name: &str) -> Vec<Mcp> {
+    env.list::<Pod>(&server_selector(name))
+        .await
+        .iter()
+        .filter(|p| is_ready(p) && !is_deleting(p))
+        .map(|p| {
+            let ip: std::net::IpAddr = pod_ip(p).expect("pod IP").parse().expect("IP");
+            mcp.via(std::net::SocketAddr::new(ip, 8443), true)
+        })
+        .collect()
+}
+
+/// The instance's session slots (Leases).
+async fn slots(env: &Env, name: &str) -> Vec<Lease> {
+    let instance = InstanceName::parse(name).expect("instance name");
+    env.list::<Lease>(&instance.slot_selector()).await
+}
+
+/// 300 new sessions at once against `maxSessions: 100`, a third to each of three server
+/// replicas, with the CPUs busy for at most `load` while the burst runs.
 async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
     let _alone = ONE_BURST.lock().await;
     let env = instance(prefix, "m", 5, |cr| {
         cr["spec"]["sandbox"]["maxSessions"] = json!(100);
-        cr["spec"]["replicas"] = json!(1);
+        cr["spec"]["replicas"] = json!(3);
     })
     .await;
+    wait_replicas(&env, "m", 3).await;
     let mcp = env.client("m").await;
+    let replicas = per_replica(&env, &mcp, "m").await;
+    assert_eq!(replicas.len(), 3, "three ready server pods");
     let peak = SessionPodPeak::start(&env, "m");
     let busy = load.map(CpuLoad::start);
     let t0 = std::time::Instant::now();
-    let calls = (0..200).map(|i| {
-        let mcp = &mcp;
+    let calls = (0..300).map(|i| {
+        let mcp = &replicas[i % 3];
         async move { mcp.try_bash(&format!("crowd-{i}"), "echo ok").await }
     });
     let results = futures::future::join_all(calls).await;
@@ -152,10 +179,10 @@ async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
     }
     assert!(
         other.is_empty(),
-        "neither a session nor the limit error ({} of 200; {ok} started, {limited} refused, in {took:?}): {other:#?}",
+        "neither a session nor the limit error ({} of 300; {ok} started, {limited} refused, in {took:?}): {other:#?}",
         other.len()
     );
-    assert_eq!((ok, limited), (100, 100), "started vs refused");
+    assert_eq!((ok, limited), (100, 200), "started vs refused");
     let sessions: Vec<Pod> = env
         .list::<Pod>(&format!("{},{}", sandbox_selector("m"), label::SESSION_ID))
         .await
@@ -168,10 +195,180 @@ async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
         peak <= 100,
         "at most 100 session pods at any time, saw {peak}"
     );
+    // Every session holds one slot, owned by its pod, and no other slot is left.
+    let uids: BTreeSet<String> = sessions.iter().filter_map(|p| p.uid()).collect();
+    let held = slots(&env, "m").await;
+    let owners: BTreeSet<String> = held
+        .iter()
+        .flat_map(|l| l.owner_references())
+        .map(|o| o.uid.clone())
+        .collect();
+    assert_eq!(
+        (held.len(), &owners),
+        (100, &uids),
+        "one slot per session, owned by its pod"
+    );
     let busy = if load.is_some() { ", CPUs busy" } else { "" };
-    eprintln!("200 new sessions against maxSessions 100{busy}: {took:?}, peak {peak} session pods");
+    eprintln!("300 new sessions on 3 replicas against maxSessions 100{busy}: {took:?}, peak {peak} session pods");
     drop(mcp);
     env.finish(Some("m")).await;
+}
+
+/// Waits until instance `name` has `n` session slots.
+async fn wait_slots(env: &Env, name: &str, n: usize, why: &str) {
+    let instance = InstanceName::parse(name).expect("instance name");
+    let r = wait_for_set(
+        env.api::<Lease>(),
+        &instance.slot_selector(),
+        why,
+        TIMEOUT,
+        |l: &[Lease]| l.len() == n,
+    )
+    .await;
+    assert!(r.is_ok(), "{why}: {r:?}\n{}", env.logs("server"));
+}
+
+/// The per-client quotas and the slots' lifetime, through the real endpoint with two client
+/// identities (`maxSessions: 3`, `maxSessionsPerClient: 2`, `newSessionsPerMinutePerClient:
+/// 3`): a client over its own limit gets an error that names it while another client still
+/// starts sessions; a slot is free again after `DELETE /sessions/{id}` and after its pod is
+/// deleted by someone else (as the idle collection does); the rate refusal says when to
+/// retry; and slots a crashed replica left without a pod are taken back, so they never leak.
+#[tokio::test]
+async fn per_client_limits_and_freed_slots() {
+    let env = instance("f-quota", "q", 1, |cr| {
+        cr["spec"]["sandbox"]["maxSessions"] = json!(3);
+        cr["spec"]["server"]["maxSessionsPerClient"] = json!(2);
+        cr["spec"]["server"]["newSessionsPerMinutePerClient"] = json!(3);
+        cr["spec"]["server"]["clients"] = json!([{"kind": "ServiceAccount", "name": "second"}]);
+    })
+    .await;
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "second"}})).expect("SA");
+    env.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("create ServiceAccount second");
+    let a = env.client("q").await;
+    let mut b = a.via(a.forward_addr(), true);
+    b.token = env.service_account_token("second").await;
+    let ok = |r: Value, what: &str| {
+        assert!(r["isError"] == false && stdout(&r) == "ok\n", "{what}: {r}");
+    };
+    let refused = |r: Value, what: &str, says: &[&str]| {
+        let t = text(&r);
+        assert!(
+            r["isError"] == true && says.iter().all(|s| t.contains(s)),
+            "{what}: want a tool error saying {says:?}, got {r}"
+        );
+    };
+    const CLIENT_LIMIT: [&str; 3] = [
+        "you already have 2 sessions",
+        "maxSessionsPerClient",
+        "retry when one of yours ends",
+    ];
+    const INSTANCE_LIMIT: [&str; 3] = ["already has 3 sessions", "maxSessions", "retry when"];
+
+    ok(a.bash("a1", "echo ok").await, "a1");
+    ok(a.bash("a2", "echo ok").await, "a2");
+    refused(
+        a.bash("a3", "echo ok").await,
+        "a3 over a's own limit",
+        &CLIENT_LIMIT,
+    );
+    ok(
+        b.bash("b1", "echo ok").await,
+        "b1: another client is not held to a's limit",
+    );
+    refused(
+        b.bash("b2", "echo ok").await,
+        "b2 over the instance's limit",
+        &INSTANCE_LIMIT,
+    );
+    wait_slots(&env, "q", 6, "3 instance slots + 3 client slots").await;
+
+    // DELETE frees both of a1's slots at once.
+    assert_eq!(a.delete("a1").await, 204, "DELETE a1");
+    ok(a.bash("a3", "echo ok").await, "a3 once a1 is deleted");
+
+    // a has started 3 sessions within seconds (a3's refused attempt was given back): the
+    // fourth is one too many, whatever a holds.
+    assert_eq!(a.delete("a3").await, 204, "DELETE a3");
+    let r = a.bash("a4", "echo ok").await;
+    refused(
+        r.clone(),
+        "a4 over a's rate",
+        &[
+            "3 new sessions within the last minute",
+            "newSessionsPerMinutePerClient",
+            "retry after ~",
+        ],
+    );
+    let wait: u64 = text(&r)
+        .split("retry after ~")
+        .nth(1)
+        .and_then(|t| t.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a number of seconds in {}", text(&r)));
+    assert!(
+        (1..=20).contains(&wait),
+        "one new session every 20 s: {wait}"
+    );
+
+    // A pod deleted by someone else (the idle collection deletes pods the same way) frees
+    // its slots too.
+    let a2 = env
+        .list::<Pod>(&format!(
+            "{},{}=a2",
+            sandbox_selector("q"),
+            label::SESSION_ID
+        ))
+        .await;
+    assert_eq!(a2.len(), 1, "a2's pod");
+    env.api::<Pod>()
+        .delete(&a2[0].name_any(), &DeleteParams::default())
+        .await
+        .expect("delete a2's pod");
+    wait_slots(&env, "q", 2, "a2's slots freed with its pod").await;
+    ok(b.bash("b2", "echo ok").await, "b2 once a2's pod is gone");
+
+    // A replica that crashed between its slots and the pod leaves slots nobody owns: they
+    // are taken back, and the places are free again.
+    assert_eq!(b.delete("b1").await, 204, "DELETE b1");
+    assert_eq!(b.delete("b2").await, 204, "DELETE b2");
+    wait_slots(&env, "q", 0, "every slot freed").await;
+    let instance = InstanceName::parse("q").expect("name");
+    for k in 0..3 {
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": {
+                "name": format!("{}{k}", instance.slot_prefix()),
+                "labels": {
+                    label::INSTANCE: "q",
+                    label::COMPONENT: label::COMPONENT_SLOT,
+                    label::SESSION_ID: format!("crashed-{k}"),
+                },
+            },
+            "spec": {"holderIdentity": format!("crashed-{k}")},
+        }))
+        .expect("Lease");
+        env.api::<Lease>()
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("create an abandoned slot");
+    }
+    refused(
+        b.bash("b3", "echo ok").await,
+        "b3 while abandoned slots fill the instance",
+        &INSTANCE_LIMIT,
+    );
+    let t0 = std::time::Instant::now();
+    wait_slots(&env, "q", 0, "abandoned slots taken back").await;
+    eprintln!("abandoned slots taken back after {:?}", t0.elapsed());
+    ok(
+        b.bash("b3", "echo ok").await,
+        "b3 once the abandoned slots are gone",
+    );
+    env.finish(Some("q")).await;
 }
 
 /// Fault: a sandbox pod of a live session is evicted (Eviction API, as `kubectl drain`

@@ -91,6 +91,14 @@ pub struct Flags {
     /// Most sessions the instance may hold at once.
     #[arg(long, env = "CLI_MCP_MAX_SESSIONS", default_value_t = 100)]
     pub max_sessions: usize,
+    /// Most sessions one caller identity may hold at once, across every replica (kubernetes
+    /// backend; default: no per-client limit).
+    #[arg(long, env = "CLI_MCP_MAX_SESSIONS_PER_CLIENT")]
+    pub max_sessions_per_client: Option<usize>,
+    /// Most new sessions one caller identity may start per minute, on each replica
+    /// (kubernetes backend; default: no rate limit).
+    #[arg(long, env = "CLI_MCP_NEW_SESSIONS_PER_MINUTE_PER_CLIENT")]
+    pub new_sessions_per_minute_per_client: Option<u32>,
     /// Command timeout (seconds) when a call does not set one.
     #[arg(long, env = "CLI_MCP_DEFAULT_TIMEOUT", default_value_t = 60)]
     pub default_timeout: u64,
@@ -210,6 +218,10 @@ pub struct TlsFiles {
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_sessions: usize,
+    /// Most sessions of one caller identity (`None`: no such limit).
+    pub max_sessions_per_client: Option<usize>,
+    /// Most new sessions of one caller identity per minute, per replica (`None`: no limit).
+    pub new_sessions_per_minute_per_client: Option<u32>,
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub output_budget: usize,
@@ -224,6 +236,8 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_sessions: 100,
+            max_sessions_per_client: None,
+            new_sessions_per_minute_per_client: None,
             default_timeout: Duration::from_secs(60),
             max_timeout: Duration::from_secs(300),
             output_budget: DEFAULT_OUTPUT_BUDGET,
@@ -360,6 +374,29 @@ impl Flags {
         if self.max_sessions == 0 {
             return Err(err("--max-sessions must be at least 1"));
         }
+        for (flag, set, ok) in [
+            (
+                "--max-sessions-per-client",
+                self.max_sessions_per_client.is_some(),
+                self.max_sessions_per_client.is_none_or(|n| n >= 1),
+            ),
+            (
+                "--new-sessions-per-minute-per-client",
+                self.new_sessions_per_minute_per_client.is_some(),
+                self.new_sessions_per_minute_per_client
+                    .is_none_or(|n| n >= 1),
+            ),
+        ] {
+            if !ok {
+                return Err(err(format!(
+                    "{flag} must be at least 1 (leave it out for no limit)"
+                )));
+            }
+            if set && backend == BackendKind::Local {
+                return Err(err(format!(
+                    "{flag} needs --backend kubernetes (the local backend serves one user)"
+                )));
+            }
         let agent_max_s = MAX_TIMEOUT_MS / 1000;
         if self.max_timeout == 0 || self.max_timeout > agent_max_s {
             return Err(err(format!(
@@ -472,6 +509,8 @@ impl Flags {
             sandbox,
             limits: Limits {
                 max_sessions: self.max_sessions,
+                max_sessions_per_client: self.max_sessions_per_client,
+                new_sessions_per_minute_per_client: self.new_sessions_per_minute_per_client,
                 default_timeout: Duration::from_secs(self.default_timeout),
                 max_timeout: Duration::from_secs(self.max_timeout),
                 output_budget: self.output_budget,

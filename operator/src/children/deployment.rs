@@ -67,6 +67,12 @@ pub fn server_args(inp: &Inputs) -> Vec<String> {
     flag("--namespace", inp.spec.namespace.clone());
     flag("--hmac-key-file", format!("{HMAC_DIR}/key"));
     flag("--max-sessions", inp.spec.max_sessions.to_string());
+    if let Some(n) = inp.spec.max_sessions_per_client {
+        flag("--max-sessions-per-client", n.to_string());
+    }
+    if let Some(n) = inp.spec.new_sessions_per_minute_per_client {
+        flag("--new-sessions-per-minute-per-client", n.to_string());
+    }
     flag(
         "--default-timeout",
         inp.spec.default_timeout_secs.to_string(),
@@ -323,6 +329,21 @@ mod tests {
         assert_eq!(arg(&a, "--default-timeout").as_deref(), Some("30"));
         assert_eq!(arg(&a, "--max-timeout").as_deref(), Some("120"));
         assert!(a.contains(&"--log-json".to_string()));
+
+        assert_eq!(
+            arg(&a, "--max-sessions-per-client"),
+            None,
+            "no limit unless set"
+        );
+        assert_eq!(arg(&a, "--new-sessions-per-minute-per-client"), None);
+        let quotas = inputs(serde_json::json!({"server": {"maxSessionsPerClient": 3,
+            "newSessionsPerMinutePerClient": 12}}));
+        let a = server_args(&quotas);
+        assert_eq!(arg(&a, "--max-sessions-per-client").as_deref(), Some("3"));
+        assert_eq!(
+            arg(&a, "--new-sessions-per-minute-per-client").as_deref(),
+            Some("12")
+        );
 
         let none = inputs(serde_json::json!({"server": {"auth": "None"}}));
         let a = server_args(&none);

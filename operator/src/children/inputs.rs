@@ -44,6 +44,10 @@ pub struct Spec {
     pub warm_pool_size: i32,
     pub idle_timeout: Duration,
     pub max_sessions: i32,
+    /// `spec.server.maxSessionsPerClient`.
+    pub max_sessions_per_client: Option<i32>,
+    /// `spec.server.newSessionsPerMinutePerClient`.
+    pub new_sessions_per_minute_per_client: Option<i32>,
     pub default_timeout_secs: u64,
     pub max_timeout_secs: u64,
     pub output_budget: i64,
@@ -102,6 +106,8 @@ impl Spec {
             warm_pool_size: s.sandbox.warm_pool_size,
             idle_timeout: s.sandbox.idle_timeout()?,
             max_sessions: s.sandbox.max_sessions,
+            max_sessions_per_client: s.server.max_sessions_per_client,
+            new_sessions_per_minute_per_client: s.server.new_sessions_per_minute_per_client,
             default_timeout_secs,
             max_timeout_secs,
             output_budget: s.sandbox.output_budget_bytes,

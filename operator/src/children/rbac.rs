@@ -37,19 +37,27 @@ pub fn sandbox_service_account(inp: &Inputs) -> ServiceAccount {
     }
 }
 
-/// What the server may do in its namespace: manage sandbox pods, and — with a credential
-/// proxy — read that one Deployment, so it creates no sandbox while the proxy is down. No
-/// Secrets: tokens derive from the mounted HMAC key and pods carry only commitments.
+/// What the server may do in its namespace: manage sandbox pods and the session slots
+/// (Leases that make `maxSessions` and `maxSessionsPerClient` exact across replicas), and —
+/// with a credential proxy — read that one Deployment, so it creates no sandbox while the
+/// proxy is down. No Secrets: tokens derive from the mounted HMAC key and pods carry only
+/// commitments.
 pub fn server_role(inp: &Inputs) -> Role {
-    let mut rules = vec![PolicyRule {
-        api_groups: Some(vec![String::new()]),
-        resources: Some(vec!["pods".into()]),
-        verbs: ["get", "list", "watch", "create", "patch", "delete"]
-            .iter()
-            .map(|v| (*v).to_owned())
-            .collect(),
-        ..Default::default()
-    }];
+    let verbs = |v: &[&str]| v.iter().map(|v| (*v).to_owned()).collect();
+    let mut rules = vec![
+        PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["pods".into()]),
+            verbs: verbs(&["get", "list", "watch", "create", "patch", "delete"]),
+            ..Default::default()
+        },
+        PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".into()]),
+            resources: Some(vec!["leases".into()]),
+            verbs: verbs(&["list", "watch", "create", "patch", "delete"]),
+            ..Default::default()
+        },
+    ];
     if inp.spec.proxy.is_some() {
         rules.push(PolicyRule {
             api_groups: Some(vec!["apps".into()]),

@@ -26,7 +26,7 @@ use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
 use super::{
-    owner_allows, Activity, Backend, EndedSandboxes, Sandbox, SessionError, SessionSummary,
+    owner_allows, Activity, Backend, EndedSandboxes, Quota, Sandbox, SessionError, SessionSummary,
 };
 use crate::auth::Caller;
 use crate::cli::Limits;
@@ -476,9 +476,9 @@ impl Backend for LocalBackend {
         {
             let sessions = self.lock();
             if sessions.len() + self.starting.load(Ordering::SeqCst) >= self.limits.max_sessions {
-                return Err(SessionError::SessionLimit {
+                return Err(SessionError::SessionLimit(Quota::Instance {
                     max: self.limits.max_sessions,
-                });
+                }));
             }
             self.starting.fetch_add(1, Ordering::SeqCst);
         }

@@ -70,8 +70,9 @@ pub struct SessionSummary {
 pub enum SessionError {
     #[error("session {0} belongs to another identity; use your own session id")]
     Forbidden(SessionId),
-    #[error("this instance already has {max} sessions (its limit, --max-sessions); end one with DELETE /sessions/{{id}} or wait for idle sessions to be collected")]
-    SessionLimit { max: usize },
+    /// A new session refused by a quota (which one, its value, when to retry).
+    #[error("{0}")]
+    SessionLimit(Quota),
     #[error("the sandbox of this session could not be started: {0}")]
     Sandbox(String),
     #[error("the sandbox's agent is restarting (its container crashed or was killed, so the session's shell state is reset): {0}; retry the call")]
@@ -90,6 +91,53 @@ pub enum SessionError {
     /// request): the agent request was dropped, so the agent interrupts the command.
     #[error("the call was cancelled by the client; the command was interrupted as with Ctrl-C and the shell kept its state")]
     Cancelled,
+}
+
+/// The quota that refused a new session; its text names the limit, its value and when to
+/// retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Quota {
+    /// `--max-sessions`: the instance's sessions, across every server replica.
+    Instance { max: usize },
+    /// `--max-sessions-per-client`: one identity's sessions, across every server replica.
+    Client { max: usize },
+    /// `--new-sessions-per-minute-per-client`: one identity's new sessions on this replica.
+    Rate {
+        per_minute: u32,
+        retry_after: Duration,
+    },
+}
+
+impl std::fmt::Display for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const WHEN: &str = "retry when a session ends: end one with DELETE /sessions/{id}, or \
+                            wait for idle sessions to be collected";
+        match self {
+            Quota::Instance { max } => write!(
+                f,
+                "this instance already has {max} sessions (its limit: maxSessions, the \
+                 server's --max-sessions); {WHEN}"
+            ),
+            Quota::Client { max } => write!(
+                f,
+                "you already have {max} sessions on this instance (the per-client limit: \
+                 maxSessionsPerClient, the server's --max-sessions-per-client); retry when \
+                 one of yours ends: end one with DELETE /sessions/{{id}}, or wait for your idle \
+                 sessions to be collected"
+            ),
+            Quota::Rate {
+                per_minute,
+                retry_after,
+            } => write!(
+                f,
+                "you started {per_minute} new sessions within the last minute (the per-client \
+                 rate: newSessionsPerMinutePerClient, the server's \
+                 --new-sessions-per-minute-per-client, counted per server replica); retry \
+                 after ~{}s, or keep using a session you have",
+                retry_after.as_secs_f64().ceil().max(1.0) as u64
+            ),
+        }
+    }
 }
 
 impl SessionError {

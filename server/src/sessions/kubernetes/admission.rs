@@ -1,5 +1,5 @@
-//! Admission of new sessions against `--max-sessions`, exact within one replica, without an
-//! API round trip per new session.
+//! Admission of new sessions against `--max-sessions`: first exact within one replica,
+//! without an API round trip, then across replicas by a session slot ([`super::slots`]).
 //!
 //! The count is the union, by session id, of three sets:
 //! - `live`: the instance's assigned, not-terminating sandbox pods, as this replica's pod
@@ -13,7 +13,8 @@
 //! leaves `written` only once `live` holds it. So every session this replica admitted is in
 //! one of the sets from the moment it was admitted until its pod is gone, and every later
 //! admission counts it exactly once. Sessions started by other replicas are counted once the
-//! watch reports their pods; exactness across replicas is not promised here.
+//! watch reports their pods; what other replicas are starting at the same moment is what the
+//! slot, taken next (one API round trip, outside any lock), accounts for.
 //!
 //! Before the watch has listed the pods once, and after a watch error until the watch is seen
 //! working again, the view may be behind: admission then counts from a LIST instead
@@ -28,9 +29,11 @@ use cli_mcp_api::names::label;
 use cli_mcp_api::SessionId;
 use kube::api::ListParams;
 
+use super::slots::SlotHold;
 use super::KubeBackend;
+use crate::auth::Caller;
 use crate::metrics::Admitted;
-use crate::sessions::SessionError;
+use crate::sessions::{Quota, SessionError};
 
 /// The instance already has `max` sessions.
 #[derive(Debug, PartialEq, Eq)]
@@ -191,6 +194,12 @@ impl Admission {
         (n >= self.max).then_some(LimitReached { max: self.max })
     }
 
+    /// Whether the view (synced) has neither a pod nor a start of `sid`: a new session.
+    pub fn unknown(&self, sid: &SessionId) -> bool {
+        let st = self.lock();
+        st.synced && !st.view.contains(sid) && !st.pending.contains(sid)
+    }
+
     /// Admits `sid`, counting `listed` (the session ids of the assigned, not-terminating pods
     /// from a LIST that began after this call did) instead of the view.
     pub fn reserve_listed(
@@ -315,12 +324,24 @@ pub(super) const ADMISSION_LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl KubeBackend {
     /// Admits one new session under `--max-sessions` (see [`Admission`]): from the pod
-    /// watch's view, or from a LIST while that view cannot be trusted. The reservation must be
-    /// held until the session's pod is written ([`Reservation::written`]) or the start gave
-    /// up.
-    pub(super) async fn admit(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
+    /// watch's view, or from a LIST while that view cannot be trusted; then takes its slots
+    /// (see [`super::slots`]), which makes the bound hold across replicas, with
+    /// `--max-sessions-per-client`. The reservation must be held until the session's pod is
+    /// written ([`Reservation::written`]) or the start gave up; the slots until they are bound
+    /// to that pod.
+    pub(super) async fn admit(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<(Reservation, SlotHold), SessionError> {
         let t0 = Instant::now();
-        let r = self.decide(sid).await;
+        let r = match self.decide(sid).await {
+            Ok(reservation) => self
+                .take_slots(sid, caller)
+                .await
+                .map(|slots| (reservation, slots)),
+            Err(e) => Err(e),
+        };
         match &r {
             Ok(_) => self.metrics.admission(Admitted::Admitted, t0.elapsed()),
             Err(SessionError::SessionLimit { .. }) => {
@@ -332,7 +353,7 @@ impl KubeBackend {
     }
 
     async fn decide(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
-        let limit = |LimitReached { max }| SessionError::SessionLimit { max };
+        let limit = |LimitReached { max }| SessionError::SessionLimit(Quota::Instance { max });
         match self.admission.reserve(sid) {
             Ok(r) => return Ok(r),
             Err(Refusal::Limit(l)) => return Err(limit(l)),

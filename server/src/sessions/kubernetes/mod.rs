@@ -24,7 +24,9 @@ mod agent_wait;
 mod api_health;
 mod lookup;
 mod pods;
+mod rate;
 mod routes;
+mod slots;
 mod start;
 mod watch;
 
@@ -34,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -46,7 +49,7 @@ use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
 use super::{
-    owner_allows, Activity, Backend, EndedSandboxes, Sandbox, SessionError, SessionSummary,
+    owner_allows, Activity, Backend, EndedSandboxes, Quota, Sandbox, SessionError, SessionSummary,
 };
 use crate::agent_client::AgentClient;
 use crate::auth::Caller;
@@ -57,7 +60,9 @@ use admission::{Admission, LimitReached};
 use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::Found;
 use pods::{annotation_of, endpoint_of, has_launch};
+use rate::NewSessionRate;
 use routes::{Route, RouteCache};
+use slots::{client_tag, Family, Slots};
 
 /// The `retired` reason of the pods `DELETE /sessions/{id}` removes.
 const RETIRED_SESSION_ENDED: &str = "session-ended";
@@ -73,6 +78,12 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(15);
 
 pub struct KubeBackend {
     pods: Api<Pod>,
+    /// The instance's session slots (see [`slots`]).
+    leases: Api<Lease>,
+    /// This replica's view of the slots, fed by their watch.
+    slots: Slots,
+    /// `--new-sessions-per-minute-per-client`, when set.
+    rate: Option<NewSessionRate>,
     client: kube::Client,
     cfg: SandboxConfig,
     cfg_hash: String,
@@ -103,6 +114,26 @@ impl std::fmt::Debug for KubeBackend {
 }
 
 impl KubeBackend {
+    /// A new session `sid` of `caller` that the views (synced) already show over a limit:
+    /// refused before any API call, so callers over a limit cost nothing. A pod or slot
+    /// another replica wrote within the watches' lag is missed: that caller is refused once,
+    /// and its next call finds it.
+    fn refuses_new(&self, sid: &SessionId, caller: &Caller) -> Option<Quota> {
+        if let Some(LimitReached { max }) = self.admission.refuses_new(sid) {
+            return Some(Quota::Instance { max });
+        }
+        let max = self.limits.max_sessions;
+        if self.admission.unknown(sid) && self.slots.full(&Family::Instance, max) {
+            return Some(Quota::Instance { max });
+        }
+        let per_client = self.limits.max_sessions_per_client?;
+        (self.admission.unknown(sid)
+            && self
+                .slots
+                .full(&Family::Client(client_tag(caller)), per_client))
+        .then_some(Quota::Client { max: per_client })
+    }
+
     pub fn new(
         client: kube::Client,
         cfg: SandboxConfig,
@@ -114,6 +145,11 @@ impl KubeBackend {
         let pods = Api::<Pod>::namespaced(client.clone(), &cfg.namespace);
         Arc::new(Self {
             pods,
+            leases: Api::namespaced(client.clone(), &cfg.namespace),
+            slots: Slots::new(cfg.instance.slot_prefix()),
+            rate: limits
+                .new_sessions_per_minute_per_client
+                .map(NewSessionRate::new),
             client,
             cfg_hash: cfg.hash(),
             instance: cfg.instance.clone(),
@@ -153,10 +189,12 @@ impl KubeBackend {
             }
         };
         let routes = self.clone().watch_routes(stop.clone());
+        let slots = self.clone().watch_slots(stop.clone());
         vec![
             tokio::spawn(stamper),
             tokio::spawn(gauge),
             tokio::spawn(routes),
+            tokio::spawn(slots),
         ]
     }
 
@@ -225,9 +263,9 @@ impl KubeBackend {
         // At the limit, a session the watch knows no pod of is refused before any API call:
         // callers over the limit cost nothing. (A pod another replica created within the
         // watch's lag is missed: that caller is refused once, and its next call finds it.)
-        if let Some(LimitReached { max }) = self.admission.refuses_new(sid) {
+        if let Some(quota) = self.refuses_new(sid, caller) {
             self.metrics.admission(Admitted::Refused, t0.elapsed());
-            return Err(SessionError::SessionLimit { max });
+            return Err(SessionError::SessionLimit(quota));
         }
         let previous = self.cache.previous_uid(sid);
         let stale = match self.find(sid).await? {
@@ -242,8 +280,21 @@ impl KubeBackend {
             Found::Nothing => false,
         };
 
-        let reservation = self.admit(sid).await?;
-        let (pod, launch) = match self.start_new(sid, caller, &reservation).await {
+        let charge = match &self.rate {
+            None => None,
+            Some(rate) => Some(rate.charge(&client_tag(caller)).map_err(|retry_after| {
+                self.metrics.admission(Admitted::Refused, t0.elapsed());
+                SessionError::SessionLimit(Quota::Rate {
+                    per_minute: rate.per_minute(),
+                    retry_after,
+                })
+            })?),
+        };
+        let (reservation, mut slots) = self.admit(sid, caller).await?;
+        let started = self.start_new(sid, caller, &reservation, &mut slots).await;
+        // Slots still held here were not bound to a pod of this session: freed.
+        drop(slots);
+        let (pod, launch) = match started {
             Ok((pod, launch)) => (self.converge(sid, pod, caller).await?, launch),
             // Another replica may have given the session its pod meanwhile (and deleted ours
             // as the loser): use that one.
@@ -262,6 +313,9 @@ impl KubeBackend {
             },
         };
         let route = self.route_of(sid, &pod)?;
+        if let Some(c) = charge {
+            c.keep();
+        }
         self.metrics.started(launch, t0.elapsed());
         tracing::info!(session = %sid, pod = %route.pod, launch = launch.as_str(),
             took_ms = t0.elapsed().as_millis() as u64, "session sandbox started");
@@ -338,6 +392,13 @@ impl Backend for KubeBackend {
             }
             tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
             self.retire_pod(pod, RETIRED_SESSION_ENDED).await;
+            // Its places are free when DELETE answers (the caller's next new session must not
+            // be refused for the session it just ended): gone from this replica's count, and
+            // its slots deleted, not left to the pod watch or the garbage collector.
+            self.admission.deleted(watch::pod_view(pod));
+            if let Some(uid) = pod.uid() {
+                self.release_slots_of(sid, &uid).await;
+            }
         }
         self.cache.remove(sid);
         Ok(())

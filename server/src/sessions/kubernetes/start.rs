@@ -25,6 +25,7 @@ use super::pods::{
     agent_running, annotation_of, deleted_while_starting, endpoint_of, has_launch, pending_reason,
     pod_ip, pod_key, start_failure,
 };
+use super::slots::SlotHold;
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::metrics::Launch;
@@ -36,25 +37,42 @@ pub(super) const CLAIM_ATTEMPTS_PER_POD: usize = 2;
 
 impl KubeBackend {
     /// Claims a warm pod, else creates one; returns it Ready. The reservation is handed on
-    /// as soon as the pod is written.
+    /// as soon as the pod is written, and the slots become owned by the pod. A pod another
+    /// replica created for the session first is adopted without them (they are freed: that
+    /// replica's slots are the session's).
     pub(super) async fn start_new(
         &self,
         sid: &SessionId,
         caller: &Caller,
         reservation: &Reservation,
+        slots: &mut SlotHold,
     ) -> Result<(Pod, Launch), SessionError> {
         let written = |p: &Pod| reservation.written(&pod_key(p));
         match self.claim_warm(sid, caller).await? {
             Some(p) => {
                 written(&p);
+                self.bind_or_retire(slots, &p).await?;
                 Ok((p, Launch::Warm))
             }
             None => {
-                let p = self.create_cold(sid, caller).await?;
+                let (p, created) = self.create_cold(sid, caller).await?;
                 written(&p);
+                if created {
+                    self.bind_or_retire(slots, &p).await?;
+                }
                 Ok((self.wait_ready(p).await?, Launch::Cold))
             }
         }
+    }
+
+    /// Binds the session's slots to its pod; a pod whose slot was lost is not kept, so no
+    /// session runs without its place.
+    async fn bind_or_retire(&self, slots: &mut SlotHold, pod: &Pod) -> Result<(), SessionError> {
+        let r = self.bind_slots(slots, pod).await;
+        if r.is_err() {
+            self.retire_pod(pod, "no-slot").await;
+        }
+        r
     }
 
     /// Tries the warm pool; `None` when no pod could be claimed.
@@ -220,12 +238,13 @@ impl KubeBackend {
         )))
     }
 
-    /// Creates the session's own pod, or adopts it when another replica created it first.
+    /// Creates the session's own pod, or adopts it when another replica created it first
+    /// (then `false`).
     pub(super) async fn create_cold(
         &self,
         sid: &SessionId,
         caller: &Caller,
-    ) -> Result<Pod, SessionError> {
+    ) -> Result<(Pod, bool), SessionError> {
         self.proxy_serves().await?;
         let pod = build_sandbox_pod(
             &self.cfg,
@@ -240,7 +259,7 @@ impl KubeBackend {
         let name = pod.name_any();
         for _ in 0..3 {
             match self.pods.create(&PostParams::default(), &pod).await {
-                Ok(p) => return Ok(p),
+                Ok(p) => return Ok((p, true)),
                 Err(kube::Error::Api(s)) if s.is_already_exists() => {
                     match self.pods.get_opt(&name).await? {
                         // Gone in between: create again.
@@ -251,7 +270,7 @@ impl KubeBackend {
                             continue;
                         }
                         // Another replica created it: adopt.
-                        Some(existing) => return Ok(existing),
+                        Some(existing) => return Ok((existing, false)),
                     }
                 }
                 Err(e) => return Err(e.into()),

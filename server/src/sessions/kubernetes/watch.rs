@@ -69,6 +69,13 @@ impl KubeBackend {
         let (Some(sid), Some(uid)) = (session(pod), pod.uid()) else {
             return;
         };
+        // A pod being deleted no longer counts against the limits: its slots are freed now
+        // (every replica tries; the first delete wins), not when the garbage collector
+        // removes them after the pod is gone. A pod that terminated but still exists still
+        // counts, as it does in the pod count.
+        if is_deleting(pod) || !is_terminal(pod) {
+            self.free_slots_of(&uid);
+        }
         self.stamper.forget(&pod.name_any());
         let retired = pod.annotations().contains_key(annotation::RETIRED);
         if self.cache.tombstone(&sid, &uid, retired) {

@@ -1,0 +1,806 @@
+//! Session slots: the cluster-wide, exact part of admission.
+//!
+//! Admission within a replica ([`super::admission`]) cannot see the sessions other replicas
+//! are starting at the same moment, so N replicas could each admit up to `--max-sessions`. A
+//! new session therefore also takes one of `--max-sessions` **slots**: Leases named
+//! `cli-mcp-<n>-slot-<k>`, `k` in `0..max`, created with a plain POST. The API server
+//! creates a name once, so a slot has one holder, and a `409 AlreadyExists` means taken: the
+//! caller tries another `k`. With `--max-sessions-per-client` it also takes one of the
+//! client's slots, `cli-mcp-<n>-slot-c<client>-<k>` (`client` = 16 hex of its owner hash),
+//! `k` in `0..max_per_client`; the two creates go out together.
+//!
+//! Which `k` to try comes from this replica's watch of the slots (plus the 409s it got
+//! lately and the creates it has in flight), in random order, so replicas spread over the
+//! free slots instead of all fighting for the first. The view only picks candidates: the
+//! create decides, so a stale view can cost a 409, never an extra session.
+//!
+//! Lifetime: a slot is created without an owner, and once the session's pod is written
+//! (claimed or created) it is patched (guarded by its `resourceVersion`) to be owned by that
+//! pod. Then it goes with the pod:
+//! - every replica deletes the slots of a pod its pod watch sees being deleted (a deleted
+//!   session is a free place at once, as the pod count says), and `DELETE /sessions/{id}`
+//!   deletes them itself;
+//! - Kubernetes' garbage collector deletes it once the pod is gone, whatever happened to the
+//!   replicas.
+//!
+//! A slot whose start gave up is deleted by its replica. A slot left without an owner (its
+//! replica crashed between the slot and the pod) is deleted by any replica once it is older
+//! than [`ORPHAN_AFTER`]; so is a second slot of one family owned by the same pod.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, ResourceExt};
+use rand::seq::IndexedRandom;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use cli_mcp_api::names::label;
+use cli_mcp_api::SessionId;
+
+use super::KubeBackend;
+use crate::auth::Caller;
+use crate::sessions::{Quota, SessionError};
+
+/// A slot with no owner older than this is an orphan (its replica crashed, or lost the API,
+/// between the slot and the session's pod): deleted by any replica. The owner is set right
+/// after the pod is claimed or created, a few API calls after the slot.
+pub(super) const ORPHAN_AFTER: Duration = Duration::from_secs(30);
+
+/// A 409 on a slot counts it as taken for this long, unless the watch reports it first.
+const CONFLICT_MEMORY: Duration = Duration::from_secs(10);
+
+/// How often each replica looks for orphan and duplicate slots in its view.
+pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Which limit a slot counts against.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `--max-sessions`.
+    Instance,
+    /// `--max-sessions-per-client` of one client (16 hex of its owner hash).
+    Client(String),
+}
+
+/// The client part of a per-client slot's name: 16 hex of the owner hash, `anonymous`
+/// without auth.
+pub fn client_tag(caller: &Caller) -> String {
+    caller
+        .owner
+        .as_deref()
+        .map(|o| o.chars().take(16).collect())
+        .unwrap_or_else(|| "anonymous".into())
+}
+
+/// One slot as the watch reports it.
+#[derive(Debug, Clone)]
+pub struct SlotView {
+    pub name: String,
+    pub family: Family,
+    pub index: usize,
+    /// uid of the pod that owns it (none yet while its session starts).
+    pub owner: Option<String>,
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+/// A slot this replica created: what it needs to bind or delete exactly that object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRef {
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+}
+
+#[derive(Debug, Default)]
+struct Families {
+    slots: HashMap<String, SlotView>,
+    taken: HashMap<Family, HashSet<usize>>,
+}
+
+impl Families {
+    fn insert(&mut self, s: SlotView) {
+        self.remove(&s.name);
+        self.taken
+            .entry(s.family.clone())
+            .or_default()
+            .insert(s.index);
+        self.slots.insert(s.name.clone(), s);
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(old) = self.slots.remove(name) {
+            if let Some(set) = self.taken.get_mut(&old.family) {
+                set.remove(&old.index);
+                if set.is_empty() {
+                    self.taken.remove(&old.family);
+                }
+            }
+        }
+    }
+
+    fn taken(&self, family: &Family, index: usize) -> bool {
+        self.taken.get(family).is_some_and(|s| s.contains(&index))
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    view: Families,
+    relist: Option<Families>,
+    /// The view has been listed once and no watch error came since.
+    synced: bool,
+    /// Slots a create of this replica found taken (409), and when.
+    conflicts: HashMap<String, Instant>,
+    /// Slots this replica is creating right now.
+    in_flight: HashSet<String>,
+}
+
+/// The replica's view of the instance's slots; cheap to share.
+#[derive(Debug, Clone)]
+pub struct Slots {
+    state: Arc<Mutex<State>>,
+    prefix: String,
+}
+
+impl Slots {
+    pub fn new(prefix: String) -> Self {
+        Self {
+            state: Arc::default(),
+            prefix,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn name(&self, family: &Family, index: usize) -> String {
+        match family {
+            Family::Instance => format!("{}{index}", self.prefix),
+            Family::Client(c) => format!("{}c{c}-{index}", self.prefix),
+        }
+    }
+
+    /// The family and index a slot name stands for; `None` for a name this server does not
+    /// make.
+    pub fn parse(&self, name: &str) -> Option<(Family, usize)> {
+        let rest = name.strip_prefix(&self.prefix)?;
+        let index = |s: &str| {
+            (!s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+        };
+        match rest.strip_prefix('c') {
+            None => Some((Family::Instance, index(rest)?)),
+            Some(r) => {
+                let (client, k) = r.rsplit_once('-')?;
+                let ok = !client.is_empty()
+                    && client.len() <= 16
+                    && client.bytes().all(|b| b.is_ascii_alphanumeric());
+                ok.then_some(())?;
+                Some((Family::Client(client.to_owned()), index(k)?))
+            }
+        }
+    }
+
+    /// A free slot of `family` below `bound` to try, in random order, marked in flight; `None`
+    /// when the view, the recent 409s and the creates in flight account for every one.
+    pub fn pick(&self, family: &Family, bound: usize, now: Instant) -> Option<String> {
+        let mut st = self.lock();
+        st.conflicts
+            .retain(|_, at| now.duration_since(*at) < CONFLICT_MEMORY);
+        let free: Vec<usize> = (0..bound)
+            .filter(|&k| !st.view.taken(family, k))
+            .filter(|&k| {
+                let n = self.name(family, k);
+                !st.conflicts.contains_key(&n) && !st.in_flight.contains(&n)
+            })
+            .collect();
+        let k = *free.choose(&mut rand::rng())?;
+        let name = self.name(family, k);
+        st.in_flight.insert(name.clone());
+        Some(name)
+    }
+
+    /// The create of `name` returned: `Ok(view)` it is ours, `Err(())` it was taken.
+    pub fn created(&self, name: &str, outcome: Result<SlotView, ()>, now: Instant) {
+        let mut st = self.lock();
+        st.in_flight.remove(name);
+        match outcome {
+            Ok(view) => st.view.insert(view),
+            Err(()) => {
+                st.conflicts.insert(name.to_owned(), now);
+            }
+        }
+    }
+
+    /// The create of `name` failed for another reason than a conflict.
+    pub fn abandoned(&self, name: &str) {
+        self.lock().in_flight.remove(name);
+    }
+
+    /// Whether the view (synced) shows every slot of `family` below `bound` taken: a new
+    /// session of it can be refused without an API call.
+    pub fn full(&self, family: &Family, bound: usize) -> bool {
+        let st = self.lock();
+        st.synced
+            && st
+                .view
+                .taken
+                .get(family)
+                .is_some_and(|s| s.iter().filter(|&&k| k < bound).count() >= bound)
+    }
+
+    /// Slots owned by pod `uid`, as the view has them.
+    pub fn owned_by(&self, uid: &str) -> Vec<SlotRef> {
+        let st = self.lock();
+        st.view
+            .slots
+            .values()
+            .filter(|s| s.owner.as_deref() == Some(uid))
+            .filter_map(slot_ref)
+            .collect()
+    }
+
+    /// Slots to delete: orphans older than [`ORPHAN_AFTER`], and every slot of a family but
+    /// the lowest that one pod owns.
+    pub fn sweepable(&self, now: k8s_openapi::jiff::Timestamp) -> Vec<SlotRef> {
+        let st = self.lock();
+        if !st.synced {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut by_owner: HashMap<(&str, &Family), Vec<&SlotView>> = HashMap::new();
+        for s in st.view.slots.values() {
+            match &s.owner {
+                Some(o) => by_owner.entry((o, &s.family)).or_default().push(s),
+                None => {
+                    let old = s.created.is_some_and(|c| {
+                        now.duration_since(c).unsigned_abs() >= ORPHAN_AFTER && c <= now
+                    });
+                    if old {
+                        out.extend(slot_ref(s));
+                    }
+                }
+            }
+        }
+        for mut same in by_owner.into_values().filter(|v| v.len() > 1) {
+            same.sort_by_key(|s| s.index);
+            out.extend(same[1..].iter().filter_map(|s| slot_ref(s)));
+        }
+        out
+    }
+
+    /// This replica deleted `name` (or found it gone).
+    pub fn gone(&self, name: &str) {
+        let mut st = self.lock();
+        st.view.remove(name);
+        if let Some(r) = st.relist.as_mut() {
+            r.remove(name);
+        }
+    }
+
+    pub fn relist_started(&self) {
+        self.lock().relist = Some(Families::default());
+    }
+
+    pub fn relisted(&self, s: SlotView) {
+        if let Some(r) = self.lock().relist.as_mut() {
+            r.insert(s);
+        }
+    }
+
+    pub fn relist_done(&self) {
+        let mut st = self.lock();
+        if let Some(r) = st.relist.take() {
+            st.view = r;
+            st.synced = true;
+        }
+    }
+
+    pub fn applied(&self, s: SlotView) {
+        let mut st = self.lock();
+        st.conflicts.remove(&s.name);
+        st.view.insert(s);
+    }
+
+    pub fn deleted(&self, name: &str) {
+        let mut st = self.lock();
+        st.conflicts.remove(name);
+        st.view.remove(name);
+    }
+
+    pub fn watch_failed(&self) {
+        self.lock().synced = false;
+    }
+
+    /// Slots the view counts in `family` (for tests and the log).
+    #[cfg(test)]
+    fn count(&self, family: &Family) -> usize {
+        self.lock().view.taken.get(family).map_or(0, HashSet::len)
+    }
+}
+
+fn slot_ref(s: &SlotView) -> Option<SlotRef> {
+    Some(SlotRef {
+        name: s.name.clone(),
+        uid: s.uid.clone()?,
+        resource_version: s.resource_version.clone()?,
+    })
+}
+
+/// What the view needs of a slot object.
+fn slot_view(slots: &Slots, meta: &ObjectMeta) -> Option<SlotView> {
+    let name = meta.name.clone()?;
+    let (family, index) = slots.parse(&name)?;
+    let owner = meta
+        .owner_references
+        .as_ref()
+        .and_then(|o| o.iter().find(|r| r.kind == "Pod"))
+        .map(|r| r.uid.clone());
+    Some(SlotView {
+        name,
+        family,
+        index,
+        owner,
+        created: meta.creation_timestamp.as_ref().map(|t| t.0),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+    })
+}
+
+/// The slots one new session holds until its pod owns them; deleted when dropped unbound
+/// (the start gave up, failed, or adopted a pod another replica made).
+#[derive(Debug)]
+pub struct SlotHold {
+    held: Vec<SlotRef>,
+    api: Api<Lease>,
+    slots: Slots,
+}
+
+impl SlotHold {
+    fn release_all(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        if held.is_empty() {
+            return;
+        }
+        let (api, slots) = (self.api.clone(), self.slots.clone());
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            for s in held {
+                delete_slot(&api, &slots, &s).await;
+            }
+        });
+    }
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        self.release_all();
+    }
+}
+
+/// Deletes slot `s`, exactly that object (uid precondition): gone or replaced is fine.
+async fn delete_slot(api: &Api<Lease>, slots: &Slots, s: &SlotRef) {
+    let dp = DeleteParams::default().preconditions(Preconditions {
+        uid: Some(s.uid.clone()),
+        resource_version: None,
+    });
+    match api.delete(&s.name, &dp).await {
+        Ok(_) => slots.gone(&s.name),
+        Err(kube::Error::Api(e)) if e.is_not_found() || e.is_conflict() => {}
+        Err(e) => tracing::warn!(slot = %s.name, error = %e,
+            "cannot delete a session slot (the garbage collector or another replica frees it later)"),
+    }
+}
+
+impl KubeBackend {
+    /// Takes the slots a new session of `caller` needs: one of the instance's, and one of the
+    /// caller's with `--max-sessions-per-client`. Refused with the limit that is full.
+    pub(super) async fn take_slots(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<SlotHold, SessionError> {
+        let mut hold = SlotHold {
+            held: Vec::new(),
+            api: self.leases.clone(),
+            slots: self.slots.clone(),
+        };
+        let instance = self.take_slot(sid, Family::Instance, self.limits.max_sessions);
+        match self.limits.max_sessions_per_client {
+            None => hold.held.push(instance.await?),
+            Some(per_client) => {
+                let client = self.take_slot(sid, Family::Client(client_tag(caller)), per_client);
+                let (i, c) = tokio::join!(instance, client);
+                // Whatever was taken is held, so the hold frees it if the other failed.
+                let (i, c) = (i.map(|s| hold.held.push(s)), c.map(|s| hold.held.push(s)));
+                i?;
+                c?;
+            }
+        }
+        Ok(hold)
+    }
+
+    /// Creates one free slot of `family` below `bound`, trying another on each 409.
+    async fn take_slot(
+        &self,
+        sid: &SessionId,
+        family: Family,
+        bound: usize,
+    ) -> Result<SlotRef, SessionError> {
+        let refused = || {
+            SessionError::SessionLimit(match &family {
+                Family::Instance => Quota::Instance { max: bound },
+                Family::Client(_) => Quota::Client { max: bound },
+            })
+        };
+        loop {
+            let Some(name) = self.slots.pick(&family, bound, Instant::now()) else {
+                return Err(refused());
+            };
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(
+                        [
+                            (label::INSTANCE.into(), self.instance.to_string()),
+                            (label::COMPONENT.into(), label::COMPONENT_SLOT.into()),
+                            (label::APP_PART_OF.into(), label::PART_OF.into()),
+                            (label::SESSION_ID.into(), sid.to_string()),
+                        ]
+                        .into(),
+                    ),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(sid.to_string()),
+                    ..Default::default()
+                }),
+            };
+            match self.leases.create(&PostParams::default(), &lease).await {
+                Ok(l) => {
+                    let view = slot_view(&self.slots, &l.metadata);
+                    let r = view.as_ref().and_then(slot_ref);
+                    match (view, r) {
+                        (Some(v), Some(r)) => {
+                            self.slots.created(&name, Ok(v), Instant::now());
+                            return Ok(r);
+                        }
+                        _ => {
+                            self.slots.abandoned(&name);
+                            return Err(SessionError::Kubernetes(format!(
+                                "the API server created session slot {name} without a uid or \
+                                 resourceVersion"
+                            )));
+                        }
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                    self.slots.created(&name, Err(()), Instant::now())
+                }
+                Err(e) => {
+                    self.slots.abandoned(&name);
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    /// The session's pod is written: its slots become owned by it (each patch guarded by the
+    /// slot's `resourceVersion`, so a slot that was taken away as an orphan and created again
+    /// by another session is never taken over). A slot lost that way fails the start.
+    pub(super) async fn bind_slots(
+        &self,
+        hold: &mut SlotHold,
+        pod: &Pod,
+    ) -> Result<(), SessionError> {
+        let (Some(uid), name) = (pod.uid(), pod.name_any()) else {
+            return Err(SessionError::Sandbox(format!(
+                "pod {} has no uid to own its session slot",
+                pod.name_any()
+            )));
+        };
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name,
+            uid,
+            ..Default::default()
+        };
+        let binds = hold.held.iter().map(|s| {
+            let patch = json!({"metadata": {
+                "resourceVersion": s.resource_version,
+                "ownerReferences": [owner],
+            }});
+            let api = self.leases.clone();
+            async move {
+                api.patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            }
+        });
+        let results = futures::future::join_all(binds).await;
+        let mut lost = None;
+        for (s, r) in hold.held.iter().zip(results) {
+            match r {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.is_not_found() || e.is_conflict() => {
+                    lost = Some(s.name.clone())
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(name) = lost {
+            return Err(SessionError::Sandbox(format!(
+                "its session slot {name} was taken back as abandoned while the sandbox was \
+                 started (the start took over {}s); retry the call",
+                ORPHAN_AFTER.as_secs()
+            )));
+        }
+        // Owned by the pod now: they go with it.
+        hold.held.clear();
+        Ok(())
+    }
+
+    /// Deletes the slots of pod `pod_uid` of session `sid`: those the view knows of, else
+    /// (the watch has not delivered them yet) those a LIST of the session's slots finds.
+    pub(super) async fn release_slots_of(&self, sid: &SessionId, pod_uid: &str) {
+        let mut owned = self.slots.owned_by(pod_uid);
+        if owned.is_empty() {
+            let sel = format!(
+                "{},{}={sid}",
+                self.instance.slot_selector(),
+                label::SESSION_ID
+            );
+            match self.leases.list(&ListParams::default().labels(&sel)).await {
+                Ok(list) => owned.extend(
+                    list.items
+                        .iter()
+                        .filter_map(|l| slot_view(&self.slots, &l.metadata))
+                        .filter(|v| v.owner.as_deref() == Some(pod_uid))
+                        .filter_map(|v| slot_ref(&v)),
+                ),
+                Err(e) => tracing::debug!(session = %sid, error = %e,
+                    "cannot list the session's slots (the pod watch or the garbage collector frees them)"),
+            }
+        }
+        for s in owned {
+            delete_slot(&self.leases, &self.slots, &s).await;
+        }
+    }
+
+    /// Frees the slots of a pod that is going (deleted, by anyone): spawned, never blocks.
+    pub(super) fn free_slots_of(&self, pod_uid: &str) {
+        let owned = self.slots.owned_by(pod_uid);
+        if owned.is_empty() {
+            return;
+        }
+        let (api, slots) = (self.leases.clone(), self.slots.clone());
+        tokio::spawn(async move {
+            for s in owned {
+                delete_slot(&api, &slots, &s).await;
+            }
+        });
+    }
+
+    /// Keeps this replica's view of the slots (see [`Slots`]) and, every [`SWEEP_EVERY`],
+    /// deletes orphan and duplicate slots.
+    pub(super) async fn watch_slots(self: Arc<Self>, stop: CancellationToken) {
+        let cfg = watcher::Config::default().labels(&self.instance.slot_selector());
+        // Metadata only: owner, age and name are all the view needs.
+        let api: Api<PartialObjectMeta<Lease>> =
+            Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        let stream = watcher(api, cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        let view = |m: &PartialObjectMeta<Lease>| slot_view(&self.slots, &m.metadata);
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = sweep.tick() => {
+                    self.sweep_slots().await;
+                    continue;
+                }
+                e = stream.next() => match e {
+                    Some(e) => e,
+                    None => break,
+                },
+            };
+            match event {
+                Ok(watcher::Event::Init) => self.slots.relist_started(),
+                Ok(watcher::Event::InitApply(m)) => {
+                    if let Some(v) = view(&m) {
+                        self.slots.relisted(v)
+                    }
+                }
+                Ok(watcher::Event::InitDone) => self.slots.relist_done(),
+                Ok(watcher::Event::Apply(m)) => {
+                    if let Some(v) = view(&m) {
+                        self.slots.applied(v)
+                    }
+                }
+                Ok(watcher::Event::Delete(m)) => self.slots.deleted(&m.name_any()),
+                Err(e) => {
+                    self.slots.watch_failed();
+                    tracing::debug!(error = %e, "session slot watch error (retrying)")
+                }
+            }
+        }
+    }
+
+    async fn sweep_slots(&self) {
+        for s in self.slots.sweepable(k8s_openapi::jiff::Timestamp::now()) {
+            // Exactly the object the view saw: a slot bound or replaced since is kept.
+            let dp = DeleteParams::default().preconditions(Preconditions {
+                uid: Some(s.uid.clone()),
+                resource_version: Some(s.resource_version.clone()),
+            });
+            match self.leases.delete(&s.name, &dp).await {
+                Ok(_) => {
+                    tracing::info!(slot = %s.name, "deleted an abandoned or duplicate session slot");
+                    self.slots.gone(&s.name);
+                }
+                Err(kube::Error::Api(e)) if e.is_not_found() || e.is_conflict() => {}
+                Err(e) => {
+                    tracing::debug!(slot = %s.name, error = %e, "cannot delete a session slot")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots() -> Slots {
+        Slots::new("cli-mcp-demo-slot-".into())
+    }
+
+    fn view(s: &Slots, family: Family, index: usize, owner: Option<&str>) -> SlotView {
+        SlotView {
+            name: s.name(&family, index),
+            family,
+            index,
+            owner: owner.map(str::to_owned),
+            created: Some(k8s_openapi::jiff::Timestamp::now()),
+            uid: Some(format!("uid-{index}")),
+            resource_version: Some("1".into()),
+        }
+    }
+
+    fn synced(s: &Slots, views: Vec<SlotView>) {
+        s.relist_started();
+        for v in views {
+            s.relisted(v);
+        }
+        s.relist_done();
+    }
+
+    #[test]
+    fn names_round_trip_and_foreign_names_are_not_slots() {
+        let s = slots();
+        let c = Family::Client("0123456789abcdef".into());
+        assert_eq!(s.name(&Family::Instance, 7), "cli-mcp-demo-slot-7");
+        assert_eq!(s.name(&c, 3), "cli-mcp-demo-slot-c0123456789abcdef-3");
+        assert_eq!(s.parse("cli-mcp-demo-slot-7"), Some((Family::Instance, 7)));
+        assert_eq!(
+            s.parse("cli-mcp-demo-slot-c0123456789abcdef-3"),
+            Some((c, 3))
+        );
+        for bad in [
+            "cli-mcp-demo-slot-",
+            "cli-mcp-demo-slot-x",
+            "cli-mcp-demo-slot-123456",
+            "cli-mcp-demo-slot-c-1",
+            "cli-mcp-demo-slot-cabc",
+            "cli-mcp-other-slot-1",
+            "leader-election",
+        ] {
+            assert_eq!(s.parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn picks_only_free_slots_and_never_one_already_in_flight() {
+        let s = slots();
+        synced(&s, vec![view(&s, Family::Instance, 0, Some("p0"))]);
+        let now = Instant::now();
+        let a = s.pick(&Family::Instance, 3, now).expect("a free slot");
+        let b = s
+            .pick(&Family::Instance, 3, now)
+            .expect("the other free slot");
+        assert_ne!(a, b);
+        assert!(![&a, &b].contains(&&s.name(&Family::Instance, 0)));
+        assert_eq!(
+            s.pick(&Family::Instance, 3, now),
+            None,
+            "all taken or in flight"
+        );
+        // A 409 on a: remembered as taken for a while; b given up: free again.
+        s.created(&a, Err(()), now);
+        s.abandoned(&b);
+        assert_eq!(s.pick(&Family::Instance, 3, now), Some(b.clone()));
+        s.abandoned(&b);
+        assert!(
+            s.pick(&Family::Instance, 3, now + CONFLICT_MEMORY)
+                .is_some_and(|n| n == a || n == b),
+            "the 409 is forgotten after a while"
+        );
+    }
+
+    #[test]
+    fn full_counts_the_family_below_the_bound_and_only_from_a_synced_view() {
+        let s = slots();
+        let c = Family::Client("abc".into());
+        assert!(!s.full(&Family::Instance, 1), "not synced: ask the API");
+        synced(
+            &s,
+            vec![
+                view(&s, Family::Instance, 0, Some("p0")),
+                view(&s, Family::Instance, 5, Some("p5")),
+                view(&s, c.clone(), 0, Some("p0")),
+            ],
+        );
+        assert!(s.full(&Family::Instance, 1));
+        assert!(!s.full(&Family::Instance, 2), "slot 5 is above the bound");
+        assert!(s.full(&c, 1));
+        assert!(!s.full(&Family::Client("other".into()), 1));
+        s.deleted(&s.name(&Family::Instance, 0));
+        assert!(!s.full(&Family::Instance, 1), "a deleted slot is free");
+        assert_eq!(s.count(&Family::Instance), 1);
+    }
+
+    #[test]
+    fn orphans_are_swept_only_when_old_and_duplicates_keep_the_lowest() {
+        let s = slots();
+        let mut orphan = view(&s, Family::Instance, 1, None);
+        let mut young = view(&s, Family::Instance, 2, None);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        orphan.created = Some(now - k8s_openapi::jiff::SignedDuration::from_secs(31));
+        young.created = Some(now - k8s_openapi::jiff::SignedDuration::from_secs(5));
+        synced(
+            &s,
+            vec![
+                orphan,
+                young,
+                view(&s, Family::Instance, 3, Some("p")),
+                view(&s, Family::Instance, 4, Some("p")),
+                view(&s, Family::Client("c".into()), 0, Some("p")),
+            ],
+        );
+        let mut swept: Vec<String> = s.sweepable(now).into_iter().map(|r| r.name).collect();
+        swept.sort();
+        assert_eq!(swept, ["cli-mcp-demo-slot-1", "cli-mcp-demo-slot-4"]);
+        s.watch_failed();
+        assert!(s.sweepable(now).is_empty(), "nothing from a stale view");
+    }
+
+    #[test]
+    fn a_pods_slots_are_found_by_its_uid() {
+        let s = slots();
+        synced(
+            &s,
+            vec![
+                view(&s, Family::Instance, 0, Some("p")),
+                view(&s, Family::Client("c".into()), 1, Some("p")),
+                view(&s, Family::Instance, 1, Some("q")),
+            ],
+        );
+        let mut names: Vec<_> = s.owned_by("p").into_iter().map(|r| r.name).collect();
+        names.sort();
+        assert_eq!(names, ["cli-mcp-demo-slot-0", "cli-mcp-demo-slot-cc-1"]);
+    }
+}
