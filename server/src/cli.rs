@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 
 use cli_mcp_api::names::InstanceName;
 use cli_mcp_api::sandbox::SandboxConfig;
-use cli_mcp_api::wire::{DEFAULT_OUTPUT_BUDGET, MAX_TIMEOUT_MS};
+use cli_mcp_api::wire::{DEFAULT_OUTPUT_BUDGET, FILE_READ_MAX, MAX_TIMEOUT_MS};
 use cli_mcp_api::SessionId;
 
 /// Set in every pod by Kubernetes; its presence makes `kubernetes` the default auth and backend.
@@ -108,6 +108,9 @@ pub struct Flags {
     /// Bytes of stdout and of stderr kept per call (head + tail).
     #[arg(long, env = "CLI_MCP_OUTPUT_BUDGET", default_value_t = DEFAULT_OUTPUT_BUDGET)]
     pub output_budget: usize,
+    /// Most bytes one `resources/read` of a spill or workspace file returns (1 KiB to 4 MiB).
+    #[arg(long, env = "CLI_MCP_MAX_RESOURCE_READ_BYTES", default_value_t = DEFAULT_RESOURCE_READ)]
+    pub max_resource_read_bytes: u64,
     /// The cli-mcp-agent binary of the local backend (default: beside this binary, then PATH).
     #[arg(long, env = "CLI_MCP_AGENT_BINARY")]
     pub agent_binary: Option<PathBuf>,
@@ -230,7 +233,12 @@ pub struct Limits {
     /// 1 MiB body limit.
     pub max_command_bytes: usize,
     pub start_timeout: Duration,
+    /// Most bytes of one `resources/read`.
+    pub max_resource_read: u64,
 }
+
+/// Default of `--max-resource-read-bytes`.
+pub const DEFAULT_RESOURCE_READ: u64 = 1024 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -244,6 +252,7 @@ impl Default for Limits {
             max_body_bytes: 1024 * 1024,
             max_command_bytes: MAX_COMMAND_BYTES,
             start_timeout: Duration::from_secs(120),
+            max_resource_read: DEFAULT_RESOURCE_READ,
         }
     }
 }
@@ -397,6 +406,7 @@ impl Flags {
                     "{flag} needs --backend kubernetes (the local backend serves one user)"
                 )));
             }
+        }
         let agent_max_s = MAX_TIMEOUT_MS / 1000;
         if self.max_timeout == 0 || self.max_timeout > agent_max_s {
             return Err(err(format!(
@@ -414,6 +424,13 @@ impl Flags {
             return Err(err(format!(
                 "--output-budget {} is too small; use at least 1024 bytes",
                 self.output_budget
+            )));
+        }
+        if !(1024..=FILE_READ_MAX).contains(&self.max_resource_read_bytes) {
+            return Err(err(format!(
+                "--max-resource-read-bytes {} must be between 1024 and {FILE_READ_MAX} (the \
+                 agent's largest read)",
+                self.max_resource_read_bytes
             )));
         }
         if self.max_body_bytes < 4096 {
@@ -517,6 +534,7 @@ impl Flags {
                 max_body_bytes: self.max_body_bytes,
                 max_command_bytes: MAX_COMMAND_BYTES.min(self.max_body_bytes),
                 start_timeout: Duration::from_secs(self.start_timeout),
+                max_resource_read: self.max_resource_read_bytes,
             },
             agent_binary: self.agent_binary,
             log_json: self.log_json,

@@ -4,7 +4,8 @@
 //! - [`cli`]: flags and their resolution into [`cli::Settings`].
 //! - [`mcp`]: the `bash` tool handler; [`render`] turns an agent answer into a tool result;
 //!   [`cancel`]: the running calls a `notifications/cancelled` can stop; [`progress`]:
-//!   progress notifications of a running call.
+//!   progress notifications of a running call; [`resources`]: a session's spill files
+//!   and workspace files as MCP resources.
 //! - [`http`]: routes (`/mcp`, `/sessions`, health, metrics) and the auth middleware;
 //!   [`serve`]: the accept loop (TLS, header limits, graceful shutdown).
 //! - [`sessions`]: the [`sessions::Backend`] trait with the `kubernetes` backend (lookup,
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod origin;
 pub mod progress;
 pub mod render;
+pub mod resources;
 pub mod run;
 pub mod schema;
 pub mod serve;

@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    JsonObject, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, Resource,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
+use cli_mcp_api::wire::ExecResponse;
 use cli_mcp_api::SessionId;
 
 use crate::audit;
@@ -25,6 +27,7 @@ use crate::cli::Limits;
 use crate::metrics::{ErrorKind, Outcome};
 use crate::progress::{self, Reporter};
 use crate::render::{render, BashOutput};
+use crate::resources;
 use crate::sessions::SessionManager;
 
 pub const TOOL_NAME: &str = "bash";
@@ -495,6 +498,7 @@ impl BashServer {
             outcome: result_kind.as_str(),
         });
         let mut content = vec![ContentBlock::text(rendered.text)];
+        content.extend(spill_links(&sid, r, state.limits.max_resource_read));
         if source == SessionSource::New {
             content.push(ContentBlock::text(format!(
                 "[new session {sid}: pass \"session\": \"{sid}\" in your next bash calls to \
@@ -508,14 +512,43 @@ impl BashServer {
     }
 }
 
+/// For each spill a truncated stream's marker names: a note with its resource URI, and a
+/// `resource_link` to it, so a client can read the whole stream in chunks.
+fn spill_links(sid: &SessionId, r: &ExecResponse, max_read: u64) -> Vec<ContentBlock> {
+    if !r.truncated {
+        return Vec::new();
+    }
+    let mut blocks = Vec::new();
+    for bytes in [r.stdout_bytes(), r.stderr_bytes()].into_iter().flatten() {
+        for name in resources::spills_named_in(&String::from_utf8_lossy(&bytes)) {
+            let uri = resources::spill_uri(sid, &name);
+            blocks.push(ContentBlock::text(format!(
+                "[the truncated output is MCP resource {uri}: read it with resources/read, \
+                 at most {max_read} bytes per read (add ?offset=N&length=M)]"
+            )));
+            blocks.push(ContentBlock::resource_link(
+                Resource::new(uri, name)
+                    .with_description("the start of the truncated stream, as the sandbox kept it")
+                    .with_mime_type("application/octet-stream"),
+            ));
+        }
+    }
+    blocks
+}
+
 impl ServerHandler for BashServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("cli-mcp-server", env!("CARGO_PKG_VERSION"))
-                    .with_title("cli-mcp: bash in a sandbox per session"),
-            )
-            .with_instructions(self.state.instructions.clone())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("cli-mcp-server", env!("CARGO_PKG_VERSION"))
+                .with_title("cli-mcp: bash in a sandbox per session"),
+        )
+        .with_instructions(self.state.instructions.clone())
     }
 
     async fn list_tools(
@@ -528,6 +561,50 @@ impl ServerHandler for BashServer {
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         (name == TOOL_NAME).then(|| self.tool())
+    }
+
+    /// No fixed resources: a session's files are reached through the templates.
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::with_all_items(Vec::new()))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::with_all_items(
+            resources::templates(self.state.limits.max_resource_read),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let caller = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Caller>())
+            .cloned()
+            .unwrap_or_else(Caller::anonymous);
+        let result = resources::read(
+            &self.state.sessions,
+            &caller,
+            &request.uri,
+            self.state.limits.max_resource_read,
+        )
+        .await;
+        if let Err(e) = &result {
+            tracing::info!(uri = %request.uri.chars().take(200).collect::<String>(),
+                error = %e.message, "resources/read refused");
+        }
+        result.map(Into::into)
     }
 
     async fn call_tool(

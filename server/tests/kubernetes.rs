@@ -1359,6 +1359,76 @@ async fn a_second_identity_cannot_use_or_delete_the_first_ones_session() {
     w.done().await;
 }
 
+/// A session's spill is an MCP resource of its owner only, and goes with its pod: another
+/// identity's read is refused, a read after `DELETE` says the session is gone (and starts no
+/// pod).
+#[tokio::test]
+async fn spill_resources_belong_to_the_sessions_identity_and_go_with_its_pod() {
+    let w = World::new("srv-res").await;
+    let alice = identity(&w, "alice", &["create", "get", "delete"]).await;
+    let bob = identity(&w, "bob", &["create", "get", "delete"]).await;
+    let (server, http) = auth_server(&w).await;
+    let mine = authed(&server, &http, &alice, "mine");
+    let r = mine.bash("seq 1 100000").await;
+    let uri = r["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .find(|b| b["type"] == "resource_link")
+        .and_then(|b| b["uri"].as_str())
+        .unwrap_or_else(|| panic!("no spill link in {r}"))
+        .to_owned();
+    let read = |mcp: Mcp, uri: String| async move {
+        mcp.rpc(
+            "resources/read",
+            json!({ "uri": format!("{uri}?length=12") }),
+        )
+        .await
+        .body
+    };
+    let own = read(mine.clone(), uri.clone()).await;
+    assert_eq!(
+        own["result"]["contents"][0]["text"], "1\n2\n3\n4\n5\n6\n",
+        "{own}"
+    );
+
+    let theirs = read(authed(&server, &http, &bob, "mine"), uri.clone()).await;
+    assert!(
+        theirs["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("belongs to another identity")),
+        "{theirs}"
+    );
+
+    let del = http
+        .delete(server.url("/sessions/mine"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(del.status(), 204);
+    let gone = read(mine.clone(), uri.clone()).await;
+    assert_eq!(gone["error"]["code"], -32002, "{gone}");
+    assert!(
+        gone["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("gone with it")),
+        "{gone}"
+    );
+    let left =
+        w.ns.api::<Pod>()
+            .list(&ListParams::default().labels("cli-mcp.redhat.com/session-id=mine"))
+            .await
+            .expect("list pods");
+    assert!(
+        left.items.iter().all(is_deleting),
+        "the read started no pod: {:?}",
+        left.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    drop(server);
+    w.done().await;
+}
+
 #[tokio::test]
 async fn readiness_reflects_the_api() {
     let w = World::new("srv-ready").await;

@@ -500,6 +500,14 @@ impl Backend for LocalBackend {
         Ok(self.sandbox(&agent, Some(Launch::Local), dead.is_some()))
     }
 
+    async fn existing(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Option<Sandbox>, SessionError> {
+        self.live(sid, caller).transpose()
+    }
+
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {
         // The next acquire stops it (if it still runs) and starts a new one.
         if let Some(a) = self.lock().get(sid).filter(|a| a.uid == sandbox.uid) {

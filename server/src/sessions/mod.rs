@@ -193,6 +193,19 @@ pub trait Backend: Send + Sync + 'static {
         caller: &Caller,
         after: Option<&Sandbox>,
     ) -> Result<Sandbox, SessionError>;
+    /// The sandbox `sid` has now, if any; never starts, adopts or repairs one (reading a
+    /// session's files must not bring a deleted session back). Fails with `Forbidden` when
+    /// the session belongs to another identity.
+    async fn existing(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Option<Sandbox>, SessionError> {
+        let _ = (sid, caller);
+        Err(SessionError::Sandbox(
+            "this backend cannot look a session up without starting it".into(),
+        ))
+    }
     /// Forgets `sandbox` as the route of `sid` (it stopped answering); the next `acquire`
     /// looks again and reports a replacement when it finds another one.
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox);
@@ -247,6 +260,11 @@ impl SessionManager {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The agent client, for reads beside commands (a session's files).
+    pub fn agent(&self) -> &AgentClient {
+        &self.agent
     }
 
     /// Runs `command` in the session's sandbox. On a transport error or a 401/503 from the

@@ -22,6 +22,7 @@ mod activity;
 mod admission;
 mod agent_wait;
 mod api_health;
+mod existing;
 mod lookup;
 mod pods;
 mod rate;
@@ -357,6 +358,14 @@ impl Backend for KubeBackend {
             return hit;
         }
         self.acquire_slow(sid, caller).await
+    }
+
+    async fn existing(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Option<Sandbox>, SessionError> {
+        self.existing_sandbox(sid, caller).await
     }
 
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {

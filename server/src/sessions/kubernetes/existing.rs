@@ -1,0 +1,56 @@
+//! The session's sandbox as it is now, for reading its files: from the route cache, else the
+//! session's pods by label. Nothing is started, adopted, repaired or deleted here, so a read
+//! never brings a deleted session back or disturbs a start under way on another replica.
+
+use kube::api::ListParams;
+
+use cli_mcp_api::names::annotation;
+use cli_mcp_api::pod_state::{is_deleting, is_ready, is_terminal};
+use cli_mcp_api::SessionId;
+
+use super::lookup::winner_order;
+use super::pods::annotation_of;
+use super::KubeBackend;
+use crate::auth::Caller;
+use crate::sessions::{owner_allows, Sandbox, SessionError};
+
+impl KubeBackend {
+    /// The pod the session's calls would use now, once the caller may use it; `None` when the
+    /// session has no ready pod (never started, deleted, idle-collected, evicted, starting).
+    pub(super) async fn existing_sandbox(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+    ) -> Result<Option<Sandbox>, SessionError> {
+        if let Some(route) = self.cache.get(sid) {
+            if !owner_allows(route.owner.as_deref(), caller) {
+                return Err(SessionError::Forbidden(sid.clone()));
+            }
+            return Ok(Some(self.sandbox(&route, None, false)));
+        }
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
+            .await?;
+        let mut live: Vec<_> = list
+            .items
+            .into_iter()
+            .filter(|p| !is_deleting(p) && !is_terminal(p))
+            .collect();
+        live.sort_by(winner_order);
+        let Some(pod) = live.into_iter().next() else {
+            return Ok(None);
+        };
+        if !owner_allows(annotation_of(&pod, annotation::OWNER), caller) {
+            return Err(SessionError::Forbidden(sid.clone()));
+        }
+        if !is_ready(&pod) {
+            return Ok(None);
+        }
+        // A pod of another key has no token of this server's: it is as good as gone.
+        match self.route_of(sid, &pod) {
+            Ok(route) => Ok(Some(self.sandbox(&route, None, false))),
+            Err(_) => Ok(None),
+        }
+    }
+}
