@@ -33,14 +33,16 @@ use cli_mcp_e2e::testing::{
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
+use crate::prom::{Quantiles, Scrape};
 use crate::{mib, ms, rss_kib, stats, Stats};
 
 const INSTANCE: &str = "bench";
 /// Longest wait for the instance to converge after a change (a pool of 30 on 2 cores).
 const CONVERGE: Duration = Duration::from_secs(300);
 
-#[derive(clap::Args, Debug)]
-pub struct ClusterArgs {
+/// Which cluster a section measures on, and what its pods run.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterSource {
     /// Directory with the cli-mcp-{server,operator,agent} binaries the cluster's images map
     /// to (default: the directory of this binary, i.e. target/release).
     #[arg(long)]
@@ -48,6 +50,17 @@ pub struct ClusterArgs {
     /// The process kubelet (default: cli-mcp-kubelet in --bin-dir, else target/debug).
     #[arg(long)]
     pub kubelet: Option<PathBuf>,
+    /// Where the pods run: `process` (the process kubelet; images map to the binaries) or
+    /// `real` (kubelet + containerd/runc; the project's images are built from the binaries in
+    /// --bin-dir and imported). Default: `$CLI_MCP_NODE`, else `process`.
+    #[arg(long)]
+    pub node: Option<NodeKind>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    #[command(flatten)]
+    pub source: ClusterSource,
     /// Sessions started per kind (warm, cold).
     #[arg(long, default_value_t = 30)]
     pub starts: usize,
@@ -63,11 +76,6 @@ pub struct ClusterArgs {
     /// `maxSessions` of the admission burst (twice as many new sessions are sent at once).
     #[arg(long, default_value_t = 100)]
     pub admission_limit: usize,
-    /// Where the pods run: `process` (the process kubelet; images map to the binaries) or
-    /// `real` (kubelet + containerd/runc; the project's images are built from the binaries in
-    /// --bin-dir and imported). Default: `$CLI_MCP_NODE`, else `process`.
-    #[arg(long)]
-    pub node: Option<NodeKind>,
     /// The sandboxes' CPU limit (e.g. `2`), to see what the default 500m costs a call; the
     /// requests stay the defaults.
     #[arg(long)]
@@ -80,10 +88,13 @@ fn default_bin_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// The cluster to measure on: `$CLI_MCP_KUBECONFIG`'s, or a private one whose images map
-/// to the binaries in `bin_dir`. Returns it, what its pods run, and the private cluster to
-/// keep alive.
-async fn the_cluster(
-    args: &ClusterArgs,
+/// to the binaries in `bin_dir`, with its run dir `.run/<run_dir>` and a pod subnet of
+/// `/pod_prefix` (24 holds 253 pods). Returns it, what its pods run, and the private cluster
+/// to keep alive.
+pub(crate) async fn the_cluster(
+    args: &ClusterSource,
+    run_dir: &str,
+    pod_prefix: u8,
 ) -> anyhow::Result<(TestCluster, String, Option<PrivateCluster>)> {
     if std::env::var_os(KUBECONFIG_ENV).is_some() {
         let c = cluster().await?;
@@ -106,7 +117,8 @@ async fn the_cluster(
             );
         }
     }
-    let mut cfg = ClusterConfig::local(&bin_dir, workspace_root().join(".run/bench-cluster"))?;
+    let mut cfg = ClusterConfig::local(&bin_dir, workspace_root().join(".run").join(run_dir))?;
+    cfg.pod_prefix = pod_prefix;
     cfg.kubelet_bin = match &args.kubelet {
         Some(k) => k.clone(),
         None => {
@@ -162,10 +174,10 @@ async fn the_cluster(
 
 /// Waits until the instance reports a ready pool of exactly `warm` and the server ready, and
 /// no unassigned sandbox pod is left beyond it.
-async fn converge_pool(env: &Env, warm: i32) -> anyhow::Result<()> {
+pub(crate) async fn converge_pool(env: &Env, instance: &str, warm: i32) -> anyhow::Result<()> {
     wait_for(
         env.api::<CliMcpInstance>(),
-        INSTANCE,
+        instance,
         &format!("a ready pool of {warm}"),
         CONVERGE,
         move |o: Option<&CliMcpInstance>| {
@@ -182,7 +194,7 @@ async fn converge_pool(env: &Env, warm: i32) -> anyhow::Result<()> {
     .await?;
     wait_for_set(
         env.api::<Pod>(),
-        &sandbox_selector(INSTANCE),
+        &sandbox_selector(instance),
         &format!("{warm} unassigned sandbox pods"),
         CONVERGE,
         move |pods: &[Pod]| {
@@ -196,7 +208,7 @@ async fn converge_pool(env: &Env, warm: i32) -> anyhow::Result<()> {
 async fn set_pool(env: &Env, cr: &mut Value, warm: i32) -> anyhow::Result<()> {
     cr["spec"]["sandbox"]["warmPoolSize"] = json!(warm);
     env.apply_cr(cr).await;
-    converge_pool(env, warm).await
+    converge_pool(env, INSTANCE, warm).await
 }
 
 /// Waits until no pod of a session is left (after the sessions were deleted).
@@ -266,14 +278,17 @@ async fn calls(ep: &Mcp, sid: &str, n: usize) -> (Vec<Duration>, usize) {
 }
 
 /// The instance's one server pod: its IP, and its host pid (for RSS).
-async fn server_pod(env: &Env) -> anyhow::Result<(String, i32)> {
-    let pods = env
-        .list::<Pod>(&InstanceName::parse(INSTANCE)?.server_selector())
-        .await;
+pub(crate) async fn server_pod(env: &Env, instance: &str) -> anyhow::Result<(String, i32)> {
+    pod_process(env, &InstanceName::parse(instance)?.server_selector()).await
+}
+
+/// The first live pod matching `selector`: its IP, and its first container's host pid.
+pub(crate) async fn pod_process(env: &Env, selector: &str) -> anyhow::Result<(String, i32)> {
+    let pods = env.list::<Pod>(selector).await;
     let p = pods
         .iter()
         .find(|p| !pod_state::is_deleting(p))
-        .context("no server pod")?;
+        .with_context(|| format!("no live pod matches {selector}"))?;
     let pid = match &env.c.info.containerd_socket {
         // Real node: the container's init process, from the node's containerd.
         Some(socket) => {
@@ -374,71 +389,15 @@ struct Burst {
     decided: [Option<Quantiles>; 2],
 }
 
-/// Median and p99 read off a Prometheus histogram: the upper bound of the bucket each falls
-/// in (so "at most").
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Quantiles {
-    n: u64,
-    median: f64,
-    p99: f64,
-}
-
 /// The quantiles of histogram `name{result="<result>"}` summed over several expositions.
 fn histogram_quantiles(texts: &[String], name: &str, result: &str) -> Option<Quantiles> {
-    let prefix = format!("{name}_bucket{{");
-    let want = format!("result=\"{result}\"");
-    let mut buckets: Vec<(f64, u64)> = Vec::new();
-    for line in texts.iter().flat_map(|t| t.lines()) {
-        let Some(rest) = line.strip_prefix(&prefix) else {
-            continue;
-        };
-        let Some((labels, count)) = rest.split_once("} ") else {
-            continue;
-        };
-        if !labels.split(',').any(|l| l == want) {
-            continue;
-        }
-        let Some(le) = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("le=\""))
-            .map(|v| v.trim_end_matches('"'))
-        else {
-            continue;
-        };
-        let le = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse().ok()?
-        };
-        let count: u64 = count.trim().parse().ok()?;
-        match buckets.iter_mut().find(|(b, _)| *b == le) {
-            Some((_, c)) => *c += count,
-            None => buckets.push((le, count)),
-        }
-    }
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let n = buckets.last().map(|(_, c)| *c)?;
-    if n == 0 {
-        return None;
-    }
-    // Buckets are cumulative: the first whose count reaches the rank holds the quantile.
-    let at = |q: f64| {
-        let rank = (q * n as f64).ceil().max(1.0) as u64;
-        buckets
-            .iter()
-            .find(|(_, c)| *c >= rank)
-            .map(|(le, _)| *le)
-            .unwrap_or(f64::INFINITY)
-    };
-    Some(Quantiles {
-        n,
-        median: at(0.5),
-        p99: at(0.99),
-    })
+    Scrape::merge(texts)
+        .histogram(name, &[("result", result)])
+        .quantiles()
 }
 
 /// `/metrics` of every server pod of `instance`.
-async fn server_metrics(env: &Env, instance: &str) -> Vec<String> {
+pub(crate) async fn server_metrics(env: &Env, instance: &str) -> Vec<String> {
     let Ok(http) = cli_mcp_e2e::http::client(None)
         .timeout(Duration::from_secs(5))
         .build()
@@ -457,7 +416,7 @@ async fn server_metrics(env: &Env, instance: &str) -> Vec<String> {
     out
 }
 
-fn at_most(seconds: f64) -> String {
+pub(crate) fn at_most(seconds: f64) -> String {
     if seconds.is_infinite() {
         "> 10 s".into()
     } else if seconds < 1e-3 {
@@ -521,7 +480,7 @@ async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
     Ok(out)
 }
 
-fn row(what: &str, s: &[Duration]) -> String {
+pub(crate) fn row(what: &str, s: &[Duration]) -> String {
     if s.is_empty() {
         return format!("| {what} | – | – |");
     }
@@ -529,7 +488,7 @@ fn row(what: &str, s: &[Duration]) -> String {
     format!("| {what} | {} | {} |", ms(median), ms(p99))
 }
 
-fn first_errors(errors: &[String]) {
+pub(crate) fn first_errors(errors: &[String]) {
     for e in errors.iter().take(5) {
         println!("  - {}", e.chars().take(300).collect::<String>());
     }
@@ -545,7 +504,7 @@ pub fn cluster_bench(args: ClusterArgs) -> anyhow::Result<()> {
 
 async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let t_all = Instant::now();
-    let (c, what, private) = the_cluster(&args).await?;
+    let (c, what, private) = the_cluster(&args.source, "bench-cluster", 24).await?;
     eprintln!("bench: measuring on {what}");
     let env = Env::install_on(c, "bench").await;
     env.dummy_kubeconfig(INSTANCE).await;
@@ -561,7 +520,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     }
     env.apply_cr(&cr).await;
     env.wait_ready(INSTANCE).await;
-    converge_pool(&env, warm).await?;
+    converge_pool(&env, INSTANCE, warm).await?;
     let svc = env.client(INSTANCE).await;
 
     eprintln!("bench: {} warm starts", args.starts);
@@ -576,7 +535,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         "bench: {} calls through the Service and on the pod IP",
         args.calls
     );
-    let (server_ip, server_pid) = server_pod(&env).await?;
+    let (server_ip, server_pid) = server_pod(&env, INSTANCE).await?;
     let rss_idle = rss_kib(server_pid as u32).unwrap_or(0);
     let (via_svc, svc_errors) = calls(&svc, "calls", args.calls).await;
     // The same client on the server pod's IP (TLS still names the Service).

@@ -16,7 +16,9 @@ use cli_mcp_api::SessionId;
 mod agent_attacks;
 mod cluster;
 mod images;
+mod prom;
 mod proxy;
+mod scale;
 
 #[derive(Parser)]
 #[command(about = "cli-mcp benchmarks (printed as tables)")]
@@ -51,6 +53,10 @@ enum What {
     /// Local Kubernetes with the operator and server as pods: warm vs cold session start,
     /// `tools/call` through the Service and on the pod IP, N sessions × M commands at once.
     Cluster(cluster::ClusterArgs),
+    /// What grows with sessions: 1,000 idle and 100 active sessions on the local Kubernetes
+    /// (RSS, API writes, apiserver requests, warm claims), then up to 10,000 simulated
+    /// session pods on a KWOK node (memory, watch traffic, reconcile and claim latency).
+    Scale(scale::ScaleArgs),
     /// Sizes of the OCI image archives hack/build-images.sh builds (compressed, uncompressed).
     Images(images::ImagesArgs),
     /// Credential proxy: added latency of a Kubernetes GET (through vs direct), RSS idle and
@@ -75,6 +81,7 @@ fn main() -> anyhow::Result<()> {
             agent_attacks::attacks(&agent, &bench_token()?, probes, skip_yes)
         }
         What::Cluster(args) => cluster::cluster_bench(args),
+        What::Scale(args) => scale::scale_bench(args),
         What::Images(args) => images::images_bench(args),
         What::Proxy(args) => proxy::proxy_bench(args),
     }

@@ -57,6 +57,9 @@ pub struct ClusterConfig {
     pub node_name: String,
     /// Pod subnet `10.244.N.0/24`: `Some(N)` to insist on one, `None` for the first free.
     pub pod_subnet: Option<u8>,
+    /// Prefix length of the pod subnet: 24 (253 pods), or down to 20 for a node that must
+    /// hold more pods (a scale benchmark); `N` is then aligned to the size.
+    pub pod_prefix: u8,
     /// Deadline for each startup phase (apiserver ready; node and namespace ready).
     pub timeout: Duration,
     /// Which node runs the pods: the process kubelet or the real node.
@@ -76,6 +79,7 @@ impl ClusterConfig {
             images: BTreeMap::new(),
             node_name: "cli-mcp-node".into(),
             pod_subnet: None,
+            pod_prefix: 24,
             timeout: Duration::from_secs(120),
             node: NodeKind::Process,
             project_images: None,
@@ -453,7 +457,7 @@ impl Cluster {
         }
         sweep_stale_shm();
 
-        let pod_net = PodNetwork::claim(config.pod_subnet)?;
+        let pod_net = PodNetwork::claim_sized(config.pod_subnet, config.pod_prefix)?;
         let host = pod_net.gateway();
         let lo = Ipv4Addr::LOCALHOST;
         let etcd_port = net::free_port(lo)?;

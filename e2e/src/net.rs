@@ -117,7 +117,10 @@ pub fn free_port(ip: Ipv4Addr) -> Result<u16> {
 #[derive(Debug)]
 pub struct PodNetwork {
     index: u8,
-    claim: PathBuf,
+    /// Prefix length: 24, or shorter for a node that holds more pods (see [`Self::claim_sized`]).
+    prefix: u8,
+    /// One claim file per `/24` the network spans.
+    claims: Vec<PathBuf>,
 }
 
 fn lock_state_dir() -> Result<Flock<File>> {
@@ -152,10 +155,44 @@ pub fn guard_routes() -> Result<()> {
     Ok(())
 }
 
+/// The first `/24` index `N` of each `10.244.N.0/prefix` to try, in order, and how many
+/// `/24`s each spans. `10.244.255.0/24` is never used.
+fn subnet_candidates(want: Option<u8>, prefix: u8) -> Result<(Vec<u8>, u16)> {
+    if !(20..=24).contains(&prefix) {
+        return Err(Error::Prerequisite(format!(
+            "pod network prefix /{prefix}: use 20..=24 (a /20 holds 4093 pods)"
+        )));
+    }
+    let blocks = 1u16 << (24 - prefix);
+    let fits = |n: u16| n.is_multiple_of(blocks) && n + blocks - 1 <= 254;
+    let candidates = match want {
+        Some(n) if !fits(u16::from(n)) => {
+            return Err(Error::Prerequisite(format!(
+                "pod subnet {n} does not start a /{prefix} inside 10.244.0.0/16: use a multiple of {blocks} below {}",
+                255 - blocks + 1
+            )))
+        }
+        Some(n) => vec![n],
+        None => (0..=254u16)
+            .filter(|n| fits(*n))
+            .filter_map(|n| u8::try_from(n).ok())
+            .collect(),
+    };
+    Ok((candidates, blocks))
+}
+
 impl PodNetwork {
     /// Claim `10.244.N.0/24` for the lowest free `N` (or exactly `want` if given) and add its
     /// gateway `10.244.N.1/32` to `lo`.
     pub fn claim(want: Option<u8>) -> Result<PodNetwork> {
+        Self::claim_sized(want, 24)
+    }
+
+    /// Like [`Self::claim`], but `10.244.N.0/prefix` (`prefix` 20..=24): `2^(24 - prefix)`
+    /// consecutive free `/24`s from an aligned `N`, each claimed as if it were one cluster's,
+    /// so other clusters step around it. For a node that must hold more than 253 pods.
+    pub fn claim_sized(want: Option<u8>, prefix: u8) -> Result<PodNetwork> {
+        let (candidates, blocks) = subnet_candidates(want, prefix)?;
         let _lock = lock_state_dir()?;
         guard_routes()?;
         // Addresses and routes of the host, as one text to search (our guard routes aside).
@@ -170,42 +207,50 @@ impl PodNetwork {
         };
         let mut host = scan()?;
         let in_use = |host: &str, n: u8| host.contains(&format!("10.244.{n}."));
-        let candidates: Vec<u8> = match want {
-            Some(n) => vec![n],
-            None => (0..=254).collect(),
-        };
-        for n in candidates {
-            let claim = Path::new(STATE_DIR).join(format!("pod-net-{n}.pid"));
-            if let Ok(text) = fs::read_to_string(&claim) {
-                let owner = text.trim().parse::<i32>().unwrap_or(0);
-                if pid_alive(owner) && owner != std::process::id() as i32 {
-                    continue;
-                }
-                // The owner died without cleaning up: take the subnet over.
-                tracing::warn!(
-                    subnet = n,
-                    owner,
-                    "reclaiming the pod network of a dead cluster"
-                );
-                let _ = run_ip(&["addr", "del", &format!("10.244.{n}.1/32"), "dev", "lo"]);
-                let _ = fs::remove_file(&claim);
-                host = scan()?;
-                if in_use(&host, n) && want.is_none() {
-                    // Something (stale pod routes) still uses it; leave it alone.
-                    continue;
-                }
-            } else if in_use(&host, n) {
-                if want.is_some() {
-                    return Err(Error::Prerequisite(format!(
+        'candidate: for first in candidates {
+            let mut claims = Vec::new();
+            for n in
+                (u16::from(first)..u16::from(first) + blocks).filter_map(|n| u8::try_from(n).ok())
+            {
+                let claim = Path::new(STATE_DIR).join(format!("pod-net-{n}.pid"));
+                if let Ok(text) = fs::read_to_string(&claim) {
+                    let owner = text.trim().parse::<i32>().unwrap_or(0);
+                    if pid_alive(owner) && owner != std::process::id() as i32 {
+                        continue 'candidate;
+                    }
+                    // The owner died without cleaning up: take the subnet over.
+                    tracing::warn!(
+                        subnet = n,
+                        owner,
+                        "reclaiming the pod network of a dead cluster"
+                    );
+                    let _ = run_ip(&["addr", "del", &format!("10.244.{n}.1/32"), "dev", "lo"]);
+                    let _ = fs::remove_file(&claim);
+                    host = scan()?;
+                    if in_use(&host, n) && want.is_none() {
+                        // Something (stale pod routes) still uses it; leave it alone.
+                        continue 'candidate;
+                    }
+                } else if in_use(&host, n) {
+                    if want.is_some() {
+                        return Err(Error::Prerequisite(format!(
                         "10.244.{n}.0/24 is already in use on this host (see `ip addr` / `ip route`); \
                          choose another pod subnet"
                     )));
+                    }
+                    continue 'candidate;
                 }
-                continue;
+                claims.push(claim);
             }
-            fs::write(&claim, format!("{}\n", std::process::id()))
-                .map_err(|e| Error::io("writing", &claim, e))?;
-            let net = PodNetwork { index: n, claim };
+            for claim in &claims {
+                fs::write(claim, format!("{}\n", std::process::id()))
+                    .map_err(|e| Error::io("writing", claim, e))?;
+            }
+            let net = PodNetwork {
+                index: first,
+                prefix,
+                claims,
+            };
             run_ip(&["addr", "add", &format!("{}/32", net.gateway()), "dev", "lo"])?;
             return Ok(net);
         }
@@ -216,7 +261,7 @@ impl PodNetwork {
 
     /// The pod subnet, e.g. `10.244.0.0/24`.
     pub fn cidr(&self) -> String {
-        format!("10.244.{}.0/24", self.index)
+        format!("10.244.{}.0/{}", self.index, self.prefix)
     }
 
     /// The gateway address, on `lo` and on the host side of every pod veth.
@@ -235,6 +280,37 @@ impl Drop for PodNetwork {
             "dev",
             "lo",
         ]);
-        let _ = fs::remove_file(&self.claim);
+        for claim in &self.claims {
+            let _ = fs::remove_file(claim);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_larger_pod_network_starts_aligned_and_spans_its_24s() {
+        let (all, blocks) = subnet_candidates(None, 24).expect("/24");
+        assert_eq!((all.len(), blocks), (255, 1));
+        let (c, blocks) = subnet_candidates(None, 21).expect("/21");
+        assert_eq!(blocks, 8);
+        assert_eq!(c.first(), Some(&0));
+        assert_eq!(c.get(1), Some(&8));
+        // 248..=255 would include 10.244.255.0/24, which no cluster uses.
+        assert_eq!(c.last(), Some(&240));
+        assert_eq!(
+            subnet_candidates(Some(16), 21).expect("aligned").0,
+            vec![16]
+        );
+        let e = subnet_candidates(Some(3), 21)
+            .expect_err("unaligned")
+            .to_string();
+        assert!(e.contains("multiple of 8"), "{e}");
+        let e = subnet_candidates(None, 16)
+            .expect_err("too large")
+            .to_string();
+        assert!(e.contains("20..=24"), "{e}");
     }
 }
