@@ -1,7 +1,8 @@
 //! The official MCP SDKs against the real server (local backend, loopback): the Python SDK
 //! (`mcp` from PyPI) and the TypeScript SDK (`@modelcontextprotocol/sdk`, and its successor
 //! package `@modelcontextprotocol/client`, which adds protocol 2026-07-28), each as a client
-//! script committed under `server/tests/sdk/`.
+//! script committed under `server/tests/sdk/`: the handshake, the `bash` tool, cancel,
+//! progress and resources, each the SDK's own way.
 //!
 //! The scripts print what the SDK saw as JSON; the checks are here. The SDKs are installed
 //! once per lock file into `$CLI_MCP_CACHE/mcp-sdk/` (default `/var/cache/cli-mcp`), outside
@@ -530,4 +531,222 @@ async fn typescript_sdk_onprogress_gets_bytes_and_the_last_line() {
     check_progress("TypeScript v1, handshake era", &v1, "2025-11-25");
     let v2 = typescript_progress(&server, "v2", "ts-progress-26", "auto").await;
     check_progress("TypeScript v2, 2026-07-28", &v2, "2026-07-28");
+}
+
+/// What `seq 1 200000` prints: 1,288,895 bytes, over the 64 KiB a result keeps and over the
+/// 1 MiB a read returns by default.
+fn seq_output() -> Vec<u8> {
+    let out = std::process::Command::new("seq")
+        .args(["1", "200000"])
+        .output()
+        .expect("run seq");
+    assert!(out.status.success(), "seq failed");
+    out.stdout
+}
+
+/// The offset of the first byte where `a` and `b` differ (or where the shorter ends).
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+/// Checks the chunks a client read one resource in: contiguous, `_meta` consistent, each
+/// of `kind`, the last without `next`, `size` bytes in all.
+fn check_chunks(what: &str, chunks: &Value, kind: &str, size: u64) {
+    let chunks = chunks
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no chunks"));
+    let mut offset = 0;
+    for (i, c) in chunks.iter().enumerate() {
+        let meta = &c["meta"];
+        assert_eq!(c["kind"], kind, "{what}: chunk {i}: {c}");
+        assert_eq!(meta["offset"], offset, "{what}: chunk {i}: {c}");
+        assert_eq!(meta["size"], size, "{what}: chunk {i}: {c}");
+        let length = meta["length"].as_u64().unwrap_or_default();
+        assert!(length > 0, "{what}: chunk {i} is empty: {c}");
+        offset += length;
+        if i + 1 < chunks.len() {
+            assert_eq!(meta["next"], offset, "{what}: chunk {i}: {c}");
+        } else {
+            assert_eq!(meta.get("next"), None, "{what}: the last chunk: {c}");
+        }
+    }
+    assert_eq!(offset, size, "{what}: {chunks:?}");
+}
+
+/// What every SDK must see of the resources: both templates; a truncated `seq` whose result
+/// links its spill, read back whole in chunks and equal byte for byte to what `seq` prints
+/// (written by the client to `spill`); a 300,000-byte random workspace file read back as
+/// base64 blobs with the sha256 the sandbox computed; paths out of the workspace refused.
+fn check_resources(what: &str, report: &Report, spill: &std::path::Path, protocol: &str) {
+    let r = &report.json;
+    assert_eq!(r["protocol_version"], protocol, "{what}");
+    assert_eq!(
+        r["templates"],
+        serde_json::json!([
+            "sandbox://{session}/spill/{name}",
+            "sandbox://{session}/workspace/{+path}"
+        ]),
+        "{what}"
+    );
+
+    let seq = &r["seq"];
+    let sid = seq["structured"]["session_id"].as_str().unwrap_or_default();
+    assert_eq!(
+        seq["structured"]["truncated"],
+        true,
+        "{what}: {:?}",
+        seq["text"][0].as_str().map(|t| t.len())
+    );
+    let links = r["seq_links"].as_array().expect("seq_links");
+    assert_eq!(
+        links.len(),
+        1,
+        "{what}: one resource_link: {links:?}; the texts after the output: {:?}",
+        seq["text"].as_array().and_then(|t| t.get(1..))
+    );
+    let uri = links[0]["uri"].as_str().unwrap_or_default();
+    assert!(
+        uri.starts_with(&format!("sandbox://{sid}/spill/")) && uri.ends_with(".stdout"),
+        "{what}: {uri}"
+    );
+    let texts = seq["text"].as_array().expect("text");
+    assert!(
+        texts.iter().any(|t| t
+            .as_str()
+            .is_some_and(|t| t.contains(uri) && t.contains("resources/read"))),
+        "{what}: a text block tells the model where the whole output is: {:?}",
+        texts.get(1..)
+    );
+    let expected = seq_output();
+    check_chunks(
+        &format!("{what}, the spill"),
+        &r["spill_chunks"],
+        "text",
+        expected.len() as u64,
+    );
+    assert_eq!(
+        r["spill_chunks"][0]["meta"]["length"],
+        cli_mcp_server::cli::DEFAULT_RESOURCE_READ,
+        "{what}: a read without length gets the server's cap"
+    );
+    let got = std::fs::read(spill).unwrap_or_else(|e| panic!("{what}: {}: {e}", spill.display()));
+    if let Some(at) = first_difference(&got, &expected) {
+        panic!(
+            "{what}: the spill read back differs from what seq printed at byte {at} (read {} \
+             bytes, seq printed {})",
+            got.len(),
+            expected.len()
+        );
+    }
+
+    let binary = &r["binary"];
+    assert_eq!(binary["is_error"], false, "{what}: {binary}");
+    let stdout = binary["structured"]["stdout"].as_str().unwrap_or_default();
+    let in_sandbox = stdout.split_whitespace().next().unwrap_or_default();
+    assert_eq!(in_sandbox.len(), 64, "{what}: sha256sum printed {stdout:?}");
+    assert_eq!(
+        r["binary_size"], 300_000,
+        "{what}: the bytes of rand.bin read back"
+    );
+    assert_eq!(
+        r["binary_sha256"], in_sandbox,
+        "{what}: the file read back has the sha256 the sandbox computed"
+    );
+    check_chunks(
+        &format!("{what}, rand.bin"),
+        &r["binary_chunks"],
+        "blob",
+        300_000,
+    );
+    for c in r["binary_chunks"].as_array().into_iter().flatten() {
+        assert_eq!(c["mime_type"], "application/octet-stream", "{what}: {c}");
+    }
+
+    let escapes = r["escapes"].as_array().expect("escapes");
+    assert_eq!(escapes.len(), 3, "{what}: {escapes:?}");
+    for e in escapes {
+        let error = &e["mcp_error"];
+        let message = error["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            error["code"], -32602,
+            "{what}: refused as invalid params: {e}"
+        );
+        assert!(
+            message.contains("out of the workspace") || message.contains("`..`"),
+            "{what}: the refusal says why: {e}"
+        );
+    }
+}
+
+async fn python_resources(target: &[&str], mode: &str) -> (Report, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spill = dir.path().join("spill");
+    let mut cmd = Command::new(python_interpreter().await);
+    cmd.arg(sdk_dir().join("python/client.py"))
+        .args(target)
+        .args(["--mode", mode, "--resources"])
+        .arg(&spill);
+    let report = run_client(&format!("the Python SDK ({mode}, resources)"), cmd, None).await;
+    (report, dir)
+}
+
+#[tokio::test]
+async fn python_sdk_reads_a_spill_and_a_binary_workspace_file() {
+    let server = local_server().await;
+    let url = server.url("/mcp");
+    let (legacy, dir) = python_resources(&["--url", &url, "--session", "py-res"], "legacy").await;
+    check_resources(
+        "Python, handshake era",
+        &legacy,
+        &dir.path().join("spill"),
+        "2025-11-25",
+    );
+    let (modern, dir) = python_resources(&["--url", &url, "--session", "py-res-26"], "auto").await;
+    check_resources(
+        "Python, 2026-07-28",
+        &modern,
+        &dir.path().join("spill"),
+        "2026-07-28",
+    );
+}
+
+#[tokio::test]
+async fn python_sdk_reads_resources_over_stdio() {
+    let stdio = stdio_server("py-stdio-res");
+    let (report, dir) = python_resources(&["--stdio", &stdio], "legacy").await;
+    check_resources(
+        "Python over stdio",
+        &report,
+        &dir.path().join("spill"),
+        "2025-11-25",
+    );
+}
+
+async fn typescript_resources(server: &Server, sdk: &str, session: &str, mode: &str) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spill = dir.path().join("spill");
+    let mut cmd = Command::new("node");
+    cmd.env("NODE_PATH", node_modules().await)
+        .arg(sdk_dir().join("typescript/client.cjs"))
+        .args(["--sdk", sdk, "--url", &server.url("/mcp")])
+        .args(["--session", session, "--mode", mode, "--resources"])
+        .arg(&spill);
+    let what = format!("the TypeScript SDK ({sdk}, {mode}, resources)");
+    let report = run_client(&what, cmd, Some(server)).await;
+    let protocol = if mode == "legacy" {
+        "2025-11-25"
+    } else {
+        "2026-07-28"
+    };
+    check_resources(&what, &report, &spill, protocol);
+}
+
+#[tokio::test]
+async fn typescript_sdk_reads_a_spill_and_a_binary_workspace_file() {
+    let server = local_server().await;
+    typescript_resources(&server, "v1", "ts-res", "legacy").await;
+    typescript_resources(&server, "v2", "ts-res-26", "auto").await;
 }

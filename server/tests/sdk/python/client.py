@@ -11,10 +11,15 @@ Usage: client.py --url URL --session SID --mode legacy|auto|2026-07-28
          (cancels a long call the SDK's way, an anyio cancel scope, then calls again)
        client.py --url URL --session SID | --stdio '[...]' --mode M --progress
          (a slow command with a progress callback, then without one)
+       client.py --url URL --session SID | --stdio '[...]' --mode M --resources OUT
+         (a truncated output's spill and a binary workspace file read back in chunks; the
+         spill's bytes are written to OUT for the test to compare)
 """
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
 import sys
 import time
@@ -152,6 +157,84 @@ async def progress_calls(client):
     return report
 
 
+SEQ_COMMAND = "seq 1 200000"
+BINARY_COMMAND = (
+    "head -c 300000 /dev/urandom > rand.bin && sha256sum rand.bin "
+    "&& ln -sf /etc/passwd passwd-link"
+)
+ESCAPES = ["passwd-link", "..%2F" * 16 + "etc%2Fpasswd", "../" * 16 + "etc/passwd"]
+CHUNK = 100000
+
+
+async def resources_scenario(url, stdio, session, mode, out):
+    if stdio is not None:
+        server = StdioServerParameters(command=stdio[0], args=stdio[1:])
+        async with Client(server, mode=mode) as client:
+            return await resources_calls(client, out)
+    async with http_client(session) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+            return await resources_calls(client, out)
+
+
+async def read_chunks(client, first_uri, uri):
+    """Reads a resource whole: FIRST_URI as given, then URI?offset=N&length=CHUNK as each
+    chunk's `_meta.next` says. Returns the bytes and what each chunk looked like."""
+    data = bytearray()
+    chunks = []
+    target = first_uri
+    while True:
+        result = await client.read_resource(target)
+        (content,) = result.contents
+        meta = content.meta or {}
+        if getattr(content, "blob", None) is not None:
+            kind, piece = "blob", base64.b64decode(content.blob)
+        else:
+            kind, piece = "text", content.text.encode("utf-8")
+        chunks.append({"uri": content.uri, "kind": kind, "mime_type": content.mime_type, "meta": meta})
+        data.extend(piece)
+        nxt = meta.get("next")
+        if nxt is None or len(chunks) > 100:
+            return bytes(data), chunks
+        target = f"{uri}?offset={nxt}&length={CHUNK}"
+
+
+async def resources_calls(client, out):
+    """What `resources_scenario` does once connected."""
+    report = {"protocol_version": client.protocol_version}
+    templates = await client.list_resource_templates()
+    report["templates"] = [t.uri_template for t in templates.resource_templates]
+
+    seq = await client.call_tool("bash", {"command": SEQ_COMMAND})
+    report["seq"] = result_json(seq)
+    report["seq_links"] = [
+        {"uri": b.uri, "name": b.name, "mime_type": b.mime_type}
+        for b in seq.content
+        if getattr(b, "type", None) == "resource_link"
+    ]
+    if report["seq_links"]:
+        link = report["seq_links"][0]["uri"]
+        data, report["spill_chunks"] = await read_chunks(client, link, link)
+        with open(out, "wb") as f:
+            f.write(data)
+
+    binary = await call(client, "bash", {"command": BINARY_COMMAND})
+    report["binary"] = binary
+    sid = (binary.get("structured") or {}).get("session_id")
+    uri = f"sandbox://{sid}/workspace/rand.bin"
+    data, report["binary_chunks"] = await read_chunks(client, f"{uri}?length={CHUNK}", uri)
+    report["binary_sha256"] = hashlib.sha256(data).hexdigest()
+    report["binary_size"] = len(data)
+
+    report["escapes"] = []
+    for path in ESCAPES:
+        try:
+            result = await client.read_resource(f"sandbox://{sid}/workspace/{path}")
+            report["escapes"].append({"path": path, "read": result.model_dump(mode="json")})
+        except MCPError as e:
+            report["escapes"].append({"path": path, "mcp_error": {"code": e.code, "message": e.message}})
+    return report
+
+
 def new_session_handle(result):
     """What a model reads from a result: `[new session <handle>: pass ...]`."""
     for text in result.get("text") or []:
@@ -206,7 +289,15 @@ def main():
     parser.add_argument("--mode", required=True, choices=["legacy", "auto", "2026-07-28"])
     parser.add_argument("--cancel", nargs=2, metavar=("FIFO", "MARKER"))
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--resources", metavar="OUT")
     args = parser.parse_args()
+    if args.resources:
+        report = asyncio.run(
+            resources_scenario(args.url, args.stdio, args.session, args.mode, args.resources)
+        )
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+        return
     if args.progress:
         report = asyncio.run(progress_scenario(args.url, args.stdio, args.session, args.mode))
         json.dump(report, sys.stdout)

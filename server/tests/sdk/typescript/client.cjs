@@ -15,6 +15,9 @@
 //          (cancels a long call the SDK's way, an AbortSignal, then calls again)
 //        node client.cjs --sdk v1|v2 --url URL --session SID [--mode M] --progress yes
 //          (a slow command with an onprogress callback)
+//        node client.cjs --sdk v1|v2 --url URL --session SID [--mode M] --resources OUT
+//          (a truncated output's spill and a binary workspace file read back in chunks; the
+//          spill's bytes are written to OUT for the test to compare)
 'use strict';
 
 function parseArgs(argv) {
@@ -188,9 +191,93 @@ async function progressScenario(args, sdk) {
   return report;
 }
 
+function resultJson(r) {
+  return {
+    is_error: Boolean(r.isError),
+    text: (r.content || []).map((b) => (b.type === 'text' ? b.text : null)),
+    structured: r.structuredContent === undefined ? null : r.structuredContent,
+  };
+}
+
+const SEQ_COMMAND = 'seq 1 200000';
+const BINARY_COMMAND =
+  'head -c 300000 /dev/urandom > rand.bin && sha256sum rand.bin && ln -sf /etc/passwd passwd-link';
+const ESCAPES = ['passwd-link', `${'..%2F'.repeat(16)}etc%2Fpasswd`, `${'../'.repeat(16)}etc/passwd`];
+const CHUNK = 100000;
+
+// Reads a resource whole: firstUri as given, then uri?offset=N&length=CHUNK as each chunk's
+// `_meta.next` says. Returns the bytes and what each chunk looked like.
+async function readChunks(client, firstUri, uri) {
+  const parts = [];
+  const chunks = [];
+  let target = firstUri;
+  for (;;) {
+    const result = await client.readResource({ uri: target });
+    if (result.contents.length !== 1) throw new Error(`${result.contents.length} contents for ${target}`);
+    const c = result.contents[0];
+    const meta = c._meta || {};
+    const kind = c.blob !== undefined ? 'blob' : 'text';
+    parts.push(kind === 'blob' ? Buffer.from(c.blob, 'base64') : Buffer.from(c.text, 'utf8'));
+    chunks.push({ uri: c.uri, kind, mime_type: c.mimeType === undefined ? null : c.mimeType, meta });
+    if (meta.next === undefined || chunks.length > 100) return { data: Buffer.concat(parts), chunks };
+    target = `${uri}?offset=${meta.next}&length=${CHUNK}`;
+  }
+}
+
+async function resourcesScenario(args, sdk) {
+  const fs = require('fs');
+  const crypto = require('crypto');
+  const report = {};
+  const target = args.stdio !== undefined ? args.stdio : args.url;
+  const { client, transport } = await connect(args.sdk, sdk, target, args.session, args.mode);
+  report.protocol_version =
+    typeof client.getNegotiatedProtocolVersion === 'function'
+      ? client.getNegotiatedProtocolVersion()
+      : transport.protocolVersion;
+  report.templates = (await client.listResourceTemplates()).resourceTemplates.map((t) => t.uriTemplate);
+
+  const seq = await client.callTool({ name: 'bash', arguments: { command: SEQ_COMMAND } });
+  report.seq = resultJson(seq);
+  report.seq_links = (seq.content || [])
+    .filter((b) => b.type === 'resource_link')
+    .map((b) => ({ uri: b.uri, name: b.name, mime_type: b.mimeType === undefined ? null : b.mimeType }));
+  if (report.seq_links.length > 0) {
+    const link = report.seq_links[0].uri;
+    const { data, chunks } = await readChunks(client, link, link);
+    report.spill_chunks = chunks;
+    fs.writeFileSync(args.resources, data);
+  }
+
+  const binary = await call(client, 'bash', { command: BINARY_COMMAND });
+  report.binary = binary;
+  const sid = binary.structured ? binary.structured.session_id : null;
+  const uri = `sandbox://${sid}/workspace/rand.bin`;
+  const { data, chunks } = await readChunks(client, `${uri}?length=${CHUNK}`, uri);
+  report.binary_chunks = chunks;
+  report.binary_sha256 = crypto.createHash('sha256').update(data).digest('hex');
+  report.binary_size = data.length;
+
+  report.escapes = [];
+  for (const path of ESCAPES) {
+    try {
+      const read = await client.readResource({ uri: `sandbox://${sid}/workspace/${path}` });
+      report.escapes.push({ path, read });
+    } catch (e) {
+      if (typeof e.code !== 'number') throw e;
+      report.escapes.push({ path, mcp_error: { code: e.code, message: e.message } });
+    }
+  }
+  await client.close();
+  return report;
+}
+
 async function main() {
   const args = parseArgs(process.argv.slice(2));
   const sdk = loadSdk(args.sdk);
+  if (args.resources !== undefined) {
+    process.stdout.write(JSON.stringify(await resourcesScenario(args, sdk)) + '\n');
+    return;
+  }
   if (args.progress !== undefined) {
     process.stdout.write(JSON.stringify(await progressScenario(args, sdk)) + '\n');
     return;
