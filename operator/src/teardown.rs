@@ -1,5 +1,6 @@
 //! The finalizer's cleanup: quiesce the server, then remove every sandbox, then the
-//! credential proxy (Deployment and pods), then the cluster-scoped binding, then release
+//! credential proxy (Deployment and pods) and any session slot left without an owner, then
+//! the cluster-scoped binding, then release
 //! the CR. What is left to garbage collection is only what a re-created instance of the
 //! same name takes over by applying it again (Services, Roles, NetworkPolicies, ConfigMaps)
 //! or refuses to use (the generate-once Secrets carry their owner's UID). Each step is idempotent, so an operator
@@ -9,6 +10,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -119,6 +121,23 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
             return Err(Error::Waiting(format!(
                 "{left} credential proxy pod(s) of {ns}/{name} to terminate"
             )));
+        }
+    }
+
+    // 3b. Session slots (Leases). Those owned by a pod went with it; a slot a server made
+    //     and crashed before binding has no owner, and with no server left to reclaim it,
+    //     it would outlive the instance.
+    //     One delete each: the operator holds `delete` on Leases, not `deletecollection`.
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+    let slots = ListParams::default().labels(&name.slot_selector());
+    for slot in leases.list_metadata(&slots).await?.items {
+        match leases
+            .delete(&slot.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => ctx.metrics.api_write("Lease", "delete"),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(e.into()),
         }
     }
 

@@ -505,6 +505,25 @@ async fn deleting_the_instance_removes_everything_including_sessions() {
     wait_ready(&ns, "td", &op).await;
     wait_pool(&ns, "td", 2, &op).await;
     session_pod(&ns, "td", "live", Duration::from_secs(0)).await;
+    // A session slot a server made and never bound to a pod (it crashed in between): no
+    // owner, so garbage collection would never remove it, and no server is left to reclaim it.
+    let n = InstanceName::parse("td").expect("name");
+    let orphan: Lease = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{}0", n.slot_prefix()),
+            "labels": {
+                label::INSTANCE: "td",
+                label::COMPONENT: label::COMPONENT_SLOT,
+                label::SESSION_ID: "crashed",
+            },
+        },
+        "spec": {"holderIdentity": "crashed"},
+    }))
+    .expect("lease");
+    ns.api::<Lease>()
+        .create(&PostParams::default(), &orphan)
+        .await
+        .expect("create orphan slot");
     delete_released(&ns, "td", &op).await;
     assert_nothing_left(&c, &ns, "td").await;
     ns.delete().await.expect("delete namespace");
@@ -525,6 +544,16 @@ async fn assert_nothing_left(
         pods.items.is_empty(),
         "pods left: {:?}",
         pods.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    let slots = ns
+        .api::<Lease>()
+        .list(&ListParams::default().labels(&n.slot_selector()))
+        .await
+        .expect("list slots");
+    assert!(
+        slots.items.is_empty(),
+        "session slots left: {:?}",
+        slots.items.iter().map(|l| l.name_any()).collect::<Vec<_>>()
     );
     assert!(
         Api::<ClusterRoleBinding>::all(c.client.clone())
