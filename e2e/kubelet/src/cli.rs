@@ -33,6 +33,10 @@ pub struct Args {
     /// Value of KUBERNETES_SERVICE_PORT inside pods.
     #[arg(long)]
     pub apiserver_port: u16,
+    /// The cluster's Service range: routed to the gateway inside every pod's network
+    /// namespace, where the kubelet's NAT rules send ClusterIP traffic to the endpoints.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    pub service_cidr: Ipv4Net,
     /// Cluster DNS server written into the resolv.conf of `ClusterFirst` pods (with the
     /// search path of --cluster-domain). Without it, pods' lookups go to their own loopback
     /// and fail (never to the host's resolver).

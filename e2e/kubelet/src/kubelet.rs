@@ -15,6 +15,7 @@ use crate::cni::{self, Cni};
 use crate::env::ServiceEnv;
 use crate::imagemap::ImageMap;
 use crate::node::{self, NodeInfo};
+use crate::services::Services;
 use crate::worker::{Ctx, Timing};
 use crate::{logserver, podsync, probes, state};
 
@@ -84,11 +85,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ipam_dir: state_dir.join("cni").join("ipam"),
         extra_routes: match args.apiserver_host {
             std::net::IpAddr::V4(ip) if !ip.is_loopback() => {
-                vec![ipnet::Ipv4Net::from(ip)]
+                vec![ipnet::Ipv4Net::from(ip), args.service_cidr]
             }
-            _ => Vec::new(),
+            _ => vec![args.service_cidr],
         },
     };
+    let services = Arc::new(Services::new(args.service_cidr));
     let mut node = NodeInfo::detect(
         &args.node_name,
         gateway,
@@ -178,6 +180,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             server: args.cluster_dns,
             domain: args.cluster_domain.clone(),
         },
+        services: services.clone(),
         http: probes::http_client().map_err(anyhow::Error::msg)?,
         timing: Timing {
             crash_initial: Duration::from_secs(args.crash_backoff_initial_secs),
@@ -188,7 +191,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
     });
     tracing::info!(node = %node.name, cidr = %node.cidr, gateway = %gateway, "process kubelet running");
+    let services_cancel = CancellationToken::new();
+    let services_task = tokio::spawn(crate::services::run(
+        services,
+        client.clone(),
+        services_cancel.clone(),
+    ));
     podsync::run(ctx, cancel).await;
+    services_cancel.cancel();
+    let _ = services_task.await;
 
     heartbeat_cancel.cancel();
     let _ = heartbeat.await;

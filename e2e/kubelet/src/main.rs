@@ -17,6 +17,7 @@ mod podsync;
 mod probes;
 mod process;
 mod quantity;
+mod services;
 mod state;
 mod status;
 mod volumes;

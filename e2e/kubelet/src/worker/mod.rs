@@ -55,6 +55,7 @@ pub struct Ctx {
     pub cni: Cni,
     pub service_env: ServiceEnv,
     pub dns: crate::launch::PodDns,
+    pub services: Arc<crate::services::Services>,
     pub http: reqwest::Client,
     pub timing: Timing,
 }

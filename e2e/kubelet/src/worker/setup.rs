@@ -46,9 +46,16 @@ impl Worker {
         self.record.save(&self.dir)?;
         let ns_name = self.record.netns.clone();
         let path = netns::create(&ns_name).await?;
-        match self.ctx.cni.add(&self.uid, &path).await {
+        let added = self.ctx.cni.add(&self.uid, &path).await;
+        // The Service rules are in place before any container can open a connection.
+        let added = match added {
+            Ok(ip) => self.ctx.services.attach(&ns_name).await.map(|()| ip),
+            Err(e) => Err(e),
+        };
+        match added {
             Ok(ip) => Ok(ip),
             Err(e) => {
+                self.ctx.services.detach(&ns_name).await;
                 let _ = self.ctx.cni.del(&self.uid, Some(&path)).await;
                 let _ = netns::delete(&ns_name).await;
                 Err(e)

@@ -165,6 +165,7 @@ impl Worker {
             tracing::info!(pod = %self.pod_key(), "killing {} leftover process(es) in {ns_name}", leftovers.len());
             process::kill_pids(&leftovers);
         }
+        self.ctx.services.detach(&ns_name).await;
         if self.net.ip.is_some() || netns::exists(&ns_name) {
             let path = netns::path(&ns_name);
             let ns_path = netns::exists(&ns_name).then_some(path.as_path());
