@@ -110,12 +110,12 @@ pub const MAX_WARM_POOL: i32 = 200;
         "metadata.name must be a DNS-1123 label (lowercase letters, digits and '-', no dots) because it becomes part of pod, Service and Secret names"
     ),
     validation = Rule::new(
-        "!has(self.spec) || !has(self.spec.proxy) || self.spec.proxy.targets.all(t, !has(t.secretName) || !(t.secretName in ['cli-mcp-' + self.metadata.name + '-hmac', 'cli-mcp-' + self.metadata.name + '-tls', 'cli-mcp-' + self.metadata.name + '-proxy-ca']))"
+        "!has(self.spec) || !has(self.spec.proxy) || self.spec.proxy.targets.all(t, !has(t.secretName) || !(t.secretName in ['cli-mcp-' + self.metadata.name + '-hmac', 'cli-mcp-' + self.metadata.name + '-tls', 'cli-mcp-' + self.metadata.name + '-service-tls', 'cli-mcp-' + self.metadata.name + '-proxy-ca']))"
     ).message(
         "spec.proxy.targets[].secretName must not name the instance's own HMAC, TLS or proxy CA Secret (the proxy would hold the key that forges session tokens); name the Secret holding the admin kubeconfig"
     ),
     validation = Rule::new(
-        "!has(self.spec) || !has(self.spec.sandbox) || !has(self.spec.sandbox.kubeconfigSecret) || !(self.spec.sandbox.kubeconfigSecret in ['cli-mcp-' + self.metadata.name + '-hmac', 'cli-mcp-' + self.metadata.name + '-tls', 'cli-mcp-' + self.metadata.name + '-proxy-ca'])"
+        "!has(self.spec) || !has(self.spec.sandbox) || !has(self.spec.sandbox.kubeconfigSecret) || !(self.spec.sandbox.kubeconfigSecret in ['cli-mcp-' + self.metadata.name + '-hmac', 'cli-mcp-' + self.metadata.name + '-tls', 'cli-mcp-' + self.metadata.name + '-service-tls', 'cli-mcp-' + self.metadata.name + '-proxy-ca'])"
     ).message(
         "spec.sandbox.kubeconfigSecret must not name the instance's own HMAC, TLS or proxy CA Secret; name the Secret holding the admin kubeconfig"
     ),
@@ -769,7 +769,9 @@ pub struct ServerSpec {
 
     /// Secret of type kubernetes.io/tls (keys tls.crt, tls.key) with the serving certificate.
     /// When absent the operator generates a CA and a serving certificate once into
-    /// `cli-mcp-<name>-tls` and publishes the CA in ConfigMap `cli-mcp-<name>-ca`.
+    /// `cli-mcp-<name>-tls` and publishes the CA in ConfigMap `cli-mcp-<name>-ca`; on
+    /// OpenShift the service CA issues it into `cli-mcp-<name>-service-tls` instead, and
+    /// that ConfigMap carries the service CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new(
@@ -813,9 +815,10 @@ pub struct ServerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authorization: Option<AuthorizationSpec>,
 
-    /// Publishes the MCP endpoint outside the cluster through an Ingress or a Gateway API
-    /// HTTPRoute named `cli-mcp-<name>`. TLS stays end to end: the server serves TLS itself,
-    /// so the Ingress controller or Gateway must re-encrypt to it (see docs/operations.md).
+    /// Publishes the MCP endpoint outside the cluster through an Ingress, a Gateway API
+    /// HTTPRoute or an OpenShift Route named `cli-mcp-<name>`. TLS stays end to end: the
+    /// server serves TLS itself, so the Ingress controller, Gateway or router must
+    /// re-encrypt to it (see docs/operations.md).
     /// Needs `auth: Kubernetes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expose: Option<ExposeSpec>,
@@ -933,16 +936,19 @@ pub struct AuthorizationSpec {
     pub scopes: Vec<String>,
 }
 
-/// How the MCP endpoint is published outside the cluster: exactly one of `ingress` and
-/// `httpRoute`.
+/// How the MCP endpoint is published outside the cluster: exactly one of `ingress`,
+/// `httpRoute` and `route`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("has(self.ingress) || has(self.httpRoute)").message(
-        "spec.server.expose needs ingress or httpRoute; remove expose to keep the endpoint inside the cluster"
+    validation = Rule::new("has(self.ingress) || has(self.httpRoute) || has(self.route)").message(
+        "spec.server.expose needs ingress, httpRoute or route; remove expose to keep the endpoint inside the cluster"
     ),
     validation = Rule::new("!(has(self.ingress) && has(self.httpRoute))").message(
         "spec.server.expose: set either ingress or httpRoute, not both"
+    ),
+    validation = Rule::new("!has(self.route) || !(has(self.ingress) || has(self.httpRoute))").message(
+        "spec.server.expose: set route alone, without ingress or httpRoute (one object publishes the endpoint)"
     )
 )]
 pub struct ExposeSpec {
@@ -953,15 +959,65 @@ pub struct ExposeSpec {
     /// https); the Gateway needs a BackendTLSPolicy to reach it (see docs/operations.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_route: Option<HttpRouteExpose>,
+    /// An OpenShift `route.openshift.io/v1` Route to the server's Service (port https),
+    /// re-encrypting to the server. Its host, given or assigned by the router, is published
+    /// in `status.externalEndpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteExpose>,
 }
 
 impl ExposeSpec {
-    /// The public host name, whichever object publishes it.
+    /// The public host name as the spec gives it, whichever object publishes it (a Route
+    /// without `host` gets one from the router: `None` here).
     pub fn host(&self) -> Option<&str> {
         self.ingress
             .as_ref()
             .map(|i| i.host.as_str())
             .or_else(|| self.http_route.as_ref().map(|r| r.host.as_str()))
+            .or_else(|| self.route.as_ref().and_then(|r| r.host.as_deref()))
+    }
+}
+
+/// The OpenShift Route that publishes the endpoint.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteExpose {
+    /// Public DNS name of the endpoint (no wildcard). Default: the name the cluster's
+    /// router assigns (`cli-mcp-<name>-<namespace>.<apps domain>`). Changing it later
+    /// needs `update` on `routes/custom-host`, which the operator's RBAC holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+    ).message("spec.server.expose.route.host must be a lowercase DNS name such as mcp.apps.example.com (no wildcard, port or scheme); leave it out to get the router's default"))]
+    pub host: Option<String>,
+    /// What the router does with plain HTTP to the host: `Redirect` (to HTTPS, the
+    /// default) or `None` (refused).
+    #[serde(default)]
+    pub insecure_edge_termination_policy: InsecureEdgePolicy,
+    /// Annotations of the Route, over the operator's `haproxy.router.openshift.io/timeout`
+    /// (the longest command timeout plus a margin, so a long command's answer is not cut at
+    /// the router's default 30 s). At most 32.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A Route's `tls.insecureEdgeTerminationPolicy`. `Allow` is not offered: bearer tokens
+/// must not cross the edge in clear text.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum InsecureEdgePolicy {
+    #[default]
+    Redirect,
+    None,
+}
+
+impl InsecureEdgePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InsecureEdgePolicy::Redirect => "Redirect",
+            InsecureEdgePolicy::None => "None",
+        }
     }
 }
 
@@ -1374,12 +1430,29 @@ mod tests {
             r.spec.server.expose.as_ref().and_then(|e| e.host()),
             Some("mcp.example.org")
         );
+        // A Route may leave its host to the router.
+        let o = cr(serde_json::json!({"server": {"expose": {"route": {}}}}));
+        let route = o.spec.server.expose.as_ref().expect("expose");
+        assert_eq!(route.host(), None);
+        let policy = route
+            .route
+            .as_ref()
+            .map(|r| r.insecure_edge_termination_policy);
+        assert_eq!(policy, Some(InsecureEdgePolicy::Redirect));
+        let o = cr(serde_json::json!({"server": {"expose": {"route": {
+            "host": "mcp.apps.example.com", "insecureEdgeTerminationPolicy": "None"
+        }}}}));
+        assert_eq!(
+            o.spec.server.expose.as_ref().and_then(|e| e.host()),
+            Some("mcp.apps.example.com")
+        );
         // The CEL rules that refuse what the server would refuse at start are in the CRD.
         let text = serde_json::to_string(&CliMcpInstance::crd()).expect("json");
         for needle in [
             "spec.server.authorization needs resourceUrl",
             "spec.server.authorization needs auth: Kubernetes",
             "set either ingress or httpRoute, not both",
+            "set route alone, without ingress or httpRoute",
         ] {
             assert!(text.contains(needle), "CRD lacks {needle}");
         }

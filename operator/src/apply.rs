@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::FIELD_MANAGER;
 
-use crate::children::expose::HttpRoute;
+use crate::children::expose::{HttpRoute, Route};
 use crate::children::Desired;
 use crate::context::{Context, Stores};
 use crate::error::Result;
@@ -125,6 +125,7 @@ namespaced! {
     Deployment => deployments,
     Ingress => ingresses,
     HttpRoute => http_routes,
+    Route => routes,
 }
 
 impl Owned for ClusterRoleBinding {

@@ -15,7 +15,7 @@ use kube::{Client, Resource};
 
 use cli_mcp_api::crd::CliMcpInstance;
 
-use crate::children::expose::HttpRoute;
+use crate::children::expose::{HttpRoute, Route};
 use crate::metrics::Metrics;
 
 /// Which namespaces the operator watches (`WATCH_NAMESPACE`, a comma list; empty = all).
@@ -113,6 +113,9 @@ pub struct Stores {
     /// watch listed, `Some(false)` while it gets 404 (no Gateway API CRDs), `None` before
     /// its first answer.
     pub http_routes_served: tokio::sync::watch::Receiver<Option<bool>>,
+    pub routes: Store<Route>,
+    /// Whether the cluster serves OpenShift Routes, as [`Self::http_routes_served`].
+    pub routes_served: tokio::sync::watch::Receiver<Option<bool>>,
 }
 
 impl Stores {
@@ -120,12 +123,21 @@ impl Stores {
     /// watch's first answer so a reconcile right after start does not report a missing API
     /// it has not asked about yet. `None`: still no answer.
     pub async fn http_routes_served(&self, limit: Duration) -> Option<bool> {
-        let mut rx = self.http_routes_served.clone();
-        let known = tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await;
-        match known {
-            Ok(Ok(v)) => *v,
-            _ => *self.http_routes_served.borrow(),
-        }
+        served(&self.http_routes_served, limit).await
+    }
+
+    /// Whether the cluster serves OpenShift Routes, as [`Self::http_routes_served`].
+    pub async fn routes_served(&self, limit: Duration) -> Option<bool> {
+        served(&self.routes_served, limit).await
+    }
+}
+
+async fn served(rx: &tokio::sync::watch::Receiver<Option<bool>>, limit: Duration) -> Option<bool> {
+    let mut waiting = rx.clone();
+    let known = tokio::time::timeout(limit, waiting.wait_for(Option::is_some)).await;
+    match known {
+        Ok(Ok(v)) => *v,
+        _ => *rx.borrow(),
     }
 }
 

@@ -94,6 +94,9 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     let mut spec = spec;
     // One place for both the pool's pods and the server's (it gets this config as a flag).
     spec.sandbox.platform_assigns_uid = cfg.platform.assigns_uid();
+    if cfg.platform.has_service_ca() {
+        spec.use_service_ca();
+    }
     // Before anything is applied: a Go-era server Deployment must go, not be merged into.
     crate::migrate::go_leftovers(ctx, &cr, &spec.name, &ns).await?;
     let resolved = resolve::resolve(ctx, &cr, &spec).await?;
@@ -125,9 +128,11 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     let idle = idle::collect(ctx, &pods, &ns, spec.idle_timeout, key).await?;
 
     let mut obs = observe(&cr, ctx, &inputs, &resolved, apply_error, pool, &idle);
-    if expose_problem.is_none() {
-        obs.external_endpoint = spec.external_endpoint();
-    }
+    let (host, expose_problem) = match expose_problem {
+        Some(p) => (None, Some(p)),
+        None => published(ctx, spec),
+    };
+    obs.external_endpoint = host.map(|h| format!("https://{h}/mcp"));
     obs.expose_problem = expose_problem;
     // Ready names KubeconfigInvalid first when both hold: that one says what to fix.
     obs.proxy_unavailable = proxy_unavailable;
@@ -178,9 +183,43 @@ const HTTP_ROUTE_DISCOVERY: Duration = Duration::from_secs(10);
 /// Gateway API CRDs being installed, but has no object of this instance to wake it with).
 const EXPOSE_RECHECK: Duration = Duration::from_secs(30);
 
-/// Leaves out an HTTPRoute the cluster cannot store (no Gateway API CRDs) and says why, for
-/// the status; applying it would only fail with a bare 404.
+/// The public host of the endpoint or, for a Route a router refused, why. A Route's host
+/// is the one a router admitted (assigned by the router when the spec gives none), else
+/// the spec's; the other kinds publish the spec's host.
+fn published(ctx: &Context, spec: &Spec) -> (Option<String>, Option<String>) {
+    let given = spec.expose_host().map(str::to_owned);
+    if spec
+        .expose
+        .as_ref()
+        .and_then(|e| e.route.as_ref())
+        .is_none()
+    {
+        return (given, None);
+    }
+    let observed = cached(&ctx.stores.routes, &spec.namespace, &spec.name.server());
+    let (admitted, refused) = observed
+        .map(|r| children::expose::route_admission(&r))
+        .unwrap_or_default();
+    match refused {
+        Some(why) => (None, Some(why)),
+        None => (admitted.or(given), None),
+    }
+}
+
+/// Leaves out an HTTPRoute or Route the cluster cannot store (no Gateway API CRDs, not
+/// OpenShift) and says why, for the status; applying it would only fail with a bare 404.
 async fn expose_gate(ctx: &Context, desired: &mut children::Desired) -> Option<String> {
+    if matches!(desired.expose, Some(children::expose::Exposed::Route(_))) {
+        let why = match ctx.stores.routes_served(HTTP_ROUTE_DISCOVERY).await {
+            Some(true) => return None,
+            Some(false) => "this cluster serves no route.openshift.io/v1 Route (it is not OpenShift)",
+            None => "the operator could not find out yet whether this cluster serves route.openshift.io/v1 Routes",
+        };
+        desired.expose = None;
+        return Some(format!(
+            "spec.server.expose.route is not published: {why}; use expose.ingress or expose.httpRoute here"
+        ));
+    }
     if !matches!(
         desired.expose,
         Some(children::expose::Exposed::HttpRoute(_))
@@ -244,6 +283,7 @@ fn observe(
         api_server_problem: inputs.api_server.problem.clone(),
         external_endpoint: None,
         expose_problem: None,
+        serving_cert_pending: resolved.serving_cert_pending.clone(),
     }
 }
 
@@ -261,6 +301,7 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
     consider(idle.next_expiry.map(|d| d + Duration::from_millis(500)));
     if !obs.missing_secrets.is_empty()
         || !obs.invalid_secrets.is_empty()
+        || obs.serving_cert_pending.is_some()
         || obs.proxy_ca_invalid.is_some()
     {
         consider(Some(MISSING_SECRET_RECHECK));

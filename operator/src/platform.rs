@@ -1,6 +1,7 @@
 //! Which platform the operator runs on, asked once at start. On OpenShift the default
 //! `restricted-v2` SCC assigns every pod a UID from its namespace's range and refuses a pod
-//! that fixes another, so sandbox pods there fix none.
+//! that fixes another, so sandbox pods there fix none; and its service CA issues the
+//! server's certificate, which every router and pod there already trusts.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,12 @@ impl Platform {
 
     /// Whether the platform assigns pod UIDs (see the module docs).
     pub fn assigns_uid(self) -> bool {
+        self == Self::OpenShift
+    }
+
+    /// Whether the platform's service CA issues serving certificates for annotated Services
+    /// and injects its bundle into annotated ConfigMaps (OpenShift's service-ca operator).
+    pub fn has_service_ca(self) -> bool {
         self == Self::OpenShift
     }
 }
@@ -98,5 +105,7 @@ mod tests {
         );
         assert!(Platform::OpenShift.assigns_uid());
         assert!(!Platform::Kubernetes.assigns_uid());
+        assert!(Platform::OpenShift.has_service_ca());
+        assert!(!Platform::Kubernetes.has_service_ca());
     }
 }

@@ -49,6 +49,10 @@ pub struct Resolved {
     pub proxy_ca_invalid: Option<String>,
     /// When the generated serving certificate is due for renewal, from now.
     pub tls_renew_in: Option<Duration>,
+    /// What OpenShift's service CA has not issued or injected yet, and where to look.
+    pub serving_cert_pending: Option<String>,
+    /// See [`Inputs::backend_ca`].
+    pub backend_ca: Option<String>,
 }
 
 impl Resolved {
@@ -76,6 +80,7 @@ impl Resolved {
             hmac_version: self.hmac_version.clone(),
             tls_version: self.tls_version.clone(),
             ca_pem: self.ca_pem.clone(),
+            backend_ca: self.backend_ca.clone(),
             api_server: self.api_server.clone(),
             proxy: self.proxy.clone(),
         }
@@ -94,6 +99,8 @@ struct TlsState {
     problem: Option<Problem>,
     ca_pem: Option<String>,
     renew_in: Option<Duration>,
+    pending: Option<String>,
+    backend_ca: Option<String>,
 }
 
 /// Resolves everything of `spec` that lives in the cluster.
@@ -104,6 +111,7 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
     let kubeconfig = check_kubeconfig(ctx, spec).await?;
     let proxy = resolve_proxy(ctx, cr, spec).await?;
     let tls_renew_in = tls.renew_in;
+    let (serving_cert_pending, backend_ca) = (tls.pending, tls.backend_ca);
     let mut missing = Vec::new();
     let mut invalid = Vec::new();
     for p in [key_problem, tls.problem, kubeconfig, proxy.problem]
@@ -127,6 +135,8 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
         kubeconfig_invalid: proxy.kubeconfig_invalid,
         proxy_ca_invalid: proxy.ca_invalid,
         tls_renew_in,
+        serving_cert_pending,
+        backend_ca,
     })
 }
 
@@ -344,9 +354,14 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
             Some(s) => TlsState {
                 version: Some(tls_version(&s)),
                 problem: tls_keys_problem(&name, &s),
+                backend_ca: secrets::secret_value(&s, secrets::CA_CRT)
+                    .map(|b| String::from_utf8_lossy(b).into_owned()),
                 ..Default::default()
             },
         });
+    }
+    if spec.service_ca {
+        return service_ca_tls(ctx, spec).await;
     }
     let ca = match ensure_tls_ca(ctx, cr, spec).await? {
         Ok(ca) => ca,
@@ -455,8 +470,67 @@ async fn ensure_tls(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<T
     Ok(TlsState {
         version: Some(tls_version(&secret)),
         problem: tls_keys_problem(&name, &secret),
+        backend_ca: Some(ca_pem.clone()),
         ca_pem: Some(ca_pem),
         renew_in,
+        pending: None,
+    })
+}
+
+/// On OpenShift: the certificate the service CA issued for the Service's annotation, and
+/// the service CA bundle it injected into ConfigMap `cli-mcp-<n>-service-ca` (copied into
+/// the CA ConfigMap under `ca.crt`). Both appear asynchronously after the Service and that
+/// ConfigMap are applied, and are renewed by the service CA; neither is written here. A
+/// renewed certificate changes the version, which rolls the server.
+async fn service_ca_tls(ctx: &Context, spec: &Spec) -> Result<TlsState> {
+    let name = &spec.tls_secret;
+    let ns = &spec.namespace;
+    // Not labelled as ours (the service CA writes it), so not in the managed-Secret cache.
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
+        .get_opt(name)
+        .await?;
+    let cm = secrets::service_ca_config_map_name(&spec.name);
+    let bundle = cached(&ctx.stores.config_maps, ns, &cm)
+        .and_then(|c| c.data.as_ref()?.get(secrets::SERVICE_CA_KEY).cloned())
+        .filter(|b| !b.trim().is_empty());
+    let mut waiting = Vec::new();
+    if secret.is_none() {
+        waiting.push(format!(
+            "Secret {name} (the serving certificate it issues for Service {})",
+            spec.name.server()
+        ));
+    }
+    if bundle.is_none() {
+        waiting.push(format!(
+            "the service CA bundle in ConfigMap {cm} (key {})",
+            secrets::SERVICE_CA_KEY
+        ));
+    }
+    let pending = (!waiting.is_empty()).then(|| {
+        let error = cached(&ctx.stores.services, ns, &spec.name.server()).and_then(|s| {
+            s.annotations()
+                .get(secrets::SERVING_CERT_ERROR_ANNOTATION)
+                .cloned()
+        });
+        let mut m = format!(
+            "waiting for OpenShift's service CA to provide {}",
+            waiting.join(" and ")
+        );
+        match error {
+            Some(e) => m.push_str(&format!("; it reports on the Service: {e}")),
+            None => m.push_str(
+                "; this takes seconds where the service-ca operator runs (oc get clusteroperator service-ca)",
+            ),
+        }
+        m
+    });
+    Ok(TlsState {
+        version: secret.as_ref().map(tls_version),
+        problem: secret.as_ref().and_then(|s| tls_keys_problem(name, s)),
+        ca_pem: bundle,
+        renew_in: None,
+        pending,
+        backend_ca: None,
     })
 }
 

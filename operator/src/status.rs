@@ -4,8 +4,8 @@
 //!
 //! Reasons are stable API (documented in docs/operations.md):
 //! - `Ready`: `Ready` | `InvalidSpec` | `SecretsNotFound` | `SecretKeysInvalid` |
-//!   `KubeconfigInvalid` | `ProxyCaInvalid` | `ApplyFailed` | `ProxyUnavailable` | `DeploymentUnavailable` |
-//!   `WarmPoolFilling` | `WarmPoolUnhealthy`
+//!   `ServingCertificatePending` | `KubeconfigInvalid` | `ProxyCaInvalid` | `ApplyFailed` | `ProxyUnavailable` |
+//!   `DeploymentUnavailable` | `WarmPoolFilling` | `WarmPoolUnhealthy`
 //! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
 //! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing` |
 //!   `ApiServerUnknown` | `ExposeUnavailable`
@@ -72,8 +72,12 @@ pub struct Observed {
     pub api_server_problem: Option<String>,
     /// `https://<host>/mcp` while `spec.server.expose` publishes the endpoint.
     pub external_endpoint: Option<String>,
-    /// Why the object `spec.server.expose` asks for is not published (no Gateway API).
+    /// Why the object `spec.server.expose` asks for is not published (no Gateway API, not
+    /// OpenShift, a Route no router admitted).
     pub expose_problem: Option<String>,
+    /// On OpenShift: what the service CA has not provided yet (the serving certificate or
+    /// its CA bundle).
+    pub serving_cert_pending: Option<String>,
 }
 
 struct Cond {
@@ -104,6 +108,9 @@ fn ready_condition(prev_ready: bool, o: &Observed) -> Cond {
     }
     if !o.invalid_secrets.is_empty() {
         return bad("SecretKeysInvalid", o.invalid_secrets.join("; "));
+    }
+    if let Some(m) = &o.serving_cert_pending {
+        return bad("ServingCertificatePending", m.clone());
     }
     if let Some(e) = &o.kubeconfig_invalid {
         return bad("KubeconfigInvalid", e.clone());
@@ -402,6 +409,26 @@ mod tests {
         assert_eq!(s.external_endpoint, None);
         // The endpoint inside the cluster still serves.
         assert_eq!(cond(&s, READY).status, "True");
+    }
+
+    #[test]
+    fn a_serving_certificate_the_service_ca_has_not_issued_keeps_the_instance_not_ready() {
+        let mut o = healthy(0, 0);
+        o.serving_cert_pending =
+            Some("waiting for OpenShift's service CA to provide Secret x".into());
+        let s = compute(None, &o, t(1));
+        let r = cond(&s, READY);
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", "ServingCertificatePending")
+        );
+        assert!(r.message.contains("Secret x"), "{}", r.message);
+        // A missing Secret the admin must create says so first.
+        o.missing_secrets = vec!["kc (sandbox kubeconfig)".into()];
+        assert_eq!(
+            cond(&compute(None, &o, t(1)), READY).reason,
+            "SecretsNotFound"
+        );
     }
 
     #[test]

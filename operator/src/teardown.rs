@@ -252,10 +252,10 @@ pub async fn remove_proxy(ctx: &Context, spec: &crate::children::Spec) {
     delete_cached::<ServiceAccount>(ctx, ns, &name, why).await;
 }
 
-/// The Ingress or HTTPRoute an instance no longer asks for (`spec.server.expose` removed or
-/// switched to the other kind), so the endpoint stops being published.
+/// The Ingress, HTTPRoute or Route an instance no longer asks for (`spec.server.expose`
+/// removed or switched to another kind), so the endpoint stops being published.
 pub async fn remove_expose(ctx: &Context, spec: &crate::children::Spec) {
-    use crate::children::expose::HttpRoute;
+    use crate::children::expose::{HttpRoute, Route};
     use k8s_openapi::api::networking::v1::Ingress;
 
     let (ns, name, why) = (
@@ -269,5 +269,8 @@ pub async fn remove_expose(ctx: &Context, spec: &crate::children::Spec) {
     }
     if expose.and_then(|e| e.http_route.as_ref()).is_none() {
         delete_cached::<HttpRoute>(ctx, ns, &name, why).await;
+    }
+    if expose.and_then(|e| e.route.as_ref()).is_none() {
+        delete_cached::<Route>(ctx, ns, &name, why).await;
     }
 }

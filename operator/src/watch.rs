@@ -30,8 +30,8 @@ use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label};
 use cli_mcp_api::pod_state;
 
-use crate::children::expose::HttpRoute;
-use crate::children::INSTANCE_NAMESPACE_LABEL;
+use crate::children::expose::{HttpRoute, Route};
+use crate::children::{secrets, INSTANCE_NAMESPACE_LABEL};
 use crate::context::{Scope, Stores};
 
 fn managed() -> watcher::Config {
@@ -151,22 +151,63 @@ fn is_not_found(e: &watcher::Error) -> bool {
     }
 }
 
-/// HTTPRoutes, which exist only where the Gateway API CRDs are installed. The watch keeps
-/// retrying (with its own backoff, at most every 30 s) instead of failing, so installing the
-/// CRDs later needs no operator restart; while it gets 404 its errors are not passed on and
-/// `served` is false, which the reconcile turns into a condition on instances that ask for
-/// an HTTPRoute.
-fn http_routes(
+/// The watcher says `Init` before each attempt to list, and on a kind the cluster does not
+/// serve the list then fails. Passed on, that `Init` would reset the backoff (any `Ok`
+/// does) and count as an answer, so the watch would list again about every second, forever,
+/// and flip between served and not. It is held back until the list answers, and dropped
+/// when it fails.
+fn hold_init<K, S>(events: S) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut held = false;
+    events.flat_map(move |ev| {
+        let out: Vec<_> = match ev {
+            Ok(watcher::Event::Init) => {
+                held = true;
+                Vec::new()
+            }
+            Err(e) => {
+                held = false;
+                vec![Err(e)]
+            }
+            Ok(ev) => std::mem::take(&mut held)
+                .then_some(Ok(watcher::Event::Init))
+                .into_iter()
+                .chain([Ok(ev)])
+                .collect(),
+        };
+        futures::stream::iter(out)
+    })
+}
+
+/// A kind only some clusters serve: Gateway API HTTPRoutes (where their CRDs are
+/// installed), OpenShift Routes. The watch keeps retrying (with its own backoff, at most
+/// every 30 s) instead of failing, so installing the CRDs later needs no operator restart;
+/// while it gets 404 its errors are not passed on and `served` is false, which the
+/// reconcile turns into a condition on instances that ask for that kind. `(found, absent)`
+/// are the log lines for each state.
+fn optional_kind<K>(
     client: &Client,
     ns: Option<&str>,
     served: tokio::sync::watch::Sender<Option<bool>>,
+    (found, absent): (&'static str, &'static str),
 ) -> (
-    Store<HttpRoute>,
-    impl Stream<Item = Result<HttpRoute, watcher::Error>> + Send + 'static,
-) {
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = reflector::store();
     let mut last: Option<bool> = None;
-    let stream = watcher(api::<HttpRoute>(client, ns), managed())
+    let stream = hold_init(watcher(api::<K>(client, ns), managed()))
         .default_backoff()
         .filter_map(move |ev| {
             let (now, out) = match ev {
@@ -176,13 +217,7 @@ fn http_routes(
             };
             if last != Some(now) {
                 served.send_replace(Some(now));
-                if now {
-                    tracing::info!("watching Gateway API HTTPRoutes");
-                } else {
-                    tracing::info!(
-                        "this cluster serves no gateway.networking.k8s.io/v1 HTTPRoute (the Gateway API CRDs are not installed); instances with spec.server.expose.httpRoute wait for them"
-                    );
-                }
+                tracing::info!("{}", if now { found } else { absent });
                 last = Some(now);
             }
             future::ready(out)
@@ -210,6 +245,27 @@ impl Iterator for PerWatchBackoffOnly {
 
 impl Backoff for PerWatchBackoffOnly {
     fn reset(&mut self) {}
+}
+
+/// Whether instance `cr` uses the Secret `name` of its namespace that the operator did not
+/// make: the admin's kubeconfig or TLS Secret, or the certificate OpenShift's service CA
+/// issues for it (and renews, which must roll the server). The last is asked of every
+/// instance without `tlsSecretName`: off OpenShift no such Secret exists.
+fn uses_secret(cr: &CliMcpInstance, name: &str) -> bool {
+    let named = |s: Option<&str>| s == Some(name);
+    named(cr.kubeconfig_secret().ok().flatten().as_deref())
+        || named(
+            cr.proxy_plan()
+                .ok()
+                .flatten()
+                .and_then(|p| p.kubeconfig_secret)
+                .as_deref(),
+        )
+        || named(cr.spec.server.tls_secret_name.as_deref())
+        || (cr.spec.server.tls_secret_name.is_none()
+            && cr
+                .instance_name()
+                .is_ok_and(|n| secrets::service_tls_secret_name(&n) == name))
 }
 
 fn instance_ref(name: &str, ns: &str) -> ObjectRef<CliMcpInstance> {
@@ -257,10 +313,29 @@ pub fn build(
     let (pods, pod_s) = sandbox_pods(client, ns);
     let (ingresses, ingress_s) = reflect(api::<Ingress>(client, ns), managed());
     let (served_tx, http_routes_served) = tokio::sync::watch::channel(None);
-    let (http_routes, route_s) = http_routes(client, ns, served_tx);
+    let (http_routes, http_route_s) = optional_kind::<HttpRoute>(
+        client,
+        ns,
+        served_tx,
+        (
+            "watching Gateway API HTTPRoutes",
+            "this cluster serves no gateway.networking.k8s.io/v1 HTTPRoute (the Gateway API CRDs are not installed); instances with spec.server.expose.httpRoute wait for them",
+        ),
+    );
+    let (routes_tx, routes_served) = tokio::sync::watch::channel(None);
+    let (routes, route_s) = optional_kind::<Route>(
+        client,
+        ns,
+        routes_tx,
+        (
+            "watching OpenShift Routes",
+            "this cluster serves no route.openshift.io/v1 Route; instances with spec.server.expose.route wait for it",
+        ),
+    );
 
-    // Admin Secrets (kubeconfig, custom TLS) are not labelled by us: watch only their
-    // metadata and map them to the instances that name them.
+    // Admin Secrets (kubeconfig, custom TLS) and the certificates OpenShift's service CA
+    // issues (renewed by it) are not labelled by us: watch only their metadata and map them
+    // to the instances that name them or would get them.
     let admin_secrets = watcher(
         api::<PartialObjectMeta<Secret>>(client, ns),
         watcher::Config::default(),
@@ -289,6 +364,7 @@ pub fn build(
         .owns_stream(cm_s)
         .owns_stream(secret_s)
         .owns_stream(ingress_s)
+        .owns_stream(http_route_s)
         .owns_stream(route_s)
         .watches_stream(crb_s, move |crb: ClusterRoleBinding| {
             let l = crb.labels();
@@ -310,17 +386,7 @@ pub fn build(
                 .state()
                 .into_iter()
                 .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
-                .filter(|cr| {
-                    cr.kubeconfig_secret().ok().flatten().as_deref() == Some(name.as_str())
-                        || cr
-                            .proxy_plan()
-                            .ok()
-                            .flatten()
-                            .and_then(|p| p.kubeconfig_secret)
-                            .as_deref()
-                            == Some(name.as_str())
-                        || cr.spec.server.tls_secret_name.as_deref() == Some(name.as_str())
-                })
+                .filter(|cr| uses_secret(cr, &name))
                 .map(|cr| ObjectRef::from_obj(cr.as_ref()))
                 .collect::<Vec<_>>()
         })
@@ -360,6 +426,8 @@ pub fn build(
         ingresses,
         http_routes,
         http_routes_served,
+        routes,
+        routes_served,
     };
     (controller, stores)
 }
@@ -367,6 +435,66 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cr(spec: serde_json::Value) -> CliMcpInstance {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "cli-mcp.redhat.com/v1alpha1", "kind": "CliMcpInstance",
+            "metadata": {"name": "demo", "namespace": "ns1", "uid": "u1"}, "spec": spec
+        }))
+        .expect("instance")
+    }
+
+    #[test]
+    fn a_renewed_service_ca_certificate_wakes_its_instance() {
+        let plain = cr(serde_json::json!({}));
+        assert!(uses_secret(&plain, "cli-mcp-demo-service-tls"));
+        assert!(uses_secret(&plain, "cli-mcp-demo-kubeconfig"));
+        assert!(!uses_secret(&plain, "cli-mcp-other-service-tls"));
+        assert!(!uses_secret(&plain, "unrelated"));
+        // The admin's certificate is the one it uses then.
+        let own = cr(serde_json::json!({"server": {"tlsSecretName": "mine"}}));
+        assert!(uses_secret(&own, "mine"));
+        assert!(!uses_secret(&own, "cli-mcp-demo-service-tls"));
+    }
+
+    fn not_found() -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"code": 404, "reason": "NotFound"}))
+                .expect("status"),
+        )))
+    }
+
+    #[tokio::test]
+    async fn a_failed_list_of_a_kind_not_served_gives_the_backoff_no_ok() {
+        use watcher::Event;
+        let events = futures::stream::iter(vec![
+            Ok(Event::<Pod>::Init),
+            Err(not_found()),
+            Ok(Event::Init),
+            Err(not_found()),
+            Ok(Event::Init),
+            Ok(Event::InitApply(pod())),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(pod())),
+        ]);
+        let out: Vec<&str> = hold_init(events)
+            .map(|e| match e {
+                Err(e) if is_not_found(&e) => "404",
+                Err(_) => "error",
+                Ok(Event::Init) => "init",
+                Ok(Event::InitApply(_)) => "init-apply",
+                Ok(Event::InitDone) => "init-done",
+                Ok(Event::Apply(_)) => "apply",
+                Ok(Event::Delete(_)) => "delete",
+            })
+            .collect()
+            .await;
+        // Consecutive errors (so the backoff grows), then the list as it was.
+        assert_eq!(
+            out,
+            ["404", "404", "init", "init-apply", "init-done", "apply"]
+        );
+    }
 
     fn pod() -> Pod {
         serde_json::from_value(serde_json::json!({

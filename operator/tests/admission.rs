@@ -147,6 +147,11 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
             "must not name the instance's own HMAC, TLS or proxy CA Secret",
         ),
         (
+            "ownservicetls",
+            json!({"proxy": {"targets": [{"type": "kubernetes", "secretName": "cli-mcp-ownservicetls-service-tls"}]}}),
+            "must not name the instance's own HMAC, TLS or proxy CA Secret",
+        ),
+        (
             "oldhmac",
             json!({"sandbox": {"kubeconfigSecret": "cli-mcp-oldhmac-hmac"}}),
             "spec.sandbox.kubeconfigSecret must not name the instance's own HMAC",
@@ -214,7 +219,32 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
         (
             "exposeempty",
             json!({"server": {"expose": {}}}),
-            "spec.server.expose needs ingress or httpRoute",
+            "spec.server.expose needs ingress, httpRoute or route",
+        ),
+        (
+            "routeandingress",
+            json!({"server": {"expose": {"route": {}, "ingress": {"host": "a.example.com"}}}}),
+            "set route alone, without ingress or httpRoute",
+        ),
+        (
+            "routeandhttproute",
+            json!({"server": {"expose": {"route": {}, "httpRoute": {"host": "a.example.com", "parentRefs": [{"name": "gw"}]}}}}),
+            "set route alone, without ingress or httpRoute",
+        ),
+        (
+            "routenoauth",
+            json!({"server": {"auth": "None", "expose": {"route": {}}}}),
+            "spec.server.expose needs auth: Kubernetes",
+        ),
+        (
+            "routehost",
+            json!({"server": {"expose": {"route": {"host": "https://mcp.apps.example.com"}}}}),
+            "spec.server.expose.route.host must be a lowercase DNS name",
+        ),
+        (
+            "routeallow",
+            json!({"server": {"expose": {"route": {"insecureEdgeTerminationPolicy": "Allow"}}}}),
+            "supported values: \"Redirect\", \"None\"",
         ),
         (
             "exposenone",
@@ -297,6 +327,25 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
             .as_ref()
             .and_then(|e| e.host()),
         Some("mcp.example.com")
+    );
+    // A Route may leave its host to the router; the edge policy defaults to Redirect.
+    let routed = ns
+        .api::<CliMcpInstance>()
+        .create(
+            &PostParams::default(),
+            &instance("routed", json!({"server": {"expose": {"route": {}}}})),
+        )
+        .await
+        .expect("a Route without a host is valid");
+    let route = routed
+        .spec
+        .server
+        .expose
+        .and_then(|e| e.route)
+        .expect("route kept");
+    assert_eq!(
+        (route.host, route.insecure_edge_termination_policy.as_str()),
+        (None, "Redirect")
     );
     let proxy = p.spec.proxy.expect("proxy kept");
     assert_eq!(proxy.replicas, 2, "defaulted");

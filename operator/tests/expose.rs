@@ -316,3 +316,56 @@ async fn an_http_route_waits_for_the_gateway_api_and_then_attaches_to_its_gatewa
     finish(ns, name, &op).await;
     remove_route_crd(&c).await;
 }
+
+/// Off OpenShift (this shared cluster serves no route.openshift.io), a Route is not made: a
+/// clear condition says so, and nothing of OpenShift's service CA appears.
+#[tokio::test]
+async fn a_route_off_openshift_is_reported_and_nothing_of_the_service_ca_appears() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Service};
+
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("expose-ocp-route").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    let name = "ocroute";
+    let n = InstanceName::parse(name).expect("name");
+    create_instance(
+        &ns,
+        name,
+        json!({"server": {"expose": {"route": {"host": "mcp.apps.example.com"}}}}),
+    )
+    .await;
+    let cr = op.ok(wait_instance(
+        ns.api::<CliMcpInstance>(),
+        name,
+        "Degraded ExposeUnavailable",
+        TIMEOUT,
+        |cr| {
+            find_condition(cr, "Degraded")
+                .is_some_and(|c| c.status == "True" && c.reason == "ExposeUnavailable")
+        },
+    )
+    .await);
+    let msg = find_condition(&cr, "Degraded")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        msg.contains("route.openshift.io/v1 Route") && msg.contains("use expose.ingress"),
+        "{msg}"
+    );
+    assert_eq!(cr.status.and_then(|s| s.external_endpoint), None);
+
+    let svc = ns.api::<Service>().get(&n.server()).await.expect("Service");
+    let ann = svc.metadata.annotations.unwrap_or_default();
+    assert!(
+        !ann.contains_key("service.beta.openshift.io/serving-cert-secret-name"),
+        "{ann:?}"
+    );
+    let injected = ns
+        .api::<ConfigMap>()
+        .get_opt(&format!("{}-service-ca", n.server()))
+        .await
+        .expect("read");
+    assert!(injected.is_none(), "{injected:?}");
+    finish(ns, name, &op).await;
+}

@@ -679,6 +679,8 @@ fn both_packages_grant_the_exposed_endpoints_objects() {
     let rules = [
         json!({"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": verbs}),
         json!({"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"], "verbs": verbs}),
+        json!({"apiGroups": ["route.openshift.io"], "resources": ["routes"], "verbs": verbs}),
+        json!({"apiGroups": ["route.openshift.io"], "resources": ["routes/custom-host"], "verbs": ["create", "update"]}),
     ];
     for (docs, what) in [(&kz, "config/rbac/role.yaml"), (&chart, "the chart")] {
         for rule in &rules {

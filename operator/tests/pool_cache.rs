@@ -40,6 +40,8 @@ fn stale_stores() -> Stores {
         ingresses: reflector::store().0,
         http_routes: reflector::store().0,
         http_routes_served: tokio::sync::watch::channel(None).1,
+        routes: reflector::store().0,
+        routes_served: tokio::sync::watch::channel(None).1,
     }
 }
 

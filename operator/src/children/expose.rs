@@ -1,13 +1,16 @@
 //! The object that publishes the MCP endpoint outside the cluster (`spec.server.expose`):
-//! a `networking.k8s.io/v1` Ingress or a Gateway API `gateway.networking.k8s.io/v1`
-//! HTTPRoute, named like the server's Service.
+//! a `networking.k8s.io/v1` Ingress, a Gateway API `gateway.networking.k8s.io/v1`
+//! HTTPRoute or an OpenShift `route.openshift.io/v1` Route, named like the server's Service.
 //!
 //! TLS stays end to end. The server serves TLS itself (auth Kubernetes, which admission
 //! requires with expose), so the edge must re-encrypt to it: the Ingress carries
 //! ingress-nginx's `backend-protocol: HTTPS` annotation (other controllers need their own
-//! equivalent), and an HTTPRoute needs a BackendTLSPolicy the user adds (it names the CA
-//! ConfigMap, whose lifetime the operator does not own). Either way a missing piece fails
-//! closed: a plain-HTTP hop to the TLS port gets no answer, never a clear-text one.
+//! equivalent), an HTTPRoute needs a BackendTLSPolicy the user adds (it names the CA
+//! ConfigMap, whose lifetime the operator does not own), and a Route says `reencrypt`
+//! (OpenShift's router trusts the service CA that issues the server's certificate there;
+//! any other CA is given to it as the Route's `destinationCACertificate`). Either way a
+//! missing piece fails closed: a plain-HTTP hop to the TLS port gets no answer, never a
+//! clear-text one.
 //!
 //! The exposed host is also a DNS name of the generated serving certificate (for edges
 //! that pass TLS through); [`tls_covers`] tells whether an existing certificate still
@@ -23,7 +26,7 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use cli_mcp_api::crd::{HttpRouteExpose, IngressExpose};
+use cli_mcp_api::crd::{HttpRouteExpose, IngressExpose, RouteExpose};
 use cli_mcp_api::names::label;
 
 use super::{Inputs, Spec, MCP_TLS_PORT};
@@ -35,6 +38,11 @@ pub const BACKEND_PROTOCOL_ANNOTATION: &str = "nginx.ingress.kubernetes.io/backe
 pub const TLS_HOSTS_ANNOTATION: &str = "cli-mcp.redhat.com/tls-hosts";
 /// The Service port the edge forwards to (the server's TLS port, named `https`).
 const BACKEND_PORT_NAME: &str = "https";
+/// OpenShift router's per-route timeout for a response to start (its default, 30 s, would
+/// cut the answer of a longer command: the server answers a call in one JSON response).
+pub const ROUTE_TIMEOUT_ANNOTATION: &str = "haproxy.router.openshift.io/timeout";
+/// Slack over the longest command timeout, for the server's own work around the command.
+const ROUTE_TIMEOUT_SLACK_SECS: u64 = 30;
 
 /// A Gateway API HTTPRoute, with only the fields the operator sets. k8s-openapi has no
 /// Gateway API types, and a typed struct keeps it an ordinary [`crate::apply::Child`].
@@ -118,22 +126,210 @@ impl k8s_openapi::Metadata for HttpRoute {
     }
 }
 
+/// An OpenShift Route, with the fields the operator sets and the status it reads (the
+/// host the router admitted). Like [`HttpRoute`], a typed struct so it is an ordinary
+/// [`crate::apply::Child`]; what the API server or the router add is ignored when read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: RouteSpec,
+    /// Written by the routers; never sent by the operator.
+    #[serde(default, skip_serializing)]
+    pub status: Option<RouteStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteSpec {
+    /// Left out for the router's default host (OpenShift's API server then fills it in,
+    /// owned by no field manager of ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub to: RouteTarget,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<RoutePort>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<RouteTls>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouteTarget {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutePort {
+    /// The Service port's name.
+    #[serde(default)]
+    pub target_port: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteTls {
+    #[serde(default)]
+    pub termination: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insecure_edge_termination_policy: Option<String>,
+    /// The CA the router verifies the server's certificate with; absent when the service
+    /// CA issued it (the router trusts that one by itself).
+    #[serde(
+        rename = "destinationCACertificate",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub destination_ca_certificate: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouteStatus {
+    #[serde(default)]
+    pub ingress: Vec<RouteIngress>,
+}
+
+/// One router's view of the Route.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteIngress {
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub router_name: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<RouteIngressCondition>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouteIngressCondition {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+impl k8s_openapi::Resource for Route {
+    const API_VERSION: &'static str = "route.openshift.io/v1";
+    const GROUP: &'static str = "route.openshift.io";
+    const KIND: &'static str = "Route";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "routes";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for Route {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// The desired publishing object of an instance.
 #[derive(Debug, Clone)]
 pub enum Exposed {
     Ingress(Ingress),
     HttpRoute(HttpRoute),
+    Route(Route),
 }
 
-/// The Ingress or HTTPRoute `spec.server.expose` asks for, if any. Pure.
+/// The Ingress, HTTPRoute or Route `spec.server.expose` asks for, if any. Pure.
 pub fn build(inp: &Inputs) -> Option<Exposed> {
     let e = inp.spec.expose.as_ref()?;
     if let Some(i) = &e.ingress {
         return Some(Exposed::Ingress(ingress(&inp.spec, i)));
     }
+    if let Some(r) = &e.route {
+        return Some(Exposed::Route(route(inp, r)));
+    }
     e.http_route
         .as_ref()
         .map(|r| Exposed::HttpRoute(http_route(&inp.spec, r)))
+}
+
+fn route(inp: &Inputs, r: &RouteExpose) -> Route {
+    use k8s_openapi::Resource as _;
+    let spec = &inp.spec;
+    let mut meta = spec.meta(spec.name.server(), label::COMPONENT_SERVER);
+    let timeout = spec
+        .max_timeout_secs
+        .saturating_add(ROUTE_TIMEOUT_SLACK_SECS);
+    let mut annotations =
+        BTreeMap::from([(ROUTE_TIMEOUT_ANNOTATION.to_owned(), format!("{timeout}s"))]);
+    annotations.extend(r.annotations.clone());
+    meta.annotations = Some(annotations);
+    Route {
+        api_version: Route::API_VERSION.into(),
+        kind: Route::KIND.into(),
+        metadata: meta,
+        spec: RouteSpec {
+            host: r.host.clone(),
+            to: RouteTarget {
+                kind: "Service".into(),
+                name: spec.name.server(),
+            },
+            port: Some(RoutePort {
+                target_port: BACKEND_PORT_NAME.into(),
+            }),
+            tls: Some(RouteTls {
+                termination: "reencrypt".into(),
+                insecure_edge_termination_policy: Some(
+                    r.insecure_edge_termination_policy.as_str().into(),
+                ),
+                destination_ca_certificate: inp.backend_ca.clone(),
+            }),
+        },
+        status: None,
+    }
+}
+
+/// What the routers say about a Route: the host one of them admitted, and why a router
+/// refused it (a host another namespace holds, an invalid generated host), if one did.
+pub fn route_admission(r: &Route) -> (Option<String>, Option<String>) {
+    let ingress = r
+        .status
+        .as_ref()
+        .map(|s| s.ingress.as_slice())
+        .unwrap_or(&[]);
+    let admitted = |i: &&RouteIngress, status: &str| {
+        i.conditions
+            .iter()
+            .any(|c| c.type_ == "Admitted" && c.status == status)
+    };
+    let host = ingress
+        .iter()
+        .filter(|i| admitted(i, "True"))
+        .find_map(|i| i.host.clone().filter(|h| !h.is_empty()));
+    // One router admitting it is enough: the endpoint is reachable through that one.
+    let refused = ingress
+        .iter()
+        .find(|i| host.is_none() && admitted(i, "False"))
+        .map(|i| {
+            let c = i.conditions.iter().find(|c| c.type_ == "Admitted");
+            format!(
+                "router {} did not admit Route {} for host {}: {}: {}; set another spec.server.expose.route.host, or leave it out for the router's default",
+                i.router_name.as_deref().unwrap_or("?"),
+                r.metadata.name.as_deref().unwrap_or("?"),
+                i.host.as_deref().unwrap_or("?"),
+                c.and_then(|c| c.reason.as_deref()).unwrap_or("no reason"),
+                c.and_then(|c| c.message.as_deref()).unwrap_or("no message"),
+            )
+        });
+    (host, refused)
 }
 
 fn ingress(spec: &Spec, i: &IngressExpose) -> Ingress {
@@ -351,6 +547,111 @@ mod tests {
         }))
         .expect("reads back");
         assert_eq!(back.spec.rules[0].backend_refs[0].name, "x");
+    }
+
+    #[test]
+    fn the_route_re_encrypts_to_the_servers_tls_port() {
+        let Some(Exposed::Route(r)) = built(serde_json::json!({"route": {}})) else {
+            panic!("a Route");
+        };
+        let v = serde_json::to_value(&r).expect("json");
+        assert_eq!(v["apiVersion"], "route.openshift.io/v1");
+        assert_eq!(v["kind"], "Route");
+        assert_eq!(v["metadata"]["name"], "cli-mcp-demo");
+        assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+        // No host: the router assigns one. No status is ever sent.
+        assert_eq!(
+            v["spec"],
+            serde_json::json!({
+                "to": {"kind": "Service", "name": "cli-mcp-demo"},
+                "port": {"targetPort": "https"},
+                "tls": {
+                    "termination": "reencrypt",
+                    "insecureEdgeTerminationPolicy": "Redirect",
+                    "destinationCACertificate": "-----BEGIN CERTIFICATE-----\nca\n"
+                }
+            })
+        );
+        assert!(v.get("status").is_none());
+        // The longest command (default 300 s) plus slack, so the router does not cut it.
+        assert_eq!(
+            v["metadata"]["annotations"][ROUTE_TIMEOUT_ANNOTATION],
+            "330s"
+        );
+
+        // With the service CA the router needs no CA: it trusts that one.
+        let mut inp = inputs(serde_json::json!({"server": {"expose": {"route": {
+            "host": "mcp.apps.example.com", "insecureEdgeTerminationPolicy": "None",
+            "annotations": {"haproxy.router.openshift.io/timeout": "2h", "example.com/team": "a"}
+        }}}}));
+        inp.backend_ca = None;
+        let Some(Exposed::Route(r)) = build(&inp) else {
+            panic!("a Route");
+        };
+        assert_eq!(r.spec.host.as_deref(), Some("mcp.apps.example.com"));
+        let tls = r.spec.tls.expect("tls");
+        assert_eq!(
+            tls.insecure_edge_termination_policy.as_deref(),
+            Some("None")
+        );
+        assert_eq!(tls.destination_ca_certificate, None);
+        let ann = r.metadata.annotations.expect("annotations");
+        assert_eq!(
+            ann[ROUTE_TIMEOUT_ANNOTATION], "2h",
+            "the user's annotations win"
+        );
+        assert_eq!(ann["example.com/team"], "a");
+    }
+
+    fn observed_route(status: serde_json::Value) -> Route {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "route.openshift.io/v1", "kind": "Route",
+            "metadata": {"name": "cli-mcp-demo"},
+            "spec": {"host": "cli-mcp-demo-ns1.apps.example.com", "to": {"kind": "Service", "name": "cli-mcp-demo", "weight": 100}, "wildcardPolicy": "None"},
+            "status": status
+        }))
+        .expect("a Route as the API server returns it")
+    }
+
+    #[test]
+    fn the_published_host_is_the_one_a_router_admitted() {
+        let (host, refused) = route_admission(&observed_route(serde_json::json!({})));
+        assert_eq!((host, refused), (None, None), "no router has seen it yet");
+
+        let admitted = observed_route(serde_json::json!({"ingress": [{
+            "host": "cli-mcp-demo-ns1.apps.example.com", "routerName": "default",
+            "wildcardPolicy": "None", "routerCanonicalHostname": "router-default.apps.example.com",
+            "conditions": [{"type": "Admitted", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        }]}));
+        let (host, refused) = route_admission(&admitted);
+        assert_eq!(host.as_deref(), Some("cli-mcp-demo-ns1.apps.example.com"));
+        assert_eq!(refused, None);
+
+        let taken = observed_route(serde_json::json!({"ingress": [{
+            "host": "mcp.example.com", "routerName": "default",
+            "conditions": [{"type": "Admitted", "status": "False", "reason": "HostAlreadyClaimed",
+                "message": "route x already exposes mcp.example.com and is older"}]
+        }]}));
+        let (host, refused) = route_admission(&taken);
+        assert_eq!(host, None);
+        let refused = refused.expect("why");
+        assert!(
+            refused.contains("HostAlreadyClaimed") && refused.contains("already exposes"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("spec.server.expose.route.host"),
+            "{refused}"
+        );
+
+        // One router admitting it is enough (another shard refusing is not a problem).
+        let mut both = admitted.clone();
+        let st = both.status.as_mut().expect("status");
+        st.ingress
+            .push(taken.status.expect("status").ingress[0].clone());
+        let (host, refused) = route_admission(&both);
+        assert!(host.is_some());
+        assert_eq!(refused, None);
     }
 
     #[test]

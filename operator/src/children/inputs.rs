@@ -56,6 +56,9 @@ pub struct Spec {
     /// The admin named the TLS Secret (`spec.server.tlsSecretName`): it is only checked,
     /// never generated.
     pub custom_tls: bool,
+    /// OpenShift's service CA issues the serving certificate into `tls_secret` (see
+    /// [`Spec::use_service_ca`]).
+    pub service_ca: bool,
     /// Without a proxy: the Secret with the sandboxes' kubeconfig (required).
     pub kubeconfig_secret: Option<String>,
     /// The credential proxy, when the instance has one.
@@ -113,6 +116,7 @@ impl Spec {
             output_budget: s.sandbox.output_budget_bytes,
             tls_secret: cr.tls_secret()?,
             custom_tls: s.server.tls_secret_name.is_some(),
+            service_ca: false,
             kubeconfig_secret: cr.kubeconfig_secret()?,
             proxy: cr.proxy_plan()?,
             proxy_image: proxy_image.filter(|i| !i.is_empty()).map(str::to_owned),
@@ -182,6 +186,16 @@ impl Spec {
 }
 
 impl Spec {
+    /// On OpenShift: the service CA issues the serving certificate (the Service asks for it
+    /// by annotation) instead of the instance's own CA — unless the admin named one, which
+    /// always wins, or the endpoint is plain HTTP.
+    pub fn use_service_ca(&mut self) {
+        if self.auth == AuthMode::Kubernetes && !self.custom_tls {
+            self.service_ca = true;
+            self.tls_secret = secrets::service_tls_secret_name(&self.name);
+        }
+    }
+
     /// The public host of `spec.server.expose`, if any.
     pub fn expose_host(&self) -> Option<&str> {
         self.expose.as_ref().and_then(ExposeSpec::host)
@@ -222,8 +236,13 @@ pub struct Inputs {
     pub hmac_version: String,
     /// Hash of the serving certificate, when there is one.
     pub tls_version: Option<String>,
-    /// The generated CA (PEM), published in the CA ConfigMap.
+    /// The CA clients trust (PEM), published in the CA ConfigMap: the generated one, or
+    /// OpenShift's service CA bundle once it is injected.
     pub ca_pem: Option<String>,
+    /// The CA an edge (a Route) verifies the server's certificate with, when the platform
+    /// does not know it: the generated CA, or `ca.crt` of the admin's TLS Secret. `None`
+    /// with the service CA, which OpenShift's router trusts by itself.
+    pub backend_ca: Option<String>,
     /// Addresses and ports of the Kubernetes API server (for the proxy's egress).
     pub api_server: ApiServerPeers,
     /// What the proxy children are built from; `None` without a proxy, or while its CA or

@@ -55,12 +55,14 @@ pub struct Desired {
     pub client_role_binding: RoleBinding,
     pub service: Service,
     pub network_policy: NetworkPolicy,
-    /// Only when the operator generated the CA.
+    /// On OpenShift with the service CA: the ConfigMap its bundle is injected into.
+    pub service_ca_config_map: Option<ConfigMap>,
+    /// When there is a CA to publish: the generated one, or the injected service CA.
     pub ca_config_map: Option<ConfigMap>,
     pub deployment: Deployment,
     /// The credential proxy, when the instance has one and its inputs resolved.
     pub proxy: Option<proxy::ProxyChildren>,
-    /// The Ingress or HTTPRoute of `spec.server.expose`.
+    /// The Ingress, HTTPRoute or Route of `spec.server.expose`.
     pub expose: Option<expose::Exposed>,
 }
 
@@ -80,6 +82,9 @@ impl Desired {
             &self.service,
             &self.network_policy,
         ];
+        if let Some(cm) = &self.service_ca_config_map {
+            out.push(cm);
+        }
         if let Some(cm) = &self.ca_config_map {
             out.push(cm);
         }
@@ -95,6 +100,7 @@ impl Desired {
         match &self.expose {
             Some(expose::Exposed::Ingress(i)) => out.push(i),
             Some(expose::Exposed::HttpRoute(r)) => out.push(r),
+            Some(expose::Exposed::Route(r)) => out.push(r),
             None => {}
         }
         out.push(&self.deployment);
@@ -115,6 +121,10 @@ pub fn build_all(inp: &Inputs) -> Desired {
         client_role_binding: rbac::client_role_binding(inp),
         service: service::service(inp),
         network_policy: networkpolicy::network_policy(inp),
+        service_ca_config_map: inp.spec.service_ca.then(|| {
+            let name = secrets::service_ca_config_map_name(&inp.spec.name);
+            secrets::service_ca_config_map(inp.spec.meta(name, label::COMPONENT_SERVER))
+        }),
         ca_config_map: inp
             .ca_config_map_name()
             .zip(inp.ca_pem.as_ref())
@@ -182,6 +192,7 @@ pub(crate) mod test_support {
             hmac_version: "hv1".into(),
             tls_version: Some("tv1".into()),
             ca_pem: Some("-----BEGIN CERTIFICATE-----\nca\n".into()),
+            backend_ca: Some("-----BEGIN CERTIFICATE-----\nca\n".into()),
             api_server: ApiServerPeers {
                 ips: vec!["10.0.0.1".into()],
                 ports: vec![6443],
@@ -320,6 +331,39 @@ mod tests {
             .data
             .as_ref()
             .is_some_and(|d| d.contains_key(secrets::CA_CRT)));
+    }
+
+    /// On OpenShift the service CA's ConfigMap comes before the CA ConfigMap it is copied
+    /// into, and carries only the injection annotation: the injector owns its data.
+    #[test]
+    fn on_openshift_the_service_ca_bundle_is_asked_for() {
+        let mut inp = inputs(serde_json::json!({}));
+        assert!(build_all(&inp).service_ca_config_map.is_none());
+        inp.spec.use_service_ca();
+        let d = build_all(&inp);
+        let described: Vec<String> = d.children().iter().map(|c| c.describe()).collect();
+        let at = |n: &str| described.iter().position(|d| d == n).expect(n);
+        assert!(at("ConfigMap cli-mcp-demo-service-ca") < at("ConfigMap cli-mcp-demo-ca"));
+        let cm = d.service_ca_config_map.expect("service CA ConfigMap");
+        assert_eq!(cm.data, None);
+        let ann = cm.metadata.annotations.expect("annotations");
+        assert_eq!(ann[secrets::INJECT_CABUNDLE_ANNOTATION], "true");
+        assert_eq!(cm.metadata.owner_references.expect("owner")[0].uid, "uid-1");
+        let secrets_mounted: Vec<_> = d
+            .deployment
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.volumes.clone())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.secret?.secret_name)
+            .collect();
+        assert_eq!(
+            secrets_mounted,
+            ["cli-mcp-demo-hmac", "cli-mcp-demo-service-tls"]
+        );
     }
 
     #[test]

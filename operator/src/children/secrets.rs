@@ -31,6 +31,43 @@ pub fn ca_config_map_name(n: &InstanceName) -> String {
     format!("{}-ca", n.server())
 }
 
+/// OpenShift's Service annotation asking its service CA for a serving certificate, in the
+/// Secret it names (keys tls.crt, tls.key; renewed by the service CA).
+pub const SERVING_CERT_ANNOTATION: &str = "service.beta.openshift.io/serving-cert-secret-name";
+/// What the service CA writes on the Service when it cannot issue the certificate.
+pub const SERVING_CERT_ERROR_ANNOTATION: &str =
+    "service.beta.openshift.io/serving-cert-generation-error";
+/// OpenShift's ConfigMap annotation asking for the service CA bundle. The injector then
+/// owns the ConfigMap's data: it replaces it with [`SERVICE_CA_KEY`] alone.
+pub const INJECT_CABUNDLE_ANNOTATION: &str = "service.beta.openshift.io/inject-cabundle";
+/// The key the service CA bundle is injected under.
+pub const SERVICE_CA_KEY: &str = "service-ca.crt";
+
+/// The Secret OpenShift's service CA issues the serving certificate into.
+pub fn service_tls_secret_name(n: &InstanceName) -> String {
+    format!("{}-service-tls", n.server())
+}
+
+/// The ConfigMap OpenShift injects its service CA bundle into. Not the CA ConfigMap
+/// itself: the injector would remove its `ca.crt`, the key clients read everywhere.
+pub fn service_ca_config_map_name(n: &InstanceName) -> String {
+    format!("{}-service-ca", n.server())
+}
+
+/// The ConfigMap the service CA bundle is injected into: only the annotation, no data, so
+/// the operator's apply and the injector never contend for a field.
+pub fn service_ca_config_map(meta: ObjectMeta) -> ConfigMap {
+    let mut meta = meta;
+    meta.annotations = Some(BTreeMap::from([(
+        INJECT_CABUNDLE_ANNOTATION.to_owned(),
+        "true".to_owned(),
+    )]));
+    ConfigMap {
+        metadata: meta,
+        ..Default::default()
+    }
+}
+
 /// 32 random bytes as 64 lowercase hex characters, the form `HmacKey::from_hex` reads.
 pub fn generate_hmac_key() -> String {
     let bytes: [u8; 32] = rand::random();

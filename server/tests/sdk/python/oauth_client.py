@@ -113,11 +113,17 @@ async def main_async(url, session, ca, mode):
         timeout=httpx2.Timeout(30, read=120),
         event_hooks={"response": [record]},
     ) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
-            report["protocol_version"] = client.protocol_version
-            report["echo"] = await call(client, "echo hi")
-            report["set_state"] = await call(client, "export OAUTH_VAR=kept")
-            report["read_state"] = await call(client, 'echo "$OAUTH_VAR"')
+        try:
+            async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+                report["protocol_version"] = client.protocol_version
+                report["echo"] = await call(client, "echo hi")
+                report["set_state"] = await call(client, "export OAUTH_VAR=kept")
+                report["read_state"] = await call(client, 'echo "$OAUTH_VAR"')
+        except BaseException:
+            # What the SDK got as far as, for the test's failure message.
+            json.dump({"requests_before_the_error": requests, "redirect": redirect}, sys.stderr)
+            sys.stderr.write("\n")
+            raise
     report["requests"] = requests
     report["authorization_url"] = redirect.get("authorization_url")
     report["redirect_params"] = redirect.get("params")
