@@ -669,10 +669,6 @@ async fn resolve_proxy(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Resul
         plan,
         spec.proxy_image.as_deref(),
         kubeconfig.as_ref(),
-    match proxy::proxy_inputs(
-        plan,
-        spec.proxy_image.as_deref(),
-        kubeconfig.as_ref(),
         &allowlist_cas,
         &ca_pem,
         &ca_version,
