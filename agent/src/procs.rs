@@ -101,10 +101,37 @@ pub fn all_groups(table: &[ProcInfo], root: i32) -> BTreeSet<i32> {
         .collect()
 }
 
+/// A `/proc` file's text: an open, reads until a short one, a close. (`fs::read_to_string`
+/// also asks for the file's size, which `/proc` does not know: one system call more, on
+/// every command.) A `/proc` file hands over all it has in each read until the end, so a
+/// read that leaves room in the buffer was the last.
+fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut file = fs::File::open(path).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..]).ok()?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).ok()
+}
+
+/// This process's pid (`std::process::id` asks the kernel on every call).
+fn own_pid() -> i32 {
+    static PID: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *PID.get_or_init(|| std::process::id() as i32)
+}
+
 /// Direct children of `pid`, from `/proc/<pid>/task/<pid>/children` (one read instead of a
 /// scan of every process). `None` when the kernel does not offer that file.
 pub fn children(pid: i32) -> Option<BTreeSet<i32>> {
-    let text = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    let text = read_proc(&format!("/proc/{pid}/task/{pid}/children"))?;
     Some(
         text.split_whitespace()
             .filter_map(|p| p.parse().ok())
@@ -113,7 +140,7 @@ pub fn children(pid: i32) -> Option<BTreeSet<i32>> {
 }
 
 fn stat_of(pid: i32) -> Option<ProcInfo> {
-    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    parse_stat(&read_proc(&format!("/proc/{pid}/stat"))?)
 }
 
 /// What exists under the shell before a command starts, to be spared when it is stopped.
@@ -140,11 +167,15 @@ pub fn jobs_since(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
 /// so a session of a few processes costs a few reads; the walk stops once `cap` processes
 /// are found. Children of a multi-threaded program's other threads are not seen: this is a
 /// count for spotting a runaway, the kernel's limit is the bound. `None` when the kernel
-/// offers no `children` files.
-pub fn session_count(shell: i32, cap: usize) -> Option<usize> {
-    let me = std::process::id() as i32;
-    let mut stack: Vec<i32> = children(me)?.into_iter().filter(|&p| p != shell).collect();
-    stack.extend(children(shell)?);
+/// offers no `children` files. Also returns the shell's direct children, which are what
+/// [`jobs_before`] would read a moment later.
+pub fn session_count(shell: i32, cap: usize) -> Option<(usize, BTreeSet<i32>)> {
+    let mut stack: Vec<i32> = children(own_pid())?
+        .into_iter()
+        .filter(|&p| p != shell)
+        .collect();
+    let shell_children = children(shell)?;
+    stack.extend(shell_children.iter().copied());
     let mut seen = BTreeSet::new();
     while let Some(pid) = stack.pop() {
         if seen.len() >= cap {
@@ -154,7 +185,7 @@ pub fn session_count(shell: i32, cap: usize) -> Option<usize> {
             stack.extend(children(pid).into_iter().flatten());
         }
     }
-    Some(seen.len())
+    Some((seen.len(), shell_children))
 }
 
 /// The shell's processes as [`session_count`] finds them (every process below the agent

@@ -667,8 +667,8 @@ async fn strict_modes_are_kept_and_an_errexit_exit_is_reported() {
 
 /// A command's directory is kept for the next command, so a command can change it for the
 /// next one: replace its FIFOs with files or links, replace the command file with a link to
-/// a file elsewhere, or leave a job that holds a FIFO open. None of it may reach the next
-/// command (its output and status stay exact) or the file elsewhere.
+/// a file elsewhere, leave a job that holds a FIFO open, or remove it. None of it may reach
+/// the next command (its output and status stay exact) or the file elsewhere.
 #[tokio::test]
 async fn a_command_that_plants_files_in_its_own_directory_changes_nothing_for_the_next() {
     let a = Agent::start();
@@ -687,6 +687,10 @@ async fn a_command_that_plants_files_in_its_own_directory_changes_nothing_for_th
         format!("{dir}; (exec 7>\"$d/out\"; sleep 3; echo late >&7) >/dev/null 2>&1 &"),
         format!("{dir}; rm -rf \"$d\"; mkdir \"$d\"; mkfifo \"$d/out\" \"$d/err\" \"$d/done\""),
         format!("{dir}; chmod 000 \"$d\""),
+        // The record is written while `done` is open: with no `done` to open, it must still
+        // come.
+        format!("{dir}; rm -rf \"$d\""),
+        format!("{dir}; rm \"$d/done\"; mkdir \"$d/done\""),
     ];
     for (i, plant) in plants.iter().enumerate() {
         let v = a.exec(plant).await;

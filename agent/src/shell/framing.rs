@@ -31,12 +31,11 @@ pub(super) struct Record {
 pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
     let q = |name: &str| sh_quote(&dir.join(name).display().to_string());
     format!(
-        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}; \\builtin : <>{} || \\builtin :\n",
+        "\\builtin . {} </dev/null >{} 2>{} 3>&-; {}\n",
         q("cmd"),
         q("out"),
         q("err"),
-        report_status(nonce),
-        q("done"),
+        report_status(nonce, Some(&q("done"))),
     )
 }
 
@@ -47,21 +46,13 @@ pub(super) fn command_line(dir: &Path, nonce: &str) -> String {
 pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str) -> String {
     let q = |dir: &Path, name: &str| sh_quote(&dir.join(name).display().to_string());
     let (out, err, done) = match dir {
-        Some(dir) => (
-            q(dir, "out"),
-            q(dir, "err"),
-            format!("; \\builtin : <>{} || \\builtin :", q(dir, "done")),
-        ),
-        None => (
-            "/dev/null".to_owned(),
-            "/dev/null".to_owned(),
-            String::new(),
-        ),
+        Some(dir) => (q(dir, "out"), q(dir, "err"), Some(q(dir, "done"))),
+        None => ("/dev/null".to_owned(), "/dev/null".to_owned(), None),
     };
     format!(
-        "\\builtin eval {} </dev/null >{out} 2>{err} 3>&-; {}{done}\n",
+        "\\builtin eval {} </dev/null >{out} 2>{err} 3>&-; {}\n",
         sh_quote(command),
-        report_status(nonce),
+        report_status(nonce, done.as_deref()),
     )
 }
 
@@ -75,23 +66,32 @@ pub(super) fn sync_line(nonce: &str, status: i32) -> String {
 }
 
 /// After a command: its status, kept in a variable no command can have made read-only (its
-/// name holds the nonce), the builtins restored, then the record. The command line then ends
-/// with `\builtin : <>done`: bash opens and closes the `done` FIFO, and the agent, reading
-/// it, sees that close. The record was written before, so a close without a record means
-/// that this shell can no longer report at all (see [`restore_builtins`]). The redirection
-/// is made whatever `\builtin` turns out to be (a read-only function gets it too; a command
-/// not found gets it in its child), so the close comes even then. (A redirection with no
-/// command at all would need no name, but bash forks a subshell for it: a millisecond per
-/// command, and no fork at all under a fork bomb. `:` alone could be a function: the fork
-/// bomb `:(){ :|:& };:` defines one.) Read-write, because opening a FIFO read-write never
-/// blocks: the agent stops reading it once it has the record, and a write-only open would
-/// then wait forever for a reader. The agent may have removed the command's directory by
-/// then (it has the record): the open then fails, which under `set -e` would end the shell,
-/// so the redirection's failure is caught (`|| \builtin :`).
-fn report_status(nonce: &str) -> String {
+/// name holds the nonce), the builtins restored, then the record, written to fd 3 while the
+/// command's `done` FIFO (the quoted path `done`) is open: bash opens it, writes the record
+/// and closes it, and the agent, reading it, sees that close. The record comes first, so a
+/// close without a record means that this shell can no longer report at all (see
+/// [`restore_builtins`]). The redirection is made whatever `\builtin` turns out to be (a
+/// read-only function gets it too; a command not found gets it in its child), so the close
+/// comes even then. Open, record and close come within microseconds, so the agent wakes
+/// once for all three: as separate commands (the record, then `\builtin : <>done`) they
+/// woke it up to three times per command. (A redirection with no command at all would need
+/// no name, but bash forks a subshell for it: a millisecond per command, and no fork at all
+/// under a fork bomb. `:` alone could be a function: the fork bomb `:(){ :|:& };:` defines
+/// one.) Read-write, because opening a FIFO read-write never blocks, also when nobody reads
+/// it. A command may have removed its directory, or made it unsearchable: then `done`
+/// cannot be opened, and the record is written without it (`|| …`), as it is when the state
+/// dir had no room for the FIFOs (`done` is `None`).
+fn report_status(nonce: &str, done: Option<&str>) -> String {
     let status = format!("__cli_mcp_status_{nonce}");
+    let record = format!(
+        "\\builtin printf '\\0%s %s %s %s\\0' {nonce} \"${status}\" \"$-\" \"${{PWD-}}\" >&3"
+    );
+    let report = match done {
+        Some(done) => format!("{record} <>{done} || {record}"),
+        None => record,
+    };
     format!(
-        "{status}=$?; {}\\builtin printf '\\0%s %s %s %s\\0' {nonce} \"${status}\" \"$-\" \"${{PWD-}}\" >&3; \\builtin unset {status}",
+        "{status}=$?; {}{report}; \\builtin unset {status}",
         restore_builtins(nonce)
     )
 }
@@ -102,34 +102,37 @@ fn report_status(nonce: &str) -> String {
 /// `DEBUG` and `RETURN` traps.
 ///
 /// - Aliases: every command word the agent writes is quoted (`\builtin`), and a quoted word
-///   is never alias-expanded; the user's aliases are left alone.
+///   is never alias-expanded; the user's aliases are left alone. (Reserved words such as
+///   `if` or `{` can be aliases too, so the line uses none: `[[ ]]`, `||` and `;` only.)
 /// - Functions: `builtin X` skips functions named X, so only functions named `builtin` and
 ///   `enable` must go. `unset -f` removes them, but `unset` can be a function too, and so
 ///   can `command`: no regular builtin is safe from a function. In POSIX mode, though,
 ///   *special* builtins (`unset` and `trap` are) are found before functions, and POSIX mode
 ///   is entered by assigning `POSIXLY_CORRECT`, an assignment, which no function or alias
 ///   can intercept. So `unset -f` runs in POSIX mode, which is left again only if the agent
-///   entered it (`[[ -o posix ]]` is syntax, not a command): the user's own mode is kept.
-///   The flag remembering that has the nonce in its name, so no command can have made it
-///   read-only beforehand.
+///   entered it: the user's own mode is kept. The agent's `POSIXLY_CORRECT` holds the
+///   nonce, which no command can have known, so it is told apart from the user's own.
 /// - `enable -n`: `enable` re-enables the builtins the agent uses (after `enable` itself
 ///   was freed of a function).
 /// - Traps: a `DEBUG` trap runs before every simple command at the top level, the agent's
 ///   own included, and a `RETURN` trap whenever a sourced file (every command) returns: a
 ///   slow or reading one would make every later call slow, a false timeout, or eat the
-///   agent's lines. Both are listed on the status pipe (the agent says which were removed)
-///   and removed as early as a special builtin can be trusted, right after POSIX mode is
-///   entered; once more after `enable`, for a `trap` that was disabled. Until then the trap
-///   still runs a few times: the command that set it pays for it.
+///   agent's lines. Both are removed as early as a special builtin can be trusted, right
+///   after POSIX mode is entered; once more after `enable`, for a `trap` that was disabled.
+///   Until then the trap still runs a few times: the command that set it pays for it.
+///   Before that, `trap` lists the traps that are set on the status pipe (the agent says
+///   which were removed): without arguments it lists only the traps set, so in the usual
+///   case it writes nothing and the agent is not woken for it (`trap -p DEBUG RETURN`, in
+///   POSIX mode, wrote a line per trap, set or not, each waking the agent).
 ///
 /// A command that goes further (a read-only function named `builtin`, `enable -n enable`, a
 /// read-only `POSIXLY_CORRECT` together with a function named `unset`, fd 3 closed for good)
 /// leaves the shell unable to report; the `done` FIFO tells at once, and the shell is
 /// replaced.
 fn restore_builtins(nonce: &str) -> String {
-    let flag = format!("__cli_mcp_posix_{nonce}");
+    let mark = format!("__cli_mcp_{nonce}");
     format!(
-        "[[ -o posix ]] || {flag}=1; [[ -z ${{{flag}-}} ]] || POSIXLY_CORRECT=y; \\trap -p DEBUG RETURN >&3; \\trap - DEBUG RETURN; \\unset -f builtin enable; [[ -z ${{{flag}-}} ]] || \\unset POSIXLY_CORRECT {flag}; \\enable builtin enable printf . eval unset trap; \\builtin trap - DEBUG RETURN; "
+        "[[ -o posix ]] || POSIXLY_CORRECT={mark}; \\trap >&3; \\trap - DEBUG RETURN; \\unset -f builtin enable; [[ ${{POSIXLY_CORRECT-}} != {mark} ]] || \\unset POSIXLY_CORRECT; \\enable builtin enable printf . eval unset trap; \\builtin trap - DEBUG RETURN; "
     )
 }
 
@@ -141,7 +144,8 @@ pub(super) struct StatusPipe {
     scanned: usize,
     /// EOF: the process on the other side is no longer our shell.
     pub closed: bool,
-    /// A `trap -p` segment seen since the last record: it belongs to the next one.
+    /// The `DEBUG`/`RETURN` traps of the segment seen since the last record: they belong
+    /// to the next one.
     traps: Option<String>,
 }
 
@@ -188,15 +192,8 @@ impl StatusPipe {
                 rec.traps = self.traps.take();
                 return Some(rec);
             }
-            if segment.starts_with(b"trap -- ") {
-                // In POSIX mode `trap -p` also lists the traps that are not set, as `-`.
-                let set: Vec<&str> = std::str::from_utf8(segment)
-                    .unwrap_or_default()
-                    .lines()
-                    .filter(|l| l.starts_with("trap -- ") && !l.starts_with("trap -- - "))
-                    .collect();
-                self.traps = (!set.is_empty()).then(|| set.join("\n"));
-            }
+            // The traps listing (usually empty) is the segment just before its record.
+            self.traps = removed_traps(&String::from_utf8_lossy(segment));
         }
         self.scanned = self.buf.len();
         None
@@ -224,6 +221,28 @@ impl StatusPipe {
             }
         }
     }
+}
+
+/// The `DEBUG` and `RETURN` traps in a `trap` listing (every trap that is set, one
+/// `trap -- '<command>' <signal>` each, a command spanning lines if it has newlines), joined
+/// by newlines; `None` if neither is set.
+fn removed_traps(listing: &str) -> Option<String> {
+    let mut entries: Vec<String> = Vec::new();
+    for line in listing.lines() {
+        match entries.last_mut() {
+            Some(entry) if !line.starts_with("trap -- ") => {
+                entry.push('\n');
+                entry.push_str(line);
+            }
+            _ => entries.push(line.to_owned()),
+        }
+    }
+    entries.retain(|e| {
+        e.starts_with("trap -- ")
+            && !e.starts_with("trap -- - ")
+            && (e.ends_with(" DEBUG") || e.ends_with(" RETURN"))
+    });
+    (!entries.is_empty()).then(|| entries.join("\n"))
 }
 
 /// Parses `<nonce> <status> <flags> <cwd>`; anything else (empty segments, junk) is `None`.
@@ -289,12 +308,17 @@ mod tests {
             ),
             "{l}"
         );
+        let record = "\\builtin printf '\\0%s %s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"$-\" \"${PWD-}\" >&3";
         assert!(
-            l.ends_with(
-                "\\builtin printf '\\0%s %s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"$-\" \"${PWD-}\" >&3; \\builtin unset __cli_mcp_status_abc; \\builtin : <>'/s/cmd/1/done' || \\builtin :\n"
-            ),
+            l.ends_with(&format!(
+                "{record} <>'/s/cmd/1/done' || {record}; \\builtin unset __cli_mcp_status_abc\n"
+            )),
             "{l}"
         );
+        // No reserved word: an alias can redefine `if` or `{`, never `[[`, `||` or `;`.
+        for word in ["if", "then", "fi", "{", "}", "while", "case"] {
+            assert!(!l.split([' ', ';']).any(|w| w == word), "{word} in {l}");
+        }
         assert_eq!(l.lines().count(), 1, "{l}");
     }
 
@@ -320,6 +344,20 @@ mod tests {
         assert_eq!(parse_record(b""), None);
         assert_eq!(parse_record(format!("{n} x himBs /").as_bytes()), None);
         assert_eq!(parse_record(format!("{n} 3").as_bytes()), None);
+    }
+
+    #[test]
+    fn only_debug_and_return_traps_are_taken_from_a_listing() {
+        assert_eq!(removed_traps(""), None);
+        assert_eq!(
+            removed_traps("trap -- 'echo x' ERR\ntrap -- '' SIGINT\n"),
+            None
+        );
+        assert_eq!(
+            removed_traps("trap -- 'a\ntrap b' DEBUG\ntrap -- 'echo x' EXIT\ntrap -- 'r' RETURN\n"),
+            Some("trap -- 'a\ntrap b' DEBUG\ntrap -- 'r' RETURN".to_owned())
+        );
+        assert_eq!(removed_traps("trap -- - DEBUG\n"), None);
     }
 
     #[tokio::test]

@@ -88,6 +88,9 @@ pub struct Shell {
     /// `set -e` was on after the last command: a shell that exits during the next one most
     /// likely did so for a failing command.
     errexit: bool,
+    /// The shell's children as the process count before this command found them (by the
+    /// shell's pid): the jobs an interrupt spares, without reading them a second time.
+    shell_children: Option<(i32, BTreeSet<i32>)>,
 }
 
 /// `<state-dir>/shell-used`: exists once a command ran in this pod, so a restarted agent
@@ -216,6 +219,7 @@ impl Shell {
             lingering: Lingering::default(),
             reserve,
             errexit: false,
+            shell_children: None,
         })
     }
 
@@ -348,10 +352,14 @@ impl Shell {
                 }
                 self.restart().await?;
             }
+            let counted = self.shell_children.take();
             let Some(bash) = self.bash.as_mut() else {
                 return Err(ShellError::Unresponsive);
             };
-            let before = procs::jobs_before(bash.pid);
+            let before = match counted {
+                Some((pid, children)) if pid == bash.pid => children,
+                _ => procs::jobs_before(bash.pid),
+            };
             let grace = self.opts.kill_grace.max(Duration::from_secs(1));
             if bash.send_line(line, grace).await {
                 return Ok(before);

@@ -54,13 +54,17 @@ pub(super) fn threshold(max: u64) -> usize {
 impl Shell {
     /// Kills the session's largest process groups if its processes reached the threshold.
     pub(super) async fn stop_runaway(&mut self, notes: &mut Notes) {
+        self.shell_children = None;
         let (Some(max), Some(bash)) = (self.opts.max_processes, self.bash.as_ref()) else {
             return;
         };
         let shell = bash.pid;
         let threshold = threshold(max);
         let found = match procs::session_count(shell, threshold) {
-            Some(n) => n,
+            Some((n, shell_children)) => {
+                self.shell_children = Some((shell, shell_children));
+                n
+            }
             None => procs::session(shell).len(),
         };
         if found < threshold {
