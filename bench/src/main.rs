@@ -14,6 +14,7 @@ use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 mod agent_attacks;
+mod agent_mcp;
 mod cluster;
 mod images;
 mod prom;
@@ -29,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum What {
-    /// Agent: exec overhead vs a fresh `bash -c true` and a bare HTTP round trip; RSS.
+    /// Agent: exec overhead vs a fresh `bash -c true` and a bare HTTP round trip; RSS; MCP
+    /// `tools/call` on the local backend vs the agent's exec.
     Agent {
         /// The agent binary to measure (use a release build).
         #[arg(long)]
@@ -49,6 +51,9 @@ enum What {
         /// Only the latency and memory tables, not the hostile-load ones.
         #[arg(long)]
         no_attacks: bool,
+        /// The server binary for the MCP `tools/call` row (default: beside the agent).
+        #[arg(long)]
+        server: Option<PathBuf>,
     },
     /// Local Kubernetes with the operator and server as pods: warm vs cold session start,
     /// `tools/call` through the Service and on the pod IP, N sessions × M commands at once.
@@ -73,8 +78,11 @@ fn main() -> anyhow::Result<()> {
             skip_yes,
             state_parent,
             no_attacks,
+            server,
         } => {
             agent_bench(&agent, iterations, &state_parent)?;
+            let server = server.unwrap_or_else(|| agent.with_file_name("cli-mcp-server"));
+            agent_mcp::mcp_vs_exec(&agent, &server, iterations, &state_parent)?;
             if no_attacks {
                 return Ok(());
             }
