@@ -209,13 +209,17 @@ mod tests {
     use crate::children::test_support::inputs;
 
     #[test]
-    fn server_role_grants_pods_only() {
+    fn server_role_grants_pods_and_session_slots_only() {
         let inp = inputs(serde_json::json!({}));
         let r = server_role(&inp);
         let rules = r.rules.expect("rules");
-        assert_eq!(rules.len(), 1);
+        assert_eq!(rules.len(), 2);
         assert_eq!(rules[0].resources, Some(vec!["pods".to_string()]));
         assert!(!rules[0].verbs.contains(&"update".to_string()));
+        // The session slots: Leases, without `update` or `deletecollection`.
+        assert_eq!(rules[1].api_groups, Some(vec!["coordination.k8s.io".to_string()]));
+        assert_eq!(rules[1].resources, Some(vec!["leases".to_string()]));
+        assert_eq!(rules[1].verbs, ["list", "watch", "create", "patch", "delete"]);
         let sa = sandbox_service_account(&inp);
         assert_eq!(sa.automount_service_account_token, Some(false));
         assert_eq!(sa.metadata.name.as_deref(), Some("cli-mcp-demo-sandbox"));
@@ -223,13 +227,13 @@ mod tests {
         // With a proxy: also `get` on that one Deployment, nothing more.
         let inp = inputs(serde_json::json!({"proxy": {"targets": [{"type": "kubernetes"}]}}));
         let rules = server_role(&inp).rules.expect("rules");
-        assert_eq!(rules.len(), 2);
-        assert_eq!(rules[1].resources, Some(vec!["deployments".to_string()]));
+        assert_eq!(rules.len(), 3);
+        assert_eq!(rules[2].resources, Some(vec!["deployments".to_string()]));
         assert_eq!(
-            rules[1].resource_names,
+            rules[2].resource_names,
             Some(vec!["cli-mcp-demo-proxy".to_string()])
         );
-        assert_eq!(rules[1].verbs, ["get"]);
+        assert_eq!(rules[2].verbs, ["get"]);
     }
 
     #[test]
