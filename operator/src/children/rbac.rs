@@ -217,9 +217,15 @@ mod tests {
         assert_eq!(rules[0].resources, Some(vec!["pods".to_string()]));
         assert!(!rules[0].verbs.contains(&"update".to_string()));
         // The session slots: Leases, without `update` or `deletecollection`.
-        assert_eq!(rules[1].api_groups, Some(vec!["coordination.k8s.io".to_string()]));
+        assert_eq!(
+            rules[1].api_groups,
+            Some(vec!["coordination.k8s.io".to_string()])
+        );
         assert_eq!(rules[1].resources, Some(vec!["leases".to_string()]));
-        assert_eq!(rules[1].verbs, ["list", "watch", "create", "patch", "delete"]);
+        assert_eq!(
+            rules[1].verbs,
+            ["list", "watch", "create", "patch", "delete"]
+        );
         let sa = sandbox_service_account(&inp);
         assert_eq!(sa.automount_service_account_token, Some(false));
         assert_eq!(sa.metadata.name.as_deref(), Some("cli-mcp-demo-sandbox"));
