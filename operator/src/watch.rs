@@ -116,8 +116,11 @@ fn sandbox_pods(
         label::COMPONENT_SANDBOX
     ));
     let seen: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    // Sandbox pods are what grows with sessions, and a cached Pod's managedFields (a JSON
+    // tree per field manager) is a large part of its memory; nothing here reads them.
     let stream = watcher(api::<Pod>(client, ns), cfg)
         .default_backoff()
+        .modify(|p| p.managed_fields_mut().clear())
         .reflect(writer)
         .filter_map(move |ev| {
             let out = match ev {
