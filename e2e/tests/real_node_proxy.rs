@@ -865,12 +865,21 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     let upgrade = "curl -sS -m 20 --http1.1 -i --suppress-connect-headers -H 'Connection: Upgrade' -H 'Upgrade: websocket' \
                    -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' \
                    -H 'Authorization: Bearer stolen'";
-    let ws = ok(
-        &mcp,
-        "s1",
-        &format!("{upgrade} https://{web}/ws 2>&1 | tr -d '\\000' | cat -v"),
-    )
-    .await;
+    // The proxy pods have just rolled: until kube-proxy drops the old ones' endpoints a
+    // connection can still be refused, which is not what this step checks.
+    let deadline = Instant::now() + TIMEOUT;
+    let ws = loop {
+        let ws = ok(
+            &mcp,
+            "s1",
+            &format!("{upgrade} https://{web}/ws 2>&1 | tr -d '\\000' | cat -v"),
+        )
+        .await;
+        if !ws.contains("Couldn't connect to server") || Instant::now() >= deadline {
+            break ws;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     assert!(
         ws.contains("HTTP/1.1 101 "),
         "the upstream's 101 reaches the sandbox: {ws}"
