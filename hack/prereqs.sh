@@ -28,6 +28,8 @@
 #                 nodejs, npm                  themselves come from PyPI and npm, cached)
 #   kernel        net.ipv4.ip_forward=1        pods reach each other and the API server through
 #                                              the host (set at runtime, not persisted)
+#                 net.ipv4.neigh.default.      room for a neighbour entry per pod (1024/4096/8192;
+#                 gc_thresh1/2/3               the default overflows after a few hundred pods)
 #   routes        unreachable 10.244.0.0/16    pod and Service addresses exist only on this host:
 #                 unreachable 10.96.0.0/12     never route them off it (see docs/local-kubernetes.md)
 #   checked only  go >= 1.26, cargo            Debian's packages are too old; install them yourself
@@ -128,6 +130,17 @@ if [[ "$(cat /proc/sys/net/ipv4/ip_forward 2>/dev/null)" != 1 ]] &&
     step "enabling IPv4 forwarding (net.ipv4.ip_forward=1)"; then
     echo 1 >/proc/sys/net/ipv4/ip_forward || die "could not set net.ipv4.ip_forward=1"
 fi
+# Every pod is a neighbour of the host: the kernel's default table (gc_thresh3 1024, pruned
+# from 512) overflows once a few hundred pods have come and gone ("neighbour table
+# overflow"), and then new pods are unreachable from the host until entries expire.
+neigh=/proc/sys/net/ipv4/neigh/default
+for kv in gc_thresh1=1024 gc_thresh2=4096 gc_thresh3=8192; do
+    key="${kv%%=*}" want="${kv#*=}"
+    have="$(cat "$neigh/$key" 2>/dev/null || echo 0)"
+    if ((have < want)) && step "raising net.ipv4.neigh.default.$key to $want (many pod neighbours)"; then
+        echo "$want" >"$neigh/$key" || die "could not set net.ipv4.neigh.default.$key=$want"
+    fi
+done
 for range in 10.244.0.0/16 10.96.0.0/12; do
     if command -v ip >/dev/null && [[ -n "$(ip -4 route show exact "$range" type unreachable 2>/dev/null)" ]]; then
         continue
