@@ -96,10 +96,16 @@ patches:
     )
 }
 
-/// `kustomize build` of `kustomization` written to `.run/<dir>/` in the workspace (kustomize
+/// `kustomize build` of `kustomization` written to `.run/<dir>-<pid>-<n>/` in the workspace (kustomize
 /// takes only relative resource paths); the directory is removed afterwards.
 pub fn kustomize_build(dir: &str, kustomization: &str) -> String {
-    let dir = workspace_root().join(".run").join(dir);
+    // A directory of this call's own: tests run in parallel, and two of them rendering the
+    // same overlay name would remove each other's directory mid-build.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = workspace_root()
+        .join(".run")
+        .join(format!("{dir}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("overlay dir");
     std::fs::write(dir.join("kustomization.yaml"), kustomization).expect("write overlay");
     let out = Command::new(tools().join("kustomize"))
