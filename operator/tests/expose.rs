@@ -205,6 +205,30 @@ async fn wait_instance_status(
     cr.status.unwrap_or_default()
 }
 
+/// Waits until the instance says `Degraded=True ExposeUnavailable`; returns it and the
+/// condition's message.
+async fn expose_unavailable(
+    ns: &TestNamespace,
+    name: &str,
+    op: &Operator,
+) -> (CliMcpInstance, String) {
+    let cr = op.ok(wait_instance(
+        ns.api::<CliMcpInstance>(),
+        name,
+        "Degraded ExposeUnavailable",
+        TIMEOUT,
+        |cr| {
+            find_condition(cr, "Degraded")
+                .is_some_and(|c| c.status == "True" && c.reason == "ExposeUnavailable")
+        },
+    )
+    .await);
+    let msg = find_condition(&cr, "Degraded")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    (cr, msg)
+}
+
 /// Waits until object `name` exists, and returns it.
 async fn wait_exists<K>(api: Api<K>, name: &str, what: &str, op: &Operator) -> K
 where
@@ -255,20 +279,7 @@ async fn an_http_route_waits_for_the_gateway_api_and_then_attaches_to_its_gatewa
     .await;
 
     // No Gateway API: a clear condition, not a crash or a bare 404.
-    let cr = op.ok(wait_instance(
-        ns.api::<CliMcpInstance>(),
-        name,
-        "Degraded ExposeUnavailable",
-        TIMEOUT,
-        |cr| {
-            find_condition(cr, "Degraded")
-                .is_some_and(|c| c.status == "True" && c.reason == "ExposeUnavailable")
-        },
-    )
-    .await);
-    let msg = find_condition(&cr, "Degraded")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    let (cr, msg) = expose_unavailable(&ns, name, &op).await;
     assert!(
         msg.contains("gateway.networking.k8s.io/v1 HTTPRoute")
             && msg.contains("install the Gateway API CRDs"),
@@ -335,20 +346,7 @@ async fn a_route_off_openshift_is_reported_and_nothing_of_the_service_ca_appears
         json!({"server": {"expose": {"route": {"host": "mcp.apps.example.com"}}}}),
     )
     .await;
-    let cr = op.ok(wait_instance(
-        ns.api::<CliMcpInstance>(),
-        name,
-        "Degraded ExposeUnavailable",
-        TIMEOUT,
-        |cr| {
-            find_condition(cr, "Degraded")
-                .is_some_and(|c| c.status == "True" && c.reason == "ExposeUnavailable")
-        },
-    )
-    .await);
-    let msg = find_condition(&cr, "Degraded")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    let (cr, msg) = expose_unavailable(&ns, name, &op).await;
     assert!(
         msg.contains("route.openshift.io/v1 Route") && msg.contains("use expose.ingress"),
         "{msg}"
