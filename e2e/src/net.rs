@@ -140,6 +140,28 @@ fn pid_alive(pid: i32) -> bool {
     pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The `/24`s held by live [`PodNetwork`]s of this process. A claim file with our own pid is
+/// ambiguous: another cluster of this process (tests bring up several side by side) or a
+/// leftover of a dead process whose pid we were given. Only this set tells them apart.
+static HELD_HERE: std::sync::Mutex<std::collections::BTreeSet<u8>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn held_here() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u8>> {
+    // A panic while holding the set cannot leave it half-updated (single insert/remove).
+    HELD_HERE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether the claim file's owner still holds the subnet.
+fn claim_held(owner: i32, n: u8) -> bool {
+    if owner == std::process::id() as i32 {
+        held_here().contains(&n)
+    } else {
+        pid_alive(owner)
+    }
+}
+
 /// Ranges that exist only inside this machine: the pod subnets and the Service range.
 pub const GUARDED_RANGES: &[&str] = &["10.244.0.0/16", "10.96.0.0/12"];
 
@@ -215,7 +237,7 @@ impl PodNetwork {
                 let claim = Path::new(STATE_DIR).join(format!("pod-net-{n}.pid"));
                 if let Ok(text) = fs::read_to_string(&claim) {
                     let owner = text.trim().parse::<i32>().unwrap_or(0);
-                    if pid_alive(owner) && owner != std::process::id() as i32 {
+                    if claim_held(owner, n) {
                         continue 'candidate;
                     }
                     // The owner died without cleaning up: take the subnet over.
@@ -246,6 +268,11 @@ impl PodNetwork {
                 fs::write(claim, format!("{}\n", std::process::id()))
                     .map_err(|e| Error::io("writing", claim, e))?;
             }
+            let mut held = held_here();
+            held.extend(
+                (u16::from(first)..u16::from(first) + blocks).filter_map(|n| u8::try_from(n).ok()),
+            );
+            drop(held);
             let net = PodNetwork {
                 index: first,
                 prefix,
@@ -283,12 +310,45 @@ impl Drop for PodNetwork {
         for claim in &self.claims {
             let _ = fs::remove_file(claim);
         }
+        let blocks = 1u16 << (24 - self.prefix);
+        let mut held = held_here();
+        for n in (u16::from(self.index)..u16::from(self.index) + blocks)
+            .filter_map(|n| u8::try_from(n).ok())
+        {
+            held.remove(&n);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two clusters of one process (tests bring up several side by side) must not share a
+    /// subnet, and the second claim must not take the first one's gateway off `lo`.
+    #[test]
+    fn two_networks_of_one_process_get_their_own_subnets() {
+        let first = PodNetwork::claim(None).expect("first claim (needs root and `ip`)");
+        let second = PodNetwork::claim(None).expect("second claim");
+        assert_ne!(first.index, second.index, "one subnet claimed twice");
+        let lo = run_ip(&["-4", "-o", "addr", "show", "dev", "lo"]).expect("ip addr");
+        assert!(
+            lo.contains(&format!("{}/32", first.gateway())),
+            "the first network's gateway was removed from lo:\n{lo}"
+        );
+        let index = first.index;
+        drop(first);
+        assert!(
+            !held_here().contains(&index),
+            "a dropped network is still held"
+        );
+        // A claim file with this process' pid but no live network is a leftover: reclaimed.
+        let stale = Path::new(STATE_DIR).join(format!("pod-net-{index}.pid"));
+        fs::write(&stale, format!("{}\n", std::process::id())).expect("plant a stale claim");
+        let again = PodNetwork::claim(Some(index)).expect("the leftover claim is taken over");
+        assert_eq!(again.index, index);
+        drop((second, again));
+    }
 
     #[test]
     fn a_larger_pod_network_starts_aligned_and_spans_its_24s() {
