@@ -50,11 +50,17 @@ async fn progress(a: &Agent, request_id: &str) -> Value {
 #[tokio::test]
 async fn progress_follows_the_running_request_only() {
     let a = Agent::start();
+    // Two gates: stdout and stderr are two pipes, and when both hold data the agent may read
+    // either first, so the stderr line is written only after the stdout line was seen.
     let gate = tempfile::tempdir().expect("tempdir");
+    let first = gate.path().join("first");
     let fifo = gate.path().join("gate");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    for g in [&first, &fifo] {
+        nix::unistd::mkfifo(g, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    }
     let command = format!(
-        "printf 'line1\\n'; printf 'warn\\n\\n' >&2; printf 'partial'; cat '{}' >/dev/null; echo; echo done",
+        "printf 'line1\\n'; cat '{}' >/dev/null; printf 'warn\\n\\n' >&2; printf 'partial'; cat '{}' >/dev/null; echo; echo done",
+        first.display(),
         fifo.display()
     );
     assert_eq!(
@@ -76,21 +82,31 @@ async fn progress_follows_the_running_request_only() {
                 .expect("JSON")
         })
     };
-    // The command blocks on the gate once it has printed 6 + 6 + 7 bytes.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let seen = loop {
-        let p = progress(&a, "r-1").await;
-        if p["bytes"] == 19 {
-            break p;
+    let wait_for = |bytes: u64| {
+        let a = &a;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let p = progress(a, "r-1").await;
+                if p["bytes"] == bytes {
+                    return p;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no progress to {bytes} bytes within 20 s: {p}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no progress within 20 s: {p}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(
-        seen,
+        wait_for(6).await,
+        json!({"running": true, "bytes": 6, "last_line": "line1"})
+    );
+    std::fs::write(&first, b"go\n").expect("open the first gate");
+    // The command blocks on the second gate once it has printed 6 + 6 + 7 bytes.
+    assert_eq!(
+        wait_for(19).await,
         json!({"running": true, "bytes": 19, "last_line": "warn"}),
         "the last complete non-blank line of either stream"
     );
