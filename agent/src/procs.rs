@@ -103,15 +103,21 @@ pub fn all_groups(table: &[ProcInfo], root: i32) -> BTreeSet<i32> {
 
 /// A `/proc` file's text: an open, reads until a short one, a close. (`fs::read_to_string`
 /// also asks for the file's size, which `/proc` does not know: one system call more, on
-/// every command.) A `/proc` file hands over all it has in each read until the end, so a
-/// read that leaves room in the buffer was the last.
+/// every command.)
 fn read_proc(path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut file = fs::File::open(path).ok()?;
+    read_from_start(&fs::File::open(path).ok()?)
+}
+
+/// The text of an open `/proc` file, read from its start (`pread` at offset 0, which makes
+/// the kernel generate it anew, so a file held open reads the current state each time). A
+/// `/proc` file hands over all it has in each read until the end, so a read that leaves
+/// room in the buffer was the last.
+fn read_from_start(file: &fs::File) -> Option<String> {
+    use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
     loop {
-        let n = file.read(&mut buf[len..]).ok()?;
+        let n = file.read_at(&mut buf[len..], len as u64).ok()?;
         len += n;
         if n == 0 || len < buf.len() {
             break;
@@ -128,15 +134,44 @@ fn own_pid() -> i32 {
     *PID.get_or_init(|| std::process::id() as i32)
 }
 
+fn parse_pids(text: &str) -> BTreeSet<i32> {
+    text.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
 /// Direct children of `pid`, from `/proc/<pid>/task/<pid>/children` (one read instead of a
 /// scan of every process). `None` when the kernel does not offer that file.
 pub fn children(pid: i32) -> Option<BTreeSet<i32>> {
-    let text = read_proc(&format!("/proc/{pid}/task/{pid}/children"))?;
-    Some(
-        text.split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect(),
-    )
+    Some(parse_pids(&read_proc(&format!(
+        "/proc/{pid}/task/{pid}/children"
+    ))?))
+}
+
+/// The `children` file of one process (`/proc/<pid>/task/<pid>/children`), held open for the
+/// process's life: each read starts again at offset 0, where the kernel lists the children
+/// anew. The shell's and the agent's own are read before every command; held, each read
+/// is one `pread` instead of a walk of the `/proc` path, an open, a read and a close. The
+/// file belongs to the process, not to its pid: once the process is gone it reads empty,
+/// even if the pid is used again.
+pub struct ChildrenFile(Option<fs::File>);
+
+impl ChildrenFile {
+    pub fn open(pid: i32) -> Self {
+        Self(fs::File::open(format!("/proc/{pid}/task/{pid}/children")).ok())
+    }
+
+    /// The children now; `None` when the kernel does not offer the file.
+    pub fn read(&self) -> Option<BTreeSet<i32>> {
+        Some(parse_pids(&read_from_start(self.0.as_ref()?)?))
+    }
+}
+
+/// The agent's own `children` file (of its main thread, which spawns the shell and adopts
+/// orphans).
+fn own_children() -> &'static ChildrenFile {
+    static OWN: std::sync::OnceLock<ChildrenFile> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| ChildrenFile::open(own_pid()))
 }
 
 fn stat_of(pid: i32) -> Option<ProcInfo> {
@@ -168,13 +203,19 @@ pub fn jobs_since(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
 /// are found. Children of a multi-threaded program's other threads are not seen: this is a
 /// count for spotting a runaway, the kernel's limit is the bound. `None` when the kernel
 /// offers no `children` files. Also returns the shell's direct children, which are what
-/// [`jobs_before`] would read a moment later.
-pub fn session_count(shell: i32, cap: usize) -> Option<(usize, BTreeSet<i32>)> {
-    let mut stack: Vec<i32> = children(own_pid())?
+/// [`jobs_before`] would read a moment later. `shell_children` is the shell's `children`
+/// file.
+pub fn session_count(
+    shell: i32,
+    shell_children: &ChildrenFile,
+    cap: usize,
+) -> Option<(usize, BTreeSet<i32>)> {
+    let mut stack: Vec<i32> = own_children()
+        .read()?
         .into_iter()
         .filter(|&p| p != shell)
         .collect();
-    let shell_children = children(shell)?;
+    let shell_children = shell_children.read()?;
     stack.extend(shell_children.iter().copied());
     let mut seen = BTreeSet::new();
     while let Some(pid) = stack.pop() {
@@ -347,6 +388,38 @@ mod tests {
         assert!(kids.contains(&sleep), "{kids:?}");
         // `bash -c` has no job control, so the sleep is in bash's own group: not a job.
         assert!(since.is_empty(), "{since:?}");
+    }
+
+    #[test]
+    fn a_held_children_file_lists_the_children_of_the_moment() {
+        let _serial = crate::test_support::PROCESSES.blocking_lock();
+        use std::io::{BufRead, Write};
+        let mut bash = std::process::Command::new("bash")
+            .args(["-c", "read _; sleep 5 & echo $!; wait"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn bash");
+        let pid = bash.id() as i32;
+        let held = ChildrenFile::open(pid);
+        let before = held.read();
+        writeln!(bash.stdin.take().expect("stdin")).expect("go on");
+        let mut line = String::new();
+        std::io::BufReader::new(bash.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read pid");
+        let sleep: i32 = line.trim().parse().expect("pid");
+        let during = held.read();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(sleep), Signal::SIGKILL);
+        let _ = bash.wait();
+        let after = held.read();
+        if before.is_none() {
+            return; // a kernel without `children` files
+        }
+        assert_eq!(before, Some(BTreeSet::new()));
+        assert_eq!(during, Some(BTreeSet::from([sleep])));
+        // Reaped: the file reads empty (never another process's children).
+        assert_eq!(after, Some(BTreeSet::new()));
     }
 
     #[test]

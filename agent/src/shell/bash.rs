@@ -51,6 +51,8 @@ pub(super) enum Ended {
 
 pub(super) struct Bash {
     pub pid: i32,
+    /// Its `children` file, held open (read before every command).
+    pub children: procs::ChildrenFile,
     stdin: pipe::Sender,
     pub status: StatusPipe,
     exited: watch::Receiver<Option<ExitCode>>,
@@ -98,8 +100,10 @@ impl Bash {
             .write_all(INIT_SCRIPT.as_bytes())
             .await
             .map_err(spawn_err)?;
+        let pid = child.id() as i32;
         Ok(Self {
-            pid: child.id() as i32,
+            pid,
+            children: procs::ChildrenFile::open(pid),
             stdin,
             status: StatusPipe::new(status_rx),
             exited,

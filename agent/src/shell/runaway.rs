@@ -60,7 +60,7 @@ impl Shell {
         };
         let shell = bash.pid;
         let threshold = threshold(max);
-        let found = match procs::session_count(shell, threshold) {
+        let found = match procs::session_count(shell, &bash.children, threshold) {
             Some((n, shell_children)) => {
                 self.shell_children = Some((shell, shell_children));
                 n
