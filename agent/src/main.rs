@@ -15,15 +15,7 @@ fn main() -> anyhow::Result<()> {
     cli_mcp_agent::procs::cloexec_inherited_fds();
     let flags = Flags::parse();
     init_tracing(flags.log_json);
-    // One thread: every hand-over of a command (the request, the line to bash, the record,
-    // the response) is handled by the thread that waits for the I/O. With a pool of
-    // workers, the thread woken by the reactor handed tasks on to another worker through a
-    // futex (3.5 futex calls and 4.4 context switches of the agent per `true`, now none and
-    // 2.5). The agent runs one command at a time; what it does besides (health probes,
-    // progress, draining background output) is short, and file reads for `GET /files/…` go
-    // to the blocking pool. The shell is spawned from this thread, which lives as long as
-    // the agent (its parent-death signal follows the spawning thread).
-    tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?

@@ -215,11 +215,11 @@ impl Bash {
 
 /// In the child, before exec: a new session (an interactive bash must never see the agent's
 /// controlling terminal, or it would take it over), SIGKILL when the agent dies (a
-/// SIGKILLed agent cannot stop its shell; bash is spawned from the runtime's one thread,
-/// the main thread, which lives as long as the agent, and the signal follows the spawning
-/// thread) and the status pipe as fd 3. bash's stderr is /dev/null, so nothing it prints at
-/// startup can land on the status pipe. With `nproc`, the shell's process limit (soft and
-/// hard, so no command can raise it).
+/// SIGKILLed agent cannot stop its shell; bash is spawned from a runtime worker thread,
+/// which lives as long as the agent, and the signal follows the spawning thread) and the
+/// status pipe as fd 3. bash's stderr is /dev/null, so nothing it prints at startup can land
+/// on the status pipe. With `nproc`, the shell's process limit (soft and hard, so no command
+/// can raise it).
 #[allow(unsafe_code)]
 fn prepare_child(cmd: &mut Command, status_fd: RawFd, nproc: Option<u64>) {
     let agent = nix::unistd::getpid();
