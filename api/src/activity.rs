@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::names::annotation;
@@ -34,11 +35,16 @@ pub fn parse_stamp(s: &str) -> Option<Timestamp> {
 /// When the sandbox was last used: `last-activity`, else `created-at`, else the pod's
 /// creation time (also when the stamp that is present cannot be read).
 pub fn last_activity(p: &Pod) -> Option<Timestamp> {
-    let ann = p.metadata.annotations.as_ref();
+    last_activity_meta(&p.metadata)
+}
+
+/// [`last_activity`] of a pod's metadata alone (a cache that keeps no more of a pod).
+pub fn last_activity_meta(m: &ObjectMeta) -> Option<Timestamp> {
+    let ann = m.annotations.as_ref();
     ann.and_then(|a| a.get(annotation::LAST_ACTIVITY))
         .or_else(|| ann.and_then(|a| a.get(annotation::CREATED_AT)))
         .and_then(|s| parse_stamp(s))
-        .or_else(|| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| m.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! Each is a plain question about a `Pod`; what to do about the answer is the caller's policy.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::names::label;
 
@@ -42,7 +43,12 @@ pub fn is_ready(p: &Pod) -> bool {
 /// `deletionTimestamp` is set: the pod is going away (graceful termination, a finalizer) and
 /// must be neither routed to nor counted, even while its containers still run.
 pub fn is_deleting(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_some()
+    is_deleting_meta(&p.metadata)
+}
+
+/// [`is_deleting`] of a pod's metadata alone (a cache that keeps no more of a pod).
+pub fn is_deleting_meta(m: &ObjectMeta) -> bool {
+    m.deletion_timestamp.is_some()
 }
 
 /// The pod's phase, if the kubelet reported one.
@@ -59,8 +65,12 @@ pub fn is_terminal(p: &Pod) -> bool {
 /// The session the pod is assigned to: its `session-id` label. A pool pod has none until a
 /// server claims it.
 pub fn session_of(p: &Pod) -> Option<&str> {
-    p.metadata
-        .labels
+    session_of_meta(&p.metadata)
+}
+
+/// [`session_of`] of a pod's metadata alone.
+pub fn session_of_meta(m: &ObjectMeta) -> Option<&str> {
+    m.labels
         .as_ref()
         .and_then(|l| l.get(label::SESSION_ID))
         .map(String::as_str)
@@ -68,7 +78,12 @@ pub fn session_of(p: &Pod) -> Option<&str> {
 
 /// The pod carries a `session-id` label (claimed warm pod, or a cold session pod).
 pub fn is_assigned(p: &Pod) -> bool {
-    session_of(p).is_some()
+    is_assigned_meta(&p.metadata)
+}
+
+/// [`is_assigned`] of a pod's metadata alone.
+pub fn is_assigned_meta(m: &ObjectMeta) -> bool {
+    session_of_meta(m).is_some()
 }
 
 /// The first container that waits for a reason in [`CANNOT_START_REASONS`].

@@ -579,8 +579,11 @@ pub fn made_for_key(pod: &Pod, key: &HmacKey) -> bool {
 /// The nonce `pod`'s session token is bound to; `None` when the annotation is missing or
 /// malformed (a pod of an older version, or tampered with), which no token opens.
 pub fn sandbox_nonce(pod: &Pod) -> Option<SandboxNonce> {
-    pod.metadata
-        .annotations
+    sandbox_nonce_meta(&pod.metadata)
+}
+
+fn sandbox_nonce_meta(m: &ObjectMeta) -> Option<SandboxNonce> {
+    m.annotations
         .as_ref()
         .and_then(|a| a.get(annotation::SANDBOX_NONCE))
         .and_then(|n| SandboxNonce::parse(n).ok())
@@ -591,10 +594,14 @@ pub fn sandbox_nonce(pod: &Pod) -> Option<SandboxNonce> {
 /// it. `None` means the pod was made under another key, by an older version, or for another
 /// session, and must be replaced rather than talked to.
 pub fn session_token_of(pod: &Pod, sid: &SessionId, key: &HmacKey) -> Option<Token> {
-    let nonce = sandbox_nonce(pod)?;
+    session_token_of_meta(&pod.metadata, sid, key)
+}
+
+/// [`session_token_of`] of a pod's metadata alone (a cache that keeps no more of a pod).
+pub fn session_token_of_meta(m: &ObjectMeta, sid: &SessionId, key: &HmacKey) -> Option<Token> {
+    let nonce = sandbox_nonce_meta(m)?;
     let token = key.session_token(sid, &nonce);
-    let committed = pod
-        .metadata
+    let committed = m
         .annotations
         .as_ref()
         .and_then(|a| a.get(annotation::TOKEN_SHA256))?;

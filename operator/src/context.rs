@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
@@ -96,7 +96,8 @@ impl OperatorConfig {
 #[derive(Clone)]
 pub struct Stores {
     pub instances: Store<CliMcpInstance>,
-    pub pods: Store<Pod>,
+    /// Sandbox pods, reduced to what the operator reads ([`crate::sandbox_pod`]).
+    pub pods: Store<crate::sandbox_pod::SandboxPod>,
     pub secrets: Store<Secret>,
     pub config_maps: Store<ConfigMap>,
     pub deployments: Store<Deployment>,

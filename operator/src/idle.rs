@@ -10,19 +10,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 
-use cli_mcp_api::activity::{last_activity, STAMP_RESOLUTION};
+use cli_mcp_api::activity::{last_activity_meta, STAMP_RESOLUTION};
 use cli_mcp_api::names::annotation;
-use cli_mcp_api::pod_state::{is_assigned, is_deleting, session_of};
-use cli_mcp_api::sandbox::session_token_of;
+use cli_mcp_api::pod_state::session_of_meta;
+use cli_mcp_api::sandbox::session_token_of_meta;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 use crate::context::Context;
 use crate::error::Result;
 use crate::pool::is_status;
+use crate::sandbox_pod::SandboxPod;
 
 /// Why an assigned sandbox is collected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,34 +44,42 @@ impl CollectReason {
 
 #[derive(Debug, Default)]
 pub struct IdlePlan {
-    pub collect: Vec<(Arc<Pod>, CollectReason)>,
+    pub collect: Vec<(Arc<SandboxPod>, CollectReason)>,
     /// Time until the next assigned sandbox expires.
     pub next_expiry: Option<Duration>,
     /// Live sessions (assigned, not terminating, not collected now).
     pub active: i32,
 }
 
-fn has_stale_token(p: &Pod, key: &HmacKey) -> bool {
-    let Some(sid) = session_of(p).and_then(|s| SessionId::parse(s).ok()) else {
+fn has_stale_token(m: &ObjectMeta, key: &HmacKey) -> bool {
+    let Some(sid) = session_of_meta(m).and_then(|s| SessionId::parse(s).ok()) else {
         return false;
     };
     // A pod without a commitment is mid-claim or not ours to judge; one with a commitment
     // that no token of this key opens (another key, or an older version's pod without a
     // sandbox nonce) can never be used again.
-    p.annotations().contains_key(annotation::TOKEN_SHA256)
-        && session_token_of(p, &sid, key).is_none()
+    m.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(annotation::TOKEN_SHA256))
+        && session_token_of_meta(m, &sid, key).is_none()
 }
 
 /// Decides which assigned sandboxes to collect. Pure.
-pub fn plan(pods: &[Arc<Pod>], idle: Duration, now: Timestamp, key: Option<&HmacKey>) -> IdlePlan {
+pub fn plan(
+    pods: &[Arc<SandboxPod>],
+    idle: Duration,
+    now: Timestamp,
+    key: Option<&HmacKey>,
+) -> IdlePlan {
     let mut out = IdlePlan::default();
-    for p in pods.iter().filter(|p| is_assigned(p) && !is_deleting(p)) {
-        if key.is_some_and(|k| has_stale_token(p, k)) {
+    for p in pods.iter().filter(|p| p.is_assigned() && !p.is_deleting()) {
+        let m = p.meta();
+        if key.is_some_and(|k| has_stale_token(m, k)) {
             out.collect.push((p.clone(), CollectReason::StaleKey));
             continue;
         }
         // Unparseable times are never collected: fail safe, keep the session.
-        let Some(last) = last_activity(p) else {
+        let Some(last) = last_activity_meta(m) else {
             out.active += 1;
             continue;
         };
@@ -93,7 +103,7 @@ pub fn plan(pods: &[Arc<Pod>], idle: Duration, now: Timestamp, key: Option<&Hmac
 /// Collects idle sandboxes of one instance; returns the plan that was carried out.
 pub async fn collect(
     ctx: &Context,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<SandboxPod>],
     namespace: &str,
     idle: Duration,
     key: Option<&HmacKey>,
@@ -111,7 +121,7 @@ pub async fn collect(
                 ctx.metrics.session_collected(reason.as_str());
                 tracing::info!(
                     pod = %pod.name_any(),
-                    session = session_of(pod).unwrap_or_default(),
+                    session = session_of_meta(pod.meta()).unwrap_or_default(),
                     reason = reason.as_str(),
                     "collected sandbox"
                 );
@@ -135,10 +145,14 @@ mod tests {
     use cli_mcp_api::names::InstanceName;
     use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
 
-    fn session(sid: &str, last: &str, key: &HmacKey) -> Arc<Pod> {
+    fn session(sid: &str, last: &str, key: &HmacKey) -> Arc<SandboxPod> {
+        Arc::new(SandboxPod::from_pod(&session_pod(sid, last, key)))
+    }
+
+    fn session_pod(sid: &str, last: &str, key: &HmacKey) -> Pod {
         let cfg = SandboxConfig::new(InstanceName::parse("demo").expect("n"), "ns", "img");
         let sid = SessionId::parse(sid).expect("sid");
-        Arc::new(build_sandbox_pod(
+        build_sandbox_pod(
             &cfg,
             &SandboxRole::session(
                 key,
@@ -147,7 +161,7 @@ mod tests {
                 None,
             ),
             last,
-        ))
+        )
     }
 
     #[test]
@@ -186,9 +200,10 @@ mod tests {
         // leaked from any earlier sandbox of that id would open it.
         let k = HmacKey::from_bytes([1; 32]);
         let now: Timestamp = "2026-01-01T00:00:10Z".parse().expect("ts");
-        let mut pod = (*session("s", "2026-01-01T00:00:00Z", &k)).clone();
+        let mut pod = session_pod("s", "2026-01-01T00:00:00Z", &k);
         pod.annotations_mut().remove(annotation::SANDBOX_NONCE);
-        let p = plan(&[Arc::new(pod)], Duration::from_secs(600), now, Some(&k));
+        let pod = Arc::new(SandboxPod::from_pod(&pod));
+        let p = plan(&[pod], Duration::from_secs(600), now, Some(&k));
         assert_eq!(p.collect.len(), 1);
         assert_eq!(p.collect[0].1, CollectReason::StaleKey);
     }

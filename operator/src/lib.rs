@@ -31,6 +31,7 @@ pub mod pool;
 pub mod resolve;
 pub mod rotation;
 pub mod run;
+pub mod sandbox_pod;
 pub mod status;
 pub mod teardown;
 pub mod telemetry;

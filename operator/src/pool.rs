@@ -29,6 +29,7 @@ use cli_mcp_api::token::HmacKey;
 
 use crate::context::{Context, PoolExpectations};
 use crate::error::Result;
+use crate::sandbox_pod::SandboxPod;
 
 /// Most pool pods whose events are read in one reconcile, to learn why their pod sandbox
 /// is not created (each is one list call).
@@ -78,13 +79,13 @@ pub struct FailingPod {
 #[derive(Debug, Default)]
 pub struct Plan {
     pub create: usize,
-    pub delete: Vec<(Arc<Pod>, DeleteReason)>,
+    pub delete: Vec<(Arc<SandboxPod>, DeleteReason)>,
     pub ready: i32,
     pub failing: Vec<FailingPod>,
     /// Pods whose config or key is outdated (being replaced).
     pub stale: usize,
     /// Scheduled pods still without a pod sandbox: their events may say why.
-    pub awaiting_sandbox: Vec<Arc<Pod>>,
+    pub awaiting_sandbox: Vec<Arc<SandboxPod>>,
 }
 
 /// Current inputs of the pool.
@@ -145,7 +146,11 @@ pub fn is_stale(p: &Pod, hash: &str, key: Option<&HmacKey>) -> bool {
 }
 
 /// Sandbox pods of one instance from the scope-wide cache.
-pub fn instance_pods(all: &[Arc<Pod>], namespace: &str, name: &InstanceName) -> Vec<Arc<Pod>> {
+pub fn instance_pods(
+    all: &[Arc<SandboxPod>],
+    namespace: &str,
+    name: &InstanceName,
+) -> Vec<Arc<SandboxPod>> {
     all.iter()
         .filter(|p| {
             p.namespace().as_deref() == Some(namespace)
@@ -158,50 +163,64 @@ pub fn instance_pods(all: &[Arc<Pod>], namespace: &str, name: &InstanceName) -> 
 }
 
 /// Drops expectations the cache has caught up with (or that are too old to trust).
-pub fn observe(exp: &mut PoolExpectations, pods: &[Arc<Pod>], now: Instant) {
+pub fn observe(exp: &mut PoolExpectations, pods: &[Arc<SandboxPod>], now: Instant) {
     let names: HashSet<String> = pods.iter().map(|p| p.name_any()).collect();
     exp.creates
         .retain(|name, at| !names.contains(name) && now.duration_since(*at) < EXPECTATION_TTL);
     exp.deletes.retain(|uid, at| {
         let still_live = pods
             .iter()
-            .any(|p| p.uid().as_deref() == Some(uid.as_str()) && !is_deleting(p));
+            .any(|p| p.uid().as_deref() == Some(uid.as_str()) && !p.is_deleting());
         still_live && now.duration_since(*at) < EXPECTATION_TTL
     });
 }
 
 /// Decides creates and deletes. Pure.
-pub fn plan(pods: &[Arc<Pod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> Plan {
+pub fn plan(pods: &[Arc<SandboxPod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> Plan {
     let mut out = Plan::default();
-    let mut occupying: Vec<Arc<Pod>> = Vec::new();
-    for p in pods {
-        if is_assigned(p) || is_deleting(p) {
+    // With the order surplus is removed in: failing first, then not Ready, then the oldest.
+    type Order = (bool, bool, Option<k8s_openapi::jiff::Timestamp>, String);
+    let mut occupying: Vec<(Order, Arc<SandboxPod>)> = Vec::new();
+    for cached in pods {
+        // Assigned pods are not the pool's (and are cached without what is read here).
+        let Some(p) = cached.unassigned() else {
+            continue;
+        };
+        if is_deleting(p) {
             continue;
         }
         if p.uid().is_some_and(|u| exp.deletes.contains_key(&u)) {
             continue;
         }
         if is_terminal(p) {
-            out.delete.push((p.clone(), DeleteReason::Dead));
+            out.delete.push((cached.clone(), DeleteReason::Dead));
             continue;
         }
         if is_stale(p, inp.hash, inp.key) {
             out.stale += 1;
-            out.delete.push((p.clone(), DeleteReason::Stale));
+            out.delete.push((cached.clone(), DeleteReason::Stale));
             continue;
         }
-        if let Some((reason, message)) = failing_state(p) {
+        let failing = failing_state(p);
+        let ready = is_ready(p);
+        let order = (
+            failing.is_none(),
+            ready,
+            p.metadata.creation_timestamp.clone().map(|t| t.0),
+            p.name_any(),
+        );
+        if let Some((reason, message)) = failing {
             out.failing.push(FailingPod {
                 name: p.name_any(),
                 reason,
                 message,
             });
-        } else if is_ready(p) {
+        } else if ready {
             out.ready += 1;
         } else if awaits_sandbox(p) {
-            out.awaiting_sandbox.push(p.clone());
+            out.awaiting_sandbox.push(cached.clone());
         }
-        occupying.push(p.clone());
+        occupying.push((order, cached.clone()));
     }
     let desired = inp.desired.max(0) as usize;
     let pending = exp.creates.len();
@@ -211,16 +230,8 @@ pub fn plan(pods: &[Arc<Pod>], exp: &PoolExpectations, inp: &PlanInputs<'_>) -> 
     }
     if occupied > desired {
         let surplus = (occupied - desired).min(occupying.len());
-        // Failing pods go first, then pods that are not Ready, then the oldest.
-        occupying.sort_by_key(|p| {
-            (
-                failing_state(p).is_none(),
-                is_ready(p),
-                p.metadata.creation_timestamp.clone().map(|t| t.0),
-                p.name_any(),
-            )
-        });
-        for p in occupying.into_iter().take(surplus) {
+        occupying.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, p) in occupying.into_iter().take(surplus) {
             out.delete.push((p, DeleteReason::Surplus));
         }
     }
@@ -282,6 +293,7 @@ pub async fn reconcile(
     let mut refused = refused;
 
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &cfg.namespace);
+    let listed: Api<SandboxPod> = Api::namespaced(ctx.client.clone(), &cfg.namespace);
     let mut first_err = None;
     let mut backoff = backoff_left;
     let mut the_plan = the_plan;
@@ -292,12 +304,12 @@ pub async fn reconcile(
     // instance's unassigned sandboxes decides how many are really missing.
     // A failed list only holds back the creates: the deletes below still run.
     if the_plan.create > 0 {
-        match api
+        match listed
             .list(&ListParams::default().labels(&cfg.instance.unassigned_selector()))
             .await
         {
             Ok(list) => {
-                let live: Vec<Arc<Pod>> = list.items.into_iter().map(Arc::new).collect();
+                let live: Vec<Arc<SandboxPod>> = list.items.into_iter().map(Arc::new).collect();
                 the_plan.create = ctx.pool.with(uid, |exp, _| {
                     observe(exp, &live, now);
                     let inp = PlanInputs {
@@ -398,7 +410,7 @@ pub async fn reconcile(
         return Err(e);
     }
     let deleted: HashSet<Option<String>> = the_plan.delete.iter().map(|(p, _)| p.uid()).collect();
-    let awaiting: Vec<&Arc<Pod>> = the_plan
+    let awaiting: Vec<&Arc<SandboxPod>> = the_plan
         .awaiting_sandbox
         .iter()
         .filter(|p| !deleted.contains(&p.uid()))
@@ -439,7 +451,7 @@ pub async fn reconcile(
 /// The kubelet's latest word on why `pod`'s sandbox cannot be created, from its Events.
 /// `None` when there is none yet, or the Events cannot be read (the operator then reports the
 /// pod as filling, as before, and says why in its log).
-async fn sandbox_failure(ctx: &Context, namespace: &str, pod: &Pod) -> Option<String> {
+async fn sandbox_failure(ctx: &Context, namespace: &str, pod: &SandboxPod) -> Option<String> {
     let uid = pod.uid()?;
     let api: Api<Event> = Api::namespaced(ctx.client.clone(), namespace);
     let lp = ListParams::default().fields(&format!(
@@ -471,7 +483,7 @@ async fn sandbox_failure(ctx: &Context, namespace: &str, pod: &Pod) -> Option<St
 
 /// Re-reads `pod` and deletes it only if it is still unassigned, with UID and
 /// resourceVersion preconditions. Returns the deleted pod's uid, or None if it was skipped.
-pub async fn delete_unclaimed(api: &Api<Pod>, pod: &Pod) -> Result<Option<String>> {
+pub async fn delete_unclaimed(api: &Api<Pod>, pod: &SandboxPod) -> Result<Option<String>> {
     let Some(fresh) = api.get_opt(&pod.name_any()).await? else {
         return Ok(None);
     };
@@ -516,7 +528,15 @@ mod tests {
         HmacKey::from_bytes([3; 32])
     }
 
-    fn pool_pod(cfg: &SandboxConfig, key: &HmacKey, n: u8, ready: bool) -> Arc<Pod> {
+    fn cached(p: Pod) -> Arc<SandboxPod> {
+        Arc::new(SandboxPod::from_pod(&p))
+    }
+
+    fn pool_pod(cfg: &SandboxConfig, key: &HmacKey, n: u8, ready: bool) -> Arc<SandboxPod> {
+        cached(pool_pod_raw(cfg, key, n, ready))
+    }
+
+    fn pool_pod_raw(cfg: &SandboxConfig, key: &HmacKey, n: u8, ready: bool) -> Pod {
         let suffix = PoolSuffix::from_random_bytes([n; 10]);
         let name = cfg.instance.pool_pod(&suffix);
         let assign = key.assign_token(&name).commitment();
@@ -532,7 +552,7 @@ mod tests {
             }))
             .expect("status"),
         );
-        Arc::new(p)
+        p
     }
 
     fn inputs<'a>(desired: i32, hash: &'a str, key: &'a HmacKey) -> PlanInputs<'a> {
@@ -563,11 +583,11 @@ mod tests {
     fn claimed_pods_leave_the_pool_and_are_never_deleted() {
         let (c, k) = (cfg(), key());
         let h = c.hash();
-        let mut claimed = (*pool_pod(&c, &k, 1, true)).clone();
+        let mut claimed = pool_pod_raw(&c, &k, 1, true);
         claimed
             .labels_mut()
             .insert(label::SESSION_ID.into(), "s1".into());
-        let pods = vec![Arc::new(claimed), pool_pod(&c, &k, 2, true)];
+        let pods = vec![cached(claimed), pool_pod(&c, &k, 2, true)];
         let p = plan(&pods, &PoolExpectations::default(), &inputs(0, &h, &k));
         assert_eq!(p.delete.len(), 1);
         assert_eq!(p.delete[0].0.name_any(), pods[1].name_any());
@@ -615,13 +635,13 @@ mod tests {
     fn failing_pods_are_kept_not_churned() {
         let (c, k) = (cfg(), key());
         let h = c.hash();
-        let mut bad = (*pool_pod(&c, &k, 1, false)).clone();
+        let mut bad = pool_pod_raw(&c, &k, 1, false);
         bad.status = Some(serde_json::from_value(serde_json::json!({
             "phase": "Pending",
             "containerStatuses": [{"name": "agent", "image": "x", "imageID": "", "ready": false,
                 "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]
         })).expect("status"));
-        let pods = vec![Arc::new(bad)];
+        let pods = vec![cached(bad)];
         let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k));
         assert!(p.delete.is_empty(), "not deleted");
         assert_eq!(p.create, 0, "it fills its slot");
@@ -633,14 +653,14 @@ mod tests {
     fn unschedulable_pods_are_reported() {
         let (c, k) = (cfg(), key());
         let h = c.hash();
-        let mut p = (*pool_pod(&c, &k, 1, false)).clone();
+        let mut p = pool_pod_raw(&c, &k, 1, false);
         p.status = Some(serde_json::from_value(serde_json::json!({
             "phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                 "message": "0/1 nodes are available: 1 Insufficient cpu."}]
         })).expect("status"));
         let plan = plan(
-            &[Arc::new(p)],
+            &[cached(p)],
             &PoolExpectations::default(),
             &inputs(1, &h, &k),
         );
@@ -653,10 +673,10 @@ mod tests {
     fn dead_pods_are_deleted_and_creation_can_be_held() {
         let (c, k) = (cfg(), key());
         let h = c.hash();
-        let mut dead = (*pool_pod(&c, &k, 1, false)).clone();
+        let mut dead = pool_pod_raw(&c, &k, 1, false);
         dead.status =
             Some(serde_json::from_value(serde_json::json!({"phase": "Failed"})).expect("status"));
-        let pods = vec![Arc::new(dead)];
+        let pods = vec![cached(dead)];
         let mut inp = inputs(1, &h, &k);
         inp.may_create = false;
         let p = plan(&pods, &PoolExpectations::default(), &inp);
@@ -704,9 +724,9 @@ mod tests {
     fn scheduled_pods_without_a_pod_sandbox_are_singled_out() {
         let (c, k) = (cfg(), key());
         let with_status = |n: u8, status: serde_json::Value| {
-            let mut p = (*pool_pod(&c, &k, n, false)).clone();
+            let mut p = pool_pod_raw(&c, &k, n, false);
             p.status = Some(serde_json::from_value(status).expect("status"));
-            Arc::new(p)
+            cached(p)
         };
         let no_sandbox = with_status(
             1,
@@ -731,9 +751,10 @@ mod tests {
               "containerStatuses": [{"name": "agent", "image": "i", "imageID": "", "ready": false,
                 "restartCount": 0, "state": {"running": {}}}]}),
         );
-        assert!(awaits_sandbox(&no_sandbox));
+        let view = |p: &SandboxPod| p.unassigned().expect("unassigned").clone();
+        assert!(awaits_sandbox(&view(&no_sandbox)));
         for p in [&unscheduled, &starting, &pool_pod(&c, &k, 4, true)] {
-            assert!(!awaits_sandbox(p), "{:?}", p.status);
+            assert!(!awaits_sandbox(&view(p)), "{p:?}");
         }
         let h = c.hash();
         let pods = vec![no_sandbox.clone(), unscheduled, starting];

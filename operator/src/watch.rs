@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::{future, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
@@ -28,11 +28,11 @@ use serde::de::DeserializeOwned;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label};
-use cli_mcp_api::pod_state;
 
 use crate::children::expose::{HttpRoute, Route};
 use crate::children::{secrets, INSTANCE_NAMESPACE_LABEL};
 use crate::context::{Scope, Stores};
+use crate::sandbox_pod::SandboxPod;
 
 fn managed() -> watcher::Config {
     watcher::Config::default().labels(&format!("{}={}", label::APP_MANAGED_BY, label::MANAGED_BY))
@@ -67,17 +67,18 @@ where
     (reader, stream)
 }
 
-/// What of a sandbox pod matters to the reconciler: labels (claims), deletion, phase,
-/// readiness, container states and the hash/commitment annotations — not `last-activity`
-/// and not the resourceVersion.
-pub fn pod_fingerprint(p: &Pod) -> u64 {
+/// What of a sandbox pod matters to the reconciler: labels (claims), deletion, the
+/// hash/commitment annotations and, of a pool pod, phase, readiness and container states —
+/// not `last-activity` and not the resourceVersion. (An assigned pod is cached without its
+/// status: nothing reads it.)
+pub fn pod_fingerprint(p: &SandboxPod) -> u64 {
     let mut h = DefaultHasher::new();
     p.labels().hash(&mut h);
-    pod_state::is_deleting(p).hash(&mut h);
+    p.is_deleting().hash(&mut h);
     for key in [annotation::SANDBOX_HASH, annotation::TOKEN_SHA256] {
         p.annotations().get(key).hash(&mut h);
     }
-    if let Some(st) = &p.status {
+    if let Some(st) = p.unassigned().and_then(|p| p.status.as_ref()) {
         st.phase.hash(&mut h);
         for c in st.conditions.iter().flatten() {
             (&c.type_, &c.status).hash(&mut h);
@@ -100,14 +101,15 @@ pub fn pod_fingerprint(p: &Pod) -> u64 {
     h.finish()
 }
 
-/// Sandbox pods: reflected into a store, and passed on as triggers only when their
-/// fingerprint changed (or they were deleted).
+/// Sandbox pods: reflected into a store (as [`SandboxPod`]s: only what the operator
+/// reads), and passed on as triggers only when their fingerprint changed (or they were
+/// deleted).
 fn sandbox_pods(
     client: &Client,
     ns: Option<&str>,
 ) -> (
-    Store<Pod>,
-    impl Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+    Store<SandboxPod>,
+    impl Stream<Item = Result<SandboxPod, watcher::Error>> + Send + 'static,
 ) {
     let (reader, writer) = reflector::store();
     let cfg = watcher::Config::default().labels(&format!(
@@ -116,11 +118,10 @@ fn sandbox_pods(
         label::COMPONENT_SANDBOX
     ));
     let seen: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
-    // Sandbox pods are what grows with sessions, and a cached Pod's managedFields (a JSON
-    // tree per field manager) is a large part of its memory; nothing here reads them.
-    let stream = watcher(api::<Pod>(client, ns), cfg)
+    // Sandbox pods are what grows with sessions: they are read straight into the reduced
+    // SandboxPod, never kept as a whole Pod.
+    let stream = watcher(api::<SandboxPod>(client, ns), cfg)
         .default_backoff()
-        .modify(|p| p.managed_fields_mut().clear())
         .reflect(writer)
         .filter_map(move |ev| {
             let out = match ev {
@@ -376,7 +377,7 @@ pub fn build(
                 _ => None,
             }
         })
-        .watches_stream(pod_s, |p: Pod| {
+        .watches_stream(pod_s, |p: SandboxPod| {
             let ns = p.namespace()?;
             p.labels()
                 .get(label::INSTANCE)
@@ -471,7 +472,7 @@ mod tests {
     async fn a_failed_list_of_a_kind_not_served_gives_the_backoff_no_ok() {
         use watcher::Event;
         let events = futures::stream::iter(vec![
-            Ok(Event::<Pod>::Init),
+            Ok(Event::<SandboxPod>::Init),
             Err(not_found()),
             Ok(Event::Init),
             Err(not_found()),
@@ -499,7 +500,7 @@ mod tests {
         );
     }
 
-    fn pod() -> Pod {
+    fn pod() -> SandboxPod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "resourceVersion": "1",
                 "labels": {"cli-mcp.redhat.com/instance": "demo"},
@@ -513,7 +514,7 @@ mod tests {
     fn last_activity_patches_do_not_change_the_fingerprint() {
         let a = pod();
         let mut b = pod();
-        b.metadata.resource_version = Some("2".into());
+        b.meta_mut().resource_version = Some("2".into());
         b.annotations_mut().insert(
             annotation::LAST_ACTIVITY.into(),
             "2026-01-01T00:05:00Z".into(),
@@ -525,7 +526,7 @@ mod tests {
             .insert(label::SESSION_ID.into(), "s1".into());
         assert_ne!(pod_fingerprint(&a), pod_fingerprint(&claimed));
         let mut deleting = pod();
-        deleting.metadata.deletion_timestamp =
+        deleting.meta_mut().deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::now(),
             ));
