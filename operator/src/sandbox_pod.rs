@@ -53,6 +53,9 @@ pub const KEPT_ANNOTATIONS: &[&str] = &[
 ];
 
 /// A sandbox pod as the operator caches it (see the module doc for what is kept).
+// The large variant is the common one (almost every cached pod is assigned, and each is
+// already behind the store's Arc): boxing it would add an allocation per pod and save none.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum SandboxPod {
     /// No `session-id` label: a warm pool pod, with what the pool plan reads of its spec and
