@@ -153,6 +153,11 @@ fn held_here() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u8>>
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The `/24` indexes `first..first + blocks`.
+fn span(first: u8, blocks: u16) -> impl Iterator<Item = u8> {
+    (u16::from(first)..u16::from(first) + blocks).filter_map(|n| u8::try_from(n).ok())
+}
+
 /// Whether the claim file's owner still holds the subnet.
 fn claim_held(owner: i32, n: u8) -> bool {
     if owner == std::process::id() as i32 {
@@ -231,9 +236,7 @@ impl PodNetwork {
         let in_use = |host: &str, n: u8| host.contains(&format!("10.244.{n}."));
         'candidate: for first in candidates {
             let mut claims = Vec::new();
-            for n in
-                (u16::from(first)..u16::from(first) + blocks).filter_map(|n| u8::try_from(n).ok())
-            {
+            for n in span(first, blocks) {
                 let claim = Path::new(STATE_DIR).join(format!("pod-net-{n}.pid"));
                 if let Ok(text) = fs::read_to_string(&claim) {
                     let owner = text.trim().parse::<i32>().unwrap_or(0);
@@ -268,11 +271,7 @@ impl PodNetwork {
                 fs::write(claim, format!("{}\n", std::process::id()))
                     .map_err(|e| Error::io("writing", claim, e))?;
             }
-            let mut held = held_here();
-            held.extend(
-                (u16::from(first)..u16::from(first) + blocks).filter_map(|n| u8::try_from(n).ok()),
-            );
-            drop(held);
+            held_here().extend(span(first, blocks));
             let net = PodNetwork {
                 index: first,
                 prefix,
@@ -310,11 +309,8 @@ impl Drop for PodNetwork {
         for claim in &self.claims {
             let _ = fs::remove_file(claim);
         }
-        let blocks = 1u16 << (24 - self.prefix);
         let mut held = held_here();
-        for n in (u16::from(self.index)..u16::from(self.index) + blocks)
-            .filter_map(|n| u8::try_from(n).ok())
-        {
+        for n in span(self.index, 1u16 << (24 - self.prefix)) {
             held.remove(&n);
         }
     }

@@ -82,7 +82,9 @@ impl SandboxPod {
         pod_state::is_deleting_meta(<Self as k8s_openapi::Metadata>::metadata(self))
     }
 
-    /// The cached view of `pod` (the same as the watch makes from its JSON).
+    /// The cached view of `pod` (the same as the watch makes from its JSON). Tests only: the
+    /// operator's pods come from the watch's JSON, never from a `Pod`.
+    #[cfg(test)]
     pub fn from_pod(pod: &Pod) -> Self {
         serde_json::to_value(pod)
             .and_then(serde_json::from_value)
