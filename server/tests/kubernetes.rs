@@ -497,9 +497,14 @@ async fn a_deleted_pod_is_replaced_and_the_reset_is_reported() {
     w.done().await;
 }
 
-/// Pids of processes whose environment has `POD_NAME=<pod>` and whose program is the agent.
-fn agent_pids(pod: &str) -> Vec<i32> {
-    let want = format!("POD_NAME={pod}");
+/// Pids of processes whose environment has `POD_NAME` and `POD_NAMESPACE` of `pod` and whose
+/// program is the agent. The namespace matters: another test run on this host (its own
+/// cluster) names its session pods the same way, but never its namespaces.
+fn agent_pids(pod: &Pod) -> Vec<i32> {
+    let want = [
+        format!("POD_NAME={}", pod.name_any()),
+        format!("POD_NAMESPACE={}", pod.namespace().unwrap_or_default()),
+    ];
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -508,7 +513,8 @@ fn agent_pids(pod: &str) -> Vec<i32> {
         .filter(|pid| {
             let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            env.split(|b| *b == 0).any(|v| v == want.as_bytes())
+            want.iter()
+                .all(|w| env.split(|b| *b == 0).any(|v| v == w.as_bytes()))
                 && String::from_utf8_lossy(&cmd).contains("cli-mcp-agent")
         })
         .collect()
@@ -521,7 +527,7 @@ async fn a_restarted_agent_is_reported_as_a_reset() {
     let mcp = Mcp::new(&server, Some("restart-1"));
     mcp.bash("export MARK=1").await;
     let pod = w.one_pod("restart-1").await;
-    let pids = agent_pids(&pod.name_any());
+    let pids = agent_pids(&pod);
     assert_eq!(pids.len(), 1, "one agent process for the pod: {pids:?}");
     let killed = std::process::Command::new("kill")
         .args(["-KILL", &pids[0].to_string()])
@@ -543,7 +549,7 @@ async fn a_restarted_agent_is_reported_as_a_reset() {
 }
 
 /// Kills the pod's agent process (SIGKILL); returns its pid.
-fn kill_agent(pod: &str) -> i32 {
+fn kill_agent(pod: &Pod) -> i32 {
     let pids = agent_pids(pod);
     assert_eq!(pids.len(), 1, "one agent process for the pod: {pids:?}");
     let killed = std::process::Command::new("kill")
@@ -568,7 +574,7 @@ async fn a_call_while_the_agent_restarts_waits_for_it() {
     assert_eq!(pod.name_any(), warm[0]);
     // The first crash is restarted at once; the second one only after the kubelet's
     // CrashLoopBackOff pause (10 s), which is the window this test calls in.
-    kill_agent(&pod.name_any());
+    kill_agent(&pod);
     wait_restarted(
         w.ns.api::<Pod>(),
         &pod.name_any(),
@@ -577,7 +583,7 @@ async fn a_call_while_the_agent_restarts_waits_for_it() {
     )
     .await
     .expect("first restart");
-    let pid = kill_agent(&pod.name_any());
+    let pid = kill_agent(&pod);
     let t0 = std::time::Instant::now();
     let r = mcp.bash("echo \"[${MARK:-}]\"").await;
     let waited = t0.elapsed();
@@ -587,7 +593,7 @@ async fn a_call_while_the_agent_restarts_waits_for_it() {
     assert!(text(&r).contains("session state was reset"), "{}", text(&r));
     let now = w.one_pod("restarting-1").await;
     assert_eq!(now.uid(), pod.uid(), "same pod");
-    assert!(!agent_pids(&pod.name_any()).contains(&pid));
+    assert!(!agent_pids(&pod).contains(&pid));
     eprintln!("the call waited {waited:?} for the restarted agent");
     drop(server);
     w.done().await;
@@ -606,7 +612,7 @@ async fn a_crash_looping_agent_is_replaced_after_the_wait() {
     let mcp = Mcp::new(&server, Some("crashloop-1"));
     assert!(!is_error(&mcp.bash("export MARK=1").await));
     let pod = w.one_pod("crashloop-1").await;
-    kill_agent(&pod.name_any());
+    kill_agent(&pod);
     wait_restarted(
         w.ns.api::<Pod>(),
         &pod.name_any(),
@@ -615,7 +621,7 @@ async fn a_crash_looping_agent_is_replaced_after_the_wait() {
     )
     .await
     .expect("first restart");
-    kill_agent(&pod.name_any());
+    kill_agent(&pod);
     let r = mcp.bash("echo \"[${MARK:-}]\"").await;
     assert!(is_error(&r), "{}", text(&r));
     assert!(
