@@ -161,6 +161,13 @@ impl StatusPipe {
     }
 
     /// A record tagged with one of `nonces` among what the pipe holds now, without waiting.
+    ///
+    /// Reads the pipe itself (it is non-blocking) rather than through tokio's `try_read`,
+    /// which answers "would block" without a read while the reactor has not yet reported
+    /// the pipe readable. The caller comes here when bash closed `done`, just after it wrote
+    /// the record: on a multi-threaded runtime that close can be seen before the reactor has
+    /// dispatched the record's readiness, and the shell was then wrongly replaced as unable
+    /// to report.
     pub fn try_record(&mut self, nonces: &[&str]) -> Option<Record> {
         let mut chunk = [0u8; 4096];
         loop {
@@ -169,13 +176,20 @@ impl StatusPipe {
                     return Some(rec);
                 }
             }
-            match self.rx.try_read(&mut chunk) {
+            if self.buf.len() > STATUS_BUF_MAX {
+                // The same bound as `next_record`: junk is not kept.
+                let keep = 256;
+                self.buf.drain(..self.buf.len() - keep);
+                self.scanned = self.buf.len();
+            }
+            match nix::unistd::read(&self.rx, &mut chunk) {
                 Ok(0) => {
                     self.closed = true;
                     return None;
                 }
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(nix::errno::Errno::EINTR) => {}
+                // EAGAIN: nothing more in the pipe now.
                 Err(_) => return None,
             }
         }
@@ -358,6 +372,22 @@ mod tests {
             Some("trap -- 'a\ntrap b' DEBUG\ntrap -- 'r' RETURN".to_owned())
         );
         assert_eq!(removed_traps("trap -- - DEBUG\n"), None);
+    }
+
+    /// bash writes the record, then closes `done`; the agent looks for the record as soon as
+    /// it sees `done` closed. On a multi-threaded runtime the reactor may not have told the
+    /// status pipe's readiness yet at that moment; here (one thread, no yield) it never has.
+    #[tokio::test]
+    async fn a_record_in_the_pipe_is_found_before_the_reactor_reports_it() {
+        let (tx, rx) = pipe::pipe().expect("pipe");
+        let mut status = StatusPipe::new(rx);
+        let nonce = "0123456789abcdef0123456789abcdef";
+        assert_eq!(status.try_record(&[nonce]), None, "nothing written yet");
+        let line = format!("\0{nonce} 7 himBs /w\0");
+        let n = nix::unistd::write(&tx, line.as_bytes()).expect("write the record");
+        assert_eq!(n, line.len());
+        assert_eq!(status.try_record(&[nonce]), Some(record(nonce, 7, "/w")));
+        assert!(!status.closed);
     }
 
     #[tokio::test]
