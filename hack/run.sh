@@ -11,8 +11,8 @@
 #      nothing to build);
 #   4. installs the operator from config/default, as an admin would;
 #   5. creates namespace cli-mcp-demo with a read-only investigation kubeconfig Secret and the
-#      sample CliMcpInstance `demo` — on the real node behind the credential proxy
-#      (spec.proxy), which alone holds that kubeconfig's token — and waits for it to be Ready;
+#      sample CliMcpInstance `demo` — behind its credential proxy, which alone holds that
+#      kubeconfig's token (a sandbox sees a placeholder) — and waits for it to be Ready;
 #   6. creates a client identity allowed to use the instance, forwards a loopback port to the
 #      MCP Service (plain HTTP on 127.0.0.1, TLS to the instance with its CA pinned) and prints
 #      ready-to-paste MCP client configurations with a literal token, and a curl one-liner.
@@ -96,8 +96,8 @@ for _ in $(seq 1 120); do
 done
 [[ -n "${token:-}" ]] || die "the investigator token was never issued"
 ca="$(kubectl -n "$ns" get secret cli-mcp-investigator-token -o jsonpath='{.data.ca\.crt}')"
-# The sandbox talks to the API server's own address (reachable from every pod on either node;
-# the process kubelet has no kube-proxy for the kubernetes Service), as the admin kubeconfig does.
+# The credential proxy talks to the API server's own address (reachable from every pod on
+# either node), as the admin kubeconfig does.
 server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 cat >"$run/investigator.kubeconfig" <<KC
 apiVersion: v1
@@ -111,17 +111,10 @@ kubectl -n "$ns" create secret generic "cli-mcp-$name-kubeconfig" \
     --from-file=kubeconfig="$run/investigator.kubeconfig" --dry-run=client -o yaml |
     kubectl apply -f - >/dev/null
 
-say "the sample CliMcpInstance"
+# Every instance reaches the API through its credential proxy: it alone holds the
+# investigator's token and injects it; a shell in the sandbox sees a placeholder.
+say "the sample CliMcpInstance (its credential proxy cli-mcp-$name-proxy holds the kubeconfig)"
 kubectl -n "$ns" apply -f config/samples/cli-mcp_v1alpha1_climcpinstance.yaml
-if [[ $node == real ]]; then
-    # Real containers run kube-proxy and enforce NetworkPolicy, so the sandboxes can reach the
-    # API through the credential proxy only: it alone holds the investigator's token and
-    # injects it; a shell in the sandbox sees a placeholder. (The process kubelet has no
-    # kube-proxy to route the proxy's Service, so there the Secret is mounted as before.)
-    say "credential proxy: the investigator's kubeconfig goes to cli-mcp-$name-proxy, not to the sandboxes"
-    kubectl -n "$ns" patch climcpinstance "$name" --type merge \
-        -p '{"spec":{"proxy":{"targets":[{"type":"kubernetes"}]}}}' >/dev/null
-fi
 kubectl -n "$ns" wait "climcpinstance/$name" --for=condition=Ready --timeout=180s
 kubectl -n "$ns" get climcpinstances
 

@@ -142,7 +142,7 @@ pub struct CliMcpInstanceSpec {
     pub replicas: i32,
 
     /// Sandbox pods: image, idle collection, warm pool, resources, environment and the
-    /// kubeconfig the shell uses.
+    /// kubeconfig the implied credential proxy holds.
     #[serde(default)]
     pub sandbox: SandboxSpec,
 
@@ -157,8 +157,9 @@ pub struct CliMcpInstanceSpec {
     /// The credential proxy between the sandboxes and every API they may call. The
     /// sandboxes never hold a real credential: they get a kubeconfig with a placeholder token
     /// and `HTTPS_PROXY` pointing at the proxy, which alone mounts the admin's kubeconfig and
-    /// injects its token. Absent (and no `spec.sandbox.kubeconfigSecret`): no proxy, and the
-    /// sandboxes reach nothing but cluster DNS and `networkPolicy.extraEgress`.
+    /// injects its token. Absent: the instance still gets a proxy, with one kubernetes target
+    /// holding `spec.sandbox.kubeconfigSecret` (default `cli-mcp-<name>-kubeconfig`) and the
+    /// defaults below.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxySpec>,
 
@@ -392,10 +393,13 @@ pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
 
-    /// Without `spec.proxy`: the Secret with key `kubeconfig` mounted read-only into every
-    /// sandbox with KUBECONFIG pointing at it (default `cli-mcp-<name>-kubeconfig`). Prefer
-    /// `spec.proxy` with a kubernetes target: the sandbox then never holds the token. Its
-    /// RBAC decides what the shell may do; see config/samples for a read-only recipe.
+    /// Without `spec.proxy`: the kubeconfig the implied credential proxy holds (key
+    /// `kubeconfig`; token users, https servers; default `cli-mcp-<name>-kubeconfig`). It is
+    /// never mounted into a sandbox: the sandbox gets a kubeconfig with a placeholder token
+    /// and reaches the API servers through the proxy, which injects this token. Its RBAC
+    /// decides what the shell may do; see config/samples for a read-only recipe. Kept for
+    /// CRs of the Go operator; `spec.proxy.targets[{type: kubernetes, secretName}]` says the
+    /// same and allows more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new(
@@ -1196,11 +1200,47 @@ mod tests {
     #[test]
     fn a_proxy_is_planned_from_spec_proxy_or_the_older_kubeconfig_secret() {
         use crate::crd::values::ProxyPlan;
+        // Without spec.proxy: the implied proxy, holding the older kubeconfigSecret (or
+        // the default name), with the proxy defaults; the sandbox uses it like any other.
+        for (spec, secret) in [
+            (serde_json::json!({}), "cli-mcp-demo-kubeconfig"),
+            (
+                serde_json::json!({"sandbox": {"kubeconfigSecret": "go-era-kubeconfig"}}),
+                "go-era-kubeconfig",
+            ),
+        ] {
+            let o = cr(spec);
+            let plan: ProxyPlan = o.proxy_plan().expect("plan");
+            assert_eq!(plan.kubeconfig_secret.as_deref(), Some(secret));
+            assert!(plan.allowlist.is_empty() && plan.allowlist_cas.is_empty());
+            assert_eq!(plan.replicas, 2);
+            assert_eq!(plan.resources, default_proxy_resources());
+            assert!(plan.placement.is_empty());
+            assert_eq!(
+                o.proxy_spec(),
+                ProxySpec::implied(o.spec.sandbox.kubeconfig_secret.clone())
+            );
+            let p = o
+                .sandbox_config(Some("img:1"))
+                .expect("config")
+                .proxy
+                .expect("every sandbox uses a proxy");
+            assert_eq!(p.url, "http://cli-mcp-demo-proxy.ns1.svc:8080");
+            assert_eq!(p.config_map, "cli-mcp-demo-proxy");
+            assert!(p.kubeconfig, "the sandbox gets the dummy kubeconfig");
+        }
+        // The implied proxy is exactly what spec.proxy with one kubernetes target says.
+        assert_eq!(
+            cr(serde_json::json!({"sandbox": {"kubeconfigSecret": "kc"}})).proxy_plan(),
+            cr(serde_json::json!({"proxy": {"targets": [{"type": "kubernetes", "secretName": "kc"}]}}))
+                .proxy_plan()
+        );
+
         let o = cr(serde_json::json!({"proxy": {"targets": [
             {"type": "kubernetes"},
             {"type": "allowlist", "domains": ["Example.com", "b.example:8443", "example.com:443"]}
         ]}}));
-        let plan: ProxyPlan = o.proxy_plan().expect("plan").expect("a proxy");
+        let plan: ProxyPlan = o.proxy_plan().expect("plan");
         assert_eq!(
             plan.kubeconfig_secret.as_deref(),
             Some("cli-mcp-demo-kubeconfig")
@@ -1218,7 +1258,7 @@ mod tests {
         let o = cr(serde_json::json!({"proxy": {"targets": [
             {"type": "allowlist", "domains": ["pypi.org"]}
         ]}}));
-        let plan = o.proxy_plan().expect("plan").expect("a proxy");
+        let plan = o.proxy_plan().expect("plan");
         assert_eq!(plan.kubeconfig_secret, None);
         assert!(
             !o.sandbox_config(Some("i"))
@@ -1226,14 +1266,6 @@ mod tests {
                 .proxy
                 .expect("proxy")
                 .kubeconfig
-        );
-
-        // With a proxy, no sandbox mounts the admin's Secret.
-        assert_eq!(
-            o.sandbox_config(Some("i"))
-                .expect("config")
-                .kubeconfig_secret,
-            None
         );
 
         // A CA of its own for an allow-list target's domains.
@@ -1253,7 +1285,7 @@ mod tests {
             {"type": "allowlist", "domains": ["web.example:8443"], "caConfigMap": "web-ca"},
             {"type": "allowlist", "domains": ["pypi.org"]}
         ]}}));
-        let plan = o.proxy_plan().expect("plan").expect("a proxy");
+        let plan = o.proxy_plan().expect("plan");
         let pinned: Vec<_> = plan
             .allowlist_cas
             .iter()
@@ -1282,11 +1314,7 @@ mod tests {
         assert_eq!(cfg.image, "img:1");
         assert_eq!(cfg.image_pull_policy.as_deref(), Some("Never"));
         assert_eq!(cfg.namespace, "ns1");
-        assert_eq!(cfg.proxy, None, "no proxy unless asked for");
-        assert_eq!(
-            cfg.kubeconfig_secret.as_deref(),
-            Some("cli-mcp-demo-kubeconfig")
-        );
+        assert!(cfg.proxy.is_some(), "a proxy even when not asked for");
         assert_eq!(cfg.env.len(), 1);
         let owner = cfg.owner.expect("owner");
         assert_eq!(owner.uid, "u-1");
@@ -1342,7 +1370,7 @@ mod tests {
             "targets": [{"type": "kubernetes"}],
             "runtimeClassName": "kata", "tolerations": [{"operator": "Exists"}]
         }}));
-        let plan = proxied.proxy_plan().expect("plan").expect("a proxy");
+        let plan = proxied.proxy_plan().expect("plan");
         assert_eq!(plan.placement.runtime_class_name.as_deref(), Some("kata"));
         assert_eq!(plan.placement.tolerations.len(), 1);
         assert!(

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
     DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
     LocalObjectReference, ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements,
-    SecretVolumeSource, Toleration, Volume, VolumeMount,
+    Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -25,9 +25,6 @@ use crate::SessionId;
 
 pub use crate::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256, PODINFO_ANNOTATIONS, PODINFO_DIR};
 pub const WORKSPACE_DIR: &str = "/workspace";
-/// Where an instance without a credential proxy mounts its kubeconfig Secret (the older
-/// arrangement, until every instance goes through the proxy).
-pub const KUBECONFIG_DIR: &str = "/etc/cli-mcp/kubeconfig";
 /// Key of the kubeconfig in the admin's Secret and in the proxy ConfigMap (the dummy).
 pub const KUBECONFIG_KEY: &str = "kubeconfig";
 /// Where a sandbox finds what it needs to use the credential proxy: the dummy kubeconfig
@@ -111,14 +108,12 @@ pub struct SandboxConfig {
     pub resources: ResourceRequirements,
     #[serde(default)]
     pub env: Vec<EnvVar>,
-    /// The credential proxy the sandbox reaches everything through, when the instance
-    /// has one; the sandbox then mounts no Secret of the admin's.
+    /// The credential proxy the sandbox reaches everything through. Every instance has
+    /// one (the operator always sets it); `None` only for configs made without an instance
+    /// (the server's local development backend, tests), whose sandboxes then reach nothing
+    /// through a proxy. No config mounts a Secret: a sandbox never holds a real credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<SandboxProxy>,
-    /// Without a proxy: the Secret holding key `kubeconfig`, mounted read-only and named by
-    /// `KUBECONFIG`. Never set together with `proxy`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubeconfig_secret: Option<String>,
     pub workspace_size_limit: Quantity,
     pub tmp_size_limit: Quantity,
     pub termination_grace_period_seconds: i64,
@@ -221,7 +216,6 @@ impl SandboxConfig {
             },
             env: Vec::new(),
             proxy: None,
-            kubeconfig_secret: None,
             workspace_size_limit: q("1Gi"),
             tmp_size_limit: q("256Mi"),
             termination_grace_period_seconds: 30,
@@ -375,25 +369,6 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             ..mount("podinfo", PODINFO_DIR)
         },
     ];
-    if let (None, Some(secret)) = (&cfg.proxy, &cfg.kubeconfig_secret) {
-        env.push(plain_env(
-            "KUBECONFIG",
-            &format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}"),
-        ));
-        volumes.push(Volume {
-            name: "kubeconfig".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.clone()),
-                default_mode: Some(0o440),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            read_only: Some(true),
-            ..mount("kubeconfig", KUBECONFIG_DIR)
-        });
-    }
     if let Some(proxy) = &cfg.proxy {
         let mut items = vec![key_to_path(PROXY_CA_KEY)];
         if proxy.kubeconfig {
@@ -830,8 +805,6 @@ mod tests {
     #[test]
     fn a_proxied_sandbox_gets_the_dummy_kubeconfig_and_proxy_env_and_no_secret() {
         let mut c = cfg();
-        // Even if a config carried both, the proxy wins and no Secret is mounted.
-        c.kubeconfig_secret = Some("admin-kubeconfig".into());
         c.proxy = Some(SandboxProxy {
             url: "http://cli-mcp-demo-proxy.ns1.svc:8080".into(),
             config_map: "cli-mcp-demo-proxy".into(),
@@ -888,10 +861,9 @@ mod tests {
         });
         let pod = session_pod(&c);
         assert!(env_of(&pod).iter().all(|e| e.name != "KUBECONFIG"));
-        // Without a proxy or a kubeconfig Secret: no KUBECONFIG, and the proxy variables
-        // are the instance's own (a corporate proxy, say).
+        // A config made without an instance (the server's local backend): no KUBECONFIG,
+        // and the proxy variables are the config's own.
         c.proxy = None;
-        c.kubeconfig_secret = None;
         let pod = session_pod(&c);
         assert!(env_of(&pod).iter().all(|e| e.name != "KUBECONFIG"));
         assert_eq!(
@@ -1068,5 +1040,128 @@ mod tests {
         let mut b = cfg();
         b.image = "other:2".into();
         assert_ne!(a.hash(), b.hash());
+    }
+
+    /// Every path in `v` (a pod as JSON) that refers to a Secret: a Secret volume, a
+    /// projected Secret source, `valueFrom.secretKeyRef`, `envFrom[].secretRef`.
+    fn secret_refs(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let p = format!("{path}.{k}");
+                    if matches!(k.as_str(), "secret" | "secretKeyRef" | "secretRef") {
+                        out.push(p.clone());
+                    }
+                    secret_refs(v, &p, out);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    secret_refs(v, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn arb_env() -> impl proptest::strategy::Strategy<Value = EnvVar> {
+        use k8s_openapi::api::core::v1::{ConfigMapKeySelector, SecretKeySelector};
+        use proptest::prelude::*;
+        let name = prop::sample::select(vec![
+            "FOO",
+            "KUBECONFIG",
+            "HTTPS_PROXY",
+            "DB_PASSWORD",
+            "SSL_CERT_FILE",
+            "CLI_MCP_AGENT_X",
+        ]);
+        (name, 0..4u8).prop_map(|(name, kind)| EnvVar {
+            name: name.into(),
+            value: (kind == 0).then(|| "v".into()),
+            value_from: match kind {
+                1 => Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: "admin-kubeconfig".into(),
+                        key: "kubeconfig".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                2 => Some(EnvVarSource {
+                    config_map_key_ref: Some(ConfigMapKeySelector {
+                        name: "cm".into(),
+                        key: "k".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                3 => Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.name".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                _ => None,
+            },
+        })
+    }
+
+    proptest::proptest! {
+        /// Whatever the config (proxy with or without a kubeconfig, none, env from Secrets,
+        /// placement with pull Secrets, any role), a sandbox pod refers to no Secret: no
+        /// Secret volume, no projected Secret, no env or envFrom from a Secret.
+        #[test]
+        fn no_sandbox_config_yields_a_secret_in_the_pod(
+            proxy in proptest::option::of(proptest::bool::ANY),
+            env in proptest::collection::vec(arb_env(), 0..6),
+            placed in proptest::bool::ANY,
+            platform in proptest::bool::ANY,
+            budget in proptest::option::of(1024usize..1 << 24),
+            pool in proptest::bool::ANY,
+        ) {
+            let mut c = cfg();
+            c.proxy = proxy.map(|kubeconfig| SandboxProxy {
+                url: "http://cli-mcp-demo-proxy.ns1.svc:8080".into(),
+                config_map: "cli-mcp-demo-proxy".into(),
+                kubeconfig,
+            });
+            c.env = env;
+            if placed {
+                c.placement = placement();
+            }
+            c.platform_assigns_uid = platform;
+            c.output_budget = budget;
+            let pod = if pool {
+                let suffix = PoolSuffix::from_random_bytes([1; 10]);
+                let assign = key().assign_token(&c.instance.pool_pod(&suffix)).commitment();
+                build_sandbox_pod(&c, &SandboxRole::Pool { suffix, assign }, "t")
+            } else {
+                session_pod(&c)
+            };
+            let spec = pod.spec.as_ref().expect("spec");
+            for v in spec.volumes.iter().flatten() {
+                proptest::prop_assert!(v.secret.is_none(), "Secret volume {v:?}");
+                let projected = v.projected.iter().flat_map(|p| p.sources.iter().flatten());
+                for src in projected {
+                    proptest::prop_assert!(src.secret.is_none(), "projected Secret {v:?}");
+                }
+            }
+            let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+            for ct in containers {
+                for e in ct.env.iter().flatten() {
+                    let from_secret = e.value_from.as_ref().is_some_and(|f| f.secret_key_ref.is_some());
+                    proptest::prop_assert!(!from_secret, "env from a Secret {e:?}");
+                }
+                for e in ct.env_from.iter().flatten() {
+                    proptest::prop_assert!(e.secret_ref.is_none(), "envFrom a Secret {e:?}");
+                }
+            }
+            // And nothing else in the pod names a Secret (a field added later included).
+            let json = serde_json::to_value(&pod).expect("json");
+            let mut refs = Vec::new();
+            secret_refs(&json, "pod", &mut refs);
+            proptest::prop_assert!(refs.is_empty(), "refers to a Secret: {refs:?}");
+        }
     }
 }

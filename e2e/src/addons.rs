@@ -2,7 +2,8 @@
 //! kube-router's firewall controller alone, a host process) and cluster DNS (CoreDNS serving
 //! only `cluster.local` and reverse zones, with no forwarder): on the process kubelet a host
 //! process ([`ClusterDns`]), on the real node a `kube-system` Deployment labelled
-//! `k8s-app: kube-dns` as on real clusters ([`deploy_dns_pod`], started by `Cluster::up`).
+//! `k8s-app: kube-dns` as on real clusters ([`deploy_dns_pod`]); `Cluster::up` starts one or
+//! the other on every cluster.
 //! Both binaries come from `hack/build-addons.sh` ([`locate_addons`]). See
 //! `docs/network-policy.md`.
 //!
@@ -638,6 +639,11 @@ impl ClusterDns {
         })
     }
 
+    /// Why CoreDNS is not running any more, if it exited.
+    pub fn exited_error(&mut self) -> Option<Error> {
+        self.component.exited_error()
+    }
+
     /// Where pods reach CoreDNS directly (the pod gateway, port 53).
     pub fn addr(&self) -> SocketAddrV4 {
         self.addr
@@ -655,19 +661,12 @@ impl ClusterDns {
 }
 
 /// The cluster DNS address the process kubelet writes into pods' resolv.conf: the pod
-/// gateway, where [`ClusterDns`] binds port 53 (this lane has no kube-proxy for
-/// [`DNS_SERVICE_IP`]). `None` when something on the host already holds port 53 on that
-/// address (a local resolver on all addresses): pods would then reach the host's resolver,
-/// so they get none.
+/// gateway, where [`ClusterDns`] binds port 53. `None` when something on the host already
+/// holds port 53 on that address (a local resolver on all addresses): pods would reach the
+/// host's resolver there, so `Cluster::up` refuses to start.
 pub fn process_cluster_dns(gateway: Ipv4Addr) -> Option<Ipv4Addr> {
     let free = UdpSocket::bind((gateway, 53)).is_ok()
         && std::net::TcpListener::bind((gateway, 53)).is_ok();
-    if !free {
-        tracing::warn!(
-            "port 53 of {gateway} is taken on this host (a local resolver?): pods of the \
-             process kubelet get no cluster DNS, so that they never reach it"
-        );
-    }
     free.then_some(gateway)
 }
 

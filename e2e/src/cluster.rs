@@ -309,6 +309,9 @@ pub struct Cluster {
     kubelet: Option<Component>,
     /// The real node (instead of `kubelet`).
     real_node: Option<RealNode>,
+    /// Cluster DNS of the process kubelet: CoreDNS on the host, at the pod gateway (the real
+    /// node runs it as a kube-system pod instead).
+    dns: Option<crate::addons::ClusterDns>,
     /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler (start order).
     control_plane: Vec<Component>,
     net: Option<PodNetwork>,
@@ -507,6 +510,7 @@ impl Cluster {
             info,
             kubelet: None,
             real_node: None,
+            dns: None,
             control_plane: Vec::new(),
             net: Some(pod_net),
             shm_dir: shm_dir.clone(),
@@ -672,9 +676,16 @@ impl Cluster {
         ];
         let mut kubelet_args = kubelet_args;
         if config.node == NodeKind::Process {
-            if let Some(dns) = crate::addons::process_cluster_dns(host) {
-                kubelet_args.extend(["--cluster-dns".into(), dns.to_string()]);
-            }
+            // Sandboxes reach their credential proxy by its Service name: every process
+            // cluster has cluster DNS, CoreDNS on the pod gateway (started below).
+            let dns = crate::addons::process_cluster_dns(host).ok_or_else(|| {
+                Error::Prerequisite(format!(
+                    "port 53 of {host} is taken on this host (a local resolver listening on \
+                     every address?); the process kubelet's pods need cluster DNS there to \
+                     reach Services by name: bind the resolver to 127.0.0.53 only, or stop it"
+                ))
+            })?;
+            kubelet_args.extend(["--cluster-dns".into(), dns.to_string()]);
         }
         if let Some(bins) = node_bins {
             // 10.244.N.1: one cgroup root per pod subnet, so a dead owner's is found again.
@@ -735,6 +746,12 @@ impl Cluster {
                 ),
             )
             .await?;
+        if config.node == NodeKind::Process {
+            let t = Instant::now();
+            let addons = crate::addons::locate_addons_async(None).await?;
+            cluster.dns = Some(crate::addons::ClusterDns::start(&cluster.info, &addons).await?);
+            tracing::info!(took = ?t.elapsed(), "cluster DNS (CoreDNS on the pod gateway) ready");
+        }
         if let Some(t) = cluster.node_started {
             cluster.node_ready_after = Some(t.elapsed());
             tracing::info!(took = ?t.elapsed(), "real node Ready (from starting containerd)");
@@ -842,6 +859,9 @@ impl Cluster {
         if let Some(e) = self.real_node.as_mut().and_then(RealNode::first_exit) {
             return Some(e);
         }
+        if let Some(e) = self.dns.as_mut().and_then(|d| d.exited_error()) {
+            return Some(e);
+        }
         self.control_plane
             .iter_mut()
             .chain(self.kubelet.iter_mut())
@@ -922,6 +942,11 @@ impl Cluster {
         &self.info
     }
 
+    /// The process kubelet's cluster DNS (`None` on the real node, which runs it as a pod).
+    pub fn dns(&self) -> Option<&crate::addons::ClusterDns> {
+        self.dns.as_ref()
+    }
+
     /// Time from the start of [`Cluster::up`] until the cluster was ready.
     pub fn ready_after(&self) -> Duration {
         self.ready_after
@@ -959,6 +984,8 @@ impl Cluster {
         if let Some(mut k) = self.kubelet.take() {
             k.stop();
         }
+        // CoreDNS (dropping it stops it) while the apiserver still answers.
+        self.dns = None;
         // The real node goes first too: its kubelet and kube-proxy, every container, then
         // containerd, mounts, cgroups and iptables rules (see `RealNode::stop`).
         if let Some(mut n) = self.real_node.take() {

@@ -27,8 +27,17 @@ use crate::testing::{wait_for, wait_gone, TestNamespace};
 pub const SERVER_IMAGE: &str = "cli-mcp-server:dev";
 /// The sandbox image (`RELATED_IMAGE_SANDBOX`); `cli-mcp-agent:*` maps to the built agent.
 pub const SANDBOX_IMAGE: &str = "cli-mcp-agent:dev";
-/// A sandbox kubeconfig for instances whose sandboxes never call the API.
-pub const DUMMY_KUBECONFIG: &str = "apiVersion: v1\nkind: Config\n";
+/// The credential proxy image (`RELATED_IMAGE_PROXY`); `cli-mcp-proxy:*` maps to the built
+/// proxy. Every instance runs a proxy.
+pub const PROXY_IMAGE: &str = "cli-mcp-proxy:dev";
+/// The kubeconfig the proxy of an instance whose sandboxes never call the API holds: valid
+/// (a token user, an https server), as the proxy refuses anything else, but its token
+/// opens nothing.
+pub const DUMMY_KUBECONFIG: &str = "apiVersion: v1\nkind: Config\n\
+clusters: [{name: c, cluster: {server: 'https://kubernetes.default.svc'}}]\n\
+users: [{name: u, user: {token: e2e-placeholder-token-opens-nothing}}]\n\
+contexts: [{name: c, context: {cluster: c, user: u}}]\n\
+current-context: c\n";
 
 /// Small requests: the local node's allocatable CPU is the host's (2 cores) and tests run
 /// in parallel, so the default 100m per sandbox would make pods Unschedulable.
@@ -106,7 +115,8 @@ pub async fn delete_instance(
     wait_gone(api, name, "instance deleted", timeout).await
 }
 
-/// Creates the sandbox kubeconfig Secret every instance needs, with `kubeconfig` in it.
+/// Creates the kubeconfig Secret every instance's credential proxy holds, with `kubeconfig`
+/// in it.
 pub async fn kubeconfig_secret(ns: &TestNamespace, instance: &str, kubeconfig: &str) {
     let s = Secret {
         metadata: kube::api::ObjectMeta {

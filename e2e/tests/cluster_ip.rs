@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cli_mcp_api::pod_state::is_ready;
-use cli_mcp_e2e::addons::{self, in_netns, pod_netns, query_a, ClusterDns, RCODE_NOERROR};
+use cli_mcp_e2e::addons::{self, in_netns, pod_netns, query_a, RCODE_NOERROR};
 use cli_mcp_e2e::cluster::{client_from_kubeconfig, ClusterConfig, ClusterInfo};
 use cli_mcp_e2e::testing::{
     binaries_dir, private_cluster_with, wait_for, workspace_root, PrivateCluster, TestCluster,
@@ -323,13 +323,8 @@ async fn cluster_ips_reach_ready_endpoints_inside_each_clusters_pods() {
     all_from(&client_a, "web-2", 10).await;
 
     eprintln!("the cluster DNS Service answers over UDP");
-    let addons_bin = tokio::task::spawn_blocking(|| addons::locate_addons(None))
-        .await
-        .expect("join")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let dns = ClusterDns::start(&a.test.info, &addons_bin)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    // Every process cluster has CoreDNS on its pod gateway (`Cluster::up`).
+    let dns = a.cluster.dns().expect("the process cluster's DNS");
     let deadline = Instant::now() + SETTLE;
     loop {
         let netns = client_a.clone();
@@ -359,7 +354,6 @@ async fn cluster_ips_reach_ready_endpoints_inside_each_clusters_pods() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    dns.stop().await;
 
     eprintln!("a deleted Service stops answering");
     ns_a.api::<Service>()

@@ -2,8 +2,9 @@
 //! (docs/network-policy.md).
 //!
 //! The test owns a private cluster (process kubelet: every pod in its own network namespace
-//! with a ptp veth and an IP in the cluster's 10.244.N.0/24, routed through the host), starts
-//! CoreDNS and the enforcer (kube-router's firewall) through `cli_mcp_e2e::addons`, runs
+//! with a ptp veth and an IP in the cluster's 10.244.N.0/24, routed through the host, and
+//! CoreDNS on its pod gateway), starts the enforcer (kube-router's firewall) through
+//! `cli_mcp_e2e::addons`, runs
 //! three busybox pods listening on TCP 8080 and 9090, and opens TCP connections from inside
 //! the pods' network namespaces (source address = the pod's IP) with short connect timeouts:
 //!
@@ -32,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use cli_mcp_api::pod_state::is_ready;
 use cli_mcp_e2e::addons::{
-    self, foreign_rules, in_netns, pod_netns, query_a, tcp_reach, ClusterDns, DnsReply, Enforcer,
-    Ipv4Net, Reach, DNS_SERVICE_IP, RCODE_NOERROR, RCODE_NXDOMAIN, RCODE_REFUSED, SERVICE_CIDR,
+    self, foreign_rules, in_netns, pod_netns, query_a, tcp_reach, DnsReply, Enforcer, Ipv4Net,
+    Reach, DNS_SERVICE_IP, RCODE_NOERROR, RCODE_NXDOMAIN, RCODE_REFUSED, SERVICE_CIDR,
 };
 use cli_mcp_e2e::cluster::ClusterConfig;
 use cli_mcp_e2e::testing::{
@@ -180,9 +181,8 @@ async fn network_policies_are_enforced_and_cluster_dns_answers_only_cluster_name
     let gateway = pod_cidr.first_host();
 
     let before = addons::iptables_filter().expect("iptables-save");
-    let dns_server = ClusterDns::start(info, &addons_bin)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    // Every process cluster has CoreDNS on its pod gateway (`Cluster::up`).
+    let dns_server = private.cluster.dns().expect("the process cluster's DNS");
     let mut enforcer = Enforcer::start(info, &addons_bin)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -475,7 +475,6 @@ async fn network_policies_are_enforced_and_cluster_dns_answers_only_cluster_name
 
     // --- Stopping removes exactly what kube-router added --------------------------------------
     enforcer.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    dns_server.stop().await;
     let after = addons::iptables_filter().expect("iptables-save");
     let (before, after) = (lines(&before), lines(&after));
     let ours_left: Vec<&String> = after

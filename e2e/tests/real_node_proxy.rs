@@ -32,8 +32,9 @@
 //! - a proxy replica killed: once it is gone from the Service, calls keep working;
 //! - the token rotated in the admin's Secret and the old one revoked: the session's next
 //!   calls use the new one within seconds, no sandbox or proxy pod restarted;
-//! - `spec.proxy` removed: the proxy's Deployment, ConfigMap and NetworkPolicy are deleted
-//!   (with the installed operator's RBAC).
+//! - `spec.proxy` removed: the implied proxy takes over (the same kubeconfig Secret, the
+//!   kubernetes target alone): the allow-listed server is no route any more (403), and the
+//!   session's `kubectl` still works through the proxy.
 //!
 //! Skipped, saying so, when not root or when the host cannot run the real node.
 
@@ -48,7 +49,6 @@ use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::peer::{expect, peer, reach};
 use cli_mcp_e2e::real_node_rig::RealNodeRig;
 use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set, TIMEOUT};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -1009,41 +1009,54 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         "the session's shell was not restarted by the rotation"
     );
 
-    // --- spec.proxy removed: the proxy and everything it holds go --------------------------------
+    // --- spec.proxy removed: the implied proxy takes over -----------------------------------------
+    // The instance keeps a proxy holding the same kubeconfig Secret (the default name), with
+    // the kubernetes target alone: the allow-listed server is no route any more, the API still
+    // is, and the sandbox never gets the Secret.
     let mut without = cr.clone();
     if let Some(spec) = without["spec"].as_object_mut() {
         spec.remove("proxy");
     }
     env.apply_cr(&without).await;
-    let deployments: Api<Deployment> = env.api();
-    wait_for(
-        deployments,
-        "cli-mcp-p-proxy",
-        "the proxy Deployment deleted after spec.proxy was removed",
-        TIMEOUT,
-        |d: Option<&Deployment>| d.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
     wait_for(
         env.api::<ConfigMap>(),
         "cli-mcp-p-proxy",
-        "the proxy ConfigMap deleted",
+        "the implied proxy's route table without the allow-list",
         TIMEOUT,
-        |c: Option<&ConfigMap>| c.is_none(),
+        |c: Option<&ConfigMap>| {
+            c.and_then(|c| c.data.as_ref())
+                .and_then(|d| d.get(cli_mcp_api::proxy::ROUTES_KEY))
+                .is_some_and(|routes| !routes.contains(&web_host))
+        },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    wait_for(
-        env.api::<NetworkPolicy>(),
-        "cli-mcp-p-proxy",
-        "the proxy NetworkPolicy deleted",
-        TIMEOUT,
-        |n: Option<&NetworkPolicy>| n.is_none(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    eprintln!("proxy children removed with spec.proxy");
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
+    // The proxy rolls to the new table; until its old pods are gone a tunnel may still land on
+    // one of them.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (_, t) = run(
+            &mcp,
+            "s1",
+            &format!("curl -sS -m 20 -o /dev/null https://{web}/ 2>&1"),
+        )
+        .await;
+        if t.contains("403") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the allow-listed server is still reached after spec.proxy was removed: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let names = ok(&mcp, "s1", "echo $KUBECONFIG; kubectl get ns -o name").await;
+    assert!(
+        names.starts_with("/etc/cli-mcp/proxy-client/kubeconfig\n")
+            && names.contains(&format!("namespace/{ns}")),
+        "kubectl through the implied proxy: {names}"
+    );
+    eprintln!("spec.proxy removed: the implied proxy serves the API alone");
 
     if let Some(e) = enforcer.exited_error() {
         panic!("{e}");

@@ -13,13 +13,15 @@
 //!   pod, `b`'s server, `b`'s sandbox and a pod of another namespace cannot (the node itself
 //!   can: that is the positive control that the agent listens);
 //! - egress: an `a` sandbox reaches cluster DNS (through the `kube-dns` ClusterIP, answered by
-//!   the CoreDNS pod) and the API server (ClusterIP and endpoint), nothing else: not the
+//!   the CoreDNS pod) and its credential proxy (the implied one: `a` has no `spec.proxy`),
+//!   nothing else: not the API server (neither its ClusterIP nor its endpoint), not the
 //!   server's ports, not `b`'s sandbox, not the other pods, not CoreDNS's health port;
 //! - deleting the sandbox NetworkPolicy: the operator restores it and isolation holds again.
 //!
 //! Then the sandbox itself, through the MCP endpoint as a client uses it: admitted under
-//! `restricted`, non-root on a read-only root filesystem, `kubectl get ns` with the mounted
-//! kubeconfig, `jq`, `yq`, `kubectl version --client` (the image has no `oc`), short cluster
+//! `restricted`, non-root on a read-only root filesystem, no Secret mounted and no real token
+//! anywhere in the sandbox, `kubectl get ns` through the proxy with the dummy kubeconfig
+//! while a direct connection to the API server fails, `jq`, `yq`, `kubectl version --client` (the image has no `oc`), short cluster
 //! names resolving through libc, a session in a pod running as an arbitrary UID in group 0
 //! (OpenShift's restricted SCC), and a memory limit: a command allocating past it is
 //! OOM-killed with a clear result and the session goes on.
@@ -294,33 +296,23 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         );
     }
 
-    // The operator's policy names the API server's endpoint (the address kube-proxy DNATs
-    // 10.96.0.1 to, and the one the instance's kubeconfig names).
+    // The operator's sandbox policy lets out DNS and the instance's proxy pods; it names no
+    // address but NodeLocal DNSCache's (in the DNS rule): not the API server's endpoint (the
+    // address kube-proxy DNATs 10.96.0.1 to, and the one the instance's kubeconfig names).
     let np = env
         .api::<NetworkPolicy>()
         .get("cli-mcp-a-sandbox")
         .await
         .expect("the sandbox NetworkPolicy");
     let egress = np.spec.and_then(|s| s.egress).unwrap_or_default();
-    let api_rule = egress.iter().any(|r| {
-        r.to.iter()
-            .flatten()
-            .any(|p| p.ip_block.as_ref().map(|b| b.cidr.as_str()) == Some(&format!("{gateway}/32")))
-            && r.ports.iter().flatten().any(|p| {
-                p.port
-                    == Some(
-                        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
-                            info.apiserver_port,
-                        )),
-                    )
-            })
-    });
-    assert!(
-        api_rule,
-        "no egress rule to the API server endpoint {gateway}:{}: {egress:?}\n{}",
-        info.apiserver_port,
-        env.logs("operator")
-    );
+    let cidrs: Vec<&str> = egress
+        .iter()
+        .flat_map(|r| r.to.iter().flatten())
+        .filter_map(|p| p.ip_block.as_ref().map(|b| b.cidr.as_str()))
+        .collect();
+    assert_eq!(cidrs, ["169.254.20.10/32"], "{egress:?}");
+    let proxy_pod = one_ready(pods.clone(), &sel("a", "proxy")).await;
+    let proxy_a = peer(&socket, "proxy a", &proxy_pod);
 
     // --- Ingress: only a's server reaches a's sandbox agent ---------------------------------
     eprintln!("ingress to sandbox a ({}:{AGENT_PORT})", sandbox_a.ip);
@@ -334,7 +326,7 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         expect(from, sandbox_a.ip, AGENT_PORT, "sandbox a", false).await;
     }
 
-    // --- Egress: cluster DNS and the API server, nothing else ----------------------------------
+    // --- Egress: cluster DNS and the proxy, nothing else ----------------------------------------
     eprintln!("egress of sandbox a");
     expect_resolves(
         &sandbox_a,
@@ -344,13 +336,24 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     )
     .await;
     expect(&sandbox_a, DNS_SERVICE_IP, 53, "kube-dns (TCP)", true).await;
-    expect(&sandbox_a, gateway, info.apiserver_port, "apiserver", true).await;
+    expect(
+        &sandbox_a,
+        proxy_a.ip,
+        cli_mcp_api::proxy::PROXY_PORT,
+        "proxy a",
+        true,
+    )
+    .await;
+    // The API server, directly: its endpoint and its ClusterIP. The proxy reaches it (the
+    // positive control).
+    expect(&proxy_a, gateway, info.apiserver_port, "apiserver", true).await;
+    expect(&sandbox_a, gateway, info.apiserver_port, "apiserver", false).await;
     expect(
         &sandbox_a,
         Ipv4Addr::new(10, 96, 0, 1),
         443,
         "kubernetes",
-        true,
+        false,
     )
     .await;
     for (to, port) in [
@@ -363,16 +366,34 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     ] {
         expect(&sandbox_a, to.ip, port, &to.name, false).await;
     }
-    // The same from inside the session: libc through the pod's resolv.conf, kubectl through
-    // the mounted kubeconfig.
+    // The same from inside the session: libc through the pod's resolv.conf; kubectl through
+    // the proxy with the dummy kubeconfig, whose token is the placeholder; no Secret mounted;
+    // the API server refuses a direct connection (the NetworkPolicy), and the proxy is where
+    // the session's HTTPS goes.
     let names = ok(
         &mcp,
         "s1",
-        "getent hosts kubernetes.default.svc | cut -d' ' -f1; kubectl get ns -o name",
+        "getent hosts kubernetes.default.svc | cut -d' ' -f1; \
+         echo \"$KUBECONFIG $HTTPS_PROXY\"; \
+         grep -c 'token: cli-mcp-proxy-managed' \"$KUBECONFIG\"; \
+         test -e /etc/cli-mcp/kubeconfig && echo mounted || echo no-secret; \
+         if curl --noproxy '*' -sk --max-time 5 -o /dev/null \"$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')/version\"; \
+         then echo direct-reached; else echo direct-blocked; fi; \
+         kubectl get ns -o name",
     )
     .await;
     let mut lines = names.lines();
     assert_eq!(lines.next(), Some("10.96.0.1"), "{names}");
+    assert_eq!(
+        lines.next().map(str::to_owned),
+        Some(format!(
+            "/etc/cli-mcp/proxy-client/kubeconfig http://cli-mcp-a-proxy.{ns}.svc:8080"
+        )),
+        "{names}"
+    );
+    assert_eq!(lines.next(), Some("1"), "the placeholder token: {names}");
+    assert_eq!(lines.next(), Some("no-secret"), "{names}");
+    assert_eq!(lines.next(), Some("direct-blocked"), "{names}");
     let listed: Vec<&str> = lines.collect();
     for want in ["namespace/kube-system", "namespace/default"] {
         assert!(listed.contains(&want), "kubectl get ns: {names}");

@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long, env = "RELATED_IMAGE_SANDBOX")]
     pub sandbox_image: Option<String>,
 
-    /// Image of the credential proxy (instances with spec.proxy need it).
+    /// Image of the credential proxy (every instance runs one).
     #[arg(long, env = "RELATED_IMAGE_PROXY")]
     pub proxy_image: Option<String>,
 

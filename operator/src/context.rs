@@ -59,7 +59,7 @@ pub struct OperatorConfig {
     pub server_image: String,
     /// `RELATED_IMAGE_SANDBOX`, used when `spec.sandbox.image` is empty.
     pub sandbox_image: Option<String>,
-    /// `RELATED_IMAGE_PROXY`, the credential proxy of instances with `spec.proxy`.
+    /// `RELATED_IMAGE_PROXY`, the credential proxy every instance runs.
     pub proxy_image: Option<String>,
     pub scope: Scope,
     /// How long a teardown may wait for pods before it releases the CR anyway (the pods keep

@@ -106,9 +106,6 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     let apply_error = apply::apply_all(ctx, &ns, &desired).await;
 
     let spec = &inputs.spec;
-    if spec.proxy.is_none() {
-        teardown::remove_proxy(ctx, spec).await;
-    }
     if let Some(p) = &inputs.proxy {
         crate::rotation::nudge_proxy_pods(ctx, spec, p).await;
     }
@@ -145,12 +142,11 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     Ok(Action::requeue(renew.map_or(next, |r| next.min(r))))
 }
 
-/// Fail closed: why no sandbox of an instance with a credential proxy may start now — its
-/// inputs are not usable, its Deployment has no ready replica, or a NetworkPolicy that
-/// confines the sandboxes or the proxy is missing. `None` without a proxy, or when all hold.
+/// Fail closed: why no sandbox may start now — the credential proxy's inputs are not
+/// usable, its Deployment has no ready replica, or a NetworkPolicy that confines the
+/// sandboxes or the proxy is missing. `None` when all hold.
 fn proxy_gate(ctx: &Context, inputs: &Inputs) -> Option<String> {
     let spec = &inputs.spec;
-    spec.proxy.as_ref()?;
     if inputs.proxy.is_none() {
         return Some(
             "the credential proxy's inputs are not usable (see the Ready condition)".into(),

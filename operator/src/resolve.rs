@@ -108,13 +108,12 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
     let api_server = api_server_peers(ctx).await;
     let (key, hmac_version, key_problem) = ensure_hmac(ctx, cr, spec).await?;
     let tls = ensure_tls(ctx, cr, spec).await?;
-    let kubeconfig = check_kubeconfig(ctx, spec).await?;
     let proxy = resolve_proxy(ctx, cr, spec).await?;
     let tls_renew_in = tls.renew_in;
     let (serving_cert_pending, backend_ca) = (tls.pending, tls.backend_ca);
     let mut missing = Vec::new();
     let mut invalid = Vec::new();
-    for p in [key_problem, tls.problem, kubeconfig, proxy.problem]
+    for p in [key_problem, tls.problem, proxy.problem]
         .into_iter()
         .flatten()
     {
@@ -617,12 +616,10 @@ struct ProxyState {
     ca_invalid: Option<String>,
 }
 
-/// The proxy CA (created once) and the admin kubeconfig (validated) of an instance with a
-/// proxy; `ProxyState::inputs` only when both are usable.
+/// The proxy CA (created once) and the admin kubeconfig (validated) of the instance's
+/// credential proxy; `ProxyState::inputs` only when both are usable.
 async fn resolve_proxy(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<ProxyState> {
-    let Some(plan) = &spec.proxy else {
-        return Ok(ProxyState::default());
-    };
+    let plan = &spec.proxy;
     let (ca_pem, ca_version) = match ensure_proxy_ca(ctx, cr, spec).await? {
         Ok(ca) => ca,
         Err(problem) => {
@@ -801,24 +798,6 @@ async fn ensure_proxy_ca(
     )))
 }
 
-async fn check_kubeconfig(ctx: &Context, spec: &Spec) -> Result<Option<Problem>> {
-    let Some(name) = &spec.kubeconfig_secret else {
-        return Ok(None);
-    };
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &spec.namespace)
-        .get_opt(name)
-        .await?;
-    Ok(match secret {
-        None => Some(Problem::Missing(format!(
-            "{name} (the sandbox kubeconfig, key '{KUBECONFIG_KEY}'; see config/samples)"
-        ))),
-        Some(s) if secrets::secret_value(&s, KUBECONFIG_KEY).is_none() => Some(Problem::Invalid(
-            format!("Secret {name} has no key '{KUBECONFIG_KEY}'"),
-        )),
-        Some(_) => None,
-    })
-}
-
 /// The API server's addresses as pods see them: `default/kubernetes` Service IP and its
 /// EndpointSlice addresses. Cached; a lookup failure (e.g. RBAC) yields what was found.
 pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
@@ -843,13 +822,13 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
             }
         }
         Ok(None) => {}
-        // Without these addresses the sandbox NetworkPolicy has no API server rule, so an
-        // enforcing CNI cuts sandboxes off the API: say so where an admin looks (the log
-        // and the instance's Degraded condition).
+        // Without these addresses the proxy's NetworkPolicy has no API server rule, so an
+        // enforcing CNI cuts the proxy (and so the sandboxes) off the API: say so where an
+        // admin looks (the log and the instance's Degraded condition).
         Err(e) => {
             tracing::warn!(
-                "reading Service default/kubernetes: {e}; sandboxes get no API server egress \
-                 (the operator needs config/rbac's Role in namespace default)"
+                "reading Service default/kubernetes: {e}; the credential proxy gets no API \
+                 server egress (the operator needs config/rbac's Role in namespace default)"
             );
             peers.problem = Some(format!("cannot read Service default/kubernetes: {e}"));
         }
@@ -871,8 +850,8 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
         }
         Err(e) => {
             tracing::warn!(
-                "listing EndpointSlices of default/kubernetes: {e}; sandboxes get no egress to \
-                 the API server's endpoints (the operator needs config/rbac's Role in namespace \
+                "listing EndpointSlices of default/kubernetes: {e}; the credential proxy gets no \
+                 egress to the API server's endpoints (the operator needs config/rbac's Role in namespace \
                  default)"
             );
             peers.problem.get_or_insert_with(|| {

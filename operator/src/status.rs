@@ -58,7 +58,7 @@ pub struct Observed {
     pub proxy_ca_invalid: Option<String>,
     pub apply_error: Option<String>,
     pub deployment: Option<DeploymentState>,
-    /// Why the credential proxy is not serving yet (an instance with a proxy only).
+    /// Why the credential proxy is not serving yet.
     pub proxy_unavailable: Option<String>,
     pub pool: PoolOutcome,
     pub active_sessions: i32,

@@ -235,23 +235,6 @@ async fn delete_cached<K: crate::apply::Owned>(ctx: &Context, ns: &str, name: &s
     }
 }
 
-/// An instance whose `spec.proxy` was removed: deletes the proxy children the stores still
-/// show, so no proxy keeps holding the admin's token (owner references remove them with the
-/// instance anyway).
-pub async fn remove_proxy(ctx: &Context, spec: &crate::children::Spec) {
-    use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-
-    let (ns, name, why) = (spec.namespace.as_str(), spec.name.proxy(), "spec.proxy");
-    delete_cached::<Deployment>(ctx, ns, &name, why).await;
-    delete_cached::<PodDisruptionBudget>(ctx, ns, &name, why).await;
-    delete_cached::<Service>(ctx, ns, &name, why).await;
-    delete_cached::<NetworkPolicy>(ctx, ns, &name, why).await;
-    delete_cached::<ConfigMap>(ctx, ns, &name, why).await;
-    delete_cached::<ServiceAccount>(ctx, ns, &name, why).await;
-}
-
 /// The Ingress, HTTPRoute or Route an instance no longer asks for (`spec.server.expose`
 /// removed or switched to another kind), so the endpoint stops being published.
 pub async fn remove_expose(ctx: &Context, spec: &crate::children::Spec) {

@@ -257,15 +257,12 @@ impl Backoff for PerWatchBackoffOnly {
 /// instance without `tlsSecretName`: off OpenShift no such Secret exists.
 fn uses_secret(cr: &CliMcpInstance, name: &str) -> bool {
     let named = |s: Option<&str>| s == Some(name);
-    named(cr.kubeconfig_secret().ok().flatten().as_deref())
-        || named(
-            cr.proxy_plan()
-                .ok()
-                .flatten()
-                .and_then(|p| p.kubeconfig_secret)
-                .as_deref(),
-        )
-        || named(cr.spec.server.tls_secret_name.as_deref())
+    named(
+        cr.proxy_plan()
+            .ok()
+            .and_then(|p| p.kubeconfig_secret)
+            .as_deref(),
+    ) || named(cr.spec.server.tls_secret_name.as_deref())
         || (cr.spec.server.tls_secret_name.is_none()
             && cr
                 .instance_name()

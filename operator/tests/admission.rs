@@ -514,3 +514,213 @@ async fn placement_fields_are_checked_at_admission() {
     }
     ns.delete().await.expect("delete namespace");
 }
+
+/// A client that acts as `user` (the API server adds a ServiceAccount's groups itself).
+async fn client_as(c: &cli_mcp_e2e::testing::TestCluster, user: &str) -> kube::Client {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let kc = Kubeconfig::read_from(&c.info.kubeconfig).expect("kubeconfig");
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("client config");
+    // kube's Config parses a kubeconfig's `as:` but does not send it; the header does.
+    cfg.headers.push((
+        reqwest::header::HeaderName::from_static("impersonate-user"),
+        reqwest::header::HeaderValue::from_str(user).expect("header value"),
+    ));
+    kube::Client::try_from(cfg).expect("client")
+}
+
+/// No Secret ever reaches a sandbox: config/admission's sandbox pod policy (bound to this
+/// test's namespace only) refuses a sandbox pod with a Secret volume or a projected Secret,
+/// whichever Secret it names — the instance's HMAC key that forges session tokens, the
+/// kubeconfig the proxy holds — when a server (or the operator) makes it. The pod the
+/// builder makes passes. Requests are dry runs made as the server's ServiceAccount.
+#[tokio::test]
+async fn the_sandbox_pod_policy_refuses_any_secret_in_a_sandbox() {
+    use cli_mcp_api::names::{InstanceName, PoolSuffix};
+    use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, SandboxRole};
+    use cli_mcp_api::token::Commitment;
+    use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
+    use k8s_openapi::api::core::v1::{
+        Pod, ProjectedVolumeSource, SecretProjection, SecretVolumeSource, Volume, VolumeProjection,
+    };
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use kube::api::{DeleteParams, ObjectMeta};
+    use std::time::{Duration, Instant};
+
+    const INSTANCE: &str = "adm";
+    let c = cluster().await.expect("cluster");
+    let ns = c.namespace("admission-pods").await.expect("namespace");
+    let server = format!("system:serviceaccount:{}:cli-mcp-{INSTANCE}", ns.name);
+
+    // The server's RBAC on pods, as its Role grants it.
+    ns.api::<Role>()
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: ObjectMeta {
+                    name: Some("server".into()),
+                    ..Default::default()
+                },
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["pods".into()]),
+                    verbs: vec!["create".into()],
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .expect("Role");
+    ns.api::<RoleBinding>()
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some("server".into()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: "server".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "User".into(),
+                    name: server.clone(),
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .expect("RoleBinding");
+
+    // config/admission, its bindings limited to this namespace (other tests share the
+    // cluster), its names prefixed so that parallel runs do not collide.
+    let n = &ns.name;
+    let yaml = kustomize_build(
+        &format!("admission-{n}"),
+        &format!(
+            r#"resources:
+  - ../../config/admission
+namePrefix: {n}-
+patches:
+  - target: {{kind: ValidatingAdmissionPolicyBinding}}
+    patch: |-
+      - op: add
+        path: /spec/matchResources
+        value:
+          namespaceSelector:
+            matchExpressions:
+              - {{key: kubernetes.io/metadata.name, operator: In, values: [{n}]}}
+"#
+        ),
+    );
+    let outside = apply_yaml(&c, n, &yaml, |_| {}).await;
+
+    let mut cfg = SandboxConfig::new(
+        InstanceName::parse(INSTANCE).expect("instance name"),
+        n,
+        "cli-mcp-agent:dev",
+    );
+    cfg.proxy = Some(SandboxProxy {
+        url: format!("http://cli-mcp-{INSTANCE}-proxy.{n}.svc:8080"),
+        config_map: format!("cli-mcp-{INSTANCE}-proxy"),
+        kubeconfig: true,
+    });
+    let builder_pod = build_sandbox_pod(
+        &cfg,
+        &SandboxRole::Pool {
+            suffix: PoolSuffix::from_random_bytes(*b"admission0"),
+            assign: Commitment::of("not a real token"),
+        },
+        "2026-01-01T00:00:00Z",
+    );
+    let with_volume = |v: Volume| {
+        let mut p = builder_pod.clone();
+        if let Some(spec) = p.spec.as_mut() {
+            spec.volumes.get_or_insert_with(Vec::new).push(v);
+        }
+        p
+    };
+    let secret = |name: &str, secret: String| Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let projected = |secret: String| Volume {
+        name: "key".into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection {
+                secret: Some(SecretProjection {
+                    name: secret,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let attacks: Vec<(&str, Pod)> = vec![
+        (
+            "the instance's HMAC Secret",
+            with_volume(secret("key", format!("cli-mcp-{INSTANCE}-hmac"))),
+        ),
+        (
+            "the HMAC Secret as the old kubeconfig volume",
+            with_volume(secret("kubeconfig", format!("cli-mcp-{INSTANCE}-hmac"))),
+        ),
+        (
+            "the kubeconfig the proxy holds",
+            with_volume(secret(
+                "kubeconfig",
+                format!("cli-mcp-{INSTANCE}-kubeconfig"),
+            )),
+        ),
+        (
+            "a projected HMAC Secret",
+            with_volume(projected(format!("cli-mcp-{INSTANCE}-hmac"))),
+        ),
+    ];
+
+    let pods: Api<Pod> = Api::namespaced(client_as(&c, &server).await, n);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    // The policy takes effect asynchronously (the API server loads it from a watch): wait
+    // until it refuses the first attack.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pods.create(&dry, &attacks[0].1).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox pod policy did not take effect within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pods.create(&dry, &builder_pod)
+        .await
+        .expect("the builder's pod passes the policy");
+    for (what, pod) in &attacks {
+        let e = pods
+            .create(&dry, pod)
+            .await
+            .expect_err(&format!("a sandbox pod mounting {what} must be refused"))
+            .to_string();
+        assert!(
+            e.contains("cli-mcp-sandbox-pods")
+                && e.contains("a cli-mcp sandbox pod mounts no Secret"),
+            "{what}: {e}"
+        );
+    }
+
+    for (api, name) in outside {
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    ns.delete().await.expect("delete namespace");
+}

@@ -99,13 +99,71 @@ async fn sample_becomes_ready_with_all_children() {
             .expect("RoleBinding")
             .metadata
     ));
-    assert!(owned(
-        &ns.api::<NetworkPolicy>()
-            .get(&n.sandbox())
-            .await
-            .expect("NetworkPolicy")
-            .metadata
-    ));
+    let np = ns
+        .api::<NetworkPolicy>()
+        .get(&n.sandbox())
+        .await
+        .expect("NetworkPolicy");
+    assert!(owned(&np.metadata));
+    // Without spec.proxy the sample runs the implied credential proxy: it alone mounts the
+    // kubeconfig Secret, the sandboxes reach it (and DNS) and no API server address.
+    let proxy = ns
+        .api::<Deployment>()
+        .get(&n.proxy())
+        .await
+        .expect("the implied credential proxy's Deployment");
+    assert!(owned(&proxy.metadata));
+    let proxy_secrets: Vec<String> = proxy
+        .spec
+        .template
+        .spec
+        .and_then(|p| p.volumes)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.secret.and_then(|s| s.secret_name))
+        .collect();
+    assert!(
+        proxy_secrets.contains(&n.kubeconfig_secret()),
+        "{proxy_secrets:?}"
+    );
+    let egress = np.spec.and_then(|s| s.egress).expect("egress");
+    assert!(
+        egress.iter().any(|r| r.to.iter().flatten().any(|p| p
+            .pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.as_ref())
+            .is_some_and(|l| l.get(label::COMPONENT).map(String::as_str) == Some("proxy")))),
+        "{egress:?}"
+    );
+    let warm = wait_pool(
+        &ns,
+        &name,
+        usize::try_from(sample.spec.sandbox.warm_pool_size).expect("pool size"),
+        &op,
+    )
+    .await;
+    for pod in &warm {
+        let spec = pod.spec.as_ref().expect("spec");
+        assert!(
+            spec.volumes
+                .iter()
+                .flatten()
+                .all(|v| v.secret.is_none() && v.projected.is_none()),
+            "a sandbox mounts no Secret: {:?}",
+            spec.volumes
+        );
+        let kubeconfig = spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "KUBECONFIG")
+            .and_then(|e| e.value.clone());
+        assert_eq!(
+            kubeconfig.as_deref(),
+            Some("/etc/cli-mcp/proxy-client/kubeconfig"),
+            "the dummy kubeconfig"
+        );
+    }
     assert!(owned(
         &ns.api::<Secret>()
             .get(&n.hmac_secret())
@@ -145,7 +203,13 @@ async fn sample_becomes_ready_with_all_children() {
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
         .filter_map(|e| e.reason.clone())
         .collect();
-    for r in ["HmacKeyGenerated", "CertificateGenerated", "Ready", "Full"] {
+    for r in [
+        "HmacKeyGenerated",
+        "CertificateGenerated",
+        "ProxyCaGenerated",
+        "Ready",
+        "Full",
+    ] {
         assert!(reasons.contains(r), "event {r} missing: {reasons:?}");
     }
     let metrics = op.http("/metrics").await.expect("metrics").1;
@@ -1125,4 +1189,86 @@ async fn the_client_identity_may_use_its_instance_and_nothing_else() {
     assert!(may_use(&c, n, "cl", "alice", &[], "create").await);
     assert!(may_use(&c, n, "cl", &client, &[], "create").await);
     finish(ns, "cl", &op).await;
+}
+
+/// The implied proxy (no `spec.proxy`) holds `spec.sandbox.kubeconfigSecret`; naming a Secret
+/// the operator made (here another instance's HMAC key: admission refuses only the
+/// instance's own names) makes the instance `KubeconfigInvalid` with what to fix, and no
+/// sandbox starts. Naming the admin's kubeconfig instead makes it Ready.
+#[tokio::test]
+async fn the_implied_proxy_never_holds_a_secret_of_the_operators() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("implied").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    // Another instance's HMAC Secret, as the operator labels it.
+    let stolen = "cli-mcp-other-hmac";
+    ns.api::<Secret>()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": stolen, "labels": {label::APP_MANAGED_BY: label::MANAGED_BY}},
+                "stringData": {"kubeconfig": cli_mcp_e2e::instance::DUMMY_KUBECONFIG, "key": "00"},
+            }))
+            .expect("Secret"),
+        )
+        .await
+        .expect("create the look-alike Secret");
+    ns.api::<CliMcpInstance>()
+        .create(
+            &PostParams::default(),
+            &instance(
+                "im",
+                json!({"sandbox": {"warmPoolSize": 1, "kubeconfigSecret": stolen}}),
+            ),
+        )
+        .await
+        .expect("create instance");
+    let refused = op.ok(cli_mcp_e2e::instance::wait_instance(
+        ns.api::<CliMcpInstance>(),
+        "im",
+        "Ready=False KubeconfigInvalid",
+        TIMEOUT,
+        |o| condition(o, "Ready").is_some_and(|(s, r)| s == "False" && r == "KubeconfigInvalid"),
+    )
+    .await);
+    let message = find_condition(&refused, "Ready")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(stolen)
+            && message.contains("managed by the cli-mcp operator")
+            && message.contains("name the Secret holding the admin kubeconfig"),
+        "{message}"
+    );
+    let pods = ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&sandbox_selector("im")))
+        .await
+        .expect("list sandboxes");
+    assert!(pods.items.is_empty(), "no sandbox starts: {:?}", pods.items);
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("cli-mcp-im-proxy")
+            .await
+            .expect("get")
+            .is_none(),
+        "no proxy holds the operator's Secret"
+    );
+
+    // What the message says to do.
+    kubeconfig_secret(&ns, "im").await;
+    ns.api::<CliMcpInstance>()
+        .patch(
+            "im",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"sandbox": {"kubeconfigSecret": "cli-mcp-im-kubeconfig"}}}),
+            ),
+        )
+        .await
+        .expect("patch instance");
+    wait_ready(&ns, "im", &op).await;
+    wait_pool(&ns, "im", 1, &op).await;
+    finish(ns, "im", &op).await;
 }

@@ -22,8 +22,9 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Pod, SeccompProfile,
-    SecretKeySelector, SecretVolumeSource, ServiceAccount, Volume,
+    Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Pod,
+    ProjectedVolumeSource, SeccompProfile, SecretKeySelector, SecretProjection, SecretVolumeSource,
+    ServiceAccount, Volume, VolumeProjection,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -39,7 +40,8 @@ use support::*;
 const INSTANCE: &str = "rb";
 /// A pod of something else in the instance's namespace.
 const BYSTANDER: &str = "bystander";
-/// A second instance, with a credential proxy: its sandboxes may mount no Secret at all.
+/// A second instance, with `spec.proxy` (the first has the implied proxy): no sandbox of
+/// either may mount a Secret.
 const PROXIED: &str = "rbpx";
 
 /// A client that acts as `user` (the API server adds a ServiceAccount's groups itself).
@@ -147,42 +149,49 @@ impl World {
     }
 }
 
-/// The sandbox pod the builder makes for the test instance (no proxy: its kubeconfig Secret).
-fn builder_pod(ns: &str) -> Pod {
+/// The sandbox config the operator gives `instance`'s sandboxes: its credential proxy's
+/// ConfigMap and no Secret.
+fn sandbox_config(instance: &str, ns: &str) -> SandboxConfig {
     let mut cfg = SandboxConfig::new(
-        InstanceName::parse(INSTANCE).expect("instance name"),
-        ns,
-        SANDBOX_IMAGE,
-    );
-    cfg.kubeconfig_secret = Some(format!("cli-mcp-{INSTANCE}-kubeconfig"));
-    build(&cfg)
-}
-
-/// The sandbox pod the builder makes for instance [`PROXIED`], which has a credential
-/// proxy: its ConfigMap and no Secret.
-fn proxied_builder_pod(ns: &str) -> Pod {
-    let mut cfg = SandboxConfig::new(
-        InstanceName::parse(PROXIED).expect("instance name"),
+        InstanceName::parse(instance).expect("instance name"),
         ns,
         SANDBOX_IMAGE,
     );
     cfg.proxy = Some(SandboxProxy {
-        url: format!("http://cli-mcp-{PROXIED}-proxy.{ns}.svc:8080"),
-        config_map: format!("cli-mcp-{PROXIED}-proxy"),
+        url: format!("http://cli-mcp-{instance}-proxy.{ns}.svc:8080"),
+        config_map: format!("cli-mcp-{instance}-proxy"),
         kubeconfig: true,
     });
-    build(&cfg)
+    cfg
+}
+
+/// The sandbox pod the builder makes for the test instance.
+fn builder_pod(ns: &str) -> Pod {
+    build(&sandbox_config(INSTANCE, ns))
+}
+
+/// The sandbox pod the builder makes for instance [`PROXIED`].
+fn proxied_builder_pod(ns: &str) -> Pod {
+    build(&sandbox_config(PROXIED, ns))
+}
+
+/// A volume of Secret `secret`, as the builder once mounted the kubeconfig.
+fn secret_volume(name: &str, secret: String) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The builder's pod with every placement field an instance may set; the RuntimeClass and
 /// PriorityClass named `<ns>-sandbox` exist (their admission plugins look them up).
 fn placed_builder_pod(ns: &str) -> Pod {
-    let mut cfg = SandboxConfig::new(
-        InstanceName::parse(INSTANCE).expect("instance name"),
-        ns,
-        SANDBOX_IMAGE,
-    );
-    cfg.kubeconfig_secret = Some(format!("cli-mcp-{INSTANCE}-kubeconfig"));
+    let mut cfg = sandbox_config(INSTANCE, ns);
     cfg.placement = serde_json::from_value(json!({
         "runtimeClassName": format!("{ns}-sandbox"),
         "nodeSelector": {"sandbox": "true"},
@@ -218,24 +227,13 @@ fn attack_pod(ns: &str, request: &str) -> Pod {
     if request.starts_with("a sandbox pod of the instance with a credential proxy") {
         let mut p = proxied_builder_pod(ns);
         if request.ends_with("mounting the kubeconfig Secret") {
-            let kubeconfig = builder_pod(ns)
-                .spec
-                .and_then(|s| s.volumes)
-                .into_iter()
-                .flatten()
-                .find(|v| v.name == "kubeconfig")
-                .expect("kubeconfig volume");
-            let secret = kubeconfig.secret.map(|s| SecretVolumeSource {
-                secret_name: Some(format!("cli-mcp-{PROXIED}-kubeconfig")),
-                ..s
-            });
             spec(&mut p)
                 .volumes
                 .get_or_insert_with(Vec::new)
-                .push(Volume {
-                    secret,
-                    ..kubeconfig
-                });
+                .push(secret_volume(
+                    "kubeconfig",
+                    format!("cli-mcp-{PROXIED}-kubeconfig"),
+                ));
         }
         return p;
     }
@@ -300,16 +298,34 @@ fn attack_pod(ns: &str, request: &str) -> Pod {
                 ..Default::default()
             }]);
         }
-        "the same pod mounting the instance's HMAC Secret as its kubeconfig" => {
-            for v in spec(&mut p).volumes.get_or_insert_with(Vec::new) {
-                if v.name == "kubeconfig" {
-                    v.secret = Some(SecretVolumeSource {
-                        secret_name: Some(format!("cli-mcp-{INSTANCE}-hmac")),
+        "the same pod mounting its kubeconfig Secret" => spec(&mut p)
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(secret_volume(
+                "kubeconfig",
+                format!("cli-mcp-{INSTANCE}-kubeconfig"),
+            )),
+        "the same pod mounting the instance's HMAC Secret" => spec(&mut p)
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(secret_volume("key", format!("cli-mcp-{INSTANCE}-hmac"))),
+        "the same pod with a projected volume of the instance's HMAC Secret" => spec(&mut p)
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(Volume {
+                name: "key".into(),
+                projected: Some(ProjectedVolumeSource {
+                    sources: Some(vec![VolumeProjection {
+                        secret: Some(SecretProjection {
+                            name: format!("cli-mcp-{INSTANCE}-hmac"),
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    });
-                }
-            }
-        }
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
         "the same pod with an env var from a Secret" => {
             agent(&mut p).env.get_or_insert_with(Vec::new).push(EnvVar {
                 name: "STOLEN".into(),
@@ -562,7 +578,7 @@ fn install(base: &str, opns: &str, prefix: &str, ns: &str, other: &str) -> Strin
 namespace: {opns}
 namePrefix: {prefix}
 patches:
-{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-secrets,sandbox-pod-deletions)"}}
+{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-deletions)"}}
     patch: |-
       - op: add
         path: /spec/matchResources
@@ -622,8 +638,8 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     let ins = ns.clone();
     create_instance(&ins, INSTANCE, json!({"sandbox": {"warmPoolSize": 1}})).await;
     wait_ready(&ins, INSTANCE, &op).await;
-    // The proxied instance only needs to exist (it is the pod policy's parameter) and to
-    // have its sandbox ServiceAccount, which the operator makes first.
+    // The proxied instance only needs to exist and to have its sandbox ServiceAccount,
+    // which the operator makes first.
     ns.api::<CliMcpInstance>()
         .create(
             &PostParams::default(),
@@ -845,10 +861,7 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     outside.extend(apply_yaml(&c, &opns.name, &documents(&default_yaml, true), |_| {}).await);
     for (request, identity) in [
         ("the same pod with a hostPath volume", "server"),
-        (
-            "the same pod mounting the instance's HMAC Secret as its kubeconfig",
-            "server",
-        ),
+        ("the same pod mounting the instance's HMAC Secret", "server"),
         ("delete a ClusterRoleBinding it does not own", "operator"),
         ("delete another workload's pod in its namespace", "server"),
     ] {

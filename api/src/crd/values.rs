@@ -9,7 +9,7 @@ use kube::{Resource, ResourceExt};
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use super::{CliMcpInstance, ProxySpec, ProxyTargetType, SandboxSpec, ServerSpec};
+use super::{CliMcpInstance, ProxySpec, ProxyTarget, ProxyTargetType, SandboxSpec, ServerSpec};
 use crate::names::{InstanceName, InstanceNameError};
 use crate::proxy::{Domain, RouteError};
 use crate::sandbox::{allowed_sandbox_env, Placement, SandboxConfig, SandboxProxy};
@@ -32,8 +32,10 @@ pub enum CrdError {
     TwoCas(String),
 }
 
-/// What `spec.proxy` (or the older `spec.sandbox.kubeconfigSecret`) asks for, with the
-/// defaults applied and the allow-list parsed into canonical domains.
+/// The credential proxy every instance runs: what `spec.proxy` asks for or, without it, the
+/// implied proxy (one kubernetes target whose kubeconfig is `spec.sandbox.kubeconfigSecret`,
+/// default `cli-mcp-<name>-kubeconfig`, and the proxy defaults), with the defaults applied
+/// and the allow-list parsed into canonical domains.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyPlan {
     /// The Secret whose `kubeconfig` the proxy holds, with a kubernetes target.
@@ -128,6 +130,28 @@ impl SandboxSpec {
 }
 
 impl ProxySpec {
+    /// The proxy of an instance without `spec.proxy`: one kubernetes target holding the
+    /// kubeconfig Secret `secret_name` (`None`: `cli-mcp-<name>-kubeconfig`), two replicas,
+    /// the default resources and no placement.
+    pub fn implied(secret_name: Option<String>) -> Self {
+        ProxySpec {
+            targets: vec![ProxyTarget {
+                type_: ProxyTargetType::Kubernetes,
+                secret_name,
+                domains: None,
+                ca_config_map: None,
+            }],
+            replicas: super::default_proxy_replicas(),
+            resources: super::default_proxy_resources(),
+            runtime_class_name: None,
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+            priority_class_name: None,
+            image_pull_secrets: Vec::new(),
+        }
+    }
+
     /// Runtime, scheduling and pull Secrets of the proxy pods.
     pub fn placement(&self) -> Placement {
         Placement {
@@ -178,28 +202,20 @@ impl CliMcpInstance {
             .ok_or(CrdError::NoImage)
     }
 
-    /// `spec.proxy`. `None`: the instance has no proxy.
-    pub fn proxy_spec(&self) -> Option<ProxySpec> {
-        self.spec.proxy.clone()
-    }
-
-    /// Without a proxy: the Secret mounted into sandboxes (key `kubeconfig`), by default
-    /// `cli-mcp-<name>-kubeconfig`. `None` with a proxy: only the proxy holds a kubeconfig.
-    pub fn kubeconfig_secret(&self) -> Result<Option<String>, CrdError> {
-        if self.spec.proxy.is_some() {
-            return Ok(None);
+    /// `spec.proxy`, or without it the implied proxy: one kubernetes target holding
+    /// `spec.sandbox.kubeconfigSecret` (default `cli-mcp-<name>-kubeconfig`), with the
+    /// proxy's default replicas, resources and placement. Every instance has a proxy: a
+    /// sandbox never holds a real credential.
+    pub fn proxy_spec(&self) -> ProxySpec {
+        match &self.spec.proxy {
+            Some(p) => p.clone(),
+            None => ProxySpec::implied(self.spec.sandbox.kubeconfig_secret.clone()),
         }
-        Ok(Some(match &self.spec.sandbox.kubeconfig_secret {
-            Some(s) => s.clone(),
-            None => self.instance_name()?.kubeconfig_secret(),
-        }))
     }
 
-    /// The proxy this instance runs, if any.
-    pub fn proxy_plan(&self) -> Result<Option<ProxyPlan>, CrdError> {
-        let Some(p) = self.proxy_spec() else {
-            return Ok(None);
-        };
+    /// The proxy this instance runs (see [`CliMcpInstance::proxy_spec`]).
+    pub fn proxy_plan(&self) -> Result<ProxyPlan, CrdError> {
+        let p = self.proxy_spec();
         let mut kubeconfig_secret = None;
         let mut allowlist = Vec::new();
         let mut allowlist_cas = BTreeMap::new();
@@ -234,14 +250,14 @@ impl CliMcpInstance {
         }
         allowlist.sort();
         allowlist.dedup();
-        Ok(Some(ProxyPlan {
+        Ok(ProxyPlan {
             kubeconfig_secret,
             allowlist,
             allowlist_cas,
             replicas: p.replicas,
             placement: p.placement(),
             resources: p.resources,
-        }))
+        })
     }
 
     /// The Secret with the server's certificate (`tls.crt`, `tls.key`).
@@ -275,16 +291,13 @@ impl CliMcpInstance {
             .filter(|e| allowed_sandbox_env(e))
             .cloned()
             .collect();
-        if let Some(plan) = self.proxy_plan()? {
-            let name = self.instance_name()?;
-            cfg.proxy = Some(SandboxProxy {
-                url: name.proxy_url(&cfg.namespace),
-                config_map: name.proxy(),
-                kubeconfig: plan.kubeconfig_secret.is_some(),
-            });
-        } else {
-            cfg.kubeconfig_secret = self.kubeconfig_secret()?;
-        }
+        let plan = self.proxy_plan()?;
+        let name = self.instance_name()?;
+        cfg.proxy = Some(SandboxProxy {
+            url: name.proxy_url(&cfg.namespace),
+            config_map: name.proxy(),
+            kubeconfig: plan.kubeconfig_secret.is_some(),
+        });
         cfg.owner = Some(owner);
         cfg.placement = sb.placement();
         cfg.output_budget = usize::try_from(sb.output_budget_bytes)

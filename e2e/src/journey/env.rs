@@ -236,7 +236,8 @@ impl Env {
         self.c.pod_logs(&self.ns.name, container, 30)
     }
 
-    /// A dummy sandbox kubeconfig Secret (journeys that do not use kubectl).
+    /// A kubeconfig Secret whose token opens nothing, for the instance's credential proxy
+    /// (journeys that do not use kubectl).
     pub async fn dummy_kubeconfig(&self, instance: &str) {
         self.kubeconfig_secret(instance, DUMMY_KUBECONFIG).await;
     }
@@ -247,8 +248,8 @@ impl Env {
 
     /// The read-only investigation identity of config/samples/investigation-kubeconfig.yaml
     /// (its cluster-scoped objects renamed for this namespace) turned into the instance's
-    /// kubeconfig Secret, with the API server address of the admin kubeconfig (reachable
-    /// from every pod; the local cluster has no cluster DNS).
+    /// kubeconfig Secret (which its credential proxy holds), with the API server address of
+    /// the admin kubeconfig (reachable from every pod, the proxy's among them).
     pub async fn investigation_kubeconfig(&mut self, instance: &str) {
         let n = self.ns.name.clone();
         let yaml = std::fs::read_to_string(

@@ -18,7 +18,8 @@ use crate::testing::{wait_for, wait_for_set, TIMEOUT};
 use cli_mcp_api::crd::CliMcpInstance;
 
 /// Journey 1: install, the sample instance with the investigation kubeconfig, Ready with
-/// status, tools listed, a read-only `kubectl` that may read and is refused writes.
+/// status, tools listed, a read-only `kubectl` that may read and is refused writes, through
+/// the instance's (implied) credential proxy: the sandbox holds only the dummy kubeconfig.
 pub async fn admin_installs_and_investigates_read_only(mut env: Env) {
     env.investigation_kubeconfig("demo").await;
     env.apply_cr(&env.cr("demo", 1)).await;
@@ -52,6 +53,28 @@ pub async fn admin_installs_and_investigates_read_only(mut env: Env) {
     assert_eq!(get["isError"], false, "{get}");
     assert_eq!(get["structuredContent"]["exit_code"], 0, "{get}");
     assert!(stdout(&get).contains(&env.ns.name), "{get}");
+    // What made that work: the proxy's variables and the dummy kubeconfig, whose one token
+    // is the placeholder; nothing of the Secret's is mounted.
+    let held = mcp
+        .bash(
+            "admin-1",
+            "echo \"$KUBECONFIG\"; echo \"$HTTPS_PROXY\"; grep 'token:' \"$KUBECONFIG\"; \
+             test -e /etc/cli-mcp/kubeconfig && echo mounted || echo no-secret",
+        )
+        .await;
+    assert_eq!(held["isError"], false, "{held}");
+    let held = stdout(&held);
+    let lines: Vec<&str> = held.lines().map(str::trim).collect();
+    assert_eq!(
+        lines,
+        [
+            "/etc/cli-mcp/proxy-client/kubeconfig",
+            &format!("http://cli-mcp-demo-proxy.{}.svc:8080", env.ns.name),
+            "token: cli-mcp-proxy-managed",
+            "no-secret",
+        ],
+        "{held}"
+    );
 
     let pods = env.list::<Pod>(&sandbox_selector("demo")).await;
     let victim = pods

@@ -59,10 +59,9 @@ pub struct Spec {
     /// OpenShift's service CA issues the serving certificate into `tls_secret` (see
     /// [`Spec::use_service_ca`]).
     pub service_ca: bool,
-    /// Without a proxy: the Secret with the sandboxes' kubeconfig (required).
-    pub kubeconfig_secret: Option<String>,
-    /// The credential proxy, when the instance has one.
-    pub proxy: Option<ProxyPlan>,
+    /// The credential proxy: `spec.proxy`, or the implied one (see
+    /// [`CliMcpInstance::proxy_plan`]). Every instance has one.
+    pub proxy: ProxyPlan,
     /// The operator's default proxy image (`RELATED_IMAGE_PROXY`).
     pub proxy_image: Option<String>,
     /// Extra egress rules of the sandbox NetworkPolicy.
@@ -117,7 +116,6 @@ impl Spec {
             tls_secret: cr.tls_secret()?,
             custom_tls: s.server.tls_secret_name.is_some(),
             service_ca: false,
-            kubeconfig_secret: cr.kubeconfig_secret()?,
             proxy: cr.proxy_plan()?,
             proxy_image: proxy_image.filter(|i| !i.is_empty()).map(str::to_owned),
             extra_egress: s.network_policy.extra_egress.clone(),
@@ -245,8 +243,8 @@ pub struct Inputs {
     pub backend_ca: Option<String>,
     /// Addresses and ports of the Kubernetes API server (for the proxy's egress).
     pub api_server: ApiServerPeers,
-    /// What the proxy children are built from; `None` without a proxy, or while its CA or
-    /// kubeconfig is not usable (then no proxy children change and no sandbox starts).
+    /// What the proxy children are built from; `None` while its CA, kubeconfig or image is
+    /// not usable (then no proxy children change and no sandbox starts).
     pub proxy: Option<ProxyInputs>,
 }
 

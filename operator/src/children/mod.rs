@@ -60,7 +60,7 @@ pub struct Desired {
     /// When there is a CA to publish: the generated one, or the injected service CA.
     pub ca_config_map: Option<ConfigMap>,
     pub deployment: Deployment,
-    /// The credential proxy, when the instance has one and its inputs resolved.
+    /// The credential proxy (every instance has one), once its inputs resolved.
     pub proxy: Option<proxy::ProxyChildren>,
     /// The Ingress, HTTPRoute or Route of `spec.server.expose`.
     pub expose: Option<expose::Exposed>,
@@ -171,7 +171,8 @@ pub(crate) mod test_support {
         )
         .expect("spec");
         let kubeconfig = admin_kubeconfig();
-        let proxy = spec.proxy.as_ref().map(|plan| {
+        let plan = &spec.proxy;
+        let proxy = Some(
             proxy::proxy_inputs(
                 plan,
                 spec.proxy_image.as_deref(),
@@ -184,8 +185,8 @@ pub(crate) mod test_support {
                 "-----BEGIN CERTIFICATE-----\nproxy-ca\n-----END CERTIFICATE-----\n",
                 "cav1",
             )
-            .expect("proxy inputs")
-        });
+            .expect("proxy inputs"),
+        );
         Inputs {
             spec,
             proxy,
@@ -229,6 +230,13 @@ mod tests {
                 "Service cli-mcp-demo",
                 "NetworkPolicy cli-mcp-demo-sandbox",
                 "ConfigMap cli-mcp-demo-ca",
+                // Without spec.proxy: the implied credential proxy.
+                "ServiceAccount cli-mcp-demo-proxy",
+                "ConfigMap cli-mcp-demo-proxy",
+                "Service cli-mcp-demo-proxy",
+                "NetworkPolicy cli-mcp-demo-proxy",
+                "PodDisruptionBudget cli-mcp-demo-proxy",
+                "Deployment cli-mcp-demo-proxy",
                 "Deployment cli-mcp-demo",
             ]
         );
@@ -373,10 +381,14 @@ mod tests {
         inp.tls_version = None;
         let d = build_all(&inp);
         assert!(d.ca_config_map.is_none());
-        assert!(!d
+        // The only ConfigMap is the credential proxy's (its CA is not the server's).
+        let config_maps: Vec<String> = d
             .children()
             .iter()
-            .any(|c| c.describe().starts_with("ConfigMap")));
+            .map(|c| c.describe())
+            .filter(|c| c.starts_with("ConfigMap"))
+            .collect();
+        assert_eq!(config_maps, ["ConfigMap cli-mcp-demo-proxy"]);
         assert_eq!(
             d.service.spec.and_then(|s| s.ports).map(|p| p[0].port),
             Some(8080)

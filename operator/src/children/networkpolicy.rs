@@ -1,7 +1,7 @@
 //! The sandbox NetworkPolicy: ingress only from this instance's server pods on the agent
-//! port; egress only to cluster DNS, `extraEgress` and — with a credential proxy — the
-//! proxy pods, or — without one — the Kubernetes API server (whose token the sandbox then
-//! holds).
+//! port; egress only to cluster DNS, the instance's credential proxy pods and
+//! `extraEgress`. Never to the Kubernetes API server: the sandbox holds no credential for
+//! it, and reaches it only through the proxy, which injects one.
 
 use std::collections::BTreeMap;
 
@@ -115,7 +115,7 @@ pub(super) fn api_server_rule(inp: &Inputs) -> Option<NetworkPolicyEgressRule> {
     })
 }
 
-/// The instance's proxy pods, on the proxy port: the sandbox's only way out with a proxy.
+/// The instance's proxy pods, on the proxy port: the sandbox's only way to an API.
 fn proxy_rule(n: &str) -> NetworkPolicyEgressRule {
     NetworkPolicyEgressRule {
         to: Some(vec![NetworkPolicyPeer {
@@ -131,12 +131,7 @@ fn proxy_rule(n: &str) -> NetworkPolicyEgressRule {
 
 pub fn network_policy(inp: &Inputs) -> NetworkPolicy {
     let n = inp.spec.name.to_string();
-    let mut egress = vec![dns_rule()];
-    if inp.spec.proxy.is_some() {
-        egress.push(proxy_rule(&n));
-    } else {
-        egress.extend(api_server_rule(inp));
-    }
+    let mut egress = vec![dns_rule(), proxy_rule(&n)];
     egress.extend(inp.spec.extra_egress.iter().cloned());
     NetworkPolicy {
         metadata: inp
@@ -224,7 +219,7 @@ mod tests {
     }
 
     #[test]
-    fn egress_is_dns_api_server_and_extra() {
+    fn egress_is_dns_the_proxy_and_extra() {
         let np = network_policy(&inputs(
             serde_json::json!({"networkPolicy": {"extraEgress": [
                 {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"port": 443}]}
@@ -232,14 +227,7 @@ mod tests {
         ));
         let egress = np.spec.expect("spec").egress.expect("egress");
         assert_eq!(egress.len(), 3);
-        let api = &egress[1];
-        assert_eq!(
-            api.to.as_ref().expect("to")[0]
-                .ip_block
-                .as_ref()
-                .map(|b| b.cidr.as_str()),
-            Some("10.0.0.1/32")
-        );
+        assert_eq!(egress[1], proxy_rule("demo"));
         assert_eq!(
             egress[2].to.as_ref().expect("to")[0]
                 .ip_block
@@ -252,10 +240,20 @@ mod tests {
     }
 
     #[test]
-    fn with_a_proxy_the_sandbox_reaches_the_proxy_and_not_the_api_server() {
-        let np = network_policy(&inputs(
+    fn the_sandbox_reaches_the_proxy_and_never_the_api_server() {
+        // With spec.proxy, and without it (the implied proxy, from the older
+        // kubeconfigSecret or its default name) alike.
+        for spec in [
             serde_json::json!({"proxy": {"targets": [{"type": "kubernetes"}]}}),
-        ));
+            serde_json::json!({}),
+            serde_json::json!({"sandbox": {"kubeconfigSecret": "kc"}}),
+        ] {
+            the_sandbox_reaches_only_dns_and_the_proxy(spec);
+        }
+    }
+
+    fn the_sandbox_reaches_only_dns_and_the_proxy(spec: serde_json::Value) {
+        let np = network_policy(&inputs(spec));
         let egress = np.spec.expect("spec").egress.expect("egress");
         assert_eq!(egress.len(), 2, "DNS and the proxy: {egress:?}");
         let to = &egress[1].to.as_ref().expect("to")[0];

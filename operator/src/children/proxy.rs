@@ -123,7 +123,7 @@ pub fn proxy_inputs(
     ca_version: &str,
 ) -> Result<ProxyInputs, String> {
     let image = image.filter(|i| !i.is_empty()).ok_or(
-        "no proxy image: set the operator's RELATED_IMAGE_PROXY (spec.proxy needs the credential proxy)",
+        "no proxy image: set the operator's RELATED_IMAGE_PROXY (every instance runs the credential proxy)",
     )?;
     let mut routes: Vec<Route> = kubeconfig.map(Kubeconfig::routes).unwrap_or_default();
     for d in &plan.allowlist {
@@ -668,7 +668,7 @@ mod tests {
     #[test]
     fn the_kubeconfig_version_follows_the_token_and_nothing_else() {
         let inp = proxied();
-        let plan = inp.spec.proxy.clone().expect("plan");
+        let plan = inp.spec.proxy.clone();
         let p = proxy(&inp);
         let version = |token: &str| {
             let k = cli_mcp_api::kubeconfig::validate(&format!(
@@ -714,7 +714,7 @@ mod tests {
             {"type": "allowlist", "domains": ["web.example:8443"], "caConfigMap": "web-ca"},
             {"type": "allowlist", "domains": ["pypi.org"]}
         ]}}));
-        let plan = inp.spec.proxy.clone().expect("plan");
+        let plan = inp.spec.proxy.clone();
         let ca = cert_pem(true);
         let bundle = validate_ca_bundle("web-ca", &ca).expect("a CA is accepted");
         let kc = crate::children::test_support::admin_kubeconfig();
@@ -778,7 +778,7 @@ mod tests {
     fn a_missing_image_or_a_clash_is_a_clear_error() {
         let inp = proxied();
         let p = proxy(&inp);
-        let plan = inp.spec.proxy.clone().expect("plan");
+        let plan = inp.spec.proxy.clone();
         let e = proxy_inputs(&plan, None, None, &BTreeMap::new(), &p.ca_pem, "v")
             .expect_err("no image");
         assert!(e.contains("RELATED_IMAGE_PROXY"), "{e}");

@@ -38,13 +38,13 @@ pub fn sandbox_service_account(inp: &Inputs) -> ServiceAccount {
 }
 
 /// What the server may do in its namespace: manage sandbox pods and the session slots
-/// (Leases that make `maxSessions` and `maxSessionsPerClient` exact across replicas), and —
-/// with a credential proxy — read that one Deployment, so it creates no sandbox while the
-/// proxy is down. No Secrets: tokens derive from the mounted HMAC key and pods carry only
+/// (Leases that make `maxSessions` and `maxSessionsPerClient` exact across replicas), and
+/// read the credential proxy's one Deployment, so it creates no sandbox while the proxy is
+/// down. No Secrets: tokens derive from the mounted HMAC key and pods carry only
 /// commitments.
 pub fn server_role(inp: &Inputs) -> Role {
     let verbs = |v: &[&str]| v.iter().map(|v| (*v).to_owned()).collect();
-    let mut rules = vec![
+    let rules = vec![
         PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["pods".into()]),
@@ -57,16 +57,14 @@ pub fn server_role(inp: &Inputs) -> Role {
             verbs: verbs(&["list", "watch", "create", "patch", "delete"]),
             ..Default::default()
         },
-    ];
-    if inp.spec.proxy.is_some() {
-        rules.push(PolicyRule {
+        PolicyRule {
             api_groups: Some(vec!["apps".into()]),
             resources: Some(vec!["deployments".into()]),
             resource_names: Some(vec![inp.spec.name.proxy()]),
-            verbs: vec!["get".into()],
+            verbs: verbs(&["get"]),
             ..Default::default()
-        });
-    }
+        },
+    ];
     Role {
         metadata: inp
             .spec
@@ -209,11 +207,11 @@ mod tests {
     use crate::children::test_support::inputs;
 
     #[test]
-    fn server_role_grants_pods_and_session_slots_only() {
+    fn server_role_grants_pods_session_slots_and_the_proxy_deployment_only() {
         let inp = inputs(serde_json::json!({}));
         let r = server_role(&inp);
         let rules = r.rules.expect("rules");
-        assert_eq!(rules.len(), 2);
+        assert_eq!(rules.len(), 3);
         assert_eq!(rules[0].resources, Some(vec!["pods".to_string()]));
         assert!(!rules[0].verbs.contains(&"update".to_string()));
         // The session slots: Leases, without `update` or `deletecollection`.
@@ -230,10 +228,8 @@ mod tests {
         assert_eq!(sa.automount_service_account_token, Some(false));
         assert_eq!(sa.metadata.name.as_deref(), Some("cli-mcp-demo-sandbox"));
 
-        // With a proxy: also `get` on that one Deployment, nothing more.
-        let inp = inputs(serde_json::json!({"proxy": {"targets": [{"type": "kubernetes"}]}}));
-        let rules = server_role(&inp).rules.expect("rules");
-        assert_eq!(rules.len(), 3);
+        // `get` on the credential proxy's one Deployment (every instance has one), nothing
+        // more.
         assert_eq!(rules[2].resources, Some(vec!["deployments".to_string()]));
         assert_eq!(
             rules[2].resource_names,

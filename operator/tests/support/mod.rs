@@ -26,7 +26,8 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 pub use cli_mcp_e2e::instance::{
-    claim, condition, hmac_key, instance, is_true, unassigned, SANDBOX_IMAGE, SERVER_IMAGE,
+    claim, condition, hmac_key, instance, is_true, unassigned, PROXY_IMAGE, SANDBOX_IMAGE,
+    SERVER_IMAGE,
 };
 pub use cli_mcp_e2e::journey::sandbox_selector;
 pub use cli_mcp_e2e::testing::TIMEOUT;
@@ -94,6 +95,7 @@ impl Operator {
             .env("POD_NAME", identity)
             .env("RELATED_IMAGE_SERVER", SERVER_IMAGE)
             .env("RELATED_IMAGE_SANDBOX", SANDBOX_IMAGE)
+            .env("RELATED_IMAGE_PROXY", instance::PROXY_IMAGE)
             .env("CLI_MCP_HEALTH_LISTEN", format!("127.0.0.1:{health}"))
             .env("CLI_MCP_LEASE_DURATION", "4")
             .env("CLI_MCP_LEASE_GRACE", "2")
@@ -173,12 +175,13 @@ impl Drop for Operator {
     }
 }
 
-/// The sandbox kubeconfig Secret every instance needs (content is not used by the tests).
+/// The kubeconfig Secret every instance's credential proxy holds (a valid one whose token
+/// opens nothing).
 pub async fn kubeconfig_secret(ns: &TestNamespace, instance: &str) {
     instance::kubeconfig_secret(ns, instance, instance::DUMMY_KUBECONFIG).await;
 }
 
-/// A sandbox kubeconfig Secret and the instance.
+/// The proxy's kubeconfig Secret and the instance.
 pub async fn create_instance(
     ns: &TestNamespace,
     name: &str,
