@@ -736,11 +736,9 @@ fn both_packages_install_the_same_admission_policies() {
         [
             "ValidatingAdmissionPolicy cli-mcp-operator-cluster-role-bindings",
             "ValidatingAdmissionPolicy cli-mcp-sandbox-pod-deletions",
-            "ValidatingAdmissionPolicy cli-mcp-sandbox-pod-secrets",
             "ValidatingAdmissionPolicy cli-mcp-sandbox-pods",
             "ValidatingAdmissionPolicyBinding cli-mcp-operator-cluster-role-bindings",
             "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pod-deletions",
-            "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pod-secrets",
             "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pods",
         ]
     );
