@@ -617,7 +617,14 @@ patches:
 "#
         ),
     );
-    let outside = apply_yaml(&c, n, &yaml, |_| {}).await;
+    // Only the sandbox pod policy and its binding: the others judge cluster-scoped objects,
+    // which a namespace selector does not confine.
+    let pod_policy: Vec<&str> = yaml
+        .split("\n---\n")
+        .filter(|d| d.contains("cli-mcp.redhat.com/policy: sandbox-pods\n"))
+        .collect();
+    assert_eq!(pod_policy.len(), 2, "the policy and its binding:\n{yaml}");
+    let outside = apply_yaml(&c, n, &pod_policy.join("\n---\n"), |_| {}).await;
 
     let mut cfg = SandboxConfig::new(
         InstanceName::parse(INSTANCE).expect("instance name"),
