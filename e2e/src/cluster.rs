@@ -443,6 +443,12 @@ impl Cluster {
                 config.kubelet_bin.display()
             )));
         }
+        // CoreDNS for the process kubelet's cluster DNS, located (built once, cached) before
+        // anything starts, so a cold build never counts against a startup deadline.
+        let addons_bin = match config.node {
+            NodeKind::Process => Some(crate::addons::locate_addons_async(None).await?),
+            NodeKind::Real => None,
+        };
 
         let run_dir = std::path::absolute(&config.run_dir)
             .map_err(|e| Error::io("resolving", &config.run_dir, e))?;
@@ -746,10 +752,9 @@ impl Cluster {
                 ),
             )
             .await?;
-        if config.node == NodeKind::Process {
+        if let Some(addons) = &addons_bin {
             let t = Instant::now();
-            let addons = crate::addons::locate_addons_async(None).await?;
-            cluster.dns = Some(crate::addons::ClusterDns::start(&cluster.info, &addons).await?);
+            cluster.dns = Some(crate::addons::ClusterDns::start(&cluster.info, addons).await?);
             tracing::info!(took = ?t.elapsed(), "cluster DNS (CoreDNS on the pod gateway) ready");
         }
         if let Some(t) = cluster.node_started {
