@@ -553,7 +553,18 @@ async fn the_sandbox_pod_policy_refuses_any_secret_in_a_sandbox() {
     let ns = c.namespace("admission-pods").await.expect("namespace");
     let server = format!("system:serviceaccount:{}:cli-mcp-{INSTANCE}", ns.name);
 
-    // The server's RBAC on pods, as its Role grants it.
+    // The sandbox ServiceAccount the pods name (the ServiceAccount admission plugin looks
+    // it up), and the server's RBAC on pods, as its Role grants it.
+    ns.api::<k8s_openapi::api::core::v1::ServiceAccount>()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": format!("cli-mcp-{INSTANCE}-sandbox")}}),
+            )
+            .expect("ServiceAccount"),
+        )
+        .await
+        .expect("sandbox ServiceAccount");
     ns.api::<Role>()
         .create(
             &PostParams::default(),
@@ -703,11 +714,14 @@ patches:
     // The policy takes effect asynchronously (the API server loads it from a watch): wait
     // until it refuses the first attack.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while pods.create(&dry, &attacks[0].1).await.is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "the sandbox pod policy did not take effect within 60 s"
-        );
+    loop {
+        match pods.create(&dry, &attacks[0].1).await {
+            Err(e) if e.to_string().contains("mounts no Secret") => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "the sandbox pod policy did not take effect within 60 s: {other:?}"
+            ),
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     pods.create(&dry, &builder_pod)
