@@ -37,6 +37,8 @@ use crate::prom::{Quantiles, Scrape};
 use crate::{mib, ms, rss_kib, stats, Stats};
 
 const INSTANCE: &str = "bench";
+/// The server Deployment's container, whose log has the server's own breakdown of each start.
+const SERVER_CONTAINER: &str = "server";
 /// Longest wait for the instance to converge after a change (a pool of 30 on 2 cores).
 const CONVERGE: Duration = Duration::from_secs(300);
 
@@ -525,10 +527,15 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
 
     eprintln!("bench: {} warm starts", args.starts);
     let warm_starts = starts(&svc, "warm", args.starts).await;
+    // Read before the later phases' starts crowd the log.
+    let server_log = env.c.pod_logs(&env.ns.name, SERVER_CONTAINER, usize::MAX);
+    let warm_steps = crate::steps::table(&server_log, "warm");
     no_sessions(&env).await?;
     eprintln!("bench: draining the pool, then {} cold starts", args.starts);
     set_pool(&env, &mut cr, 0).await?;
     let cold_starts = starts(&svc, "cold", args.starts).await;
+    let server_log = env.c.pod_logs(&env.ns.name, SERVER_CONTAINER, usize::MAX);
+    let cold_steps = crate::steps::table(&server_log, "cold");
     no_sessions(&env).await?;
 
     eprintln!(
@@ -694,6 +701,9 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         mib(rss_idle),
         mib(rss_loaded)
     );
+    for t in [warm_steps, cold_steps].into_iter().flatten() {
+        println!("\n{t}");
+    }
     for errors in [
         &warm_starts.errors,
         &cold_starts.errors,

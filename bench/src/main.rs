@@ -20,6 +20,7 @@ mod images;
 mod prom;
 mod proxy;
 mod scale;
+mod steps;
 
 #[derive(Parser)]
 #[command(about = "cli-mcp benchmarks (printed as tables)")]

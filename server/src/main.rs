@@ -4,8 +4,27 @@ use clap::Parser as _;
 
 use cli_mcp_server::cli::Flags;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// Stack of each runtime worker thread. A request's future holds rmcp's handler, the session
+/// start's steps (several side by side) and kube's calls; unoptimised builds (the tests,
+/// `make run`) keep their temporaries on the polling thread's stack, which needed more than
+/// 1.5 MiB of tokio's default 2 MiB. Address space only: pages are touched as used.
+const WORKER_STACK_BYTES: usize = 8 << 20;
+
+fn main() -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(WORKER_STACK_BYTES)
+        .build();
+    match runtime {
+        Ok(rt) => rt.block_on(serve()),
+        Err(e) => {
+            eprintln!("cli-mcp-server: cannot start the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> std::process::ExitCode {
     let flags = Flags::parse();
     init_tracing(flags.log_json);
     raise_fd_limit();

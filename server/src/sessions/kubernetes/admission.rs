@@ -30,6 +30,7 @@ use cli_mcp_api::SessionId;
 use kube::api::ListParams;
 
 use super::slots::SlotHold;
+use super::steps::timed;
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::metrics::Admitted;
@@ -200,6 +201,18 @@ impl Admission {
         st.synced && !st.view.contains(sid) && !st.pending.contains(sid)
     }
 
+    /// Whether no pod of `sid` has been seen or written by this replica: the view (synced)
+    /// has none, and this replica is neither starting one nor has just written one its watch
+    /// has not reported yet. Such a session is almost surely new (only a pod another replica
+    /// wrote within the watch's lag is missed); the label lookup still decides.
+    pub fn unseen(&self, sid: &SessionId) -> bool {
+        let st = self.lock();
+        st.synced
+            && !st.view.contains(sid)
+            && !st.pending.contains(sid)
+            && !st.written.contains_key(sid)
+    }
+
     /// Admits `sid`, counting `listed` (the session ids of the assigned, not-terminating pods
     /// from a LIST that began after this call did) instead of the view.
     pub fn reserve_listed(
@@ -335,9 +348,8 @@ impl KubeBackend {
         caller: &Caller,
     ) -> Result<(Reservation, SlotHold), SessionError> {
         let t0 = Instant::now();
-        let r = match self.decide(sid).await {
-            Ok(reservation) => self
-                .take_slots(sid, caller)
+        let r = match timed("admit", self.decide(sid)).await {
+            Ok(reservation) => timed("slots", self.take_slots(sid, caller))
                 .await
                 .map(|slots| (reservation, slots)),
             Err(e) => Err(e),

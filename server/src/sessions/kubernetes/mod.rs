@@ -29,6 +29,8 @@ mod rate;
 mod routes;
 mod slots;
 mod start;
+mod steps;
+mod warm;
 mod watch;
 
 pub use api_health::{ApiHealth, API_OUTAGE_GRACE};
@@ -57,13 +59,15 @@ use crate::auth::Caller;
 use crate::cli::Limits;
 use crate::metrics::{Admitted, Launch, Metrics};
 use activity::ActivityStamper;
-use admission::{Admission, LimitReached};
+use admission::{Admission, LimitReached, Reservation};
 use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::Found;
 use pods::{annotation_of, endpoint_of, has_launch};
 use rate::NewSessionRate;
 use routes::{Route, RouteCache};
-use slots::{client_tag, Family, Slots};
+use slots::{client_tag, Family, SlotHold, Slots};
+use steps::timed;
+use warm::WarmPool;
 
 /// The `retired` reason of the pods `DELETE /sessions/{id}` removes.
 const RETIRED_SESSION_ENDED: &str = "session-ended";
@@ -96,6 +100,8 @@ pub struct KubeBackend {
     stamper: Arc<ActivityStamper>,
     /// Admission of new sessions under `--max-sessions`, fed by the pod watch.
     admission: Admission,
+    /// The warm pool, fed by its watch: where claims find their candidates.
+    pool: WarmPool,
     limits: Limits,
     metrics: Arc<Metrics>,
     /// What readiness knows of the API (see [`ApiHealth`]).
@@ -161,6 +167,7 @@ impl KubeBackend {
             locks: SessionLocks::default(),
             stamper: ActivityStamper::new(),
             admission: Admission::new(limits.max_sessions),
+            pool: WarmPool::default(),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
             ended: EndedSandboxes::default(),
             limits,
@@ -191,11 +198,13 @@ impl KubeBackend {
         };
         let routes = self.clone().watch_routes(stop.clone());
         let slots = self.clone().watch_slots(stop.clone());
+        let pool = self.clone().watch_pool(stop.clone());
         vec![
             tokio::spawn(stamper),
             tokio::spawn(gauge),
             tokio::spawn(routes),
             tokio::spawn(slots),
+            tokio::spawn(pool),
         ]
     }
 
@@ -254,6 +263,28 @@ impl KubeBackend {
         }
     }
 
+    /// A new session of `caller`: charged to its rate (when set), admitted, its slots taken.
+    /// Everything it holds is given back when dropped unused.
+    async fn admit_new(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        t0: Instant,
+    ) -> Result<(Option<rate::Charge<'_>>, Reservation, SlotHold), SessionError> {
+        let charge = match &self.rate {
+            None => None,
+            Some(rate) => Some(rate.charge(&client_tag(caller)).map_err(|retry_after| {
+                self.metrics.admission(Admitted::Refused, t0.elapsed());
+                SessionError::SessionLimit(Quota::Rate {
+                    per_minute: rate.per_minute(),
+                    retry_after,
+                })
+            })?),
+        };
+        let (reservation, slots) = self.admit(sid, caller).await?;
+        Ok((charge, reservation, slots))
+    }
+
     /// The session's pod, found, adopted or started; what the route cache did not know.
     async fn acquire_slow(
         &self,
@@ -269,8 +300,22 @@ impl KubeBackend {
             return Err(SessionError::SessionLimit(quota));
         }
         let previous = self.cache.previous_uid(sid);
-        let stale = match self.find(sid).await? {
+        // A session that neither the pod watch nor the route cache has ever seen is almost
+        // surely new: its admission (the slot creates, one API round trip) goes out together
+        // with the lookup instead of after it. The lookup still decides: when it finds a pod
+        // after all, the places taken meanwhile are given back (dropped) and the pod is used.
+        let likely_new = previous.is_none() && self.admission.unseen(sid);
+        let early = async {
+            if likely_new {
+                Some(Box::pin(self.admit_new(sid, caller, t0)).await)
+            } else {
+                None
+            }
+        };
+        let (found, early) = tokio::join!(timed("lookup", self.find(sid)), early);
+        let stale = match found? {
             Found::Pod(pod) => {
+                drop(early);
                 let pod = self.adopt(*pod, sid, caller).await?;
                 let route = self.route_of(sid, &pod)?;
                 let replaced = previous.is_some_and(|p| p != route.uid);
@@ -280,23 +325,15 @@ impl KubeBackend {
             Found::Stale => true,
             Found::Nothing => false,
         };
-
-        let charge = match &self.rate {
-            None => None,
-            Some(rate) => Some(rate.charge(&client_tag(caller)).map_err(|retry_after| {
-                self.metrics.admission(Admitted::Refused, t0.elapsed());
-                SessionError::SessionLimit(Quota::Rate {
-                    per_minute: rate.per_minute(),
-                    retry_after,
-                })
-            })?),
+        let (charge, reservation, mut slots) = match early {
+            Some(admitted) => admitted?,
+            None => self.admit_new(sid, caller, t0).await?,
         };
-        let (reservation, mut slots) = self.admit(sid, caller).await?;
-        let started = self.start_new(sid, caller, &reservation, &mut slots).await;
+        let started = Box::pin(self.start_new(sid, caller, &reservation, &mut slots)).await;
         // Slots still held here were not bound to a pod of this session: freed.
         drop(slots);
         let (pod, launch) = match started {
-            Ok((pod, launch)) => (self.converge(sid, pod, caller).await?, launch),
+            Ok(started) => started,
             // Another replica may have given the session its pod meanwhile (and deleted ours
             // as the loser): use that one.
             Err(e) => match self.find(sid).await? {
@@ -319,7 +356,8 @@ impl KubeBackend {
         }
         self.metrics.started(launch, t0.elapsed());
         tracing::info!(session = %sid, pod = %route.pod, launch = launch.as_str(),
-            took_ms = t0.elapsed().as_millis() as u64, "session sandbox started");
+            took_ms = t0.elapsed().as_millis() as u64, steps = %steps::summary(),
+            "session sandbox started");
         self.cache.insert(sid.clone(), route.clone());
         Ok(self.sandbox(&route, Some(launch), previous.is_some() || stale))
     }
@@ -357,7 +395,9 @@ impl Backend for KubeBackend {
         if let Some(hit) = cached(self) {
             return hit;
         }
-        self.acquire_slow(sid, caller).await
+        // Boxed: a start's future nests the lookup, admission, claim and converge steps side
+        // by side, too large for a worker thread's stack in debug builds when kept inline.
+        steps::traced(Box::pin(self.acquire_slow(sid, caller))).await
     }
 
     async fn existing(

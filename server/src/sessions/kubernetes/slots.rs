@@ -501,12 +501,13 @@ impl KubeBackend {
 
     /// The session's pod is written: its slots become owned by it (each patch guarded by the
     /// slot's `resourceVersion`, so a slot that was taken away as an orphan and created again
-    /// by another session is never taken over). A slot lost that way fails the start.
+    /// by another session is never taken over). A slot lost that way fails the start. Returns
+    /// the slots now bound (no longer held).
     pub(super) async fn bind_slots(
         &self,
         hold: &mut SlotHold,
         pod: &Pod,
-    ) -> Result<(), SessionError> {
+    ) -> Result<Vec<SlotRef>, SessionError> {
         let (Some(uid), name) = (pod.uid(), pod.name_any()) else {
             return Err(SessionError::Sandbox(format!(
                 "pod {} has no uid to own its session slot",
@@ -550,8 +551,16 @@ impl KubeBackend {
             )));
         }
         // Owned by the pod now: they go with it.
-        hold.held.clear();
-        Ok(())
+        Ok(std::mem::take(&mut hold.held))
+    }
+
+    /// Deletes slots this start bound to a pod it then retired (exactly those objects: uid
+    /// precondition), so that it can take new ones without waiting for the pod's deletion to
+    /// free them.
+    pub(super) async fn give_back_slots(&self, bound: Vec<SlotRef>) {
+        for s in bound {
+            delete_slot(&self.leases, &self.slots, &s).await;
+        }
     }
 
     /// Deletes the slots of pod `pod_uid` of session `sid`: those the view knows of, else

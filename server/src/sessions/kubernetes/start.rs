@@ -2,6 +2,7 @@
 //! create the session's own pod (deterministic name, so concurrent creators adopt one pod),
 //! wait for it to be Ready, and converge with other replicas that did the same.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -26,6 +27,7 @@ use super::pods::{
     pod_ip, pod_key, start_failure,
 };
 use super::slots::SlotHold;
+use super::steps::timed;
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::metrics::Launch;
@@ -36,10 +38,11 @@ use crate::sessions::SessionError;
 pub(super) const CLAIM_ATTEMPTS_PER_POD: usize = 2;
 
 impl KubeBackend {
-    /// Claims a warm pod, else creates one; returns it Ready. The reservation is handed on
-    /// as soon as the pod is written, and the slots become owned by the pod. A pod another
-    /// replica created for the session first is adopted without them (they are freed: that
-    /// replica's slots are the session's).
+    /// Claims a warm pod, else creates one; returns it Ready, converged with other replicas
+    /// that started the session at the same time (see [`Self::converge`]). The reservation
+    /// is handed on as soon as the pod is written, and the slots become owned by the pod. A
+    /// pod another replica created for the session first is adopted without them (they are
+    /// freed: that replica's slots are the session's).
     pub(super) async fn start_new(
         &self,
         sid: &SessionId,
@@ -47,54 +50,88 @@ impl KubeBackend {
         reservation: &Reservation,
         slots: &mut SlotHold,
     ) -> Result<(Pod, Launch), SessionError> {
-        let written = |p: &Pod| reservation.written(&pod_key(p));
-        match self.claim_warm(sid, caller).await? {
-            Some(p) => {
-                written(&p);
-                self.bind_or_retire(slots, &p).await?;
-                Ok((p, Launch::Warm))
-            }
-            None => {
-                let (p, created) = self.create_cold(sid, caller).await?;
-                written(&p);
-                if created {
-                    self.bind_or_retire(slots, &p).await?;
-                }
-                Ok((self.wait_ready(p).await?, Launch::Cold))
-            }
+        if let Some(p) = Box::pin(self.claim_warm(sid, caller, reservation, slots)).await? {
+            return Ok((p, Launch::Warm));
         }
+        let (p, created) = Box::pin(timed("create", self.create_cold(sid, caller))).await?;
+        reservation.written(&pod_key(&p));
+        let ready = if created {
+            // Independent: the bind is an API write, the wait is for the pod's agent.
+            let (bound, ready) = tokio::join!(
+                Box::pin(timed("bind", self.bind_slots(slots, &p))),
+                Box::pin(timed("ready", self.wait_ready(p.clone()))),
+            );
+            if let Err(e) = bound {
+                // No session runs without its place.
+                self.retire_pod(&p, "no-slot").await;
+                return Err(e);
+            }
+            ready?
+        } else {
+            Box::pin(timed("ready", self.wait_ready(p))).await?
+        };
+        let pod = Box::pin(timed("converge", self.converge(sid, ready, caller))).await?;
+        Ok((pod, Launch::Cold))
     }
 
-    /// Binds the session's slots to its pod; a pod whose slot was lost is not kept, so no
-    /// session runs without its place.
-    async fn bind_or_retire(&self, slots: &mut SlotHold, pod: &Pod) -> Result<(), SessionError> {
-        let r = self.bind_slots(slots, pod).await;
-        if r.is_err() {
-            self.retire_pod(pod, "no-slot").await;
-        }
-        r
-    }
-
-    /// Tries the warm pool; `None` when no pod could be claimed.
+    /// Tries the warm pool; `None` when no pod could be claimed. The candidates come from the
+    /// pool's watch ([`super::warm`]), without an API call. The view may lag behind the pool
+    /// (a pod that became Ready a moment ago): before a cold start, and while the view cannot
+    /// be trusted, the pool is listed instead, so no start goes cold that a LIST would have
+    /// made warm.
     pub(super) async fn claim_warm(
         &self,
         sid: &SessionId,
         caller: &Caller,
+        reservation: &Reservation,
+        slots: &mut SlotHold,
     ) -> Result<Option<Pod>, SessionError> {
-        let list = self
-            .pods
-            .list(&ListParams::default().labels(&self.instance.unassigned_selector()))
-            .await?;
-        let total = list.items.len();
-        let mut candidates: Vec<Pod> = list
-            .items
+        let mut tried = HashSet::new();
+        let mut view = self.pool.pods();
+        loop {
+            let listed = view.is_none();
+            let pool = match view.take() {
+                Some(pods) => pods,
+                None => {
+                    timed(
+                        "pool",
+                        self.pods.list(
+                            &ListParams::default().labels(&self.instance.unassigned_selector()),
+                        ),
+                    )
+                    .await?
+                    .items
+                }
+            };
+            let candidates = self.claimable(pool, listed);
+            for pod in candidates {
+                if !tried.insert(pod.name_any()) {
+                    continue;
+                }
+                let claim = Box::pin(self.try_claim(pod, sid, caller, reservation, slots));
+                if let Some(claimed) = claim.await? {
+                    return Ok(Some(claimed));
+                }
+            }
+            if listed {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The pods of `pool` this replica can claim, in random order (concurrent claimers spread
+    /// over the pool instead of all fighting for the first pod). `listed`: `pool` is what the
+    /// API has, not the view, so a pool with none that fits is worth a warning.
+    fn claimable(&self, pool: Vec<Pod>, listed: bool) -> Vec<Pod> {
+        let total = pool.len();
+        let mut candidates: Vec<Pod> = pool
             .into_iter()
             .filter(|p| !is_deleting(p) && is_ready(p) && pod_ip(p).is_some())
             .collect();
         let ready = candidates.len();
         candidates
             .retain(|p| annotation_of(p, annotation::SANDBOX_HASH) == Some(self.cfg_hash.as_str()));
-        if candidates.is_empty() && ready > 0 {
+        if listed && candidates.is_empty() && ready > 0 {
             tracing::warn!(ready, hash = %self.cfg_hash,
                 "warm pods exist but none has this server's sandbox-hash; creating on demand (is the operator's sandbox config the same as --sandbox-config?)");
         }
@@ -103,29 +140,26 @@ impl KubeBackend {
         // the replica being replaced would otherwise burn the new pool).
         let same_config = candidates.len();
         candidates.retain(|p| made_for_key(p, &self.key));
-        if candidates.is_empty() && same_config > 0 {
+        if listed && candidates.is_empty() && same_config > 0 {
             tracing::warn!(warm = same_config,
                 "warm pods exist but none was made for this replica's HMAC key (the key was rotated: this replica or the pool is outdated); creating on demand");
         }
-        tracing::debug!(total, ready, usable = candidates.len(), "warm pool");
-        // Random order: concurrent claimers spread over the pool instead of all fighting
-        // for the first pod.
+        tracing::debug!(total, ready, usable = candidates.len(), listed, "warm pool");
         candidates.shuffle(&mut rand::rng());
-        for pod in candidates {
-            if let Some(claimed) = self.try_claim(pod, sid, caller).await? {
-                return Ok(Some(claimed));
-            }
-        }
-        Ok(None)
+        candidates
     }
 
-    /// Claims one warm pod: guarded patch, then `/assign`. Deletes the pod on any failure
-    /// after the patch, so it is never left half-assigned.
+    /// Claims one warm pod: guarded patch, then `/assign`, the bind of the session's slots
+    /// and the converge check side by side. Deletes the pod on any failure after the patch,
+    /// so it is never left half-assigned. `Some` is the session's pod: the one claimed, or
+    /// the one another replica gave the session at the same time.
     pub(super) async fn try_claim(
         &self,
         mut pod: Pod,
         sid: &SessionId,
         caller: &Caller,
+        reservation: &Reservation,
+        slots: &mut SlotHold,
     ) -> Result<Option<Pod>, SessionError> {
         let name = pod.name_any();
         // A fresh nonce per claim: the token opens this sandbox and no other of the session.
@@ -151,25 +185,34 @@ impl KubeBackend {
                     "annotations": annotations,
                 }
             });
-            match self
-                .pods
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
+            match timed(
+                "claim",
+                self.pods
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await
             {
                 Ok(p) => {
                     claimed = Some(p);
                     break;
                 }
-                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(None),
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    self.pool.taken(&name);
+                    return Ok(None);
+                }
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    // Lost to another claimer, or the pod changed (status update): look again.
+                    // Lost to another claimer, or the pod changed (status update; or the
+                    // pool's view was behind): look again.
                     self.metrics.claim_conflicts.inc();
                     if attempt + 1 == CLAIM_ATTEMPTS_PER_POD {
                         return Ok(None);
                     }
                     match self.pods.get_opt(&name).await? {
                         Some(p) if !is_deleting(&p) && is_ready(&p) && !is_assigned(&p) => pod = p,
-                        _ => return Ok(None),
+                        _ => {
+                            self.pool.taken(&name);
+                            return Ok(None);
+                        }
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -178,15 +221,42 @@ impl KubeBackend {
         let Some(claimed) = claimed else {
             return Ok(None);
         };
-        match self.assign(&claimed, sid, &token).await {
-            Ok(()) => Ok(Some(claimed)),
-            Err(e) => {
-                tracing::warn!(pod = %name, session = %sid, error = %e,
-                    "claimed warm pod did not accept /assign; deleting it and trying the next");
-                self.retire_pod(&claimed, "not-assigned").await;
-                Ok(None)
-            }
+        self.pool.taken(&name);
+        reservation.written(&pod_key(&claimed));
+        // Once the claim is written, three steps that do not depend on each other go out
+        // together: the agent's `/assign`, the bind of the session's slots to the pod, and
+        // the converge check (a LIST, which must begin after the claim was written).
+        let (assigned, bound, winner) = tokio::join!(
+            Box::pin(timed("assign", self.assign(&claimed, sid, &token))),
+            Box::pin(timed("bind", self.bind_slots(slots, &claimed))),
+            Box::pin(timed("converge", self.other_winner(sid, &claimed))),
+        );
+        if let Ok(Some(winner)) = winner {
+            // Another replica gave the session a pod at the same time and that one wins
+            // (ours was retired by the check): use it. Our slots go with our pod, or are
+            // freed unbound: that replica's are the session's.
+            return self.adopt(winner, sid, caller).await.map(Some);
         }
+        if let Err(e) = assigned {
+            tracing::warn!(pod = %name, session = %sid, error = %e,
+                "claimed warm pod did not accept /assign; deleting it and trying the next");
+            self.retire_pod(&claimed, "not-assigned").await;
+            // Bound to the pod just deleted, the slots would go with it: given back, and the
+            // session takes new ones for the next candidate. A lost slot fails the start.
+            let bound = bound?;
+            self.give_back_slots(bound).await;
+            *slots = self.take_slots(sid, caller).await?;
+            return Ok(None);
+        }
+        if let Err(e) = bound {
+            // No session runs without its place.
+            self.retire_pod(&claimed, "no-slot").await;
+            return Err(e);
+        }
+        // A failed check leaves the pod claimed, assigned and bound: the call fails, and the
+        // session's next call finds the pod by its label.
+        winner?;
+        Ok(Some(claimed))
     }
 
     /// `POST /assign` on a warm pod (idempotent in the agent: a repeat of the same
@@ -392,29 +462,41 @@ impl KubeBackend {
         }
     }
 
-    /// After a claim or create: if another replica gave the session a second pod at the same
-    /// time, every replica keeps the same one.
+    /// After a create: if another replica gave the session a second pod at the same time,
+    /// every replica keeps the same one.
     pub(super) async fn converge(
         &self,
         sid: &SessionId,
         ours: Pod,
         caller: &Caller,
     ) -> Result<Pod, SessionError> {
+        match self.other_winner(sid, &ours).await? {
+            None => Ok(ours),
+            Some(winner) => self.adopt(winner, sid, caller).await,
+        }
+    }
+
+    /// The converge check, once `ours` is written: the session's pods from a LIST (which sees
+    /// every pod written before it began, so of two replicas that wrote a pod each, at least
+    /// the later one sees both); with two or more, the losers are retired and the winner is
+    /// returned unless it is `ours`. Every replica picks the same winner.
+    pub(super) async fn other_winner(
+        &self,
+        sid: &SessionId,
+        ours: &Pod,
+    ) -> Result<Option<Pod>, SessionError> {
         let list = self
             .pods
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
         let live: Vec<Pod> = list.items.into_iter().filter(|p| !is_deleting(p)).collect();
         if live.len() <= 1 {
-            return Ok(ours);
+            return Ok(None);
         }
-        let Some(winner) = self.resolve_duplicates(live).await else {
-            return Ok(ours);
-        };
-        if winner.uid() == ours.uid() {
-            return Ok(ours);
-        }
-        self.adopt(winner, sid, caller).await
+        Ok(self
+            .resolve_duplicates(live)
+            .await
+            .filter(|winner| winner.uid() != ours.uid()))
     }
 
     /// A claimed warm pod found by label may not have had its `/assign` yet (its claimer is

@@ -1,0 +1,138 @@
+//! The server's own breakdown of its session starts: each "session sandbox started" line of
+//! its log carries `took_ms` and `steps=name=<start>+<took>,…` (milliseconds from the start
+//! of the call; see the server's `sessions/kubernetes/steps.rs`). This turns the lines of one
+//! launch kind into a table: per step, in how many starts it ran, when it began and how long
+//! it took (medians, and the slowest).
+
+use std::collections::BTreeMap;
+
+/// One start as its log line tells it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Start {
+    pub launch: String,
+    pub took_ms: f64,
+    /// `(step, start ms, took ms)` in the order the steps ended.
+    pub steps: Vec<(String, f64, f64)>,
+}
+
+/// The start a log line reports, if it is a "session sandbox started" line with steps.
+pub fn parse_line(line: &str) -> Option<Start> {
+    let rest = &line[line.find("session sandbox started")?..];
+    let field = |name: &str| -> Option<&str> {
+        let at = rest.find(&format!(" {name}="))? + name.len() + 2;
+        let v = &rest[at..];
+        Some(match v.strip_prefix('"') {
+            Some(q) => &q[..q.find('"')?],
+            None => v.split(' ').next().unwrap_or_default(),
+        })
+    };
+    let steps = field("steps")?
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let (name, times) = s.split_once('=')?;
+            let (start, took) = times.split_once('+')?;
+            Some((name.to_owned(), start.parse().ok()?, took.parse().ok()?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Start {
+        launch: field("launch")?.to_owned(),
+        took_ms: field("took_ms")?.parse().ok()?,
+        steps,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The table of the starts of `launch` in `log` (markdown), or `None` when it has none.
+pub fn table(log: &str, launch: &str) -> Option<String> {
+    let starts: Vec<Start> = log
+        .lines()
+        .filter_map(parse_line)
+        .filter(|s| s.launch == launch)
+        .collect();
+    if starts.is_empty() {
+        return None;
+    }
+    let mut by_step: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for s in &starts {
+        for (name, start, took) in &s.steps {
+            let e = by_step.entry(name.as_str()).or_default();
+            e.0.push(*start);
+            e.1.push(*took);
+        }
+    }
+    let mut rows: Vec<(f64, String)> = by_step
+        .into_iter()
+        .map(|(name, (starts_at, took))| {
+            let n = took.len();
+            let max = took.iter().copied().fold(0.0, f64::max);
+            let at = median(starts_at);
+            let row = format!(
+                "| {name} | {n} | {at:.1} ms | {:.1} ms | {max:.1} ms |",
+                median(took)
+            );
+            (at, row)
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let took: Vec<f64> = starts.iter().map(|s| s.took_ms).collect();
+    let max = took.iter().copied().fold(0.0, f64::max);
+    let mut out = format!(
+        "| server's steps of a {launch} start (n={}; took_ms median {:.0}, max {max:.0}) | ran in | starts at (median) | takes (median) | slowest |\n|---|---|---|---|---|\n",
+        starts.len(),
+        median(took),
+    );
+    for (_, r) in rows {
+        out.push_str(&r);
+        out.push('\n');
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINE: &str = "2026-12-02T10:00:00.000000Z  INFO cli_mcp_server::sessions::kubernetes: \
+        session sandbox started session=warm-0 pod=cli-mcp-bench-p-x launch=\"warm\" took_ms=12 \
+        steps=lookup=0.0+2.1,slots=0.1+3.0,claim=3.2+2.5";
+
+    #[test]
+    fn a_start_line_is_parsed_and_other_lines_are_not() {
+        assert_eq!(
+            parse_line(LINE),
+            Some(Start {
+                launch: "warm".into(),
+                took_ms: 12.0,
+                steps: vec![
+                    ("lookup".into(), 0.0, 2.1),
+                    ("slots".into(), 0.1, 3.0),
+                    ("claim".into(), 3.2, 2.5)
+                ],
+            })
+        );
+        assert_eq!(parse_line("INFO assigned session=x"), None);
+        assert_eq!(
+            parse_line("session sandbox started launch=warm took_ms=3"),
+            None,
+            "a server without steps"
+        );
+    }
+
+    #[test]
+    fn the_table_orders_steps_by_when_they_start() {
+        let t = table(&format!("{LINE}\n{LINE}\nnoise"), "warm").expect("a table");
+        let steps: Vec<&str> = t
+            .lines()
+            .skip(2)
+            .map(|l| l.split(" | ").next().unwrap_or_default())
+            .collect();
+        assert_eq!(steps, ["| lookup", "| slots", "| claim"]);
+        assert!(t.contains("n=2"), "{t}");
+        assert!(table(LINE, "cold").is_none());
+    }
+}
