@@ -54,12 +54,14 @@ pub async fn admin_installs_and_investigates_read_only(mut env: Env) {
     assert_eq!(get["structuredContent"]["exit_code"], 0, "{get}");
     assert!(stdout(&get).contains(&env.ns.name), "{get}");
     // What made that work: the proxy's variables and the dummy kubeconfig, whose one token
-    // is the placeholder; nothing of the Secret's is mounted.
+    // is the placeholder; nothing of the Secret's is mounted. (The file, not its directory:
+    // the process kubelet makes mount points on the host's filesystem, so an earlier run
+    // may have left the directory behind, empty.)
     let held = mcp
         .bash(
             "admin-1",
             "echo \"$KUBECONFIG\"; echo \"$HTTPS_PROXY\"; grep 'token:' \"$KUBECONFIG\"; \
-             test -e /etc/cli-mcp/kubeconfig && echo mounted || echo no-secret",
+             test -e /etc/cli-mcp/kubeconfig/kubeconfig && echo mounted || echo no-secret",
         )
         .await;
     assert_eq!(held["isError"], false, "{held}");
