@@ -15,8 +15,20 @@ pub struct Start {
     pub steps: Vec<(String, f64, f64)>,
 }
 
-/// The start a log line reports, if it is a "session sandbox started" line with steps.
+/// The start a log line reports, if it is a "session sandbox started" line with steps: a
+/// plain line (the server's default) or a JSON one (`--log-json`, as the operator runs it).
 pub fn parse_line(line: &str) -> Option<Start> {
+    if line.trim_start().starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        if v["message"] != "session sandbox started" {
+            return None;
+        }
+        let took_ms = match &v["took_ms"] {
+            serde_json::Value::String(s) => s.parse().ok()?,
+            n => n.as_f64()?,
+        };
+        return start(v["launch"].as_str()?, took_ms, v["steps"].as_str()?);
+    }
     let rest = &line[line.find("session sandbox started")?..];
     let field = |name: &str| -> Option<&str> {
         let at = rest.find(&format!(" {name}="))? + name.len() + 2;
@@ -26,7 +38,15 @@ pub fn parse_line(line: &str) -> Option<Start> {
             None => v.split(' ').next().unwrap_or_default(),
         })
     };
-    let steps = field("steps")?
+    start(
+        field("launch")?,
+        field("took_ms")?.parse().ok()?,
+        field("steps")?,
+    )
+}
+
+fn start(launch: &str, took_ms: f64, steps: &str) -> Option<Start> {
+    let steps = steps
         .split(',')
         .filter(|s| !s.is_empty())
         .map(|s| {
@@ -36,8 +56,8 @@ pub fn parse_line(line: &str) -> Option<Start> {
         })
         .collect::<Option<Vec<_>>>()?;
     Some(Start {
-        launch: field("launch")?.to_owned(),
-        took_ms: field("took_ms")?.parse().ok()?,
+        launch: launch.to_owned(),
+        took_ms,
         steps,
     })
 }
@@ -114,6 +134,16 @@ mod tests {
                     ("claim".into(), 3.2, 2.5)
                 ],
             })
+        );
+        let json = r#"{"timestamp":"2026-12-02T16:38:52.235802Z","level":"INFO","message":"session sandbox started","session":"warm-0","launch":"warm","took_ms":12,"steps":"lookup=0.0+2.1,slots=0.1+3.0,claim=3.2+2.5","target":"cli_mcp_server::sessions::kubernetes"}"#;
+        assert_eq!(
+            parse_line(json),
+            parse_line(LINE),
+            "the server's --log-json line"
+        );
+        assert_eq!(
+            parse_line(r#"{"message":"assigned","launch":"warm"}"#),
+            None
         );
         assert_eq!(parse_line("INFO assigned session=x"), None);
         assert_eq!(
