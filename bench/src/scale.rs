@@ -940,32 +940,24 @@ async fn operator_quiet(ip: &str, within: Duration) {
 
 const RECONCILE: &str = "cli_mcp_operator_reconcile_duration_seconds";
 
-/// Changes a label of one sandbox pod (a change the operator's pod watch passes on, unlike
-/// the instance's annotations, which its predicate ignores) and waits for one more
-/// reconcile; its duration's bucket.
+/// Annotates the instance's kubeconfig Secret (a change the operator's Secret watch passes
+/// on to the instance that names it, and that changes nothing the operator decides; the
+/// instance's own annotations are ignored by its predicate, and its cache of sandbox pods
+/// keeps none of a pod's other labels) and waits for one more reconcile; its duration's
+/// bucket.
 async fn one_reconcile(env: &Env, ip: &str, k: usize) -> anyhow::Result<Buckets> {
-    let pods = env.api::<Pod>();
-    let first = pods
-        .list_metadata(
-            &ListParams::default()
-                .labels(&sandbox_selector(INSTANCE))
-                .limit(1),
+    let secret = InstanceName::parse(INSTANCE)?.kubeconfig_secret();
+    let before = metrics_of(ip).await.histogram(RECONCILE, &[]);
+    env.api::<Secret>()
+        .patch(
+            &secret,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"bench.cli-mcp/poke": k.to_string()}}}),
+            ),
         )
         .await
-        .context("listing a sandbox pod")?
-        .items
-        .into_iter()
-        .next()
-        .and_then(|p| p.metadata.name)
-        .context("no sandbox pod to touch")?;
-    let before = metrics_of(ip).await.histogram(RECONCILE, &[]);
-    pods.patch(
-        &first,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"bench.cli-mcp/poke": k.to_string()}}})),
-    )
-    .await
-    .with_context(|| format!("labelling pod {first}"))?;
+        .with_context(|| format!("annotating Secret {secret}"))?;
     let end = Instant::now() + Duration::from_secs(60);
     loop {
         let now = metrics_of(ip).await.histogram(RECONCILE, &[]);
