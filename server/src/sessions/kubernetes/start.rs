@@ -87,7 +87,15 @@ impl KubeBackend {
         slots: &mut SlotHold,
     ) -> Result<Option<Pod>, SessionError> {
         let mut tried = HashSet::new();
-        let mut view = self.pool.pods();
+        // From the view, only pods this replica could claim (what `claimable` keeps; its
+        // warnings are for a listed pool only).
+        let mut view = self.pool.pods(|p| {
+            !is_deleting(p)
+                && is_ready(p)
+                && pod_ip(p).is_some()
+                && annotation_of(p, annotation::SANDBOX_HASH) == Some(self.cfg_hash.as_str())
+                && made_for_key(p, &self.key)
+        });
         loop {
             let listed = view.is_none();
             let pool = match view.take() {

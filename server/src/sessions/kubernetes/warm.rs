@@ -52,9 +52,12 @@ impl WarmPool {
 
     /// The unassigned pods as the watch last reported them; `None` while the view cannot be
     /// trusted (list the pool instead).
-    pub fn pods(&self) -> Option<Vec<Pod>> {
+    /// Only the pods `keep` accepts are cloned: a claim wants the few it could take, not a
+    /// copy of the whole pool.
+    pub fn pods(&self, keep: impl Fn(&Pod) -> bool) -> Option<Vec<Pod>> {
         let st = self.lock();
-        st.synced.then(|| st.pods.values().cloned().collect())
+        st.synced
+            .then(|| st.pods.values().filter(|p| keep(p)).cloned().collect())
     }
 
     /// Pod `name` was claimed (or found taken) by this replica: not offered again, though the
@@ -145,7 +148,7 @@ mod tests {
 
     fn names(w: &WarmPool) -> Vec<String> {
         let mut n: Vec<String> = w
-            .pods()
+            .pods(|_| true)
             .expect("synced")
             .iter()
             .map(|p| p.name_any())
@@ -157,21 +160,24 @@ mod tests {
     #[test]
     fn the_view_is_offered_only_once_listed_and_not_after_a_watch_error() {
         let w = WarmPool::default();
-        assert!(w.pods().is_none(), "never listed");
+        assert!(w.pods(|_| true).is_none(), "never listed");
         w.relist_started();
         w.relisted(pod("a", "1"));
-        assert!(w.pods().is_none(), "list in progress");
+        assert!(w.pods(|_| true).is_none(), "list in progress");
         w.relist_done();
         assert_eq!(names(&w), ["a"]);
         assert!(
-            w.pods().expect("synced")[0]
+            w.pods(|_| true).expect("synced")[0]
                 .metadata
                 .managed_fields
                 .is_none(),
             "managedFields are not kept"
         );
         w.watch_failed();
-        assert!(w.pods().is_none(), "a watch error: list the pool instead");
+        assert!(
+            w.pods(|_| true).is_none(),
+            "a watch error: list the pool instead"
+        );
         w.relist_started();
         w.relisted(pod("b", "2"));
         w.relist_done();
@@ -190,5 +196,12 @@ mod tests {
         w.deleted(&pod("b", "2"));
         w.deleted(&pod("c", "old"));
         assert_eq!(names(&w), ["c"]);
+        w.applied(pod("d", "4"));
+        let kept = w.pods(|p| p.name_any() == "d").expect("synced");
+        assert_eq!(
+            kept.len(),
+            1,
+            "only the pods the claim could take are copied"
+        );
     }
 }
