@@ -77,6 +77,34 @@ async fn ready_pods(api: Api<Pod>, selector: &str, n: usize) -> Vec<Pod> {
     pods.into_iter().filter(|p| live(p)).collect()
 }
 
+const ROUTES_VERSION: &str = "cli-mcp.redhat.com/proxy-routes-version";
+
+/// The route-table version a proxy pod was started with.
+fn routes_version(p: &Pod) -> Option<String> {
+    p.metadata
+        .annotations
+        .as_ref()?
+        .get(ROUTES_VERSION)
+        .cloned()
+}
+
+/// Waits until the proxy has rolled away from the route table `old`: two ready pods with
+/// another table, and no pod with `old` left at all — not even one terminating, which serves
+/// new connections for its shutdown delay while every kube-proxy drops its endpoint.
+async fn proxy_rolled_from(api: Api<Pod>, selector: &str, old: &Option<String>, what: &str) {
+    wait_for_set(api, selector, what, TIMEOUT, |ps: &[Pod]| {
+        let new = |p: &&Pod| routes_version(p) != *old;
+        ps.iter()
+            .filter(new)
+            .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .count()
+            >= 2
+            && ps.iter().all(|p| new(&p))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// Whether the API server accepts `token` (the admin kubeconfig's server and CA, no client
 /// certificate).
 async fn token_works(kubeconfig: &std::path::Path, token: &str) -> bool {
@@ -797,32 +825,13 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         .expect("creating the web-ca ConfigMap");
     env.wait_ready("p").await;
     // The new route table rolls the proxy pods.
-    let pins_web = |p: &Pod| {
-        p.metadata.annotations.as_ref().is_some_and(|a| {
-            a.get("cli-mcp.redhat.com/proxy-routes-version")
-                != proxies[0]
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|b| b.get("cli-mcp.redhat.com/proxy-routes-version"))
-        })
-    };
-    let live = |p: &Pod| p.metadata.deletion_timestamp.is_none();
-    wait_for_set(
+    proxy_rolled_from(
         pods.clone(),
         &sel("proxy"),
+        &routes_version(&proxies[0]),
         "the proxy pods rolled with the web CA",
-        TIMEOUT,
-        |ps: &[Pod]| {
-            ps.iter()
-                .filter(|p| live(p) && pins_web(p) && is_ready(p))
-                .count()
-                >= 2
-                && ps.iter().all(|p| !live(p) || pins_web(p))
-        },
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
+    .await;
     // The rolled pods are reached through the Service once kube-proxy has them.
     let deadline = Instant::now() + TIMEOUT;
     let answered = loop {
@@ -865,21 +874,14 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     let upgrade = "curl -sS -m 20 --http1.1 -i --suppress-connect-headers -H 'Connection: Upgrade' -H 'Upgrade: websocket' \
                    -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' \
                    -H 'Authorization: Bearer stolen'";
-    // The proxy pods have just rolled: until kube-proxy drops the old ones' endpoints a
-    // connection can still be refused, which is not what this step checks.
-    let deadline = Instant::now() + TIMEOUT;
-    let ws = loop {
-        let ws = ok(
-            &mcp,
-            "s1",
-            &format!("{upgrade} https://{web}/ws 2>&1 | tr -d '\\000' | cat -v"),
-        )
-        .await;
-        if !ws.contains("Couldn't connect to server") || Instant::now() >= deadline {
-            break ws;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    // The proxy pods rolled (no old one is left, and the old ones served while they left the
+    // Service): the first connection lands on a pod with the web CA.
+    let ws = ok(
+        &mcp,
+        "s1",
+        &format!("{upgrade} https://{web}/ws 2>&1 | tr -d '\\000' | cat -v"),
+    )
+    .await;
     assert!(
         ws.contains("HTTP/1.1 101 "),
         "the upstream's 101 reaches the sandbox: {ws}"
@@ -1013,6 +1015,7 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     // The instance keeps a proxy holding the same kubeconfig Secret (the default name), with
     // the kubernetes target alone: the allow-listed server is no route any more, the API still
     // is, and the sandbox never gets the Secret.
+    let with_allow_list = routes_version(&ready_pods(pods.clone(), &sel("proxy"), 2).await[0]);
     let mut without = cr.clone();
     if let Some(spec) = without["spec"].as_object_mut() {
         spec.remove("proxy");
@@ -1033,6 +1036,13 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     .unwrap_or_else(|e| panic!("{e}\n{}", env.logs("operator")));
     // The proxy rolls to the new table; until its old pods are gone a tunnel may still land on
     // one of them.
+    proxy_rolled_from(
+        pods.clone(),
+        &sel("proxy"),
+        &with_allow_list,
+        "the implied proxy's pods replaced the allow-list ones",
+    )
+    .await;
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let (_, t) = run(

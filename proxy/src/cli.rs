@@ -75,7 +75,11 @@ pub struct Flags {
     /// Time the upstream has to send response headers (bodies, e.g. watches, are not limited).
     #[arg(long, env = "CLI_MCP_PROXY_RESPONSE_HEADER_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
     pub response_header_timeout: Duration,
-    /// After SIGTERM: how long in-flight requests may finish.
+    /// After SIGTERM: how long to keep accepting while /readyz fails, so that no connection
+    /// the Service still sends here is refused (0s: stop accepting at once).
+    #[arg(long, env = "CLI_MCP_PROXY_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_delay)]
+    pub shutdown_delay: Duration,
+    /// After the shutdown delay: how long in-flight requests may finish.
     #[arg(long, env = "CLI_MCP_PROXY_GRACE", default_value = "20s", value_parser = parse_duration)]
     pub grace: Duration,
     /// Leaf certificates kept in memory.
@@ -107,6 +111,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Like [`parse_duration`], and `0s` is allowed.
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    let number = s
+        .strip_suffix("ms")
+        .or_else(|| s.strip_suffix('s'))
+        .or_else(|| s.strip_suffix('m'));
+    if number.is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b == b'0')) {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
+}
+
+/// The pod's termination grace period (the Kubernetes default, which the operator keeps):
+/// the shutdown delay and the grace must fit in it, with a margin for the exit itself.
+const TERMINATION_GRACE: Duration = Duration::from_secs(30);
+const EXIT_MARGIN: Duration = Duration::from_secs(5);
+
 impl Flags {
     pub fn config(&self) -> Result<Config, String> {
         if self.max_header_bytes < MIN_HEADER_BYTES {
@@ -117,6 +138,16 @@ impl Flags {
         }
         if self.max_headers == 0 {
             return Err("--max-headers must be at least 1".into());
+        }
+        if self.shutdown_delay + self.grace + EXIT_MARGIN > TERMINATION_GRACE {
+            return Err(format!(
+                "--shutdown-delay {:?} plus --grace {:?} is too long: together at most {:?}, so \
+                 that both end within the pod's {:?} termination grace period",
+                self.shutdown_delay,
+                self.grace,
+                TERMINATION_GRACE - EXIT_MARGIN,
+                TERMINATION_GRACE
+            ));
         }
         Ok(Config {
             routes: PathBuf::from(&self.routes),
@@ -138,6 +169,7 @@ impl Flags {
                 handshake: self.upstream_handshake_timeout,
                 response_headers: self.response_header_timeout,
             },
+            shutdown_delay: self.shutdown_delay,
             grace: self.grace,
             leaf_cache: self.leaf_cache,
         })
@@ -159,6 +191,8 @@ mod tests {
         assert_eq!(c.health_listen.port(), 8081);
         assert_eq!(c.kubeconfig, None);
         assert_eq!(c.limits.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(c.grace, Duration::from_secs(20));
     }
 
     #[test]
@@ -172,5 +206,11 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("ms").is_err());
         assert!(parse_duration("5h").is_err());
+        assert_eq!(parse_delay("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_delay("3s"), Ok(Duration::from_secs(3)));
+        assert!(parse_delay("s").is_err());
+        let f = Flags::try_parse_from(["p", "--shutdown-delay", "10s", "--grace", "20s"]).unwrap();
+        let e = f.config().unwrap_err();
+        assert!(e.contains("--shutdown-delay") && e.contains("25s"), "{e}");
     }
 }

@@ -2,6 +2,7 @@
 //! they are, or it would not have started — and the kubeconfig readable with a token for every
 //! kubernetes route) and `/metrics`.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -24,6 +25,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
 
 /// Why the proxy is not ready, or `None`.
 pub fn not_ready(shared: &Shared) -> Option<String> {
+    if shared.shutting_down.load(Ordering::Relaxed) {
+        return Some("shutting down".into());
+    }
     for route in shared.routes.routes() {
         if route.injector == Injector::Kubernetes {
             if let Err(e) = shared.credentials.authorization(&route.domain) {

@@ -28,6 +28,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,7 +104,11 @@ pub struct Config {
     pub health_listen: SocketAddr,
     pub limits: Limits,
     pub upstream: Timeouts,
-    /// How long in-flight requests may finish after SIGTERM.
+    /// After the stop signal, how long the proxy keeps accepting while `/readyz` fails: the
+    /// Service's endpoints (every node's kube-proxy) learn that the pod is going only after
+    /// it got the signal, and keep sending new connections here until then.
+    pub shutdown_delay: Duration,
+    /// How long in-flight requests may finish once the proxy stops accepting.
     pub grace: Duration,
     /// Leaf certificates kept.
     pub leaf_cache: NonZeroUsize,
@@ -141,6 +146,8 @@ pub struct Shared {
     pub credentials: Credentials,
     pub metrics: Metrics,
     pub limits: Limits,
+    /// Set once the stop signal came: `/readyz` fails from then on.
+    pub shutting_down: AtomicBool,
 }
 
 fn read(path: &std::path::Path) -> Result<String, ProxyError> {
@@ -181,6 +188,7 @@ impl Shared {
             credentials: Credentials::new(config.kubeconfig.clone()),
             metrics: Metrics::default(),
             limits: config.limits,
+            shutting_down: AtomicBool::new(false),
         })
     }
 }
@@ -190,6 +198,7 @@ pub struct Proxy {
     shared: Arc<Shared>,
     listener: TcpListener,
     health: TcpListener,
+    shutdown_delay: Duration,
     grace: Duration,
 }
 
@@ -210,6 +219,7 @@ impl Proxy {
             shared,
             listener,
             health,
+            shutdown_delay: config.shutdown_delay,
             grace: config.grace,
         })
     }
@@ -226,8 +236,10 @@ impl Proxy {
         self.shared.clone()
     }
 
-    /// Serves until `stop` completes, then stops accepting, lets in-flight requests finish
-    /// for up to the grace period, and returns.
+    /// Serves until `stop` completes; then, lame duck for the shutdown delay (`/readyz`
+    /// fails, new connections are still served, so none is refused while the Service still
+    /// sends them here); then stops accepting, lets in-flight requests finish for up to the
+    /// grace period, and returns.
     pub async fn serve(self, stop: impl Future<Output = ()>) -> Result<(), ProxyError> {
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -252,10 +264,21 @@ impl Proxy {
             shutdown.clone(),
             tracker.clone(),
         );
-        tokio::select! {
-            () = accept => {}
-            () = stop => shutdown.cancel(),
+        tokio::pin!(accept);
+        let stopped = tokio::select! {
+            () = &mut accept => false,
+            () = stop => true,
+        };
+        if stopped && !self.shutdown_delay.is_zero() {
+            self.shared.shutting_down.store(true, Ordering::Relaxed);
+            tracing::info!(delay = ?self.shutdown_delay, "stopping: /readyz fails; still accepting for the shutdown delay");
+            tokio::select! {
+                () = &mut accept => {}
+                () = tokio::time::sleep(self.shutdown_delay) => {}
+            }
         }
+        self.shared.shutting_down.store(true, Ordering::Relaxed);
+        tracing::info!(grace = ?self.grace, open = tracker.len(), "stopping: no new connections; open ones get the grace period");
         shutdown.cancel();
         tracker.close();
         if tokio::time::timeout(self.grace, tracker.wait())

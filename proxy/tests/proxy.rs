@@ -783,6 +783,48 @@ async fn sigterm_drains_the_request_in_flight_and_stops_accepting() {
         .unwrap();
 }
 
+/// Kubernetes removes a terminating pod from its Service only after the pod got SIGTERM, so
+/// for a while new connections still arrive: they are served, not refused, while `/readyz`
+/// already fails; after the shutdown delay the listener closes.
+#[tokio::test]
+async fn sigterm_keeps_serving_new_connections_for_the_shutdown_delay() {
+    let (up, inputs, mut config) = allow_list_setup().await;
+    config.shutdown_delay = Duration::from_secs(5);
+    let mut proxy = Running::start(config).await;
+    proxy.stop();
+    let lame_duck = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let r = proxy.health_get("/readyz").await;
+            if r.status() == 503 {
+                break r.text().await.unwrap();
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("/readyz fails once the stop signal came");
+    assert!(lame_duck.contains("shutting down"), "{lame_duck}");
+    // A new connection (a new client) after the signal is still proxied.
+    let body = client(&proxy, &inputs.ca)
+        .get(format!("https://{}/after-sigterm", up.addr))
+        .send()
+        .await
+        .expect("a connection made during the shutdown delay is served")
+        .text()
+        .await
+        .unwrap();
+    assert!(!body.is_empty());
+    assert_eq!(up.seen().len(), 1);
+    tokio::time::timeout(DEADLINE, proxy.done.take().unwrap())
+        .await
+        .expect("serve returned after the shutdown delay")
+        .unwrap();
+    assert!(
+        TcpStream::connect(proxy.addr).await.is_err(),
+        "the listener is closed after the delay"
+    );
+}
+
 #[tokio::test]
 async fn bad_inputs_stop_the_start_with_a_clear_error() {
     let up = Upstream::start().await;

@@ -421,6 +421,9 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
         automount_service_account_token: Some(false),
         containers: vec![container],
         volumes: Some(volumes),
+        // The proxy's own defaults fit in it with a margin: after SIGTERM it keeps accepting
+        // for 5 s (its endpoint leaves the Service meanwhile), then open requests get 20 s.
+        termination_grace_period_seconds: Some(30),
         ..Default::default()
     };
     p.placement.apply_to(&mut pod);

@@ -321,6 +321,7 @@ impl Inputs {
                 handshake: Duration::from_secs(5),
                 response_headers: Duration::from_secs(30),
             },
+            shutdown_delay: Duration::ZERO,
             grace: Duration::from_secs(10),
             leaf_cache: NonZeroUsize::new(16).unwrap(),
         }
