@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use cli_mcp_api::names::label;
 use cli_mcp_api::SessionId;
 use kube::api::ListParams;
+use tokio::sync::Notify;
 
 use super::slots::SlotHold;
 use super::steps::timed;
@@ -156,6 +157,8 @@ impl State {
 #[derive(Debug, Clone)]
 pub struct Admission {
     state: Arc<Mutex<State>>,
+    /// Woken after every change of the view (see [`Admission::pods_after_write`]).
+    changed: Arc<Notify>,
     max: usize,
 }
 
@@ -163,6 +166,7 @@ impl Admission {
     pub fn new(max: usize) -> Self {
         Self {
             state: Arc::new(Mutex::new(State::default())),
+            changed: Arc::new(Notify::new()),
             max,
         }
     }
@@ -203,8 +207,8 @@ impl Admission {
 
     /// Whether no pod of `sid` has been seen or written by this replica: the view (synced)
     /// has none, and this replica is neither starting one nor has just written one its watch
-    /// has not reported yet. Such a session is almost surely new (only a pod another replica
-    /// wrote within the watch's lag is missed); the label lookup still decides.
+    /// has not reported yet. Such a session is new but for a pod another replica wrote within
+    /// the watch's lag, which the converge check after this replica's own write catches.
     pub fn unseen(&self, sid: &SessionId) -> bool {
         let st = self.lock();
         st.synced
@@ -241,6 +245,43 @@ impl Admission {
         })
     }
 
+    /// How many pods `sid` has, once this replica's write of its pod `key` is in the view;
+    /// `None` when the view cannot tell within `wait` (not synced, a relist in progress, the
+    /// pod not reported or gone): then only a LIST can.
+    ///
+    /// The converge check needs every pod of the session written before `key` was. A watch
+    /// delivers events in the order the API server stored them, so once the watch reported
+    /// `key`, it reported every earlier write too: of two replicas that each wrote a pod for
+    /// one session, the later one sees both here, as it would in a LIST that began after its
+    /// write — and without the LIST's round trip.
+    pub async fn pods_after_write(
+        &self,
+        sid: &SessionId,
+        key: &str,
+        wait: Duration,
+    ) -> Option<usize> {
+        let answer = async {
+            loop {
+                // Registered before the check, so a change right after it still wakes us.
+                let changed = self.changed.notified();
+                {
+                    let st = self.lock();
+                    if !st.synced || st.relist.is_some() {
+                        return None;
+                    }
+                    match st.view.pods.get(key) {
+                        Some(s) if s == sid => return st.view.sessions.get(sid).copied(),
+                        // Counted under another session: not ours to judge.
+                        Some(_) => return None,
+                        None => {}
+                    }
+                }
+                changed.await;
+            }
+        };
+        tokio::time::timeout(wait, answer).await.ok().flatten()
+    }
+
     /// Sessions the view counts now (for the `sessions_active` gauge), when it is synced.
     pub fn live_sessions(&self) -> Option<usize> {
         let st = self.lock();
@@ -250,6 +291,7 @@ impl Admission {
     /// The watch starts a (re)list.
     pub fn relist_started(&self, now: Instant) {
         self.lock().relist = Some((View::default(), now));
+        self.changed.notify_waiters();
     }
 
     /// One pod of the (re)list.
@@ -274,6 +316,8 @@ impl Admission {
         written.retain(|_, w| w.at >= began && !view.pods.contains_key(&w.pod));
         st.listed_once = true;
         st.synced = true;
+        drop(st);
+        self.changed.notify_waiters();
     }
 
     /// A pod was added or changed.
@@ -285,6 +329,8 @@ impl Admission {
             _ => st.view.remove(&pod.key),
         }
         st.resumed();
+        drop(st);
+        self.changed.notify_waiters();
     }
 
     /// A pod was deleted.
@@ -293,11 +339,14 @@ impl Admission {
         st.seen(&pod.key);
         st.view.remove(&pod.key);
         st.resumed();
+        drop(st);
+        self.changed.notify_waiters();
     }
 
     /// The watch failed: until it is seen working again, admission counts from a LIST.
     pub fn watch_failed(&self) {
         self.lock().synced = false;
+        self.changed.notify_waiters();
     }
 }
 
@@ -637,6 +686,55 @@ mod tests {
         assert_eq!(
             limit(a.reserve(&sid("b"))),
             Refusal::Limit(LimitReached { max: 1 })
+        );
+    }
+
+    const WAIT: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn a_write_is_judged_once_the_watch_reports_it_with_every_earlier_pod() {
+        let a = synced(10, &[]);
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.pods_after_write(&sid("s"), "ours", WAIT).await }
+        });
+        // Another replica's pod of the session came first, then ours.
+        a.applied(pod("theirs", "s"));
+        a.applied(pod("ours", "s"));
+        assert_eq!(waiting.await.expect("joined"), Some(2));
+        // Alone, and already reported before the check began.
+        let b = synced(10, &[("only", "t")]);
+        assert_eq!(b.pods_after_write(&sid("t"), "only", WAIT).await, Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_view_that_cannot_tell_sends_the_check_to_a_list() {
+        // Never listed.
+        let a = Admission::new(10);
+        assert_eq!(a.pods_after_write(&sid("s"), "ours", WAIT).await, None);
+        // The watch fails while we wait.
+        let a = synced(10, &[]);
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.pods_after_write(&sid("s"), "ours", WAIT).await }
+        });
+        a.applied(pod("other", "x"));
+        a.watch_failed();
+        assert_eq!(waiting.await.expect("joined"), None);
+        // A relist begins while we wait.
+        let a = synced(10, &[]);
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.pods_after_write(&sid("s"), "ours", WAIT).await }
+        });
+        a.relist_started(Instant::now());
+        assert_eq!(waiting.await.expect("joined"), None);
+        // The pod is never reported: the wait ends.
+        let a = synced(10, &[]);
+        assert_eq!(
+            a.pods_after_write(&sid("s"), "ours", Duration::from_millis(1))
+                .await,
+            None
         );
     }
 }

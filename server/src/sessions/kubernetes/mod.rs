@@ -300,22 +300,17 @@ impl KubeBackend {
             return Err(SessionError::SessionLimit(quota));
         }
         let previous = self.cache.previous_uid(sid);
-        // A session that neither the pod watch nor the route cache has ever seen is almost
-        // surely new: its admission (the slot creates, one API round trip) goes out together
-        // with the lookup instead of after it. The lookup still decides: when it finds a pod
-        // after all, the places taken meanwhile are given back (dropped) and the pod is used.
-        let likely_new = previous.is_none() && self.admission.unseen(sid);
-        let early = async {
-            if likely_new {
-                Some(Box::pin(self.admit_new(sid, caller, t0)).await)
-            } else {
-                None
-            }
+        // A session that neither the pod watch (synced) nor the route cache has ever seen is
+        // new, but for a pod another replica wrote within the watch's lag: no label lookup
+        // (a LIST) then. Should such a pod exist after all, the converge check after this
+        // replica's own write sees both and every replica keeps the same one.
+        let found = if previous.is_none() && self.admission.unseen(sid) {
+            Found::Nothing
+        } else {
+            timed("lookup", self.find(sid)).await?
         };
-        let (found, early) = tokio::join!(timed("lookup", self.find(sid)), early);
-        let stale = match found? {
+        let stale = match found {
             Found::Pod(pod) => {
-                drop(early);
                 let pod = self.adopt(*pod, sid, caller).await?;
                 let route = self.route_of(sid, &pod)?;
                 let replaced = previous.is_some_and(|p| p != route.uid);
@@ -325,10 +320,7 @@ impl KubeBackend {
             Found::Stale => true,
             Found::Nothing => false,
         };
-        let (charge, reservation, mut slots) = match early {
-            Some(admitted) => admitted?,
-            None => self.admit_new(sid, caller, t0).await?,
-        };
+        let (charge, reservation, mut slots) = Box::pin(self.admit_new(sid, caller, t0)).await?;
         let started = Box::pin(self.start_new(sid, caller, &reservation, &mut slots)).await;
         // Slots still held here were not bound to a pod of this session: freed.
         drop(slots);

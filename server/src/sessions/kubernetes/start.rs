@@ -37,6 +37,10 @@ use crate::sessions::SessionError;
 /// status update, not from another claimer).
 pub(super) const CLAIM_ATTEMPTS_PER_POD: usize = 2;
 
+/// How long the converge check waits for the pod watch to report the pod just written before
+/// it asks the API with a LIST instead (the watch usually reports it within milliseconds).
+const CONVERGE_VIEW_WAIT: Duration = Duration::from_millis(500);
+
 impl KubeBackend {
     /// Claims a warm pod, else creates one; returns it Ready, converged with other replicas
     /// that started the session at the same time (see [`Self::converge`]). The reservation
@@ -484,15 +488,25 @@ impl KubeBackend {
         }
     }
 
-    /// The converge check, once `ours` is written: the session's pods from a LIST (which sees
-    /// every pod written before it began, so of two replicas that wrote a pod each, at least
-    /// the later one sees both); with two or more, the losers are retired and the winner is
-    /// returned unless it is `ours`. Every replica picks the same winner.
+    /// The converge check, once `ours` is written: the session's pods as of a moment after
+    /// the write, so of two replicas that wrote a pod each, at least the later one sees both;
+    /// with two or more, the losers are retired and the winner is returned unless it is
+    /// `ours`. Every replica picks the same winner. The pod watch's view answers as soon as it
+    /// has reported `ours` (see [`super::admission::Admission::pods_after_write`]); a LIST,
+    /// which sees every pod written before it began, when the view cannot tell or shows a
+    /// second pod.
     pub(super) async fn other_winner(
         &self,
         sid: &SessionId,
         ours: &Pod,
     ) -> Result<Option<Pod>, SessionError> {
+        let in_view = self
+            .admission
+            .pods_after_write(sid, &pod_key(ours), CONVERGE_VIEW_WAIT)
+            .await;
+        if in_view == Some(1) {
+            return Ok(None);
+        }
         let list = self
             .pods
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
