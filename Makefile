@@ -25,7 +25,7 @@ prereqs: ## install and set what the host lacks (apt packages, IPv4 forwarding, 
 test: PREREQS_FLAGS := --test
 test: prereqs lint control-plane tools build ## everything: lint, unit, integration and end-to-end tests on one local cluster
 	$(CARGO) test --workspace --no-run
-	$(CLUSTER) exec -- $(CARGO) test --workspace --no-fail-fast
+	CARGO="$(CARGO)" $(CLUSTER) exec -- hack/test-lanes.sh
 
 test-unit: ## tests that need no cluster (api, agent)
 	$(CARGO) test -p cli-mcp-api -p cli-mcp-agent
