@@ -52,6 +52,10 @@ async fn make_run_prints_an_endpoint_that_works_as_printed() {
     let stderr_log = base.join("run.sh.stderr");
     let mut cmd = Command::new("bash");
     cmd.env_remove(cli_mcp_e2e::node::NODE_ENV);
+    // run.sh runs `cargo build`.
+    for v in cli_mcp_e2e::workspace::cargo_test_env() {
+        cmd.env_remove(v);
+    }
     let lane_ok = cli_mcp_e2e::cluster::locate_control_plane(None)
         .and_then(|bin| cli_mcp_e2e::node::preflight(&bin));
     if let Err(e) = lane_ok {

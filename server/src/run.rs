@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::token::HmacKey;
@@ -162,6 +162,9 @@ async fn run_http(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    // Before anything can announce this server: a SIGTERM that arrived before tokio's
+    // handler existed would kill the process outright, without its lame-duck phase.
+    let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
     let tls = match &settings.tls {
         Some(files) => Some(tls::server_config(&files.cert, &files.key)?),
         None => None,
@@ -206,7 +209,7 @@ async fn run_http(
         auth = ?settings.auth,
         "{READY_MESSAGE}"
     );
-    wait_for_signal().await;
+    signals.recv().await;
     // Lame duck: the endpoint goes out of the Service (readiness fails) while this replica
     // still accepts, and keep-alive clients are told to reconnect (elsewhere).
     let delay = settings.shutdown_delay;
@@ -216,7 +219,7 @@ async fn run_http(
     tracing::info!(?delay, "shutting down: /readyz fails and connections close after each response; still serving for the shutdown delay");
     tokio::select! {
         _ = tokio::time::sleep(delay) => {}
-        _ = wait_for_signal() => tracing::info!("second signal: skipping the rest of the shutdown delay"),
+        _ = signals.recv() => tracing::info!("second signal: skipping the rest of the shutdown delay"),
     }
     tracing::info!("shutting down: no new requests; open ones get {DRAIN:?}");
     stop.cancel();
@@ -225,16 +228,26 @@ async fn run_http(
     Ok(())
 }
 
-async fn wait_for_signal() {
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the server with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, listened for from the server's start to its end: a signal that comes
+/// while no tokio stream exists for it is lost (tokio's handler stays installed, so the
+/// default action, exit, does not apply either).
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }

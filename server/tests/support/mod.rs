@@ -51,6 +51,9 @@ pub fn ensure_built(cluster: bool) {
     cell.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = std::process::Command::new(cargo);
+        for v in cli_mcp_e2e::workspace::cargo_test_env() {
+            cmd.env_remove(v);
+        }
         cmd.arg("build");
         for p in packages {
             cmd.arg("-p").arg(p);
