@@ -443,10 +443,13 @@ impl Cluster {
                 config.kubelet_bin.display()
             )));
         }
-        // CoreDNS for the process kubelet's cluster DNS, located (built once, cached) before
-        // anything starts, so a cold build never counts against a startup deadline.
+        // The add-ons (CoreDNS for either node's cluster DNS; kube-router for the real node),
+        // located (built once, cached) before anything starts, so a cold build never counts
+        // against a startup deadline: on a fresh machine the real node's first `make run`
+        // built them (217 s) inside the wait for ServiceAccount default/default and timed out.
+        let addons = crate::addons::locate_addons_async(None).await?;
         let addons_bin = match config.node {
-            NodeKind::Process => Some(crate::addons::locate_addons_async(None).await?),
+            NodeKind::Process => Some(addons),
             NodeKind::Real => None,
         };
 
