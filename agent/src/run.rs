@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::signal::unix::{signal, Signal, SignalKind};
+use cli_mcp_api::signals::Signals;
 use tokio::sync::watch;
 
 use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
@@ -127,20 +127,6 @@ async fn stop(state: &AgentState, kill_grace: Duration) {
     tracing::info!("cli-mcp-agent stopped");
 }
 
-struct Signals {
-    term: Signal,
-    int: Signal,
-}
-
-impl Signals {
-    fn install() -> std::io::Result<Self> {
-        Ok(Self {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-        })
-    }
-}
-
 /// Resolves on SIGTERM/SIGINT: refuses new commands at once, and interrupts a running one
 /// if it has not finished within `drain`.
 async fn shutdown_signal(
@@ -149,10 +135,7 @@ async fn shutdown_signal(
     drain: Duration,
     stopping: watch::Sender<bool>,
 ) {
-    tokio::select! {
-        _ = signals.term.recv() => {}
-        _ = signals.int.recv() => {}
-    }
+    signals.recv().await;
     tracing::info!(drain_ms = drain.as_millis() as u64, "shutting down");
     state.begin_shutdown();
     stopping.send_replace(true);

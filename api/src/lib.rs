@@ -33,5 +33,7 @@ pub mod pod_security;
 pub mod pod_state;
 #[cfg(feature = "k8s")]
 pub mod sandbox;
+#[cfg(feature = "signals")]
+pub mod signals;
 
 pub use session::{SessionId, SessionIdError};

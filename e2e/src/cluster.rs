@@ -448,10 +448,8 @@ impl Cluster {
         // against a startup deadline: on a fresh machine the real node's first `make run`
         // built them (217 s) inside the wait for ServiceAccount default/default and timed out.
         let addons = crate::addons::locate_addons_async(None).await?;
-        let addons_bin = match config.node {
-            NodeKind::Process => Some(addons),
-            NodeKind::Real => None,
-        };
+        // The process kubelet runs CoreDNS on the host; the real node deploys it as a pod.
+        let addons_bin = (config.node == NodeKind::Process).then_some(addons);
 
         let run_dir = std::path::absolute(&config.run_dir)
             .map_err(|e| Error::io("resolving", &config.run_dir, e))?;

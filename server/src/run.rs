@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
+use cli_mcp_api::signals::Signals;
 use cli_mcp_api::token::HmacKey;
 
 use crate::agent_client::AgentClient;
@@ -226,28 +226,4 @@ async fn run_http(
     let _ = main.await;
     let _ = health_task.await;
     Ok(())
-}
-
-/// SIGTERM and SIGINT, listened for from the server's start to its end: a signal that comes
-/// while no tokio stream exists for it is lost (tokio's handler stays installed, so the
-/// default action, exit, does not apply either).
-struct Signals {
-    term: Signal,
-    int: Signal,
-}
-
-impl Signals {
-    fn install() -> std::io::Result<Self> {
-        Ok(Self {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-        })
-    }
-
-    async fn recv(&mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-    }
 }
