@@ -243,7 +243,9 @@ mod tests {
 
     /// Resolves once `path` exists: the command got that far.
     async fn reached(path: PathBuf) -> StopReason {
-        while !path.exists() {
+        // A whole line, not just the file: `>>` creates the file before it writes, and a stop
+        // between the two left a run uncounted (seen once under a parallel test run).
+        while !std::fs::read_to_string(&path).is_ok_and(|t| t.ends_with('\n')) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         StopReason::CallerGone
