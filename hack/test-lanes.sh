@@ -30,15 +30,15 @@ LANES=${CLI_MCP_TEST_LANES:-3}
 # The test targets that take longest, slowest first (measured; see docs/e2e.md). Targets
 # not named here follow in the order cargo metadata lists them.
 slow=(
-  kubernetes
   lifecycle
-  journeys
-  journeys_real_node
-  real_node_proxy
-  real_node_sandbox
   faults
-  oauth
-  sdk
+  real_node_sandbox
+  journeys
+  logs
+  lifecycle_edges
+  real_node_proxy
+  journeys_real_node
+  real_node_placement
 )
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/cli-mcp-test-lanes.XXXXXX")
