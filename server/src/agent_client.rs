@@ -87,10 +87,30 @@ impl AgentError {
     }
 }
 
-/// Shared client: one connection pool for every sandbox.
+/// How long a connection to an agent is kept for the next request. Below the agent's own
+/// header-read timeout (10 s by default), after which it closes a connection that sent
+/// nothing: a request written as the agent closes it breaks, and is then only retried on the
+/// same sandbox (see [`AgentClient`]).
+const POOL_IDLE: Duration = Duration::from_secs(5);
+
+/// Shared client of every sandbox's agent.
+///
+/// Two connection policies, by what a broken connection would leave unknown:
+/// - kept alive (`pooled`): `POST /exec` with a `request_id`, and reads (`/healthz`,
+///   progress, files). A request written on a reused connection whose agent has since gone
+///   fails *after* being sent, so it looks like an agent dying mid-command
+///   ([`AgentError::may_have_run`]). That is safe here: the session layer then retries only
+///   on the same sandbox, whose agent journals the request id and answers the retry from
+///   its journal instead of running the command again, and never sends it to a replacement
+///   sandbox. A connection whose agent closed it while idle is dropped from the pool before
+///   reuse (hyper sees the close), and a request the pool hands to a connection that turns
+///   out closed before a byte is written is sent again on a new one.
+/// - one connection per request (`fresh`): `POST /assign`, and `/exec` without a request id,
+///   where only a fresh connection tells "nothing ran" (refused) from "it may have run".
 #[derive(Debug, Clone)]
 pub struct AgentClient {
-    http: reqwest::Client,
+    pooled: reqwest::Client,
+    fresh: reqwest::Client,
     /// Cap of an `/exec` answer.
     exec_body_limit: usize,
 }
@@ -100,20 +120,22 @@ impl AgentClient {
     /// streams at that size even when every byte needs JSON escaping, plus the truncation
     /// markers.
     pub fn new(output_budget: usize) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            // A connection per request: on a pooled connection whose agent died while it
-            // was idle, the next request fails *after* being written, which looks exactly
-            // like an agent dying mid-command. Only a fresh connection tells "nothing ran"
-            // (refused) from "it may have run" (broken after sending), and the server must
-            // never send a command that may have run to a replacement sandbox.
-            .pool_max_idle_per_host(0)
+        let builder = || {
+            reqwest::Client::builder()
+                .no_proxy()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+        };
+        // Two idle connections per agent: a call and its progress poll run side by side.
+        let pooled = builder()
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_max_idle_per_host(2)
             .build()?;
+        let fresh = builder().pool_max_idle_per_host(0).build()?;
         let per_stream = output_budget.max(cli_mcp_api::wire::DEFAULT_OUTPUT_BUDGET);
         Ok(Self {
-            http,
+            pooled,
+            fresh,
             exec_body_limit: 2 * 6 * per_stream + 64 * 1024,
         })
     }
@@ -127,7 +149,14 @@ impl AgentClient {
         timeout: Duration,
     ) -> Result<ExecResponse, AgentError> {
         let url = format!("{endpoint}/exec");
-        let post = self.post(
+        // Only a journaled request may go over a kept-alive connection (see `AgentClient`).
+        let client = if req.request_id.is_some() {
+            &self.pooled
+        } else {
+            &self.fresh
+        };
+        let post = Self::post(
+            client,
             &url,
             endpoint,
             token.expose(),
@@ -153,7 +182,7 @@ impl AgentClient {
     ) -> Result<ExecProgress, AgentError> {
         let url = format!("{endpoint}/exec/progress");
         let req = self
-            .http
+            .pooled
             .get(&url)
             .query(&[("request_id", request_id)])
             .bearer_auth(token.expose());
@@ -173,7 +202,11 @@ impl AgentClient {
         query: &[(&str, String)],
     ) -> Result<(Vec<u8>, u64), AgentError> {
         let url = format!("{endpoint}/files/{kind}");
-        let req = self.http.get(&url).query(query).bearer_auth(token.expose());
+        let req = self
+            .pooled
+            .get(&url)
+            .query(query)
+            .bearer_auth(token.expose());
         let limit = usize::try_from(FILE_READ_MAX).unwrap_or(usize::MAX);
         let (headers, bytes) = self.get(req, endpoint, FILE_TIMEOUT, limit).await?;
         let size = headers
@@ -201,13 +234,14 @@ impl AgentClient {
         Ok((headers, bytes))
     }
 
-    /// `GET /healthz`: whether the agent answers (what its readiness probe asks).
+    /// `GET /healthz`: whether the agent answers (what its readiness probe asks). The
+    /// connection is kept for the session's first command.
     pub async fn healthy(&self, endpoint: &str) -> bool {
         let url = format!("{endpoint}/healthz");
-        matches!(
-            self.http.get(&url).timeout(HEALTH_TIMEOUT).send().await,
-            Ok(r) if r.status().is_success()
-        )
+        let req = self.pooled.get(&url);
+        self.get(req, endpoint, HEALTH_TIMEOUT, SMALL_BODY_LIMIT)
+            .await
+            .is_ok()
     }
 
     /// Binds a warm pod to a session (bearer = the pod's assign token).
@@ -218,7 +252,8 @@ impl AgentClient {
         req: &AssignRequest,
     ) -> Result<AssignResponse, AgentError> {
         let url = format!("{endpoint}/assign");
-        self.post(
+        Self::post(
+            &self.fresh,
             &url,
             endpoint,
             assign_token.expose(),
@@ -230,7 +265,7 @@ impl AgentClient {
     }
 
     async fn post<B: Serialize, R: DeserializeOwned>(
-        &self,
+        client: &reqwest::Client,
         url: &str,
         endpoint: &str,
         bearer: &str,
@@ -238,8 +273,7 @@ impl AgentClient {
         timeout: Duration,
         limit: usize,
     ) -> Result<R, AgentError> {
-        let send = self
-            .http
+        let send = client
             .post(url)
             .bearer_auth(bearer)
             .json(body)
@@ -334,6 +368,205 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// What the stand-in agent does with each connection.
+    #[derive(Clone, Copy)]
+    enum Conn {
+        /// Answers every request, keeping the connection open.
+        KeepAlive,
+        /// Answers one request (without `Connection: close`), then closes: an agent that
+        /// went away while the connection sat idle in the pool.
+        CloseAfterAnswer,
+        /// Answers the first request, reads the second, then closes without an answer: an
+        /// agent dying mid-command on a kept-alive connection.
+        DieOnSecond,
+    }
+
+    /// A stand-in agent on loopback, speaking HTTP/1.1 by hand so that each test controls
+    /// exactly when a connection closes. It counts connections and records request lines.
+    struct Stub {
+        endpoint: String,
+        accepted: Arc<AtomicUsize>,
+        requests: Arc<Mutex<Vec<String>>>,
+    }
+
+    async fn stub(mode: Conn) -> Stub {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (a, r) = (accepted.clone(), requests.clone());
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve(conn, mode, r.clone()));
+            }
+        });
+        Stub {
+            endpoint,
+            accepted,
+            requests,
+        }
+    }
+
+    async fn serve(mut conn: TcpStream, mode: Conn, requests: Arc<Mutex<Vec<String>>>) {
+        let mut buf = Vec::new();
+        let mut served = 0;
+        loop {
+            let Some((line, body)) = read_request(&mut conn, &mut buf).await else {
+                return;
+            };
+            requests
+                .lock()
+                .expect("lock")
+                .push(format!("{line} {body}"));
+            served += 1;
+            if matches!(mode, Conn::DieOnSecond) && served == 2 {
+                return;
+            }
+            let answer = if line.starts_with("GET /healthz") {
+                "ok".to_owned()
+            } else {
+                serde_json::json!({"stdout": "", "stderr": "", "exit_code": 0, "duration_ms": 0,
+                    "timed_out": false, "truncated": false, "total_bytes": 0, "cwd": "/",
+                    "shell_restarted": false})
+                .to_string()
+            };
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                answer.len()
+            );
+            if conn.write_all(response.as_bytes()).await.is_err() {
+                return;
+            }
+            if matches!(mode, Conn::CloseAfterAnswer) {
+                return;
+            }
+        }
+    }
+
+    /// One request's first line and body; `None` at the end of the connection.
+    async fn read_request(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, String)> {
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = conn.read(&mut chunk).await.ok().filter(|n| *n > 0)?;
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        let length: usize = head
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            let n = conn.read(&mut chunk).await.ok().filter(|n| *n > 0)?;
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let body = String::from_utf8_lossy(&buf[head_end..head_end + length]).to_string();
+        buf.drain(..head_end + length);
+        Some((head.lines().next().unwrap_or_default().to_owned(), body))
+    }
+
+    fn token() -> Token {
+        cli_mcp_api::token::HmacKey::from_bytes([7; 32]).assign_token("p")
+    }
+
+    fn exec_req(request_id: Option<&str>) -> ExecRequest {
+        ExecRequest {
+            command: "true".into(),
+            timeout_ms: Some(1000),
+            request_id: request_id.map(str::to_owned),
+        }
+    }
+
+    const T: Duration = Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn journaled_commands_and_reads_reuse_one_connection() {
+        let agent = stub(Conn::KeepAlive).await;
+        let client = AgentClient::new(0).expect("client");
+        assert!(client.healthy(&agent.endpoint).await);
+        for i in 0..5 {
+            let id = format!("r{i}");
+            client
+                .exec(&agent.endpoint, &token(), &exec_req(Some(&id)), T)
+                .await
+                .expect("exec");
+        }
+        assert_eq!(agent.requests.lock().expect("lock").len(), 6);
+        assert_eq!(
+            agent.accepted.load(Ordering::SeqCst),
+            1,
+            "the health check and five journaled commands share one connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn unjournaled_commands_and_assign_take_a_connection_each() {
+        let agent = stub(Conn::KeepAlive).await;
+        let client = AgentClient::new(0).expect("client");
+        for _ in 0..3 {
+            client
+                .exec(&agent.endpoint, &token(), &exec_req(None), T)
+                .await
+                .expect("exec");
+        }
+        assert_eq!(agent.accepted.load(Ordering::SeqCst), 3);
+    }
+
+    /// An agent that closed a pooled connection while it was idle (it exited, or its
+    /// header-read timeout passed): the next command must still be sent exactly once, on
+    /// a new connection, and never be reported as "may have run". Many rounds, because the
+    /// close and the next request race.
+    #[tokio::test]
+    async fn a_connection_the_agent_closed_while_idle_is_not_a_broken_command() {
+        let agent = stub(Conn::CloseAfterAnswer).await;
+        let client = AgentClient::new(0).expect("client");
+        for i in 0..200 {
+            let id = format!("r{i}");
+            client
+                .exec(&agent.endpoint, &token(), &exec_req(Some(&id)), T)
+                .await
+                .unwrap_or_else(|e| panic!("round {i}: {e}"));
+        }
+        let requests = agent.requests.lock().expect("lock");
+        assert_eq!(requests.len(), 200, "each command sent exactly once");
+        assert_eq!(agent.accepted.load(Ordering::SeqCst), 200);
+    }
+
+    #[tokio::test]
+    async fn an_agent_dying_after_reading_a_pooled_request_may_have_run_it() {
+        let agent = stub(Conn::DieOnSecond).await;
+        let client = AgentClient::new(0).expect("client");
+        client
+            .exec(&agent.endpoint, &token(), &exec_req(Some("a")), T)
+            .await
+            .expect("first");
+        let e = client
+            .exec(&agent.endpoint, &token(), &exec_req(Some("b")), T)
+            .await
+            .expect_err("no answer");
+        assert!(e.may_have_run(), "{e}");
+        assert!(!e.not_sent(), "{e}");
+        assert_eq!(
+            agent.accepted.load(Ordering::SeqCst),
+            1,
+            "sent on the kept connection"
+        );
+        assert_eq!(
+            agent.requests.lock().expect("lock").len(),
+            2,
+            "and not sent again"
+        );
+    }
 
     #[test]
     fn rediscoverable_failures() {
