@@ -16,6 +16,21 @@ use crate::names::annotation;
 /// Precision of a stamp: the activity happened at most this long after what it says.
 pub const STAMP_RESOLUTION: Duration = Duration::from_secs(1);
 
+/// Shortest time between two `last-activity` writes of one sandbox.
+pub const STAMP_GAP_MIN: Duration = Duration::from_secs(2);
+/// Longest time between two `last-activity` writes of one sandbox in use.
+pub const STAMP_GAP_MAX: Duration = Duration::from_secs(60);
+
+/// How long the server may hold a sandbox's newest activity before writing its stamp, for an
+/// instance whose `idleTimeout` is `idle_timeout`: a sixtieth of it, between
+/// [`STAMP_GAP_MIN`] and [`STAMP_GAP_MAX`]. A busy session then writes at most one stamp per
+/// gap (one a minute under an idle timeout of an hour or more, instead of one every 2 s),
+/// and the idle GC, which may read a stamp up to a gap old while the session is in use,
+/// waits that much longer than `idleTimeout` before it collects.
+pub fn stamp_gap(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 60).clamp(STAMP_GAP_MIN, STAMP_GAP_MAX)
+}
+
 /// The stamp of `at`: RFC 3339 UTC, truncated to whole seconds.
 pub fn stamp(at: Timestamp) -> String {
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
@@ -68,6 +83,17 @@ mod tests {
         let now = stamp_now();
         assert_eq!(now.len(), 20, "{now}");
         assert!(now.ends_with('Z') && now.as_bytes()[10] == b'T', "{now}");
+    }
+
+    #[test]
+    fn the_stamp_gap_is_a_sixtieth_of_the_idle_timeout_within_bounds() {
+        let s = Duration::from_secs;
+        assert_eq!(stamp_gap(s(60)), STAMP_GAP_MIN, "the shortest idle timeout");
+        assert_eq!(stamp_gap(s(90)), STAMP_GAP_MIN);
+        assert_eq!(stamp_gap(s(30 * 60)), s(30), "the default 30m");
+        assert_eq!(stamp_gap(s(3600)), STAMP_GAP_MAX);
+        assert_eq!(stamp_gap(s(168 * 3600)), STAMP_GAP_MAX, "the longest");
+        assert_eq!(stamp_gap(Duration::ZERO), STAMP_GAP_MIN);
     }
 
     #[test]

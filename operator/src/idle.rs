@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Resource, ResourceExt};
 
-use cli_mcp_api::activity::{last_activity_meta, STAMP_RESOLUTION};
+use cli_mcp_api::activity::{last_activity_meta, stamp_gap, STAMP_RESOLUTION};
 use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::session_of_meta;
 use cli_mcp_api::sandbox::session_token_of_meta;
@@ -85,10 +85,12 @@ pub fn plan(
         };
         let age = now.duration_since(last);
         let age = Duration::try_from(age).unwrap_or(Duration::ZERO);
-        // The stamp is truncated to whole seconds: the activity may be up to a second later
-        // than it says, so a session is idle only once `idle` has passed since the end of that
-        // second (else it could be collected just before its idleTimeout).
-        let idle = idle + STAMP_RESOLUTION;
+        // The stamp is truncated to whole seconds, and the server writes a session's newest
+        // activity up to a stamp gap late (`--activity-stamp-gap`, which the operator sets
+        // from the same idle timeout): a session is idle only once `idle` has passed since the
+        // end of the stamped second plus that gap, else a session in use could be collected
+        // just before its idleTimeout.
+        let idle = idle + STAMP_RESOLUTION + stamp_gap(idle);
         if age >= idle {
             out.collect.push((p.clone(), CollectReason::Idle));
         } else {
@@ -178,8 +180,8 @@ mod tests {
         assert_eq!(p.collect.len(), 1);
         assert_eq!(p.collect[0].1, CollectReason::Idle);
         assert_eq!(p.active, 3);
-        // 600 s after the end of the stamped second.
-        assert_eq!(p.next_expiry, Some(Duration::from_secs(541)));
+        // 600 s after the end of the stamped second, plus the stamp gap (a sixtieth: 10 s).
+        assert_eq!(p.next_expiry, Some(Duration::from_secs(551)));
     }
 
     #[test]
@@ -209,25 +211,23 @@ mod tests {
     }
 
     #[test]
-    fn a_session_is_not_collected_within_its_stamped_second() {
+    fn a_session_is_not_collected_within_its_stamped_second_and_stamp_gap() {
         let k = HmacKey::from_bytes([1; 32]);
-        // Stamped 00:00:00 (truncated): the activity may have been at 00:00:00.999.
+        // Stamped 00:00:00 (truncated): the activity may have been at 00:00:00.999, and a
+        // newer one may wait up to the stamp gap (2 s under a 60 s idle timeout) unwritten.
         let pods = vec![session("s", "2026-01-01T00:00:00Z", &k)];
         let at = |t: &str| t.parse::<Timestamp>().expect("ts");
+        for early in ["2026-01-01T00:01:00.500Z", "2026-01-01T00:01:02.999Z"] {
+            let p = plan(&pods, Duration::from_secs(60), at(early), Some(&k));
+            assert!(
+                p.collect.is_empty(),
+                "collected at {early}, before idleTimeout had surely passed"
+            );
+        }
         let p = plan(
             &pods,
             Duration::from_secs(60),
-            at("2026-01-01T00:01:00.500Z"),
-            Some(&k),
-        );
-        assert!(
-            p.collect.is_empty(),
-            "collected before idleTimeout had surely passed"
-        );
-        let p = plan(
-            &pods,
-            Duration::from_secs(60),
-            at("2026-01-01T00:01:01Z"),
+            at("2026-01-01T00:01:03Z"),
             Some(&k),
         );
         assert_eq!(p.collect.len(), 1);

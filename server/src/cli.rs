@@ -120,6 +120,12 @@ pub struct Flags {
     /// Largest MCP request body (bytes).
     #[arg(long, env = "CLI_MCP_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Shortest time (seconds, 2 to 60) between two writes of a sandbox's `last-activity`
+    /// stamp (kubernetes backend): a burst of calls is one write. The operator sets it from
+    /// the instance's `idleTimeout` (a sixtieth of it), and its idle GC waits that much
+    /// longer than `idleTimeout`; run by hand, keep it at most a sixtieth of the idle timeout.
+    #[arg(long, env = "CLI_MCP_ACTIVITY_STAMP_GAP", default_value_t = 2)]
+    pub activity_stamp_gap: u64,
     /// How long a new session may wait for its sandbox to become ready (seconds).
     #[arg(long, env = "CLI_MCP_START_TIMEOUT", default_value_t = 120)]
     pub start_timeout: u64,
@@ -235,6 +241,8 @@ pub struct Limits {
     pub start_timeout: Duration,
     /// Most bytes of one `resources/read`.
     pub max_resource_read: u64,
+    /// Shortest time between two `last-activity` writes of one sandbox.
+    pub activity_stamp_gap: Duration,
 }
 
 /// Default of `--max-resource-read-bytes`.
@@ -253,6 +261,7 @@ impl Default for Limits {
             max_command_bytes: MAX_COMMAND_BYTES,
             start_timeout: Duration::from_secs(120),
             max_resource_read: DEFAULT_RESOURCE_READ,
+            activity_stamp_gap: cli_mcp_api::activity::STAMP_GAP_MIN,
         }
     }
 }
@@ -382,6 +391,16 @@ impl Flags {
 
         if self.max_sessions == 0 {
             return Err(err("--max-sessions must be at least 1"));
+        }
+        let gaps = cli_mcp_api::activity::STAMP_GAP_MIN.as_secs()
+            ..=cli_mcp_api::activity::STAMP_GAP_MAX.as_secs();
+        if !gaps.contains(&self.activity_stamp_gap) {
+            return Err(err(format!(
+                "--activity-stamp-gap {} is out of range: it must be {}..={} seconds",
+                self.activity_stamp_gap,
+                gaps.start(),
+                gaps.end()
+            )));
         }
         for (flag, set, ok) in [
             (
@@ -535,6 +554,7 @@ impl Flags {
                 max_command_bytes: MAX_COMMAND_BYTES.min(self.max_body_bytes),
                 start_timeout: Duration::from_secs(self.start_timeout),
                 max_resource_read: self.max_resource_read_bytes,
+                activity_stamp_gap: Duration::from_secs(self.activity_stamp_gap),
             },
             agent_binary: self.agent_binary,
             log_json: self.log_json,
@@ -786,6 +806,14 @@ mod tests {
             (vec!["--output-budget", "10"], "--output-budget"),
             (vec!["--tls-cert", "/c"], "--tls-key"),
             (vec!["--shutdown-delay", "6"], "--shutdown-delay"),
+            (
+                vec!["--activity-stamp-gap", "1"],
+                "--activity-stamp-gap 1 is out of range: it must be 2..=60 seconds",
+            ),
+            (
+                vec!["--activity-stamp-gap", "61"],
+                "--activity-stamp-gap 61",
+            ),
             (
                 vec!["--instructions", &huge],
                 "--instructions is 16385 bytes",

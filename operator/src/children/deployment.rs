@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use cli_mcp_api::activity::stamp_gap;
 use cli_mcp_api::crd::AuthMode;
 use cli_mcp_api::names::label;
 use cli_mcp_api::pod_security;
@@ -79,6 +80,11 @@ pub fn server_args(inp: &Inputs) -> Vec<String> {
     );
     flag("--max-timeout", inp.spec.max_timeout_secs.to_string());
     flag("--output-budget", inp.spec.output_budget.to_string());
+    // The idle GC (idle.rs) waits the same gap past idleTimeout.
+    flag(
+        "--activity-stamp-gap",
+        stamp_gap(inp.spec.idle_timeout).as_secs().to_string(),
+    );
     // One flag per value: the server also splits values on commas, which admission keeps
     // out of these lists.
     if let Some(a) = &inp.spec.authorization {
@@ -329,6 +335,16 @@ mod tests {
         assert_eq!(arg(&a, "--default-timeout").as_deref(), Some("30"));
         assert_eq!(arg(&a, "--max-timeout").as_deref(), Some("120"));
         assert!(a.contains(&"--log-json".to_string()));
+        assert_eq!(
+            arg(&a, "--activity-stamp-gap").as_deref(),
+            Some("30"),
+            "a sixtieth of the default idleTimeout (30m)"
+        );
+        let long = inputs(serde_json::json!({"sandbox": {"idleTimeout": "168h"}}));
+        assert_eq!(
+            arg(&server_args(&long), "--activity-stamp-gap").as_deref(),
+            Some("60")
+        );
 
         assert_eq!(
             arg(&a, "--max-sessions-per-client"),

@@ -2,9 +2,11 @@
 //! starts and when it ends, off the hot path.
 //!
 //! A call only records the event in memory ([`ActivityStamper::record`], never blocks on the
-//! API). A background task patches the annotation: at most once per [`MIN_GAP`] per pod (so a
-//! burst of calls is one patch), and every [`IN_FLIGHT_REFRESH`] while a command runs (so a
-//! five-minute command is never idle-collected under a one-minute idle timeout).
+//! API). A background task patches the annotation: at most once per gap per pod (so a burst
+//! of calls is one patch; the gap grows with the instance's idle timeout, see
+//! [`cli_mcp_api::activity::stamp_gap`], and the idle GC waits that much longer), and every
+//! [`IN_FLIGHT_REFRESH`] (or gap, if longer) while a command runs (so a five-minute command
+//! is never idle-collected under a one-minute idle timeout).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,13 +20,11 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use cli_mcp_api::activity::stamp_now;
+use cli_mcp_api::activity::{stamp_now, STAMP_GAP_MIN};
 use cli_mcp_api::names::annotation;
 
 use crate::sessions::Activity;
 
-/// Shortest time between two stamps of one pod.
-pub const MIN_GAP: Duration = Duration::from_secs(2);
 /// Stamp interval while a command runs.
 pub const IN_FLIGHT_REFRESH: Duration = Duration::from_secs(30);
 /// An idle entry is dropped after this long (memory stays bounded by the active pods).
@@ -50,15 +50,32 @@ pub struct Stamp {
     pub at: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ActivityStamper {
     entries: Mutex<HashMap<String, Entry>>,
     wake: Notify,
+    /// Shortest time between two stamps of one pod.
+    gap: Duration,
+}
+
+impl Default for ActivityStamper {
+    fn default() -> Self {
+        Self::with_gap(STAMP_GAP_MIN)
+    }
 }
 
 impl ActivityStamper {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// A stamper writing each pod's stamp at most once per `gap`.
+    pub fn new(gap: Duration) -> Arc<Self> {
+        Arc::new(Self::with_gap(gap))
+    }
+
+    fn with_gap(gap: Duration) -> Self {
+        Self {
+            entries: Mutex::default(),
+            wake: Notify::new(),
+            gap,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -102,7 +119,7 @@ impl ActivityStamper {
         let mut out = Vec::new();
         for (pod, e) in entries.iter_mut() {
             let since = e.last_write.map(|t| now.saturating_duration_since(t));
-            let gap_ok = since.is_none_or(|s| s >= MIN_GAP);
+            let gap_ok = since.is_none_or(|s| s >= self.gap);
             let refresh = e.in_flight > 0 && since.is_none_or(|s| s >= IN_FLIGHT_REFRESH);
             if gap_ok && (e.pending.is_some() || refresh) {
                 let at = e.pending.take().unwrap_or_else(stamp_now);
@@ -209,9 +226,34 @@ mod tests {
             s.due(t0 + Duration::from_millis(500)).is_empty(),
             "within the gap"
         );
-        let later = s.due(t0 + MIN_GAP);
+        let later = s.due(t0 + STAMP_GAP_MIN);
         assert_eq!(later.len(), 1, "the burst becomes one write");
-        assert!(s.due(t0 + MIN_GAP * 2).is_empty(), "nothing new");
+        assert!(s.due(t0 + STAMP_GAP_MIN * 2).is_empty(), "nothing new");
+    }
+
+    /// 100 sessions each calling once a second for a minute, under an idle timeout of an
+    /// hour or more: one stamp per session at the start and one a minute after, not 30.
+    #[test]
+    fn a_longer_gap_coalesces_a_busy_minute() {
+        let gap = cli_mcp_api::activity::stamp_gap(Duration::from_secs(168 * 3600));
+        let s = ActivityStamper::with_gap(gap);
+        let t0 = Instant::now();
+        let mut written = 0;
+        for sec in 0..=60u64 {
+            for p in 0..100 {
+                s.record(&format!("p{p}"), "u", Activity::Start);
+                s.record(&format!("p{p}"), "u", Activity::End);
+            }
+            written += s.due(t0 + Duration::from_secs(sec)).len();
+        }
+        assert_eq!(written, 200, "the first call, then one a gap (60 s) later");
+        let short = ActivityStamper::default();
+        let mut written = 0;
+        for sec in 0..=60u64 {
+            short.record("p", "u", Activity::End);
+            written += short.due(t0 + Duration::from_secs(sec)).len();
+        }
+        assert_eq!(written, 31, "every 2 s under a short idle timeout");
     }
 
     #[test]

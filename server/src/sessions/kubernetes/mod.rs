@@ -165,7 +165,7 @@ impl KubeBackend {
             agent,
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
-            stamper: ActivityStamper::new(),
+            stamper: ActivityStamper::new(limits.activity_stamp_gap),
             admission: Admission::new(limits.max_sessions),
             pool: WarmPool::default(),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
