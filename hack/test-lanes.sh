@@ -30,8 +30,9 @@ LANES=${CLI_MCP_TEST_LANES:-3}
 # The test targets that take longest, slowest first (measured; see docs/e2e.md). Targets
 # not named here follow in the order cargo metadata lists them.
 slow=(
-  lifecycle
   faults
+  lifecycle
+  journeys_lifecycle
   real_node_sandbox
   journeys
   logs
