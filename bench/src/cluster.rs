@@ -111,7 +111,12 @@ pub(crate) async fn the_cluster(
         None => default_bin_dir()?,
     };
     let bin_dir = std::path::absolute(&bin_dir).context("--bin-dir")?;
-    for b in ["cli-mcp-server", "cli-mcp-operator", "cli-mcp-agent"] {
+    for b in [
+        "cli-mcp-server",
+        "cli-mcp-operator",
+        "cli-mcp-agent",
+        "cli-mcp-proxy",
+    ] {
         if !bin_dir.join(b).is_file() {
             bail!(
                 "{} is missing: build it (cargo build --release -p {b}) or pass --bin-dir",

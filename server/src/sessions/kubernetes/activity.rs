@@ -38,8 +38,24 @@ struct Entry {
     in_flight: u32,
     /// Time (RFC 3339) of the latest event not yet written.
     pending: Option<String>,
+    /// The stamp last written: an event in the same (whole) second needs no write, so a
+    /// quick command's start and end are one patch, not two a gap apart.
+    written: Option<String>,
     last_write: Option<Instant>,
     touched: Instant,
+}
+
+impl Entry {
+    fn new(uid: &str, now: Instant) -> Self {
+        Self {
+            uid: uid.to_owned(),
+            in_flight: 0,
+            pending: None,
+            written: None,
+            last_write: None,
+            touched: now,
+        }
+    }
 }
 
 /// A stamp to write.
@@ -84,30 +100,25 @@ impl ActivityStamper {
 
     /// Records a command start or end in `pod` (cheap; never waits for the API).
     pub fn record(&self, pod: &str, uid: &str, event: Activity) {
+        self.record_at(pod, uid, event, stamp_now());
+    }
+
+    /// [`Self::record`] of an event whose stamp is `at`.
+    fn record_at(&self, pod: &str, uid: &str, event: Activity, at: String) {
         let now = Instant::now();
         let mut entries = self.lock();
-        let e = entries.entry(pod.to_owned()).or_insert_with(|| Entry {
-            uid: uid.to_owned(),
-            in_flight: 0,
-            pending: None,
-            last_write: None,
-            touched: now,
-        });
+        let e = entries
+            .entry(pod.to_owned())
+            .or_insert_with(|| Entry::new(uid, now));
         if e.uid != uid {
             // Same name, new pod (a cold pod re-created): start over.
-            *e = Entry {
-                uid: uid.to_owned(),
-                in_flight: 0,
-                pending: None,
-                last_write: None,
-                touched: now,
-            };
+            *e = Entry::new(uid, now);
         }
         match event {
             Activity::Start => e.in_flight += 1,
             Activity::End => e.in_flight = e.in_flight.saturating_sub(1),
         }
-        e.pending = Some(stamp_now());
+        e.pending = Some(at);
         e.touched = now;
         drop(entries);
         self.wake.notify_one();
@@ -118,11 +129,15 @@ impl ActivityStamper {
         let mut entries = self.lock();
         let mut out = Vec::new();
         for (pod, e) in entries.iter_mut() {
+            if e.pending.is_some() && e.pending == e.written {
+                e.pending = None;
+            }
             let since = e.last_write.map(|t| now.saturating_duration_since(t));
             let gap_ok = since.is_none_or(|s| s >= self.gap);
             let refresh = e.in_flight > 0 && since.is_none_or(|s| s >= IN_FLIGHT_REFRESH);
             if gap_ok && (e.pending.is_some() || refresh) {
                 let at = e.pending.take().unwrap_or_else(stamp_now);
+                e.written = Some(at.clone());
                 e.last_write = Some(now);
                 out.push(Stamp {
                     pod: pod.clone(),
@@ -213,22 +228,43 @@ impl ActivityStamper {
 mod tests {
     use super::*;
 
+    /// The stamp of second `sec` of a test's timeline.
+    fn at(sec: u64) -> String {
+        format!("2026-01-01T00:{:02}:{:02}Z", sec / 60, sec % 60)
+    }
+
     #[test]
     fn start_and_end_of_a_quick_command_coalesce() {
         let s = ActivityStamper::default();
         let t0 = Instant::now();
-        s.record("p", "u", Activity::Start);
+        s.record_at("p", "u", Activity::Start, at(0));
         assert_eq!(s.due(t0).len(), 1, "first event is written at once");
-        s.record("p", "u", Activity::End);
-        s.record("p", "u", Activity::Start);
-        s.record("p", "u", Activity::End);
+        s.record_at("p", "u", Activity::End, at(0));
+        s.record_at("p", "u", Activity::Start, at(1));
+        s.record_at("p", "u", Activity::End, at(1));
         assert!(
             s.due(t0 + Duration::from_millis(500)).is_empty(),
             "within the gap"
         );
         let later = s.due(t0 + STAMP_GAP_MIN);
         assert_eq!(later.len(), 1, "the burst becomes one write");
+        assert_eq!(later[0].at, at(1), "of the newest event");
         assert!(s.due(t0 + STAMP_GAP_MIN * 2).is_empty(), "nothing new");
+    }
+
+    #[test]
+    fn an_event_in_the_second_already_written_writes_nothing() {
+        let s = ActivityStamper::default();
+        let t0 = Instant::now();
+        s.record_at("p", "u", Activity::Start, at(0));
+        assert_eq!(s.due(t0).len(), 1);
+        s.record_at("p", "u", Activity::End, at(0));
+        assert!(
+            s.due(t0 + STAMP_GAP_MIN * 5).is_empty(),
+            "a quick command's end stamps the same second as its start"
+        );
+        s.record_at("p", "u", Activity::Start, at(20));
+        assert_eq!(s.due(t0 + STAMP_GAP_MIN * 10).len(), 1, "a later second is");
     }
 
     /// 100 sessions each calling once a second for a minute, under an idle timeout of an
@@ -241,8 +277,8 @@ mod tests {
         let mut written = 0;
         for sec in 0..=60u64 {
             for p in 0..100 {
-                s.record(&format!("p{p}"), "u", Activity::Start);
-                s.record(&format!("p{p}"), "u", Activity::End);
+                s.record_at(&format!("p{p}"), "u", Activity::Start, at(sec));
+                s.record_at(&format!("p{p}"), "u", Activity::End, at(sec));
             }
             written += s.due(t0 + Duration::from_secs(sec)).len();
         }
@@ -250,7 +286,7 @@ mod tests {
         let short = ActivityStamper::default();
         let mut written = 0;
         for sec in 0..=60u64 {
-            short.record("p", "u", Activity::End);
+            short.record_at("p", "u", Activity::End, at(sec));
             written += short.due(t0 + Duration::from_secs(sec)).len();
         }
         assert_eq!(written, 31, "every 2 s under a short idle timeout");
@@ -260,7 +296,7 @@ mod tests {
     fn a_running_command_is_refreshed() {
         let s = ActivityStamper::default();
         let t0 = Instant::now();
-        s.record("p", "u", Activity::Start);
+        s.record_at("p", "u", Activity::Start, at(0));
         assert_eq!(s.due(t0).len(), 1);
         assert!(s.due(t0 + Duration::from_secs(10)).is_empty());
         assert_eq!(
@@ -268,7 +304,8 @@ mod tests {
             1,
             "refresh while running"
         );
-        s.record("p", "u", Activity::End);
+        // The refresh stamped the wall clock; the end is stamped later than that.
+        s.record_at("p", "u", Activity::End, "2099-01-01T00:00:00Z".into());
         assert_eq!(
             s.due(t0 + IN_FLIGHT_REFRESH * 2).len(),
             1,
