@@ -99,17 +99,47 @@ fn run_ip(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A pick of a free TCP port on `ip` (bind to port 0 and release it).
+/// A pick of a free TCP port on `ip`, for a cluster component that binds it a moment later.
+///
+/// Not the kernel's pick (`bind` to port 0): that comes from the ephemeral range, which every
+/// outgoing connection on the machine also draws its local port from, and under the test
+/// lanes' load one of those took a picked port before the component bound it (the
+/// scheduler: "bind: address already in use", the cluster gone before it was ready). So the
+/// pick is a random port of the 12,000 just below the ephemeral range, which no connection
+/// takes by itself, found free by a bind and never handed out twice by this process.
 pub fn free_port(ip: Ipv4Addr) -> Result<u16> {
-    let l = TcpListener::bind(SocketAddr::from((ip, 0))).map_err(|e| Error::Command {
-        command: format!("bind {ip}:0"),
-        detail: e.to_string(),
-    })?;
-    let port = l
-        .local_addr()
-        .map_err(|e| Error::Other(format!("local_addr of {ip}:0: {e}")))?
-        .port();
-    Ok(port)
+    use rand::Rng as _;
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let range = pick_range(ephemeral_start());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rng = rand::rng();
+    for _ in 0..1000 {
+        let port = rng.random_range(range.clone());
+        if !given.contains(&port) && TcpListener::bind(SocketAddr::from((ip, port))).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    Err(Error::Other(format!(
+        "no free TCP port on {ip} in {}..{} after 1000 tries",
+        range.start, range.end
+    )))
+}
+
+/// First port of the kernel's ephemeral range (32768 when it cannot be read).
+fn ephemeral_start() -> u16 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// The ports [`free_port`] draws from: up to 12,000 below `ephemeral_start`, never below
+/// 1024 (privileged) and never empty.
+fn pick_range(ephemeral_start: u16) -> std::ops::Range<u16> {
+    let end = ephemeral_start.max(2048);
+    end.saturating_sub(12_000).max(1024)..end
 }
 
 /// The pod subnet of the one node plus its gateway address on `lo`, held for the cluster's
@@ -319,6 +349,29 @@ impl Drop for PodNetwork {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn picked_ports_are_below_the_ephemeral_range_distinct_and_free() {
+        let start = ephemeral_start();
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let p = free_port(Ipv4Addr::LOCALHOST).expect("a port");
+            assert!(
+                p < start.max(2048) && p >= 1024,
+                "{p} (ephemeral from {start})"
+            );
+            assert!(seen.insert(p), "{p} handed out twice");
+        }
+        let p = free_port(Ipv4Addr::LOCALHOST).expect("a port");
+        TcpListener::bind((Ipv4Addr::LOCALHOST, p)).expect("the picked port binds");
+    }
+
+    #[test]
+    fn the_pick_range_stays_within_unprivileged_ports() {
+        assert_eq!(pick_range(32768), 20768..32768);
+        assert_eq!(pick_range(10000), 1024..10000);
+        assert_eq!(pick_range(0), 1024..2048);
+    }
 
     /// Two clusters of one process (tests bring up several side by side) must not share a
     /// subnet, and the second claim must not take the first one's gateway off `lo`.
