@@ -105,8 +105,11 @@ fn run_ip(args: &[&str]) -> Result<String> {
 /// outgoing connection on the machine also draws its local port from, and under the test
 /// lanes' load one of those took a picked port before the component bound it (the
 /// scheduler: "bind: address already in use", the cluster gone before it was ready). So the
-/// pick is a random port of the 12,000 just below the ephemeral range, which no connection
-/// takes by itself, found free by a bind and never handed out twice by this process.
+/// pick is a random port of the 12,000 below the ephemeral range, which no connection
+/// takes by itself, found free by a bind and never handed out twice by this process. It
+/// also stays below Kubernetes' NodePort range (30000–32767): kube-router lets any traffic
+/// to a node port through whatever the NetworkPolicies say, so an API server on such a
+/// port was reachable from sandboxes (`network_policy` and `real_node_proxy` caught it).
 pub fn free_port(ip: Ipv4Addr) -> Result<u16> {
     use rand::Rng as _;
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
@@ -135,10 +138,13 @@ fn ephemeral_start() -> u16 {
         .unwrap_or(32768)
 }
 
-/// The ports [`free_port`] draws from: up to 12,000 below `ephemeral_start`, never below
-/// 1024 (privileged) and never empty.
+/// First port of Kubernetes' default NodePort range (`--service-node-port-range`).
+const NODE_PORTS_START: u16 = 30000;
+
+/// The ports [`free_port`] draws from: up to 12,000 below `ephemeral_start` and the NodePort
+/// range, never below 1024 (privileged) and never empty.
 fn pick_range(ephemeral_start: u16) -> std::ops::Range<u16> {
-    let end = ephemeral_start.max(2048);
+    let end = ephemeral_start.clamp(2048, NODE_PORTS_START);
     end.saturating_sub(12_000).max(1024)..end
 }
 
@@ -351,14 +357,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn picked_ports_are_below_the_ephemeral_range_distinct_and_free() {
+    fn picked_ports_are_below_the_ephemeral_and_node_port_ranges_distinct_and_free() {
         let start = ephemeral_start();
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..200 {
             let p = free_port(Ipv4Addr::LOCALHOST).expect("a port");
             assert!(
-                p < start.max(2048) && p >= 1024,
-                "{p} (ephemeral from {start})"
+                p < start.clamp(2048, NODE_PORTS_START) && p >= 1024,
+                "{p} (ephemeral from {start}, node ports from {NODE_PORTS_START})"
             );
             assert!(seen.insert(p), "{p} handed out twice");
         }
@@ -368,7 +374,8 @@ mod tests {
 
     #[test]
     fn the_pick_range_stays_within_unprivileged_ports() {
-        assert_eq!(pick_range(32768), 20768..32768);
+        assert_eq!(pick_range(32768), 18000..30000, "below the node ports");
+        assert_eq!(pick_range(25000), 13000..25000);
         assert_eq!(pick_range(10000), 1024..10000);
         assert_eq!(pick_range(0), 1024..2048);
     }
