@@ -2,7 +2,7 @@
 //! its kubeconfig points at a loopback port nothing listens on (no cluster needed).
 
 use std::io::{BufRead as _, BufReader};
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -14,9 +14,9 @@ use nix::unistd::Pid;
 const EXIT_WITHIN: Duration = Duration::from_secs(5);
 
 /// A loopback port that was free a moment ago and is closed now: connects are refused.
+/// Picked outside the ephemeral range, so no outgoing connection takes it meanwhile.
 fn closed_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
-    l.local_addr().expect("addr").port()
+    cli_mcp_e2e::net::free_port(Ipv4Addr::LOCALHOST).expect("a free port")
 }
 
 fn kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
