@@ -118,8 +118,12 @@ impl ActivityStamper {
             Activity::Start => e.in_flight += 1,
             Activity::End => e.in_flight = e.in_flight.saturating_sub(1),
         }
-        e.pending = Some(at);
         e.touched = now;
+        // Stamps only move forward, so an event in the second last written changes nothing.
+        if e.written.as_ref() == Some(&at) {
+            return;
+        }
+        e.pending = Some(at);
         drop(entries);
         self.wake.notify_one();
     }
@@ -129,9 +133,6 @@ impl ActivityStamper {
         let mut entries = self.lock();
         let mut out = Vec::new();
         for (pod, e) in entries.iter_mut() {
-            if e.pending.is_some() && e.pending == e.written {
-                e.pending = None;
-            }
             let since = e.last_write.map(|t| now.saturating_duration_since(t));
             let gap_ok = since.is_none_or(|s| s >= self.gap);
             let refresh = e.in_flight > 0 && since.is_none_or(|s| s >= IN_FLIGHT_REFRESH);
