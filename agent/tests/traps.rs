@@ -73,6 +73,27 @@ async fn shell_pid(a: &Agent) -> i32 {
     s(&v, "stdout").trim().parse().expect("shell pid")
 }
 
+/// A signal ignored when the agent starts (a terminal's job control, `nohup`) used to stay
+/// ignored in its shell, where `trap` listed it as set: on the status pipe after every
+/// command, and to the user who asked which traps are set. The shell starts with the
+/// default handling.
+#[tokio::test]
+async fn signals_ignored_by_the_agents_launcher_are_not_ignored_in_its_shell() {
+    let a = Agent::start_with(Opts {
+        ignore_signals: true,
+        ..Default::default()
+    });
+    let v = a.exec("trap").await;
+    assert_eq!(
+        (s(&v, "stdout"), v["exit_code"].as_i64()),
+        ("", Some(0)),
+        "{v}"
+    );
+    let v = a.exec("trap 'echo hup' HUP; trap -p HUP").await;
+    assert_eq!(s(&v, "stdout"), "trap -- 'echo hup' SIGHUP\n", "{v}");
+    answers(&a, false).await;
+}
+
 /// An idle interactive bash with `TMOUT` set exits after that many seconds ("timed out
 /// waiting for input"), so every call would start a new shell. Neither the pod's
 /// environment nor the user may set it.
@@ -120,8 +141,10 @@ async fn tmout_from_the_environment_or_the_user_never_ends_the_idle_shell() {
 
 /// The agent's own lines must not depend on names a command can redefine: a function or an
 /// alias named `builtin`, `.`, `eval`, `printf`, `unset` or `enable`, or a builtin disabled
-/// with `enable -n`, once made every later call a false timeout. Each is set in a command of
-/// its own, and the next call must still run normally in the same shell.
+/// with `enable -n`, once made every later call a false timeout; a `PROMPT_COMMAND` that
+/// redefined `builtin` made every later command a silent no-op, and a prompt that read
+/// bash's input ate the agent's next line. Each is set in a command of its own, and the
+/// next call must still run normally in the same shell.
 #[tokio::test]
 async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
     let a = Agent::start();
@@ -140,6 +163,12 @@ async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
         "alias unset=false enable=false; builtin() { :; }",
         "unalias -a; set -o posix; builtin() { :; }",
         "set +o posix; set -u; unset PWD",
+        // What bash runs on its own between two lines, before it reads the agent's next
+        // one: a hook that redefines `builtin` there, or a prompt that reads the line.
+        "PROMPT_COMMAND='builtin() { :; }'",
+        "PROMPT_COMMAND=(: 'builtin() { :; }')",
+        "PS1='$(read -r line)'",
+        "PS0='$(builtin() { :; }; read -r line)'",
     ];
     for trap in traps {
         let v = a

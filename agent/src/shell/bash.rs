@@ -224,9 +224,9 @@ impl Bash {
 fn prepare_child(cmd: &mut Command, status_fd: RawFd, nproc: Option<u64>) {
     let agent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and calls only setsid(2),
-    // prctl(2), getppid(2), _exit(2), setrlimit(2) and dup2(2), all async-signal-safe; it
-    // touches no memory shared with the parent. `status_fd` stays open in the parent until
-    // after spawn returns.
+    // prctl(2), getppid(2), _exit(2), setrlimit(2), sigaction(2) and dup2(2), all
+    // async-signal-safe; it touches no memory shared with the parent. `status_fd` stays open
+    // in the parent until after spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             if let Some(n) = nproc {
@@ -239,6 +239,23 @@ fn prepare_child(cmd: &mut Command, status_fd: RawFd, nproc: Option<u64>) {
             // The agent died before the prctl: nobody will send the signal.
             if nix::unistd::getppid() != agent {
                 nix::libc::_exit(1);
+            }
+            // A signal ignored when bash starts can never be trapped or reset in it, and
+            // `trap` lists it as set (`trap -- '' SIGQUIT`), on the status pipe after every
+            // command: the shell starts with the defaults, however the agent was started
+            // (a terminal's job control, a `nohup`). Handlers are reset by exec anyway; only
+            // ignored signals survive it.
+            for sig in [
+                Signal::SIGHUP,
+                Signal::SIGINT,
+                Signal::SIGQUIT,
+                Signal::SIGTERM,
+                Signal::SIGTSTP,
+                Signal::SIGTTIN,
+                Signal::SIGTTOU,
+            ] {
+                nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl)
+                    .map_err(io::Error::from)?;
             }
             // dup2 clears close-on-exec on the new descriptor, so bash keeps fd 3.
             if nix::libc::dup2(status_fd, 3) < 0 {

@@ -29,7 +29,7 @@ mod reserve;
 mod runaway;
 mod streams;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -76,8 +76,9 @@ pub struct Shell {
     root: HeldDir,
     /// `<state-dir>/cmd`, which holds each command's directory.
     cmd: HeldDir,
-    /// The last command's directory, kept for the next command.
-    slot: Option<Slot>,
+    /// The last commands' directories, kept for the next commands (at most [`SLOTS_KEPT`],
+    /// oldest first).
+    slots: VecDeque<Slot>,
     spills: Spills,
     /// How far the running command is (`GET /exec/progress`).
     progress: Progress,
@@ -92,6 +93,13 @@ pub struct Shell {
     /// shell's pid): the jobs an interrupt spares, without reading them a second time.
     shell_children: Option<(i32, BTreeSet<i32>)>,
 }
+
+/// Longest wait for bash to finish a command's line before its directory is used again
+/// (see [`Shell::take_ready_slot`]).
+const LINE_END_WAIT: Duration = Duration::from_secs(1);
+/// Command directories kept for the next commands: the last one, which bash may still be
+/// finishing, and the one before, which it is done with.
+const SLOTS_KEPT: usize = 2;
 
 /// `<state-dir>/shell-used`: exists once a command ran in this pod, so a restarted agent
 /// knows that a session's shell state was lost.
@@ -123,6 +131,29 @@ struct Slot {
 }
 
 impl Slot {
+    /// Waits (at most `limit`) until bash is done with this directory's command line: the
+    /// agent answers on the record, and bash restores its builtins after it.
+    async fn await_line_end(&mut self, limit: Duration) {
+        let end = async {
+            let mut byte = [0u8; 64];
+            loop {
+                if self.done.readable().await.is_err() {
+                    return;
+                }
+                match self.done.try_read(&mut byte) {
+                    // bash closed it: the line is over.
+                    Ok(0) => return,
+                    // Bytes a command wrote there (dropped: a reused FIFO must be empty), or
+                    // bash's open, without its close yet.
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(limit, end).await;
+    }
+
     /// Whether bash has opened and closed `done` since the last command's reader was
     /// opened, i.e. has finished that command's line (the agent answers on the status
     /// record, which comes first). A FIFO reports a hang-up only then, and only while
@@ -213,7 +244,7 @@ impl Shell {
             pending_reset,
             root,
             cmd,
-            slot: None,
+            slots: VecDeque::new(),
             spills,
             progress: Progress::default(),
             lingering: Lingering::default(),
@@ -277,7 +308,8 @@ impl Shell {
         let mut notes = Notes::new(self.pending_reset.take());
         // Before the command, so that it finds room to fork.
         self.stop_runaway(&mut notes).await;
-        let (files, mut streams) = self.prepare(command, &mut notes)?;
+        let slot = self.take_ready_slot().await;
+        let (files, mut streams) = self.prepare(command, slot, &mut notes)?;
         let mut done = streams.as_mut().and_then(|s| s.done.take());
         let before = self.send(&files.line, &mut notes).await?;
         // Output is read while the command runs, in this task; the end of the wait tells the
@@ -302,6 +334,14 @@ impl Shell {
 
         // Every error from here on comes after the command line went to bash: it may have run.
         let after_send = |e| ShellError::AfterSend(Box::new(e));
+        // Only a line that ran to its record goes on to close `done`: an interrupted one was
+        // abandoned by bash, and a replaced shell never opens it.
+        let line_ends = stop.is_none() && matches!(ended, Ended::Reported { .. });
+        if !line_ends {
+            // An interrupt can also cut short the end of the line before (bash may not have
+            // closed its `done` yet); a replaced shell never will.
+            self.drop_slots(|slot| !slot.bash_is_done());
+        }
         let (status, cwd) = self
             .status_and_cwd(ended, stop, &mut notes)
             .await
@@ -322,7 +362,7 @@ impl Shell {
             }
             None => (Captured::empty(), Captured::empty()),
         };
-        self.clean_up(files, done.filter(|_| all_closed));
+        self.clean_up(files, done.filter(|_| all_closed && line_ends));
         let shell_restarted = notes.append_to(&mut err.bytes);
         Ok(report::response(
             out,
@@ -469,11 +509,16 @@ impl Shell {
         if let Some(made) = files.made {
             match done {
                 Some(done) if files.from_file => {
-                    self.slot = Some(Slot {
+                    self.slots.push_back(Slot {
                         made,
                         path: files.dir,
                         done,
-                    })
+                    });
+                    while self.slots.len() > SLOTS_KEPT {
+                        if let Some(oldest) = self.slots.pop_front() {
+                            oldest.made.remove();
+                        }
+                    }
                 }
                 _ => made.remove(),
             }
@@ -481,7 +526,7 @@ impl Shell {
         if !self.cmd.in_place() {
             // The command replaced or removed `cmd` (or the state dir): bash, which goes by
             // the path, must find the next command's files.
-            self.drop_slot();
+            self.drop_slots(|_| true);
             self.ensure_dirs();
         }
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
@@ -518,6 +563,8 @@ impl Shell {
 
     async fn restart(&mut self) -> Result<(), ShellError> {
         self.errexit = false;
+        // The new shell never closes a `done` the old one left open.
+        self.drop_slots(|slot| !slot.bash_is_done());
         if let Some(old) = self.bash.take() {
             old.kill_everything(self.opts.kill_grace).await;
         }
@@ -538,10 +585,28 @@ impl Shell {
     /// them, replaced them or changed their mode (errors surface on the file operations
     /// that follow); the spill dir and the journal see to their own. The state dir first:
     /// without access to it nothing inside can be repaired.
-    fn drop_slot(&mut self) {
-        if let Some(slot) = self.slot.take() {
+    fn drop_slots(&mut self, drop: impl Fn(&Slot) -> bool) {
+        let (gone, kept) = std::mem::take(&mut self.slots).into_iter().partition(drop);
+        self.slots = kept;
+        for slot in gone {
             slot.made.remove();
         }
+    }
+
+    /// A kept directory bash is done with, if there is one. Each command's line ends after
+    /// its record (see `framing::report_status`), so the last command's directory may still
+    /// be in use when the next request comes; the one before it is not (bash runs one line
+    /// at a time), so with two kept the next command rarely waits: only when no command
+    /// came between (the first commands) a new directory is made instead, and only when
+    /// both are still in use (never, unless the machine stalls bash) it waits, bounded.
+    async fn take_ready_slot(&mut self) -> Option<Slot> {
+        if self.slots.len() >= SLOTS_KEPT && !self.slots.iter().any(Slot::bash_is_done) {
+            if let Some(last) = self.slots.back_mut() {
+                last.await_line_end(LINE_END_WAIT).await;
+            }
+        }
+        let ready = self.slots.iter().position(Slot::bash_is_done)?;
+        self.slots.remove(ready)
     }
 
     fn ensure_dirs(&mut self) {

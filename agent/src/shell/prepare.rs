@@ -22,16 +22,17 @@ use super::{CommandFiles, MadeDir, Shell, ShellError, Slot};
 use crate::state_files;
 
 impl Shell {
-    /// The files for `command` in a directory with an unguessable name (the last command's,
-    /// if nothing but the agent holds its files), and its output streams (`None`: output
-    /// discarded).
+    /// The files for `command` in a directory with an unguessable name (`slot`, an earlier
+    /// command's, if nothing but the agent holds its files), and its output streams
+    /// (`None`: output discarded).
     pub(super) fn prepare(
         &mut self,
         command: &str,
+        slot: Option<Slot>,
         notes: &mut Notes,
     ) -> Result<(CommandFiles, Option<Streams>), ShellError> {
         self.seq += 1;
-        let error = match self.make_files(command, true) {
+        let error = match self.make_files(command, true, slot) {
             Ok((files, streams)) => return Ok((files, Some(streams))),
             Err(e) => e,
         };
@@ -41,7 +42,7 @@ impl Shell {
         let dir = self.opts.state_dir.display().to_string();
         let spills = self.spills.free_all();
         if spills > 0 {
-            if let Ok((files, streams)) = self.make_files(command, true) {
+            if let Ok((files, streams)) = self.make_files(command, true, None) {
                 notes.note(format!(
                     "the state dir {dir} is full ({why}): the agent removed its own spill files \
                      ({spills} bytes) to run this command; free space on that volume"
@@ -51,7 +52,7 @@ impl Shell {
         }
         let reserve = self.reserve.release(self.root.fd());
         if reserve > 0 {
-            if let Ok((files, streams)) = self.make_files(command, true) {
+            if let Ok((files, streams)) = self.make_files(command, true, None) {
                 notes.note(format!(
                     "the state dir {dir} is full ({why}): the agent removed its own spill files \
                      ({spills} bytes) and released the {reserve} bytes it keeps in reserve to \
@@ -64,7 +65,7 @@ impl Shell {
             "the state dir {dir} is full ({why}), even with the agent's own spill files \
              ({spills} bytes) and its reserve ({reserve} bytes) removed"
         );
-        if let Ok((files, streams)) = self.make_files(command, false) {
+        if let Ok((files, streams)) = self.make_files(command, false, None) {
             notes.note(format!(
                 "{freed}, so this command was given to bash inline instead of from a file; \
                  free space on that volume"
@@ -100,13 +101,12 @@ impl Shell {
         &mut self,
         command: &str,
         from_file: bool,
+        slot: Option<Slot>,
     ) -> Result<(CommandFiles, Streams), ShellError> {
-        if from_file {
-            if let Some(slot) = self.slot.take() {
-                match self.reuse(slot, command) {
-                    Ok(found) => return Ok(found),
-                    Err(made) => made.remove(),
-                }
+        if let Some(slot) = slot {
+            match self.reuse(slot, command) {
+                Ok(found) => return Ok(found),
+                Err(made) => made.remove(),
             }
         }
         let nonce = random_hex();

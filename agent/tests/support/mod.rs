@@ -53,6 +53,9 @@ pub struct Opts<'a> {
     pub annotations: Option<&'a Path>,
     /// Launch through a shell that leaves fd 7 open, as a careless launcher would.
     pub leak_fd7: bool,
+    /// Launch through a shell that ignores SIGQUIT, SIGTSTP and SIGHUP, as a terminal's job
+    /// control or `nohup` would (ignored signals survive exec).
+    pub ignore_signals: bool,
     /// Run the agent (and so its shell) as this uid and gid; needs root. Its temporary
     /// directory is handed to that user.
     pub run_as: Option<u32>,
@@ -73,6 +76,7 @@ impl Default for Opts<'_> {
             state_dir: None,
             annotations: None,
             leak_fd7: false,
+            ignore_signals: false,
             run_as: None,
             cwd: None,
             env: &[],
@@ -108,6 +112,10 @@ impl Agent {
             // bash opens fd 7 without close-on-exec and execs the agent with it.
             let mut c = Command::new("bash");
             c.args(["-c", "exec 7</dev/null; exec \"$0\" \"$@\"", agent_bin]);
+            c
+        } else if opts.ignore_signals {
+            let mut c = Command::new("bash");
+            c.args(["-c", "trap '' QUIT TSTP HUP; exec \"$0\" \"$@\"", agent_bin]);
             c
         } else {
             Command::new(agent_bin)
