@@ -62,6 +62,9 @@ pub struct ClusterConfig {
     pub pod_prefix: u8,
     /// Deadline for each startup phase (apiserver ready; node and namespace ready).
     pub timeout: Duration,
+    /// The real node only: how long to wait for another real-node cluster on this host to
+    /// stop (one kube-proxy per host) before giving up. Not part of `timeout`.
+    pub host_lock_wait: Duration,
     /// Which node runs the pods: the process kubelet or the real node.
     pub node: NodeKind,
     /// The real node only: the project's images to import into its containerd before the
@@ -81,6 +84,7 @@ impl ClusterConfig {
             pod_subnet: None,
             pod_prefix: 24,
             timeout: Duration::from_secs(120),
+            host_lock_wait: Duration::from_secs(120),
             node: NodeKind::Process,
             project_images: None,
         }
@@ -721,6 +725,7 @@ impl Cluster {
                     ca_key_pem: &ca_key_pem,
                     log_dir: &log_dir,
                     timeout: config.timeout,
+                    host_lock_wait: config.host_lock_wait,
                 },
             )
             .await?;

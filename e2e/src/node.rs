@@ -545,8 +545,10 @@ fn which(tool: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The host-wide lock of the real node (one kube-proxy per host network namespace).
-async fn lock_host(deadline: Instant) -> Result<Flock<File>> {
+/// The host-wide lock of the real node (one kube-proxy per host network namespace), waiting
+/// at most `wait` for another real-node cluster to release it.
+async fn lock_host(wait: Duration) -> Result<Flock<File>> {
+    let deadline = Instant::now() + wait;
     let dir = Path::new(crate::net::STATE_DIR);
     fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
     let path = dir.join("real-node.lock");
@@ -556,18 +558,30 @@ async fn lock_host(deadline: Instant) -> Result<Flock<File>> {
         .write(true)
         .open(&path)
         .map_err(|e| Error::io("opening", &path, e))?;
+    let mut said = false;
     loop {
         match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => return Ok(lock),
             Err((back, _)) if Instant::now() < deadline => {
+                if !said {
+                    eprintln!(
+                        "real node: another real-node cluster holds {}; waiting up to {} s for it \
+                         to stop",
+                        path.display(),
+                        wait.as_secs()
+                    );
+                    said = true;
+                }
                 f = back;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(_) => {
                 return Err(Error::Prerequisite(format!(
-                    "another real-node cluster runs on this host (it holds {}; kube-proxy's \
-                     iptables chains exist once per host); stop it or use the process node",
-                    path.display()
+                    "another real-node cluster runs on this host (it held {} for {} s; \
+                     kube-proxy's iptables chains exist once per host); stop it or use the \
+                     process node",
+                    path.display(),
+                    wait.as_secs()
                 )))
             }
         }
@@ -763,6 +777,8 @@ pub struct NodeStart<'a> {
     pub ca_key_pem: &'a str,
     pub log_dir: &'a Path,
     pub timeout: Duration,
+    /// How long to wait for another real-node cluster on this host to stop.
+    pub host_lock_wait: Duration,
 }
 
 impl RealNode {
@@ -770,7 +786,6 @@ impl RealNode {
     /// start containerd, import the pause image, then start the kubelet and kube-proxy.
     /// Node readiness is the caller's wait (the Node object's Ready condition).
     pub async fn start(params: NodeParams, s: NodeStart<'_>) -> Result<RealNode> {
-        let deadline = Instant::now() + s.timeout;
         let sock_len = params.socket().as_os_str().len() + ".ttrpc".len();
         if sock_len > 100 {
             return Err(Error::Prerequisite(format!(
@@ -778,7 +793,10 @@ impl RealNode {
                 params.socket().display()
             )));
         }
-        let lock = lock_host(deadline).await?;
+        let lock = lock_host(s.host_lock_wait).await?;
+        // The node's own deadline starts once the host is ours: queueing behind another
+        // real-node cluster is not this node being slow.
+        let deadline = Instant::now() + s.timeout;
         let mut node = RealNode {
             params,
             bins: s.bins.clone(),

@@ -48,6 +48,10 @@ pub const READY_PREFIX: &str = "CLI_MCP_READY ";
 /// Default deadline for e2e waits.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How long a private cluster with a real node waits for the host's real node: every
+/// real-node suite of `make test` in turn (together about 8 minutes), with room to spare.
+pub const REAL_NODE_QUEUE: Duration = Duration::from_secs(30 * 60);
+
 /// The cluster of this test run and an admin client for it.
 #[derive(Clone)]
 pub struct TestCluster {
@@ -251,7 +255,10 @@ pub async fn private_cluster(name: &str) -> Result<PrivateCluster> {
 }
 
 /// [`private_cluster`] with a given configuration (e.g. images mapped to release builds).
-pub async fn private_cluster_with(cfg: ClusterConfig) -> Result<PrivateCluster> {
+pub async fn private_cluster_with(mut cfg: ClusterConfig) -> Result<PrivateCluster> {
+    // The suites with a real node run on parallel lanes and take the host's one real node
+    // in turn: a private cluster queues for it as long as the others together may take.
+    cfg.host_lock_wait = cfg.host_lock_wait.max(REAL_NODE_QUEUE);
     eprintln!(
         "e2e: starting a private cluster in this process (run dir {})",
         cfg.run_dir.display()
