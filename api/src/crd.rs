@@ -326,8 +326,10 @@ pub struct SandboxSpec {
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
 
-    /// An assigned sandbox whose last activity is older than this is deleted. A Go-style
-    /// duration (`90s`, `30m`, `1h30m`) between 1m and 168h (7 days).
+    /// An assigned sandbox whose last activity is older than this is deleted (activity is
+    /// stamped at most every sixtieth of it, 2s to 60s, so the deletion comes up to that
+    /// much plus a second later). A Go-style duration (`90s`, `30m`, `1h30m`) between 1m
+    /// and 168h (7 days).
     #[serde(default = "default_idle_timeout")]
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new(
