@@ -716,8 +716,8 @@ async fn a_command_that_plants_files_in_its_own_directory_changes_nothing_for_th
         format!("{dir}; (exec 7>\"$d/out\"; sleep 3; echo late >&7) >/dev/null 2>&1 &"),
         format!("{dir}; rm -rf \"$d\"; mkdir \"$d\"; mkfifo \"$d/out\" \"$d/err\" \"$d/done\""),
         format!("{dir}; chmod 000 \"$d\""),
-        // The record is written while `done` is open: with no `done` to open, it must still
-        // come.
+        // The line ends by opening and closing `done`: with no `done` to open, the record
+        // must still come, and the directory is never used again.
         format!("{dir}; rm -rf \"$d\""),
         format!("{dir}; rm \"$d/done\"; mkdir \"$d/done\""),
     ];

@@ -509,6 +509,10 @@ impl Shell {
         if let Some(made) = files.made {
             match done {
                 Some(done) if files.from_file => {
+                    // bash runs one line at a time: now that this command reported, every
+                    // earlier line has ended, and a kept directory whose `done` it did not
+                    // close (a command removed it, so `<>done` failed) never will be.
+                    self.drop_slots(|slot| !slot.bash_is_done());
                     self.slots.push_back(Slot {
                         made,
                         path: files.dir,
