@@ -169,6 +169,9 @@ async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
         "PROMPT_COMMAND=(: 'builtin() { :; }')",
         "PS1='$(read -r line)'",
         "PS0='$(builtin() { :; }; read -r line)'",
+        "readonly PROMPT_COMMAND='builtin() { :; }'",
+        "builtin() { builtin \"$@\"; }",
+        "set -e; builtin() { return 1; }",
     ];
     for trap in traps {
         let v = a

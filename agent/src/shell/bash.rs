@@ -26,9 +26,12 @@ use crate::reaper::{ExitCode, Reaper};
 /// empty and read-only before any command runs: an interactive bash whose `TMOUT` is set
 /// exits when it waits that long for its next line, which for the agent's shell is any idle
 /// time between calls. Read-only, a command can neither set it nor make it read-only with a
-/// value of its own (the environment's is never passed on).
-const INIT_SCRIPT: &str =
-    "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\nreadonly TMOUT=\n";
+/// value of its own (the environment's is never passed on). `PROMPT_COMMAND` likewise: bash
+/// runs it on its own before it reads each of the agent's lines, so a hook that defined a
+/// function named `builtin` turned every later command into a silent no-op (and one that
+/// reads would eat the agent's lines); a shell that never prompts has no use for it. And
+/// `MAILCHECK` (empty: no mail checks), whose `MAILPATH` messages are expanded there too.
+const INIT_SCRIPT: &str = "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\nreadonly TMOUT= PROMPT_COMMAND= MAILCHECK=\n";
 
 /// What the wait for a command ended with.
 pub(super) enum Ended {

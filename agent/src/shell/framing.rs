@@ -61,66 +61,49 @@ pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str
 pub(super) fn sync_line(nonce: &str, status: i32) -> String {
     format!(
         "{}\\builtin printf '\\0%s %s %s %s\\0' {nonce} {status} \"$-\" \"${{PWD-}}\" >&3\n",
-        restore_builtins(nonce, "")
+        restore_builtins(nonce)
     )
 }
 
 /// After a command: its status, kept in a variable no command can have made read-only (its
-/// name holds the nonce); the `DEBUG` and `RETURN` traps listed on the status pipe and
-/// removed; the record; then, with the agent already answering, the builtins restored for
-/// the next command ([`restore_builtins`]); and last the command's `done` FIFO (the quoted
-/// path `done`) opened and closed, which tells the agent that bash is done with the line.
-///
-/// The record is written before the builtins are restored, so that the restore is not
-/// paid for by the caller: bash does it while the answer travels. What the record trusts
-/// is then `\builtin` itself, which a command can redefine (a function named `builtin`) or
-/// disable (`enable -n builtin`, `enable -n printf`). So the record's writer also sets a
-/// variable only the real `printf` sets (`printf -v`, under a name holding the nonce); when
-/// it is not set after the restore, the record is written again, now with the builtins
-/// restored: a command that broke them still gets its answer, one restore later, and keeps
-/// its shell. (A function named `builtin` is handed the record's arguments, nonce included,
-/// so it could forge its own command's record: a command can always lie about itself, by
-/// `exit` or otherwise; it cannot reach the next command's.) The traps are removed before
-/// the record, as early as they can be: a `DEBUG` trap runs before every simple command,
-/// and one left for the restore would run while the next call already waits.
-///
-/// The close of `done` comes last, once per line, so that the agent knows when it may open
-/// that FIFO again for the next command (see `Slot`), and a close without any record means
-/// that this shell can no longer report at all. The redirection is made whatever
-/// `\builtin` turns out to be (a read-only function gets it too; a command not found gets
-/// it in its child), so the close comes even then. (A redirection with no command at all
-/// would need no name, but bash forks a subshell for it: a millisecond per command, and no
-/// fork at all under a fork bomb. `:` alone could be a function: the fork bomb
-/// `:(){ :|:& };:` defines one.) Read-write, because opening a FIFO read-write never
-/// blocks, also when nobody reads it. A command may have removed its directory, or made it
-/// unsearchable: then `done` cannot be opened, and the line ends without it (`|| …`), as it
-/// does when the state dir had no room for the FIFOs (`done` is `None`).
+/// name holds the nonce), the builtins restored, then the record, written to fd 3 while the
+/// command's `done` FIFO (the quoted path `done`) is open: bash opens it, writes the record
+/// and closes it, and the agent, reading it, sees that close. The record comes first, so a
+/// close without a record means that this shell can no longer report at all (see
+/// [`restore_builtins`]). The redirection is made whatever `\builtin` turns out to be (a
+/// read-only function gets it too; a command not found gets it in its child), so the close
+/// comes even then. Open, record and close come within microseconds, so the agent wakes
+/// once for all three: as separate commands (the record, then `\builtin : <>done`) they
+/// woke it up to three times per command. (A redirection with no command at all would need
+/// no name, but bash forks a subshell for it: a millisecond per command, and no fork at all
+/// under a fork bomb. `:` alone could be a function: the fork bomb `:(){ :|:& };:` defines
+/// one.) Read-write, because opening a FIFO read-write never blocks, also when nobody reads
+/// it. A command may have removed its directory, or made it unsearchable: then `done`
+/// cannot be opened, and the record is written without it (`|| …`), as it is when the state
+/// dir had no room for the FIFOs (`done` is `None`).
 fn report_status(nonce: &str, done: Option<&str>) -> String {
     let status = format!("__cli_mcp_status_{nonce}");
-    let sent = format!("__cli_mcp_sent_{nonce}");
     let record = format!(
         "\\builtin printf '\\0%s %s %s %s\\0' {nonce} \"${status}\" \"$-\" \"${{PWD-}}\" >&3"
     );
-    let unsent = format!("[[ -n ${{{sent}-}} ]] || ");
-    let end = format!("\\builtin unset {status} {sent}");
-    let end = match done {
-        Some(done) => format!("{end} <>{done} || {end}"),
-        None => end,
+    let report = match done {
+        Some(done) => format!("{record} <>{done} || {record}"),
+        None => record,
     };
     format!(
-        "{status}=$?; \\builtin trap >&3; \\builtin trap - DEBUG RETURN; {record} && \\builtin printf -v {sent} %s 1; {}{unsent}{record}; {end}",
-        restore_builtins(nonce, &unsent)
+        "{status}=$?; {}{report}; \\builtin unset {status}",
+        restore_builtins(nonce)
     )
 }
 
 /// Makes the names the agent's lines use mean the builtins again, whatever the previous
 /// command did: a function or an alias named `builtin`, `.`, `eval`, `printf`, `unset`,
 /// `enable` or `trap`, or one of those builtins disabled with `enable -n`; removes the
-/// `DEBUG` and `RETURN` traps; and removes what bash runs on its own between two lines
-/// (`PROMPT_COMMAND`, and the prompts `PS0` and `PS1`, whose command substitutions run
-/// too): each could redefine `builtin` before the agent's next line is read, or read that
-/// line from bash's input. `list_traps_unless` guards the listing of the traps (empty: always
-/// listed).
+/// `DEBUG` and `RETURN` traps; and removes the prompts `PS0` and `PS1`, which bash expands
+/// on its own around each line it reads: a command substitution in one runs before the
+/// agent's next line and can read that line from bash's input. (`PROMPT_COMMAND`, the
+/// other thing bash runs on its own there, is made empty and read-only when the shell
+/// starts: a hook that redefined `builtin` made every later command a silent no-op.)
 ///
 /// - Aliases: every command word the agent writes is quoted (`\builtin`), and a quoted word
 ///   is never alias-expanded; the user's aliases are left alone. (Reserved words such as
@@ -130,31 +113,32 @@ fn report_status(nonce: &str, done: Option<&str>) -> String {
 ///   can `command`: no regular builtin is safe from a function. In POSIX mode, though,
 ///   *special* builtins (`unset` and `trap` are) are found before functions, and POSIX mode
 ///   is entered by assigning `POSIXLY_CORRECT`, an assignment, which no function or alias
-///   can intercept. So `unset -f` runs in POSIX mode, which is left again only if the agent
-///   entered it: the user's own mode is kept. The agent's `POSIXLY_CORRECT` is named for
-///   it (`__cli_mcp_<nonce>`), so it is told apart from the user's own; any such value is
-///   removed, also one a line cut short by an interrupt left behind.
+///   can intercept. So `unset -f` (and `unset -v` of the prompts) runs in POSIX mode, which
+///   is left again only if the agent entered it: the user's own mode is kept. The agent's
+///   `POSIXLY_CORRECT` is named for it (`__cli_mcp_<nonce>`), so it is told apart from the
+///   user's own; any such value is removed, also one a line cut short by an interrupt left
+///   behind.
 /// - `enable -n`: `enable` re-enables the builtins the agent uses (after `enable` itself
 ///   was freed of a function).
 /// - Traps: a `DEBUG` trap runs before every simple command at the top level, the agent's
 ///   own included, and a `RETURN` trap whenever a sourced file (every command) returns: a
 ///   slow or reading one would make every later call slow, a false timeout, or eat the
-///   agent's lines. The report removes both before its record (see [`report_status`]);
-///   here they are removed again as early as a special builtin can be trusted, right after
-///   POSIX mode is entered, and once more after `enable`, for a `trap` that was disabled.
+///   agent's lines. Both are removed as early as a special builtin can be trusted, right
+///   after POSIX mode is entered; once more after `enable`, for a `trap` that was disabled.
 ///   Until then the trap still runs a few times: the command that set it pays for it.
 ///   Before that, `trap` lists the traps that are set on the status pipe (the agent says
 ///   which were removed): without arguments it lists only the traps set, so in the usual
-///   case it writes nothing and the agent is not woken for it.
+///   case it writes nothing and the agent is not woken for it (`trap -p DEBUG RETURN`, in
+///   POSIX mode, wrote a line per trap, set or not, each waking the agent).
 ///
 /// A command that goes further (a read-only function named `builtin`, `enable -n enable`, a
 /// read-only `POSIXLY_CORRECT` together with a function named `unset`, fd 3 closed for good)
 /// leaves the shell unable to report; the `done` FIFO tells at once, and the shell is
 /// replaced.
-fn restore_builtins(nonce: &str, list_traps_unless: &str) -> String {
+fn restore_builtins(nonce: &str) -> String {
     let mark = format!("__cli_mcp_{nonce}");
     format!(
-        "[[ -o posix ]] || POSIXLY_CORRECT={mark}; {list_traps_unless}\\trap >&3; \\trap - DEBUG RETURN; \\unset -f builtin enable; \\unset -v PROMPT_COMMAND; [[ ${{POSIXLY_CORRECT-}} != __cli_mcp_* ]] || \\unset POSIXLY_CORRECT; \\enable builtin enable printf . eval unset trap; \\builtin trap - DEBUG RETURN; PS0= PS1=; "
+        "[[ -o posix ]] || POSIXLY_CORRECT={mark}; \\trap >&3; \\trap - DEBUG RETURN; \\unset -f builtin enable; \\unset -v PS0 PS1; [[ ${{POSIXLY_CORRECT-}} != __cli_mcp_* ]] || \\unset POSIXLY_CORRECT; \\enable builtin enable printf . eval unset trap; \\builtin trap - DEBUG RETURN; "
     )
 }
 
@@ -345,34 +329,10 @@ mod tests {
             "{l}"
         );
         let record = "\\builtin printf '\\0%s %s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"$-\" \"${PWD-}\" >&3";
-        // The traps go and the record is written before the builtins are restored; the
-        // record is written again after the restore only if the real `printf` did not set
-        // the variable the first time.
-        let first = l.find(record).expect("a record");
-        let restore = l.find("\\unset -f builtin enable").expect("the restore");
         assert!(
-            l.find("\\builtin trap - DEBUG RETURN")
-                .expect("traps removed")
-                < first,
-            "{l}"
-        );
-        assert!(first < restore, "{l}");
-        assert!(
-            l[first..].starts_with(&format!(
-                "{record} && \\builtin printf -v __cli_mcp_sent_abc %s 1; "
+            l.ends_with(&format!(
+                "{record} <>'/s/cmd/1/done' || {record}; \\builtin unset __cli_mcp_status_abc\n"
             )),
-            "{l}"
-        );
-        assert!(
-            l[restore..].contains(&format!("[[ -n ${{__cli_mcp_sent_abc-}} ]] || {record}; ")),
-            "{l}"
-        );
-        // `done` is opened once, at the very end.
-        assert_eq!(l.matches("<>").count(), 1, "{l}");
-        assert!(
-            l.ends_with(
-                "\\builtin unset __cli_mcp_status_abc __cli_mcp_sent_abc <>'/s/cmd/1/done' || \\builtin unset __cli_mcp_status_abc __cli_mcp_sent_abc\n"
-            ),
             "{l}"
         );
         // No reserved word: an alias can redefine `if` or `{`, never `[[`, `||` or `;`.

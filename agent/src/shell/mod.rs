@@ -132,7 +132,7 @@ struct Slot {
 
 impl Slot {
     /// Waits (at most `limit`) until bash is done with this directory's command line: the
-    /// agent answers on the record, and bash restores its builtins after it.
+    /// agent answers on the record, and bash closes `done` just after it.
     async fn await_line_end(&mut self, limit: Duration) {
         let end = async {
             let mut byte = [0u8; 64];
@@ -597,12 +597,13 @@ impl Shell {
         }
     }
 
-    /// A kept directory bash is done with, if there is one. Each command's line ends after
-    /// its record (see `framing::report_status`), so the last command's directory may still
-    /// be in use when the next request comes; the one before it is not (bash runs one line
-    /// at a time), so with two kept the next command rarely waits: only when no command
-    /// came between (the first commands) a new directory is made instead, and only when
-    /// both are still in use (never, unless the machine stalls bash) it waits, bounded.
+    /// A kept directory bash is done with, if there is one. Each command's line ends just
+    /// after its record (see `framing::report_status`), but the agent answers on the record,
+    /// so the last command's directory may still be in use when the next request comes (on
+    /// one CPU, the agent woken by the record runs before bash closes `done`); the one
+    /// before it is not (bash runs one line at a time). So with two kept the next command
+    /// does not wait: only for the first commands a new directory is made instead, and only
+    /// when both are still in use (never, unless the machine stalls bash) it waits, bounded.
     async fn take_ready_slot(&mut self) -> Option<Slot> {
         if self.slots.len() >= SLOTS_KEPT && !self.slots.iter().any(Slot::bash_is_done) {
             if let Some(last) = self.slots.back_mut() {
