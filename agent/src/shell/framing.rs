@@ -1,9 +1,10 @@
 //! The lines the agent writes to bash and the records bash writes back on the status pipe.
 //!
 //! After each command bash writes `\0<nonce> <status> <flags> <cwd>\0` to fd 3, a pipe only the
-//! agent reads, with a fresh nonce per command (`<flags>` is `$-`). The `DEBUG` and `RETURN`
-//! traps the command left, if any, come just before it as a segment of their own (`trap -p`). Command output goes to files and is never parsed,
-//! so nothing a command prints can end it early or change its result.
+//! agent reads, with a fresh nonce per command (`<flags>` is `$-`). The traps set when the
+//! command ended, if any, come just before it as a segment of their own (the `trap` listing;
+//! the agent notes the `DEBUG` and `RETURN` ones it removed). Command output goes to FIFOs
+//! and is never parsed, so nothing a command prints can end it early or change its result.
 
 use std::fmt::Write as _;
 use std::path::Path;
