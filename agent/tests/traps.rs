@@ -612,7 +612,7 @@ async fn closing_or_redirecting_the_framing_descriptors_never_costs_later_calls(
         "exec 3>&-",
         "exec 3>/dev/null",
         "exec 3>&1 4>&1",
-        "exec 3>\"$PWD/fd3-$$\"; echo mine >&3; exec 3>&-",
+        "exec 3>\"$PWD/fd3-$$\"; echo mine >&3; exec 3>&-; rm \"$PWD/fd3-$$\"",
     ] {
         let v = a
             .exec_with(json!({"command": trap, "timeout_ms": QUICK_MS}))
