@@ -31,7 +31,8 @@ use crate::reaper::{ExitCode, Reaper};
 /// function named `builtin` turned every later command into a silent no-op (and one that
 /// reads would eat the agent's lines); a shell that never prompts has no use for it. And
 /// `MAILCHECK` (empty: no mail checks), whose `MAILPATH` messages are expanded there too.
-const INIT_SCRIPT: &str = "set -m +o history +H\nPS1= PS2= PS0=\nunset PROMPT_COMMAND MAILCHECK\nreadonly TMOUT= PROMPT_COMMAND= MAILCHECK=\n";
+const INIT_SCRIPT: &str =
+    "set -m +o history +H\nPS1= PS2= PS0=\nreadonly TMOUT= PROMPT_COMMAND= MAILCHECK=\n";
 
 /// What the wait for a command ended with.
 pub(super) enum Ended {

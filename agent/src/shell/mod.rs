@@ -94,9 +94,6 @@ pub struct Shell {
     shell_children: Option<(i32, BTreeSet<i32>)>,
 }
 
-/// Longest wait for bash to finish a command's line before its directory is used again
-/// (see [`Shell::take_ready_slot`]).
-const LINE_END_WAIT: Duration = Duration::from_secs(1);
 /// Command directories kept for the next commands: the last one, which bash may still be
 /// finishing, and the one before, which it is done with.
 const SLOTS_KEPT: usize = 2;
@@ -131,29 +128,6 @@ struct Slot {
 }
 
 impl Slot {
-    /// Waits (at most `limit`) until bash is done with this directory's command line: the
-    /// agent answers on the record, and bash closes `done` just after it.
-    async fn await_line_end(&mut self, limit: Duration) {
-        let end = async {
-            let mut byte = [0u8; 64];
-            loop {
-                if self.done.readable().await.is_err() {
-                    return;
-                }
-                match self.done.try_read(&mut byte) {
-                    // bash closed it: the line is over.
-                    Ok(0) => return,
-                    // Bytes a command wrote there (dropped: a reused FIFO must be empty), or
-                    // bash's open, without its close yet.
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return,
-                }
-            }
-        };
-        let _ = tokio::time::timeout(limit, end).await;
-    }
-
     /// Whether bash has opened and closed `done` since the last command's reader was
     /// opened, i.e. has finished that command's line (the agent answers on the status
     /// record, which comes first). A FIFO reports a hang-up only then, and only while
@@ -308,8 +282,7 @@ impl Shell {
         let mut notes = Notes::new(self.pending_reset.take());
         // Before the command, so that it finds room to fork.
         self.stop_runaway(&mut notes).await;
-        let slot = self.take_ready_slot().await;
-        let (files, mut streams) = self.prepare(command, slot, &mut notes)?;
+        let (files, mut streams) = self.prepare(command, &mut notes)?;
         let mut done = streams.as_mut().and_then(|s| s.done.take());
         let before = self.send(&files.line, &mut notes).await?;
         // Output is read while the command runs, in this task; the end of the wait tells the
@@ -337,11 +310,6 @@ impl Shell {
         // Only a line that ran to its record goes on to close `done`: an interrupted one was
         // abandoned by bash, and a replaced shell never opens it.
         let line_ends = stop.is_none() && matches!(ended, Ended::Reported { .. });
-        if !line_ends {
-            // An interrupt can also cut short the end of the line before (bash may not have
-            // closed its `done` yet); a replaced shell never will.
-            self.drop_slots(|slot| !slot.bash_is_done());
-        }
         let (status, cwd) = self
             .status_and_cwd(ended, stop, &mut notes)
             .await
@@ -511,7 +479,8 @@ impl Shell {
                 Some(done) if files.from_file => {
                     // bash runs one line at a time: now that this command reported, every
                     // earlier line has ended, and a kept directory whose `done` it did not
-                    // close (a command removed it, so `<>done` failed) never will be.
+                    // close never will be (its command removed it, so `<>done` failed; an
+                    // interrupt cut the line short; the shell was replaced).
                     self.drop_slots(|slot| !slot.bash_is_done());
                     self.slots.push_back(Slot {
                         made,
@@ -567,8 +536,6 @@ impl Shell {
 
     async fn restart(&mut self) -> Result<(), ShellError> {
         self.errexit = false;
-        // The new shell never closes a `done` the old one left open.
-        self.drop_slots(|slot| !slot.bash_is_done());
         if let Some(old) = self.bash.take() {
             old.kill_everything(self.opts.kill_grace).await;
         }
@@ -602,14 +569,8 @@ impl Shell {
     /// so the last command's directory may still be in use when the next request comes (on
     /// one CPU, the agent woken by the record runs before bash closes `done`); the one
     /// before it is not (bash runs one line at a time). So with two kept the next command
-    /// does not wait: only for the first commands a new directory is made instead, and only
-    /// when both are still in use (never, unless the machine stalls bash) it waits, bounded.
-    async fn take_ready_slot(&mut self) -> Option<Slot> {
-        if self.slots.len() >= SLOTS_KEPT && !self.slots.iter().any(Slot::bash_is_done) {
-            if let Some(last) = self.slots.back_mut() {
-                last.await_line_end(LINE_END_WAIT).await;
-            }
-        }
+    /// need not wait: only for the first commands is a new directory made instead.
+    fn take_ready_slot(&mut self) -> Option<Slot> {
         let ready = self.slots.iter().position(Slot::bash_is_done)?;
         self.slots.remove(ready)
     }

@@ -22,17 +22,16 @@ use super::{CommandFiles, MadeDir, Shell, ShellError, Slot};
 use crate::state_files;
 
 impl Shell {
-    /// The files for `command` in a directory with an unguessable name (`slot`, an earlier
-    /// command's, if nothing but the agent holds its files), and its output streams
-    /// (`None`: output discarded).
+    /// The files for `command` in a directory with an unguessable name (an earlier
+    /// command's, if nothing but the agent holds its files), and its output streams (`None`:
+    /// output discarded).
     pub(super) fn prepare(
         &mut self,
         command: &str,
-        slot: Option<Slot>,
         notes: &mut Notes,
     ) -> Result<(CommandFiles, Option<Streams>), ShellError> {
         self.seq += 1;
-        let error = match self.make_files(command, true, slot) {
+        let error = match self.make_files(command, true) {
             Ok((files, streams)) => return Ok((files, Some(streams))),
             Err(e) => e,
         };
@@ -42,7 +41,7 @@ impl Shell {
         let dir = self.opts.state_dir.display().to_string();
         let spills = self.spills.free_all();
         if spills > 0 {
-            if let Ok((files, streams)) = self.make_files(command, true, None) {
+            if let Ok((files, streams)) = self.make_files(command, true) {
                 notes.note(format!(
                     "the state dir {dir} is full ({why}): the agent removed its own spill files \
                      ({spills} bytes) to run this command; free space on that volume"
@@ -52,7 +51,7 @@ impl Shell {
         }
         let reserve = self.reserve.release(self.root.fd());
         if reserve > 0 {
-            if let Ok((files, streams)) = self.make_files(command, true, None) {
+            if let Ok((files, streams)) = self.make_files(command, true) {
                 notes.note(format!(
                     "the state dir {dir} is full ({why}): the agent removed its own spill files \
                      ({spills} bytes) and released the {reserve} bytes it keeps in reserve to \
@@ -65,7 +64,7 @@ impl Shell {
             "the state dir {dir} is full ({why}), even with the agent's own spill files \
              ({spills} bytes) and its reserve ({reserve} bytes) removed"
         );
-        if let Ok((files, streams)) = self.make_files(command, false, None) {
+        if let Ok((files, streams)) = self.make_files(command, false) {
             notes.note(format!(
                 "{freed}, so this command was given to bash inline instead of from a file; \
                  free space on that volume"
@@ -101,12 +100,13 @@ impl Shell {
         &mut self,
         command: &str,
         from_file: bool,
-        slot: Option<Slot>,
     ) -> Result<(CommandFiles, Streams), ShellError> {
-        if let Some(slot) = slot {
-            match self.reuse(slot, command) {
-                Ok(found) => return Ok(found),
-                Err(made) => made.remove(),
+        if from_file {
+            if let Some(slot) = self.take_ready_slot() {
+                match self.reuse(slot, command) {
+                    Ok(found) => return Ok(found),
+                    Err(made) => made.remove(),
+                }
             }
         }
         let nonce = random_hex();
