@@ -108,17 +108,21 @@ impl Agent {
             }
         }
         let agent_bin = env!("CARGO_BIN_EXE_cli-mcp-agent");
-        let mut cmd = if opts.leak_fd7 {
-            // bash opens fd 7 without close-on-exec and execs the agent with it.
-            let mut c = Command::new("bash");
-            c.args(["-c", "exec 7</dev/null; exec \"$0\" \"$@\"", agent_bin]);
-            c
-        } else if opts.ignore_signals {
-            let mut c = Command::new("bash");
-            c.args(["-c", "trap '' QUIT TSTP HUP; exec \"$0\" \"$@\"", agent_bin]);
-            c
-        } else {
+        // A careless launcher: bash opens fd 7 without close-on-exec, or ignores signals
+        // (both survive exec), then execs the agent.
+        let launcher: String = [
+            (opts.leak_fd7, "exec 7</dev/null; "),
+            (opts.ignore_signals, "trap '' QUIT TSTP HUP; "),
+        ]
+        .into_iter()
+        .filter_map(|(on, step)| on.then_some(step))
+        .collect();
+        let mut cmd = if launcher.is_empty() {
             Command::new(agent_bin)
+        } else {
+            let mut c = Command::new("bash");
+            c.args(["-c", &format!("{launcher}exec \"$0\" \"$@\""), agent_bin]);
+            c
         };
         // A generous grace: with twenty agents on two loaded cores a healthy shell can take
         // over a second to answer an interrupt, and must not be judged wedged.
