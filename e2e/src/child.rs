@@ -124,7 +124,7 @@ pub fn terminate(child: &Child) {
 }
 
 /// `cli-mcp-server` on the host, on loopback ports it picks itself. SIGTERM on drop (and
-/// SIGKILL when its `Child` goes).
+/// SIGKILL when its `Child` goes), then its temporary directory is removed.
 pub struct LocalServer {
     pub child: Child,
     /// `listen` of its ready line: the MCP address.
@@ -134,18 +134,28 @@ pub struct LocalServer {
     pub log: JsonLog,
     /// `https` when started with `--tls-cert`.
     pub scheme: &'static str,
+    /// The server's `TMPDIR`, where the local backend makes its sessions' root. A test
+    /// rarely waits out the graceful stop that removes that root (its drop kills the
+    /// server), so the harness removes it. Declared after `child`: removed once that is
+    /// killed.
+    _tmp: tempfile::TempDir,
 }
 
 impl LocalServer {
     /// Starts `bin` with `--listen 127.0.0.1:0 --health-listen 127.0.0.1:0 --log-json`, then
     /// `args`, `RUST_LOG=rust_log` and `env`, outside any cluster (no
-    /// `KUBERNETES_SERVICE_HOST`); waits at most 30 s for its ready line.
+    /// `KUBERNETES_SERVICE_HOST`) and with a `TMPDIR` of its own; waits at most 30 s for its
+    /// ready line.
     pub async fn start(
         bin: &Path,
         args: &[&str],
         env: &[(&str, &str)],
         rust_log: &str,
     ) -> Result<LocalServer> {
+        let tmp = tempfile::Builder::new()
+            .prefix("cli-mcp-test-server-")
+            .tempdir()
+            .map_err(|e| Error::Other(format!("a temporary directory for {bin:?}: {e}")))?;
         let mut cmd = Command::new(bin);
         cmd.args([
             "--listen",
@@ -157,6 +167,7 @@ impl LocalServer {
         .args(args)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env("RUST_LOG", rust_log)
+        .env("TMPDIR", tmp.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .kill_on_drop(true);
@@ -175,6 +186,7 @@ impl LocalServer {
             } else {
                 "http"
             },
+            _tmp: tmp,
         })
     }
 
