@@ -172,8 +172,14 @@ async fn healthz_answers_while_forty_callers_queue_behind_a_running_command() {
     );
     let mut busy = 0;
     let mut ran = 0;
+    // Connections beyond `--max-connections` (32) close the oldest one with no request in
+    // flight: under load a caller can be accepted before the agent has read its request,
+    // and is then closed unanswered. At most the connections over the cap (40 callers, the
+    // running command's and the probe's) can be.
+    let mut shed = 0;
     for c in callers {
         match c.await.expect("join") {
+            Err(e) if closed_unanswered(&e) => shed += 1,
             Ok((409, v)) => {
                 assert_eq!(v["code"], "busy", "{v}");
                 assert!(
@@ -187,9 +193,17 @@ async fn healthz_answers_while_forty_callers_queue_behind_a_running_command() {
         }
     }
     assert!(
-        (1..=8).contains(&ran) && busy + ran == 40,
-        "{ran} queued callers ran and {busy} were refused busy"
+        (1..=8).contains(&ran) && busy + ran + shed == 40 && shed <= 42 - 32,
+        "{ran} queued callers ran, {busy} were refused busy and {shed} closed unanswered"
     );
+}
+
+/// A connection the agent closed before it answered (the error of
+/// [`exec_on_own_connection`]).
+fn closed_unanswered(error: &str) -> bool {
+    ["IncompleteMessage", "ConnectionReset", "reset by peer"]
+        .iter()
+        .any(|m| error.contains(m))
 }
 
 /// Reads the agent's memory as the shell can (its parent, same uid) and looks for the bearer
