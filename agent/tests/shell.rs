@@ -351,6 +351,25 @@ async fn output_files_replaced_by_links_or_fifos_change_nothing() {
     assert_eq!(s(&a.exec("echo fine").await, "stdout"), "fine\n");
 }
 
+/// A job that keeps its call's output FIFO open for reading (its own output sent elsewhere,
+/// so it is no writer and the call ends) would take part of what a later call printed into
+/// that FIFO, were its directory used again. It is not.
+#[tokio::test]
+async fn a_reader_left_on_an_output_fifo_takes_nothing_from_later_calls() {
+    let a = Agent::start();
+    // Reads its call's stdout FIFO as long as it lives; at end of file (no writer) it waits
+    // 1 ms and reads again.
+    let thief = r#"o=$(readlink /proc/$$/fd/1); perl -e 'open(my $f, "<", $ARGV[0]) or die; while (1) { sysread($f, my $b, 65536) or select(undef, undef, undef, 0.001) }' "$o" </dev/null >/dev/null 2>&1 & echo started"#;
+    assert_eq!(s(&a.exec(thief).await, "stdout"), "started\n");
+    let expected: String = (1..=200).map(|i| format!("line {i}\n")).collect();
+    for call in 0..4 {
+        let v = a
+            .exec("for i in $(seq 200); do echo \"line $i\"; sleep 0.001; done")
+            .await;
+        assert_eq!(s(&v, "stdout"), expected, "call {call}: {v}");
+    }
+}
+
 #[tokio::test]
 async fn a_broken_state_dir_is_repaired() {
     let a = Agent::start();

@@ -61,7 +61,8 @@ pub(super) struct Collected {
 /// Opens `out`, `err` and `done` in the command's directory `dir` for reading: made as
 /// FIFOs first when `fresh`; otherwise the FIFOs an earlier command used, which must have
 /// no writer left (a process that still holds one open would write into this command's
-/// output, or close `done` in the middle of it). `spill_stem` names the spill files
+/// output, or close `done` in the middle of it), nor, for `out` and `err`, another reader
+/// (it would take part of this command's output). `spill_stem` names the spill files
 /// (`<stem>.stdout`, `<stem>.stderr`).
 pub(super) fn open(
     dir: BorrowedFd<'_>,
@@ -115,6 +116,18 @@ fn open_reader(dir: BorrowedFd<'_>, name: &str, fresh: bool) -> io::Result<std::
     Ok(reader)
 }
 
+/// An existing output FIFO must have no reader either, before the agent opens its own: a
+/// process that kept one open (a command's background job with its own output sent
+/// elsewhere, so no writer) would take part of what a later command prints into it. A
+/// non-blocking open for writing fails with `ENXIO` exactly when nobody reads.
+fn no_other_reader(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    match open_at(dir, name, OFlag::O_WRONLY | OFlag::O_NONBLOCK, 0) {
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENXIO) => Ok(()),
+        Ok(_) => Err(io::Error::other("another process reads the FIFO")),
+        Err(e) => Err(e),
+    }
+}
+
 fn make_fifo(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     nix::unistd::mkfifoat(dir, name, Mode::S_IRUSR | Mode::S_IWUSR).map_err(io::Error::from)
 }
@@ -158,6 +171,9 @@ impl Stream {
         capture: StreamCapture,
         fresh: bool,
     ) -> io::Result<Self> {
+        if !fresh {
+            no_other_reader(dir, name)?;
+        }
         let reader = open_reader(dir, name, fresh)?;
         // With a reader open, a non-blocking open for writing succeeds at once.
         let writer = open_at(dir, name, OFlag::O_WRONLY | OFlag::O_NONBLOCK, 0)?;
