@@ -15,6 +15,9 @@ use nix::unistd::Pid;
 
 use crate::exec_helper::{ExecSpec, SUBCOMMAND};
 
+/// How long SIGKILLed processes may take to exit before a teardown goes on without them.
+pub const KILLED_EXIT: Duration = Duration::from_secs(5);
+
 /// How long the helper may take between fork and `execve` before it is killed.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -190,6 +193,41 @@ pub fn kill_pids(pids: &[i32]) {
     for &pid in pids {
         if pid > 1 && pid != std::process::id() as i32 {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Waits, at most `within` in all, until each of `pids` has exited. A SIGKILLed process takes
+/// a moment to go, and a pod must not be reported deleted while one of its processes is still
+/// in its namespaces: a pidfd becomes readable once its process has exited (its namespaces
+/// are released before that).
+pub async fn await_exit(pids: &[i32], within: Duration) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let deadline = tokio::time::Instant::now() + within;
+    for &pid in pids {
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor, which
+        // the OwnedFd then owns, or -1 (ESRCH: the process is gone already).
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: `fd` is the new descriptor, owned by the OwnedFd from here on, which the
+        // AsyncFd owns in turn: open and the same for the AsyncFd's whole life.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let Ok(fd) = (unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }) else {
+            continue;
+        };
+        if tokio::time::timeout_at(deadline, fd.readable())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pid,
+                "a SIGKILLed pod process did not exit within {within:?}"
+            );
+            return;
         }
     }
 }

@@ -164,6 +164,7 @@ impl Worker {
         if !leftovers.is_empty() {
             tracing::info!(pod = %self.pod_key(), "killing {} leftover process(es) in {ns_name}", leftovers.len());
             process::kill_pids(&leftovers);
+            process::await_exit(&leftovers, process::KILLED_EXIT).await;
         }
         self.ctx.services.detach(&ns_name).await;
         if self.net.ip.is_some() || netns::exists(&ns_name) {
