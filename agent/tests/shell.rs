@@ -358,9 +358,11 @@ async fn output_files_replaced_by_links_or_fifos_change_nothing() {
 async fn a_reader_left_on_an_output_fifo_takes_nothing_from_later_calls() {
     let a = Agent::start();
     // Reads its call's stdout FIFO as long as it lives; at end of file (no writer) it waits
-    // 1 ms and reads again.
-    let thief = r#"o=$(readlink /proc/$$/fd/1); perl -e 'open(my $f, "<", $ARGV[0]) or die; while (1) { sysread($f, my $b, 65536) or select(undef, undef, undef, 0.001) }' "$o" </dev/null >/dev/null 2>&1 & echo started"#;
-    assert_eq!(s(&a.exec(thief).await, "stdout"), "started\n");
+    // 1 ms and reads again. The call ends once it has the FIFO open (it says so on `$r`).
+    let thief = r#"o=$(readlink /proc/$$/fd/1); r=$(mktemp -u); mkfifo "$r"; perl -e 'open(my $f, "<", $ARGV[0]) or die; open(my $r, ">", $ARGV[1]) or die; print $r "open\n"; close $r; while (1) { sysread($f, my $b, 65536) or select(undef, undef, undef, 0.001) }' "$o" "$r" </dev/null >/dev/null 2>&1 & read -r opened < "$r"; rm "$r"; echo "$opened" >&2"#;
+    // (Its own stdout is the FIFO it reads: the call says so on stderr.)
+    let v = a.exec(thief).await;
+    assert_eq!(s(&v, "stderr"), "open\n", "{v}");
     let expected: String = (1..=200).map(|i| format!("line {i}\n")).collect();
     for call in 0..4 {
         let v = a
