@@ -249,14 +249,37 @@ struct World {
     auth: Arc<AuthServer>,
     pki: Pki,
     stranger: JwtKey,
-    _dir: tempfile::TempDir,
+}
+
+/// Where the PKI's files go: a static is never dropped, so a `TempDir` in it was never
+/// removed (one directory in /tmp per run). Under cargo's scratch directory instead, and the
+/// ones earlier runs left behind are removed (an hour old: a run is minutes).
+fn pki_dir() -> std::path::PathBuf {
+    let scratch = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    if let Ok(entries) = std::fs::read_dir(scratch) {
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for e in entries.flatten() {
+            let stale = e.file_name().to_string_lossy().starts_with("oauth-pki-")
+                && e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t < old);
+            if stale {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    tempfile::Builder::new()
+        .prefix("oauth-pki-")
+        .tempdir_in(scratch)
+        .expect("a directory for the test PKI")
+        .keep()
 }
 
 fn world() -> &'static World {
     static WORLD: std::sync::OnceLock<World> = std::sync::OnceLock::new();
     WORLD.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let pki = Pki::new(dir.path());
+        let dir = pki_dir();
+        let pki = Pki::new(&dir);
         let (cert, key) = pki.leaf("issuer");
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind issuer");
         std_listener.set_nonblocking(true).expect("nonblocking");
@@ -294,7 +317,6 @@ fn world() -> &'static World {
             auth,
             pki,
             stranger: JwtKey::new("stranger"),
-            _dir: dir,
         }
     })
 }
