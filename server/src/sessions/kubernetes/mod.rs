@@ -23,6 +23,7 @@ mod admission;
 mod agent_wait;
 mod api_health;
 mod existing;
+mod feed;
 mod lookup;
 mod pods;
 mod rate;

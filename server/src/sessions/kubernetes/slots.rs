@@ -31,7 +31,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -46,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use cli_mcp_api::names::label;
 use cli_mcp_api::SessionId;
 
+use super::feed::{feed, WatchFed};
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::sessions::{Quota, SessionError};
@@ -340,6 +340,41 @@ fn slot_ref(s: &SlotView) -> Option<SlotRef> {
 }
 
 /// What the view needs of a slot object.
+/// The slots, from the watch (metadata only); a lease that is no slot of this instance is
+/// not one the view keeps.
+struct SlotsFed<'a>(&'a Slots);
+
+impl WatchFed<PartialObjectMeta<Lease>> for SlotsFed<'_> {
+    fn relist_started(&self) {
+        self.0.relist_started();
+    }
+
+    fn relisted(&self, m: PartialObjectMeta<Lease>) {
+        if let Some(v) = slot_view(self.0, &m.metadata) {
+            self.0.relisted(v);
+        }
+    }
+
+    fn relist_done(&self) {
+        self.0.relist_done();
+    }
+
+    fn applied(&self, m: PartialObjectMeta<Lease>) {
+        if let Some(v) = slot_view(self.0, &m.metadata) {
+            self.0.applied(v);
+        }
+    }
+
+    fn deleted(&self, m: PartialObjectMeta<Lease>) {
+        self.0.deleted(&m.name_any());
+    }
+
+    fn failed(&self, error: watcher::Error) {
+        self.0.watch_failed();
+        tracing::debug!(%error, "session slot watch error (retrying)");
+    }
+}
+
 fn slot_view(slots: &Slots, meta: &ObjectMeta) -> Option<SlotView> {
     let name = meta.name.clone()?;
     let (family, index) = slots.parse(&name)?;
@@ -611,41 +646,18 @@ impl KubeBackend {
         // Metadata only: owner, age and name are all the view needs.
         let api: Api<PartialObjectMeta<Lease>> =
             Api::namespaced(self.client.clone(), &self.cfg.namespace);
-        let stream = watcher(api, cfg).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        let mut sweep = tokio::time::interval(SWEEP_EVERY);
-        let view = |m: &PartialObjectMeta<Lease>| slot_view(&self.slots, &m.metadata);
-        loop {
-            let event = tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = sweep.tick() => {
-                    self.sweep_slots().await;
-                    continue;
-                }
-                e = stream.next() => match e {
-                    Some(e) => e,
-                    None => break,
-                },
-            };
-            match event {
-                Ok(watcher::Event::Init) => self.slots.relist_started(),
-                Ok(watcher::Event::InitApply(m)) => {
-                    if let Some(v) = view(&m) {
-                        self.slots.relisted(v)
-                    }
-                }
-                Ok(watcher::Event::InitDone) => self.slots.relist_done(),
-                Ok(watcher::Event::Apply(m)) => {
-                    if let Some(v) = view(&m) {
-                        self.slots.applied(v)
-                    }
-                }
-                Ok(watcher::Event::Delete(m)) => self.slots.deleted(&m.name_any()),
-                Err(e) => {
-                    self.slots.watch_failed();
-                    tracing::debug!(error = %e, "session slot watch error (retrying)")
-                }
+        let events = watcher(api, cfg).default_backoff();
+        let sweeping = async {
+            let mut sweep = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                sweep.tick().await;
+                self.sweep_slots().await;
             }
+        };
+        let view = SlotsFed(&self.slots);
+        tokio::select! {
+            () = feed(events, &view, &stop) => {}
+            () = sweeping => {}
         }
     }
 

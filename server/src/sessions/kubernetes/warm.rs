@@ -16,12 +16,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
+use super::feed::{feed, WatchFed};
 use super::KubeBackend;
 
 #[derive(Debug, Default)]
@@ -65,7 +65,10 @@ impl WarmPool {
     pub fn taken(&self, name: &str) {
         self.lock().pods.remove(name);
     }
+}
 
+/// The unassigned pods, from the watch.
+impl WatchFed<Pod> for WarmPool {
     fn relist_started(&self) {
         self.lock().relist = Some(HashMap::new());
     }
@@ -88,7 +91,7 @@ impl WarmPool {
         self.lock().pods.insert(p.name_any(), trimmed(p));
     }
 
-    fn deleted(&self, p: &Pod) {
+    fn deleted(&self, p: Pod) {
         let mut st = self.lock();
         // A pod of the same name recreated since is kept (another uid).
         if st
@@ -100,8 +103,9 @@ impl WarmPool {
         }
     }
 
-    fn watch_failed(&self) {
+    fn failed(&self, error: watcher::Error) {
         self.lock().synced = false;
+        tracing::debug!(%error, "warm pool watch error (retrying)");
     }
 }
 
@@ -109,28 +113,8 @@ impl KubeBackend {
     /// Keeps this replica's view of the warm pool (see [`WarmPool`]).
     pub(super) async fn watch_pool(self: Arc<Self>, stop: CancellationToken) {
         let cfg = watcher::Config::default().labels(&self.instance.unassigned_selector());
-        let stream = watcher::watcher(self.pods.clone(), cfg).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let event = tokio::select! {
-                _ = stop.cancelled() => break,
-                e = stream.next() => match e {
-                    Some(e) => e,
-                    None => break,
-                },
-            };
-            match event {
-                Ok(watcher::Event::Init) => self.pool.relist_started(),
-                Ok(watcher::Event::InitApply(p)) => self.pool.relisted(p),
-                Ok(watcher::Event::InitDone) => self.pool.relist_done(),
-                Ok(watcher::Event::Apply(p)) => self.pool.applied(p),
-                Ok(watcher::Event::Delete(p)) => self.pool.deleted(&p),
-                Err(e) => {
-                    self.pool.watch_failed();
-                    tracing::debug!(error = %e, "warm pool watch error (retrying)")
-                }
-            }
-        }
+        let events = watcher::watcher(self.pods.clone(), cfg).default_backoff();
+        feed(events, &self.pool, &stop).await;
     }
 }
 
@@ -173,7 +157,7 @@ mod tests {
                 .is_none(),
             "managedFields are not kept"
         );
-        w.watch_failed();
+        w.failed(watcher::Error::NoResourceVersion);
         assert!(
             w.pods(|_| true).is_none(),
             "a watch error: list the pool instead"
@@ -193,8 +177,8 @@ mod tests {
         w.applied(pod("b", "2"));
         w.applied(pod("c", "3"));
         w.taken("a");
-        w.deleted(&pod("b", "2"));
-        w.deleted(&pod("c", "old"));
+        w.deleted(pod("b", "2"));
+        w.deleted(pod("c", "old"));
         assert_eq!(names(&w), ["c"]);
         w.applied(pod("d", "4"));
         let kept = w.pods(|p| p.name_any() == "d").expect("synced");

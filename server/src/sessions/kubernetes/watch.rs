@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
@@ -14,6 +13,7 @@ use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::{is_deleting, is_terminal};
 
 use super::admission::PodView;
+use super::feed::{feed, WatchFed};
 use super::pods::{pod_key, session};
 use super::KubeBackend;
 
@@ -25,37 +25,8 @@ impl KubeBackend {
     /// call reports the reset whichever replica serves it.
     pub(super) async fn watch_routes(self: Arc<Self>, stop: CancellationToken) {
         let cfg = watcher::Config::default().labels(&self.instance.assigned_selector());
-        let stream = watcher::watcher(self.pods.clone(), cfg).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let event = tokio::select! {
-                _ = stop.cancelled() => break,
-                e = stream.next() => match e {
-                    Some(e) => e,
-                    None => break,
-                },
-            };
-            match event {
-                Ok(watcher::Event::Init) => self.admission.relist_started(Instant::now()),
-                Ok(watcher::Event::InitApply(p)) => {
-                    self.admission.relisted(pod_view(&p));
-                    self.note_if_going(&p);
-                }
-                Ok(watcher::Event::InitDone) => self.admission.relist_done(),
-                Ok(watcher::Event::Apply(p)) => {
-                    self.admission.applied(pod_view(&p));
-                    self.note_if_going(&p);
-                }
-                Ok(watcher::Event::Delete(p)) => {
-                    self.admission.deleted(pod_view(&p));
-                    self.pod_going(&p)
-                }
-                Err(e) => {
-                    self.admission.watch_failed();
-                    tracing::debug!(error = %e, "sandbox pod watch error (retrying)")
-                }
-            }
-        }
+        let events = watcher::watcher(self.pods.clone(), cfg).default_backoff();
+        feed(events, &Routes(&self), &stop).await;
     }
 
     /// A pod being deleted or terminated for good is going, as a deleted one is.
@@ -82,6 +53,40 @@ impl KubeBackend {
             tracing::info!(session = %sid, pod = %pod.name_any(),
                 "session pod is being deleted; route dropped");
         }
+    }
+}
+
+/// The assigned pods, from the watch: admission's view of them, and the routes of the
+/// sessions whose pods are going.
+struct Routes<'a>(&'a KubeBackend);
+
+impl WatchFed<Pod> for Routes<'_> {
+    fn relist_started(&self) {
+        self.0.admission.relist_started(Instant::now());
+    }
+
+    fn relisted(&self, p: Pod) {
+        self.0.admission.relisted(pod_view(&p));
+        self.0.note_if_going(&p);
+    }
+
+    fn relist_done(&self) {
+        self.0.admission.relist_done();
+    }
+
+    fn applied(&self, p: Pod) {
+        self.0.admission.applied(pod_view(&p));
+        self.0.note_if_going(&p);
+    }
+
+    fn deleted(&self, p: Pod) {
+        self.0.admission.deleted(pod_view(&p));
+        self.0.pod_going(&p);
+    }
+
+    fn failed(&self, error: watcher::Error) {
+        self.0.admission.watch_failed();
+        tracing::debug!(%error, "sandbox pod watch error (retrying)");
     }
 }
 
