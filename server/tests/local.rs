@@ -615,6 +615,55 @@ async fn a_sigkilled_server_leaves_no_process_behind() {
     call.abort();
 }
 
+/// A killed server cannot remove its sessions' root (workspaces, agent state) from the
+/// temporary directory: the next server started there does, and leaves a running one's alone.
+#[tokio::test]
+async fn the_next_server_removes_the_root_a_killed_one_left() {
+    support::ensure_built(false);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let env = [("TMPDIR", tmp.path().to_str().expect("utf-8 path"))];
+    let agent = support::agent_bin();
+    let args = LocalServer::local_backend(agent.to_str().expect("utf-8 path"));
+    let roots = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path())
+            .expect("list TMPDIR")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("cli-mcp-local-"))
+            .collect();
+        names.sort();
+        names
+    };
+    let killed = Server::start(&args, &env).await;
+    let mcp = Mcp::new(&killed, Some("left-behind"));
+    let mut pids = session_pids(&mcp).await;
+    assert!(!is_error(&mcp.bash("echo mine > file").await));
+    let left = roots();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let server_pid = killed.child.id().expect("server pid") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL the server");
+    pids.push(("server", server_pid));
+    all_gone(&pids, Duration::from_secs(15)).await;
+    assert_eq!(roots(), left, "a killed server cannot remove its root");
+
+    let next = Server::start(&args, &env).await;
+    let now = roots();
+    assert!(
+        now.len() == 1 && now != left,
+        "{left:?} is still there: {now:?}"
+    );
+    next.wait_log("the removal", |l| {
+        l.contains("removed the local sessions' roots") && l.contains("\"removed\":1")
+    })
+    .await;
+    let _third = Server::start(&args, &env).await;
+    assert_eq!(roots().len(), 2, "a running server's root is kept");
+}
+
 /// A DELETE while a command runs ends the session for good: the call fails with an error
 /// that says so, and its retry does not start a new sandbox (before, the retry after the
 /// agent was stopped started one, and `GET /sessions` listed the deleted session again).
