@@ -357,12 +357,17 @@ async fn output_files_replaced_by_links_or_fifos_change_nothing() {
 #[tokio::test]
 async fn a_reader_left_on_an_output_fifo_takes_nothing_from_later_calls() {
     let a = Agent::start();
-    // Reads its call's stdout FIFO as long as it lives; at end of file (no writer) it waits
-    // 1 ms and reads again. The call ends once it has the FIFO open (it says so on `$r`).
-    let thief = r#"o=$(readlink /proc/$$/fd/1); r=$(mktemp -u); mkfifo "$r"; perl -e 'open(my $f, "<", $ARGV[0]) or die; open(my $r, ">", $ARGV[1]) or die; print $r "open\n"; close $r; while (1) { sysread($f, my $b, 65536) or select(undef, undef, undef, 0.001) }' "$o" "$r" </dev/null >/dev/null 2>&1 & read -r opened < "$r"; rm "$r"; echo "$opened" >&2"#;
+    // Reads its call's stdout FIFO; at end of file (no writer) it waits 1 ms and reads again.
+    // The call ends once it has the FIFO open (it says so on `$r`, with its pid). It ends
+    // when its shell does (its parent changes) or after a minute, whatever the test does.
+    let thief = r#"o=$(readlink /proc/$$/fd/1); r=$(mktemp -u); mkfifo "$r"; perl -e 'open(my $f, "<", $ARGV[0]) or die; open(my $r, ">", $ARGV[1]) or die; print $r "$$\n"; close $r; my ($pp, $end) = (getppid(), time + 60); while (getppid() == $pp && time < $end) { sysread($f, my $b, 65536) or select(undef, undef, undef, 0.001) }' "$o" "$r" </dev/null >/dev/null 2>&1 & read -r pid < "$r"; rm "$r"; echo "$pid" >&2"#;
     // (Its own stdout is the FIFO it reads: the call says so on stderr.)
     let v = a.exec(thief).await;
-    assert_eq!(s(&v, "stderr"), "open\n", "{v}");
+    let pid = s(&v, "stderr").trim().to_owned();
+    assert!(
+        !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()),
+        "{v}"
+    );
     let expected: String = (1..=200).map(|i| format!("line {i}\n")).collect();
     for call in 0..4 {
         let v = a
@@ -370,6 +375,8 @@ async fn a_reader_left_on_an_output_fifo_takes_nothing_from_later_calls() {
             .await;
         assert_eq!(s(&v, "stdout"), expected, "call {call}: {v}");
     }
+    let v = a.exec(&format!("kill {pid} && echo stopped")).await;
+    assert_eq!(s(&v, "stdout"), "stopped\n", "{v}");
 }
 
 #[tokio::test]

@@ -119,7 +119,9 @@ fn open_reader(dir: BorrowedFd<'_>, name: &str, fresh: bool) -> io::Result<std::
 /// An existing output FIFO must have no reader either, before the agent opens its own: a
 /// process that kept one open (a command's background job with its own output sent
 /// elsewhere, so no writer) would take part of what a later command prints into it. A
-/// non-blocking open for writing fails with `ENXIO` exactly when nobody reads.
+/// non-blocking open for writing fails with `ENXIO` exactly when nobody reads. Best effort:
+/// it sees who reads now, not a process that opens the path later (any command can find
+/// its FIFOs' paths); that one only confuses its own session.
 fn no_other_reader(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     match open_at(dir, name, OFlag::O_WRONLY | OFlag::O_NONBLOCK, 0) {
         Err(e) if e.raw_os_error() == Some(nix::libc::ENXIO) => Ok(()),

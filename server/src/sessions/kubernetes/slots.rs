@@ -339,7 +339,6 @@ fn slot_ref(s: &SlotView) -> Option<SlotRef> {
     })
 }
 
-/// What the view needs of a slot object.
 /// The slots, from the watch (metadata only); a lease that is no slot of this instance is
 /// not one the view keeps.
 struct SlotsFed<'a>(&'a Slots);
@@ -375,6 +374,7 @@ impl WatchFed<PartialObjectMeta<Lease>> for SlotsFed<'_> {
     }
 }
 
+/// What the view needs of a slot object.
 fn slot_view(slots: &Slots, meta: &ObjectMeta) -> Option<SlotView> {
     let name = meta.name.clone()?;
     let (family, index) = slots.parse(&name)?;
