@@ -74,11 +74,69 @@ pub fn processes_in(name: &str) -> Vec<i32> {
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::metadata(format!("/proc/{pid}/ns/net"))
-                .is_ok_and(|m| m.ino() == target.ino() && m.dev() == target.dev())
-        })
+        .filter(|&pid| in_namespace(pid, &target))
         .collect()
+}
+
+/// How long the processes of a namespace may take to die before a teardown goes on without
+/// them.
+pub const KILL_WITHIN: Duration = Duration::from_secs(5);
+
+/// SIGKILLs every process in namespace `name` and waits until none is left there (at most
+/// `within`): listed again after each round, since one may fork between a listing and its
+/// kill. Each is killed through a pidfd opened before it is checked to be in the namespace,
+/// so a pid reused since the listing is never signalled. Returns how many were killed.
+pub async fn kill_everything_in(name: &str, within: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + within;
+    let me = std::process::id() as i32;
+    let mut killed = 0;
+    loop {
+        let Ok(target) = std::fs::metadata(path(name)) else {
+            return killed;
+        };
+        let held: Vec<(i32, crate::process::PidFd)> = processes_in(name)
+            .into_iter()
+            .filter(|&pid| pid > 1 && pid != me)
+            .filter_map(|pid| match crate::process::PidFd::open(pid) {
+                Ok(fd) => in_namespace(pid, &target).then_some((pid, fd)),
+                Err(e) => {
+                    if e.raw_os_error() != Some(libc::ESRCH) {
+                        tracing::warn!(pid, netns = name, "cannot hold a process to kill it: {e}");
+                    }
+                    None
+                }
+            })
+            .collect();
+        if held.is_empty() {
+            return killed;
+        }
+        for (pid, fd) in &held {
+            match fd.kill() {
+                Ok(()) => killed += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => tracing::warn!(pid, netns = name, "SIGKILL failed: {e}"),
+            }
+        }
+        for (pid, fd) in &held {
+            match tokio::time::timeout_at(deadline, fd.exited()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(pid, netns = name, "waiting for its exit: {e}"),
+                Err(_) => {
+                    tracing::warn!(
+                        pid,
+                        netns = name,
+                        "a SIGKILLed process is still there after {within:?}"
+                    );
+                    return killed;
+                }
+            }
+        }
+    }
+}
+
+fn in_namespace(pid: i32, target: &std::fs::Metadata) -> bool {
+    std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .is_ok_and(|m| m.ino() == target.ino() && m.dev() == target.dev())
 }
 
 #[cfg(test)]

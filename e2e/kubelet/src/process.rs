@@ -15,9 +15,6 @@ use nix::unistd::Pid;
 
 use crate::exec_helper::{ExecSpec, SUBCOMMAND};
 
-/// How long SIGKILLed processes may take to exit before a teardown goes on without them.
-pub const KILLED_EXIT: Duration = Duration::from_secs(5);
-
 /// How long the helper may take between fork and `execve` before it is killed.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -197,38 +194,58 @@ pub fn kill_pids(pids: &[i32]) {
     }
 }
 
-/// Waits, at most `within` in all, until each of `pids` has exited. A SIGKILLed process takes
-/// a moment to go, and a pod must not be reported deleted while one of its processes is still
-/// in its namespaces: a pidfd becomes readable once its process has exited (its namespaces
-/// are released before that).
-pub async fn await_exit(pids: &[i32], within: Duration) {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let deadline = tokio::time::Instant::now() + within;
-    for &pid in pids {
-        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor, which
-        // the OwnedFd then owns, or -1 (ESRCH: the process is gone already).
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+/// A process held through a pidfd: a signal sent through it reaches that process or none,
+/// even once its pid is reused, and it turns readable once the process has exited (after it
+/// has left its namespaces).
+pub struct PidFd {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl PidFd {
+    /// `Err` with `ESRCH` when there is no such process (any more).
+    pub fn open(pid: i32) -> std::io::Result<PidFd> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_open,
+                libc::c_long::from(pid),
+                libc::c_long::from(0u8),
+            )
+        };
         if fd < 0 {
-            continue;
+            return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `fd` is the new descriptor, owned by the OwnedFd from here on, which the
         // AsyncFd owns in turn: open and the same for the AsyncFd's whole life.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        let Ok(fd) = (unsafe {
+        let fd = unsafe {
             tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-        }) else {
-            continue;
-        };
-        if tokio::time::timeout_at(deadline, fd.readable())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                pid,
-                "a SIGKILLed pod process did not exit within {within:?}"
-            );
-            return;
         }
+        .map_err(|e| e.into_parts().1)?;
+        Ok(PidFd { fd })
+    }
+
+    pub fn kill(&self) -> std::io::Result<()> {
+        // SAFETY: pidfd_send_signal(2) on a pidfd we own, no siginfo, no flags.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                libc::c_long::from(self.fd.as_raw_fd()),
+                libc::c_long::from(libc::SIGKILL),
+                std::ptr::null::<libc::siginfo_t>(),
+                libc::c_long::from(0u8),
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Returns once the process has exited.
+    pub async fn exited(&self) -> std::io::Result<()> {
+        self.fd.readable().await.map(|_| ())
     }
 }
 

@@ -125,9 +125,7 @@ pub fn kill_recorded(record: &PodRecord) {
 pub async fn remove_pod_runtime(dir: &PodDir, record: &PodRecord, cni: &Cni) {
     kill_recorded(record);
     if !record.netns.is_empty() {
-        let left = netns::processes_in(&record.netns);
-        process::kill_pids(&left);
-        process::await_exit(&left, process::KILLED_EXIT).await;
+        netns::kill_everything_in(&record.netns, netns::KILL_WITHIN).await;
         let path = netns::path(&record.netns);
         let ns = netns::exists(&record.netns).then_some(path.as_path());
         if let Err(e) = cni.del(&record.uid, ns).await {

@@ -160,11 +160,9 @@ impl Worker {
             return;
         }
         let ns_name = self.record.netns.clone();
-        let leftovers = netns::processes_in(&ns_name);
-        if !leftovers.is_empty() {
-            tracing::info!(pod = %self.pod_key(), "killing {} leftover process(es) in {ns_name}", leftovers.len());
-            process::kill_pids(&leftovers);
-            process::await_exit(&leftovers, process::KILLED_EXIT).await;
+        let killed = netns::kill_everything_in(&ns_name, netns::KILL_WITHIN).await;
+        if killed > 0 {
+            tracing::info!(pod = %self.pod_key(), "killed {killed} leftover process(es) in {ns_name}");
         }
         self.ctx.services.detach(&ns_name).await;
         if self.net.ip.is_some() || netns::exists(&ns_name) {
