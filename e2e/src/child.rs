@@ -123,8 +123,8 @@ pub fn terminate(child: &Child) {
     }
 }
 
-/// `cli-mcp-server` on the host, on loopback ports it picks itself. SIGTERM on drop (and
-/// SIGKILL when its `Child` goes), then its temporary directory is removed.
+/// `cli-mcp-server` on the host, on loopback ports it picks itself. SIGKILL on drop (`stop`
+/// lets it stop gracefully first), then its temporary directory is removed.
 pub struct LocalServer {
     pub child: Child,
     /// `listen` of its ready line: the MCP address.
@@ -136,9 +136,8 @@ pub struct LocalServer {
     pub scheme: &'static str,
     /// The server's `TMPDIR`, where the local backend makes its sessions' root. A test
     /// rarely waits out the graceful stop that removes that root (its drop kills the
-    /// server), so the harness removes it. Declared after `child`: removed once that is
-    /// killed.
-    _tmp: tempfile::TempDir,
+    /// server), so the harness removes it on drop.
+    tmp: std::path::PathBuf,
 }
 
 impl LocalServer {
@@ -186,7 +185,7 @@ impl LocalServer {
             } else {
                 "http"
             },
-            _tmp: tmp,
+            tmp: tmp.keep(),
         })
     }
 
@@ -231,7 +230,20 @@ impl LocalServer {
 
 impl Drop for LocalServer {
     fn drop(&mut self) {
-        terminate(&self.child);
+        if let Some(pid) = self.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        // The server's agents, told of its death, stop within a few seconds and may still
+        // write below the root meanwhile: a removal that meets a file made after its
+        // listing fails (ENOTEMPTY), so it is tried again, briefly.
+        for _ in 0..50 {
+            match std::fs::remove_dir_all(&self.tmp) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => break,
+            }
+        }
     }
 }
 
