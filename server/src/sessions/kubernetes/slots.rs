@@ -598,27 +598,33 @@ impl KubeBackend {
         }
     }
 
-    /// Deletes the slots of pod `pod_uid` of session `sid`: those the view knows of, else
-    /// (the watch has not delivered them yet) those a LIST of the session's slots finds.
+    /// Deletes the slots of pod `pod_uid` of session `sid`: those the view knows of and those
+    /// a LIST of the session's slots finds. The view alone can lag behind the API (under
+    /// load the watch delivered one slot's binding to the pod and not yet the other's), and
+    /// a slot left behind refused the caller's next session for the one it had just ended.
     pub(super) async fn release_slots_of(&self, sid: &SessionId, pod_uid: &str) {
         let mut owned = self.slots.owned_by(pod_uid);
-        if owned.is_empty() {
-            let sel = format!(
-                "{},{}={sid}",
-                self.instance.slot_selector(),
-                label::SESSION_ID
-            );
-            match self.leases.list(&ListParams::default().labels(&sel)).await {
-                Ok(list) => owned.extend(
-                    list.items
-                        .iter()
-                        .filter_map(|l| slot_view(&self.slots, &l.metadata))
-                        .filter(|v| v.owner.as_deref() == Some(pod_uid))
-                        .filter_map(|v| slot_ref(&v)),
-                ),
-                Err(e) => tracing::debug!(session = %sid, error = %e,
-                    "cannot list the session's slots (the pod watch or the garbage collector frees them)"),
+        let sel = format!(
+            "{},{}={sid}",
+            self.instance.slot_selector(),
+            label::SESSION_ID
+        );
+        match self.leases.list(&ListParams::default().labels(&sel)).await {
+            Ok(list) => {
+                let listed = list
+                    .items
+                    .iter()
+                    .filter_map(|l| slot_view(&self.slots, &l.metadata))
+                    .filter(|v| v.owner.as_deref() == Some(pod_uid))
+                    .filter_map(|v| slot_ref(&v));
+                for s in listed {
+                    if !owned.iter().any(|o| o.name == s.name) {
+                        owned.push(s);
+                    }
+                }
             }
+            Err(e) => tracing::debug!(session = %sid, error = %e,
+                "cannot list the session's slots (the pod watch or the garbage collector frees them)"),
         }
         for s in owned {
             delete_slot(&self.leases, &self.slots, &s).await;
