@@ -602,6 +602,13 @@ async fn a_sigkilled_server_leaves_no_process_behind() {
         async move { mcp.bash_with(json!({"command": cmd})).await }
     });
     pids.push(("foreground command", number(&started(&fifo).await)));
+    sigkill_and_wait(&server, pids).await;
+    call.abort();
+}
+
+/// SIGKILLs the server, then waits until it and `pids` (its session's processes) are gone:
+/// each agent drains for at most 2 s (the server sets it), then kills what its shell started.
+async fn sigkill_and_wait(server: &Server, mut pids: Vec<(&'static str, i32)>) {
     let server_pid = server.child.id().expect("server pid") as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server_pid),
@@ -609,10 +616,7 @@ async fn a_sigkilled_server_leaves_no_process_behind() {
     )
     .expect("SIGKILL the server");
     pids.push(("server", server_pid));
-    // The agent drains for at most 2 s (the server sets it), then kills what its shell
-    // started.
     all_gone(&pids, Duration::from_secs(15)).await;
-    call.abort();
 }
 
 /// A killed server cannot remove its sessions' root (workspaces, agent state) from the
@@ -636,18 +640,11 @@ async fn the_next_server_removes_the_root_a_killed_one_left() {
     };
     let killed = Server::start(&args, &env).await;
     let mcp = Mcp::new(&killed, Some("left-behind"));
-    let mut pids = session_pids(&mcp).await;
+    let pids = session_pids(&mcp).await;
     assert!(!is_error(&mcp.bash("echo mine > file").await));
     let left = roots();
     assert_eq!(left.len(), 1, "{left:?}");
-    let server_pid = killed.child.id().expect("server pid") as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server_pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("SIGKILL the server");
-    pids.push(("server", server_pid));
-    all_gone(&pids, Duration::from_secs(15)).await;
+    sigkill_and_wait(&killed, pids).await;
     assert_eq!(roots(), left, "a killed server cannot remove its root");
 
     let next = Server::start(&args, &env).await;
