@@ -62,19 +62,16 @@ pub async fn delete(name: &str) -> Result<(), String> {
     ip(&["netns", "delete", name]).await
 }
 
-/// Pids of all processes whose network namespace is `name` (including ones that left the
-/// container's process group).
-pub fn processes_in(name: &str) -> Vec<i32> {
-    let Ok(target) = std::fs::metadata(path(name)) else {
-        return Vec::new();
-    };
+/// Pids of all processes whose network namespace is the file `target` (including ones that
+/// left the container's process group).
+fn pids_in(target: &std::fs::Metadata) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| in_namespace(pid, &target))
+        .filter(|&pid| in_namespace(pid, target))
         .collect()
 }
 
@@ -94,7 +91,7 @@ pub async fn kill_everything_in(name: &str, within: Duration) -> usize {
         let Ok(target) = std::fs::metadata(path(name)) else {
             return killed;
         };
-        let held: Vec<(i32, crate::process::PidFd)> = processes_in(name)
+        let held: Vec<(i32, crate::process::PidFd)> = pids_in(&target)
             .into_iter()
             .filter(|&pid| pid > 1 && pid != me)
             .filter_map(|pid| match crate::process::PidFd::open(pid) {
