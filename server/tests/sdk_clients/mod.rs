@@ -17,8 +17,14 @@ use crate::support::Server;
 pub const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The SDK test scripts of the checkout the test runs in: cargo gives the package's
+/// directory at run time too; the compiled-in one is another checkout's when a target dir
+/// is shared by two.
 pub fn sdk_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join("tests/sdk")
 }
 
 pub fn cache_root() -> PathBuf {
