@@ -1365,6 +1365,51 @@ async fn a_second_identity_cannot_use_or_delete_the_first_ones_session() {
     w.done().await;
 }
 
+/// Two identities' first calls with one session id, on two replicas at once: both replicas
+/// see a session new to their pod watch and create its pod (one fixed name): the loser of
+/// the create finds the winner's pod through its 409. Only the pod's owner may run in it;
+/// the other caller is refused — its command never runs in someone else's sandbox.
+#[tokio::test]
+async fn two_identities_racing_on_one_new_session_id_never_share_its_pod() {
+    let w = World::new("srv-owner-race").await;
+    let alice = identity(&w, "alice", &["create", "get", "delete"]).await;
+    let bob = identity(&w, "bob", &["create", "get", "delete"]).await;
+    let (a, http_a) = auth_server(&w).await;
+    let (b, http_b) = auth_server(&w).await;
+    for round in 0..4 {
+        let sid = format!("contested-{round}");
+        let as_alice = authed(&a, &http_a, &alice, &sid);
+        let as_bob = authed(&b, &http_b, &bob, &sid);
+        let (ra, rb) = tokio::join!(
+            as_alice.bash("echo ran-as-alice"),
+            as_bob.bash("echo ran-as-bob")
+        );
+        let ran: Vec<&Value> = [&ra, &rb].into_iter().filter(|r| !is_error(r)).collect();
+        assert_eq!(
+            ran.len(),
+            1,
+            "round {round}: exactly one identity runs in the session's pod: {ra} {rb}"
+        );
+        let refused = if is_error(&ra) { &ra } else { &rb };
+        assert!(
+            text(refused).contains("belongs to another identity"),
+            "round {round}: {}",
+            text(refused)
+        );
+        // The pod is the winner's, and stays so on the next calls.
+        w.one_pod(&sid).await;
+        let (winner, loser) = if is_error(&ra) {
+            (&as_bob, &as_alice)
+        } else {
+            (&as_alice, &as_bob)
+        };
+        assert!(!is_error(&winner.bash("true").await), "round {round}");
+        assert!(is_error(&loser.bash("true").await), "round {round}");
+    }
+    drop((a, b));
+    w.done().await;
+}
+
 /// A session's spill is an MCP resource of its owner only, and goes with its pod: another
 /// identity's read is refused, a read after `DELETE` says the session is gone (and starts no
 /// pod).

@@ -344,6 +344,10 @@ impl KubeBackend {
             },
         };
         let route = self.route_of(sid, &pod)?;
+        // Every way to a pod above checks its owner; this is the one exit they all share.
+        if !owner_allows(route.owner.as_deref(), caller) {
+            return Err(SessionError::Forbidden(sid.clone()));
+        }
         if let Some(c) = charge {
             c.keep();
         }

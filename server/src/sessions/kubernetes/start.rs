@@ -31,7 +31,7 @@ use super::steps::timed;
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::metrics::Launch;
-use crate::sessions::SessionError;
+use crate::sessions::{owner_allows, SessionError};
 
 /// A warm pod is retried after a 409 at most this many times (the 409 may come from a
 /// status update, not from another claimer).
@@ -351,8 +351,16 @@ impl KubeBackend {
                             self.wait_gone(&old).await?;
                             continue;
                         }
-                        // Another replica created it: adopt.
-                        Some(existing) => return Ok((existing, false)),
+                        // Another replica created it: adopted if it is the caller's. The
+                        // lookup that checks the owner was skipped for a session new to the
+                        // pod watch, so a different identity racing on the same id ends
+                        // here, and must not run in that pod.
+                        Some(existing) => {
+                            if !owner_allows(annotation_of(&existing, annotation::OWNER), caller) {
+                                return Err(SessionError::Forbidden(sid.clone()));
+                            }
+                            return Ok((existing, false));
+                        }
                     }
                 }
                 Err(e) => return Err(e.into()),
