@@ -18,7 +18,7 @@ use crate::cli::{AuthMode, BackendKind, Settings, Transport};
 use crate::http::{health_router, mcp_router, AppState, McpHttpOptions};
 use crate::mcp::{BashServer, McpState};
 use crate::metrics::Metrics;
-use crate::serve::serve;
+use crate::serve::{serve, ConnLimits};
 use crate::sessions::kubernetes::KubeBackend;
 use crate::sessions::local::{find_agent_binary, LocalBackend};
 use crate::sessions::{Backend, SessionManager};
@@ -193,13 +193,21 @@ async fn run_http(
             cancel: CancellationToken::new(),
         },
     );
-    let main = tokio::spawn(serve(listener, app, tls.clone(), stop.clone(), DRAIN));
+    let main = tokio::spawn(serve(
+        listener,
+        app,
+        tls.clone(),
+        stop.clone(),
+        DRAIN,
+        ConnLimits::default(),
+    ));
     let health_task = tokio::spawn(serve(
         health,
         health_router(state.clone()),
         None,
         stop.clone(),
         Duration::from_secs(1),
+        ConnLimits::default(),
     ));
     tracing::info!(
         listen = %listen,

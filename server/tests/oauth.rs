@@ -309,6 +309,7 @@ fn world() -> &'static World {
                     Some(tls),
                     CancellationToken::new(),
                     Duration::from_secs(1),
+                    cli_mcp_server::serve::ConnLimits::default(),
                 )
                 .await;
             });
