@@ -197,6 +197,45 @@ pub fn jobs_since(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
     }
 }
 
+/// The processes in the shell's own group that it started since `before`, with all their
+/// descendants: command and process substitutions (`$(…)`, `<(…)`), which bash runs in its
+/// own group rather than as jobs. bash waits for them, so stopping a command must reach them
+/// too; by pid, as a signal to the group would reach bash as well.
+pub fn substitutions_since(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
+    let ours = |p: &ProcInfo| p.pgid == shell && p.pid != shell && !before.contains(&p.pid);
+    let mut out = BTreeSet::new();
+    let Some(kids) = children(shell) else {
+        let table = snapshot();
+        for p in table.iter().filter(|p| p.ppid == shell && ours(p)) {
+            out.insert(p.pid);
+            out.extend(descendants(&table, p.pid));
+        }
+        return out;
+    };
+    let mut stack: Vec<i32> = kids
+        .difference(before)
+        .copied()
+        .filter(|&p| stat_of(p).is_some_and(|info| ours(&info)))
+        .collect();
+    while let Some(pid) = stack.pop() {
+        if out.insert(pid) {
+            stack.extend(children(pid).into_iter().flatten());
+        }
+    }
+    out
+}
+
+/// The process groups of the jobs that existed before a command (`before`, the shell's
+/// children then) and still do.
+pub fn jobs_from_before(shell: i32, before: &BTreeSet<i32>) -> BTreeSet<i32> {
+    before
+        .iter()
+        .filter_map(|&p| stat_of(p))
+        .filter(|p| p.ppid == shell && p.pgid != shell && p.pgid > 1)
+        .map(|p| p.pgid)
+        .collect()
+}
+
 /// The shell's processes: its descendants, and the orphans they left, which the agent (a
 /// subreaper) adopted. Walked through the `children` files of each process's main thread,
 /// so a session of a few processes costs a few reads; the walk stops once `cap` processes
@@ -316,6 +355,12 @@ pub async fn kill_descendants_of_self(within: std::time::Duration) -> usize {
 pub fn signal_groups(groups: &BTreeSet<i32>, sig: Signal) {
     for &g in groups {
         let _ = killpg(Pid::from_raw(g), sig);
+    }
+}
+
+pub fn signal_pids(pids: &BTreeSet<i32>, sig: Signal) {
+    for &p in pids {
+        let _ = nix::sys::signal::kill(Pid::from_raw(p), sig);
     }
 }
 

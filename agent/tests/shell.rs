@@ -150,6 +150,68 @@ async fn timeout_abandons_the_rest_of_the_command_line_like_ctrl_c() {
     assert_eq!(v["shell_restarted"], false);
 }
 
+/// A command or process substitution runs in bash's own process group, not in a job's: a
+/// timeout must stop it as Ctrl-C does (bash waits for it, so a SIGINT to bash alone
+/// changes nothing) and keep the shell.
+#[tokio::test]
+async fn timeout_in_a_command_or_process_substitution_keeps_the_shell() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export K=1").await;
+    for command in [
+        "x=$(sleep 100.7)",
+        "for f in $(echo a; sleep 100.7); do echo $f; done",
+        "cat <(sleep 100.7)",
+        "x=$(trap '' INT; sleep 100.7)",
+    ] {
+        let v = a
+            .exec_with(json!({"command": command, "timeout_ms": 500}))
+            .await;
+        assert_eq!(v["timed_out"], true, "{command}: {v}");
+        assert_eq!(v["shell_restarted"], false, "{command}: {v}");
+        let v = a.exec("pwd; echo $K").await;
+        assert_eq!(s(&v, "stdout"), "/tmp\n1\n", "{command}: {v}");
+        let leftover = a.exec("pgrep -f 'sleep 100[.]7' || echo none").await;
+        assert_eq!(s(&leftover, "stdout"), "none\n", "{command}");
+    }
+}
+
+/// `fg` makes an earlier call's background job the command: bash waits for it, and without
+/// a terminal nothing tells which job that is. A timeout stops the earlier calls' jobs then,
+/// says so, and keeps the shell (a restart would have ended those jobs too).
+#[tokio::test]
+async fn timeout_of_an_earlier_job_brought_to_the_foreground_keeps_the_shell() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export K=1; sleep 100.8 & sleep 100.9 &")
+        .await;
+    let v = a
+        .exec_with(json!({"command": "fg %1", "timeout_ms": 500}))
+        .await;
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(v["shell_restarted"], false, "{v}");
+    assert!(
+        s(&v, "stderr").contains("The earlier calls' jobs (2 process group(s)) were interrupted"),
+        "{v}"
+    );
+    let v = a.exec("pwd; echo $K").await;
+    assert_eq!(s(&v, "stdout"), "/tmp\n1\n", "{v}");
+    let left = a.exec("pgrep -f 'sleep 100[.][89]' || echo none").await;
+    assert_eq!(s(&left, "stdout"), "none\n", "{left}");
+}
+
+#[tokio::test]
+async fn timeout_of_wait_for_an_earlier_job_keeps_the_shell_and_the_job() {
+    let a = Agent::start();
+    a.exec("cd /tmp; export K=1; sleep 100.8 &").await;
+    let v = a
+        .exec_with(json!({"command": "wait", "timeout_ms": 500}))
+        .await;
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(v["shell_restarted"], false, "{v}");
+    let v = a.exec("pwd; echo $K; jobs").await;
+    assert!(s(&v, "stdout").starts_with("/tmp\n1\n[1]"), "{v}");
+    a.exec("kill %1").await;
+}
+
 #[tokio::test]
 async fn builtin_loop_is_interrupted_and_keeps_the_shell() {
     let a = Agent::start();
@@ -224,6 +286,8 @@ async fn background_jobs_do_not_block_and_survive() {
     assert_eq!(t["shell_restarted"], false, "{t}");
     let v = a.exec("jobs -r | grep -c 'sleep 100'").await;
     assert_eq!(s(&v, "stdout"), "1\n");
+    // Its own process group outlives a killed test agent: ended here.
+    a.exec("kill %1").await;
 }
 
 #[tokio::test]

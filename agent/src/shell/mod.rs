@@ -297,7 +297,14 @@ impl Shell {
         let ((ended, stop), collected) = tokio::join!(
             async {
                 let end = self
-                    .await_end(&files.nonce, &before, deadline, abort, done.as_mut())
+                    .await_end(
+                        &files.nonce,
+                        &before,
+                        deadline,
+                        abort,
+                        done.as_mut(),
+                        &mut notes,
+                    )
                     .await;
                 let _ = finish.send(());
                 end
@@ -393,13 +400,14 @@ impl Shell {
         deadline: tokio::time::Instant,
         abort: impl Future<Output = StopReason>,
         done: Option<&mut tokio::net::unix::pipe::Receiver>,
+        notes: &mut Notes,
     ) -> (Ended, Option<Stop>) {
         tokio::pin!(abort);
         let stop = match self.wait(&[nonce], deadline, abort.as_mut(), done).await {
             Ended::Stopped(stop) => stop,
             ended => return (ended, None),
         };
-        let mut ended = self.interrupt(nonce, before).await;
+        let mut ended = self.interrupt(nonce, before, notes).await;
         if matches!(ended, Ended::Reported { .. }) && !self.settle().await {
             // bash answered the interrupt but then stopped taking input.
             ended = Ended::Stopped(stop);
