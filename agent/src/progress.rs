@@ -31,6 +31,10 @@ struct State {
     /// The start of each stream's line that has no newline yet (at most a few bytes over
     /// [`PROGRESS_LINE_MAX`], so a cut never splits a character it keeps).
     partial: [Vec<u8>; 2],
+    /// Counts [`Progress::begin`]s: a command's guard ends only its own command, not the
+    /// next one that began before the guard was dropped (the shell is free for the next
+    /// call as soon as the command's task lets go of it, before its HTTP handler returns).
+    generation: u64,
 }
 
 /// Bytes of a partial line kept: enough for [`PROGRESS_LINE_MAX`] bytes of text after a
@@ -45,11 +49,17 @@ impl Progress {
     /// A command starts for `request_id`: counts start again. The returned guard marks its
     /// end when dropped, whatever way the command ends.
     pub fn begin(&self, request_id: Option<String>) -> Running {
-        *self.state() = State {
+        let mut state = self.state();
+        let generation = state.generation.wrapping_add(1);
+        *state = State {
             request_id,
+            generation,
             ..State::default()
         };
-        Running(self.clone())
+        Running {
+            progress: self.clone(),
+            generation,
+        }
     }
 
     /// Output the running command wrote to `stream`.
@@ -105,13 +115,18 @@ impl Progress {
 }
 
 /// The running command, until dropped.
-pub struct Running(Progress);
+pub struct Running {
+    progress: Progress,
+    generation: u64,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let mut state = self.0.state();
-        state.request_id = None;
-        state.partial = Default::default();
+        let mut state = self.progress.state();
+        if state.generation == self.generation {
+            state.request_id = None;
+            state.partial = Default::default();
+        }
     }
 }
 
@@ -259,6 +274,22 @@ mod tests {
         assert_eq!(p.last_line.as_deref(), Some("step 2"));
         let p = fed(&[(Stream::Stdout, b"one\n"), (Stream::Stdout, b"\n\n")]);
         assert_eq!(p.last_line.as_deref(), Some("one"));
+    }
+
+    #[test]
+    fn the_end_of_a_command_does_not_end_the_next_one_that_already_began() {
+        let p = Progress::default();
+        let first = p.begin(Some("a".into()));
+        // The next call takes the shell before the first call's handler has returned.
+        let second = p.begin(Some("b".into()));
+        p.observe(Stream::Stdout, b"working\n");
+        drop(first);
+        let now = p.snapshot("b");
+        assert!(now.running, "the second command still runs");
+        assert_eq!(now.last_line.as_deref(), Some("working"));
+        assert!(!p.snapshot("a").running);
+        drop(second);
+        assert!(!p.snapshot("b").running);
     }
 
     #[test]

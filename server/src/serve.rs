@@ -184,15 +184,13 @@ mod tests {
     async fn start(limits: ConnLimits) -> (std::net::SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = Router::new()
-            .route("/", get(|| async { "hello" }))
-            .route(
-                "/slow",
-                get(|| async {
-                    tokio::time::sleep(Duration::from_millis(600)).await;
-                    "slow hello"
-                }),
-            );
+        let app = Router::new().route("/", get(|| async { "hello" })).route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                "slow hello"
+            }),
+        );
         let stop = CancellationToken::new();
         tokio::spawn(serve(
             listener,
