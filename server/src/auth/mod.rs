@@ -13,6 +13,7 @@
 //! issuers (structured authentication configuration).
 
 pub mod bearer;
+mod coalesce;
 pub mod resource;
 pub mod tls;
 pub mod tokenreview;

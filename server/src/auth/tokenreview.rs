@@ -27,6 +27,7 @@ use sha2::{Digest, Sha256};
 use cli_mcp_api::names::{InstanceName, GROUP, PLURAL};
 
 use super::bearer::{jwt_claims, JwtClaims};
+use super::coalesce::Coalesce;
 use super::{Caller, Verb};
 use crate::metrics::{AuthResult, Metrics, ReviewResult};
 
@@ -180,10 +181,6 @@ impl DecisionCache {
     }
 }
 
-/// The one review in progress for a key, shared by every caller that missed the cache
-/// meanwhile.
-type InFlight = Arc<tokio::sync::OnceCell<Decision>>;
-
 pub struct Authenticator {
     client: kube::Client,
     instance: InstanceName,
@@ -192,7 +189,7 @@ pub struct Authenticator {
     cache: Mutex<DecisionCache>,
     /// Reviews in progress: a burst of first calls with one token costs one TokenReview and
     /// one SubjectAccessReview, not one per call.
-    in_flight: Mutex<std::collections::HashMap<Key, InFlight>>,
+    in_flight: Coalesce<Key, Decision>,
     /// Permits for reviews in progress ([`AuthOptions::max_reviews`]).
     reviews: Arc<tokio::sync::Semaphore>,
     running: AtomicI64,
@@ -228,7 +225,7 @@ impl Authenticator {
             )),
             reviews: Arc::new(tokio::sync::Semaphore::new(options.max_reviews.max(1))),
             options,
-            in_flight: Mutex::new(std::collections::HashMap::new()),
+            in_flight: Coalesce::default(),
             running: AtomicI64::new(0),
             metrics,
         }
@@ -266,31 +263,15 @@ impl Authenticator {
             self.metrics.auth(result_of(&hit), true);
             return hit;
         }
-        let shared = self
+        let (decision, reviewed) = self
             .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((key, verb))
-            .or_default()
-            .clone();
-        let mut reviewed = false;
-        let decision = shared
-            .get_or_init(|| async {
-                reviewed = true;
+            .get_or_run((key, verb), || async {
                 let decision = self.bounded_review(token, verb).await;
                 self.lock()
                     .put((key, verb), decision.clone(), Instant::now());
                 decision
             })
-            .await
-            .clone();
-        if reviewed {
-            // Later misses (after the TTL, or after an outage) review afresh.
-            self.in_flight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(key, verb));
-        }
+            .await;
         self.metrics.auth(result_of(&decision), !reviewed);
         decision
     }
