@@ -112,7 +112,9 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     teardown::remove_expose(ctx, spec).await;
     let proxy_unavailable = proxy_gate(ctx, &inputs);
     let key = resolved.key.as_ref();
-    let pool = pool::reconcile(
+    // A failed API call in the pool or the idle GC does not skip the other, nor the status:
+    // its error is returned after the status says so.
+    let (pool, pool_error) = pool::reconcile(
         ctx,
         &spec.owner.uid,
         &spec.sandbox,
@@ -120,9 +122,9 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         key,
         resolved.blocked().or_else(|| proxy_unavailable.clone()),
     )
-    .await?;
+    .await;
     let pods = pool::instance_pods(&ctx.stores.pods.state(), &ns, &spec.name);
-    let idle = idle::collect(ctx, &pods, &ns, spec.idle_timeout, key).await?;
+    let (idle, idle_error) = idle::collect(ctx, &pods, &ns, spec.idle_timeout, key).await;
 
     let mut obs = observe(&cr, ctx, &inputs, &resolved, apply_error, pool, &idle);
     let (host, expose_problem) = match expose_problem {
@@ -134,6 +136,9 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     // Ready names KubeconfigInvalid first when both hold: that one says what to fix.
     obs.proxy_unavailable = proxy_unavailable;
     write_status(ctx, &cr, &obs).await?;
+    if let Some(e) = pool_error.or(idle_error) {
+        return Err(e);
+    }
     // Renewal due: back when it is, a little late so it has passed.
     let renew = resolved
         .tls_renew_in

@@ -30,8 +30,11 @@ impl Error {
         match self {
             Error::Kube(_) => "kube",
             Error::Crd(_) => "invalid_spec",
+            // What failed inside the apply or the cleanup, not the wrapper every error of a
+            // reconcile comes in.
             Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::CleanupFailed(Error::Waiting(_)) => "waiting",
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.metric_label(),
                 _ => "finalizer",
             },
             Error::Waiting(_) => "waiting",
@@ -44,5 +47,31 @@ impl Error {
     /// True when this is teardown progress rather than a failure.
     pub fn is_waiting(&self) -> bool {
         self.metric_label() == "waiting"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::finalizer::Error as F;
+
+    #[test]
+    fn the_metric_names_what_failed_inside_the_finalizer() {
+        let wrapped = |e: F<Error>| Error::Finalizer(Box::new(e));
+        assert_eq!(
+            wrapped(F::ApplyFailed(Error::NoNamespace("x".into()))).metric_label(),
+            "no_namespace"
+        );
+        assert_eq!(
+            wrapped(F::ApplyFailed(Error::Json(
+                serde_json::from_str::<u8>("x").expect_err("not JSON")
+            )))
+            .metric_label(),
+            "json"
+        );
+        let waiting = wrapped(F::CleanupFailed(Error::Waiting("pods".into())));
+        assert_eq!(waiting.metric_label(), "waiting");
+        assert!(waiting.is_waiting());
+        assert_eq!(wrapped(F::UnnamedObject).metric_label(), "finalizer");
     }
 }

@@ -22,7 +22,7 @@ use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::Error;
 use crate::pool::is_status;
 use crate::sandbox_pod::SandboxPod;
 
@@ -102,17 +102,20 @@ pub fn plan(
     out
 }
 
-/// Collects idle sandboxes of one instance; returns the plan that was carried out.
+/// Collects idle sandboxes of one instance; returns the plan that was carried out, and the
+/// first failed delete (the others are still tried), for the caller to return once the
+/// instance's status is written.
 pub async fn collect(
     ctx: &Context,
     pods: &[Arc<SandboxPod>],
     namespace: &str,
     idle: Duration,
     key: Option<&HmacKey>,
-) -> Result<IdlePlan> {
+) -> (IdlePlan, Option<Error>) {
     let mut p = plan(pods, idle, Timestamp::now(), key);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let mut kept = 0;
+    let mut first_err = None;
     for (pod, reason) in &p.collect {
         // The cached resourceVersion is the precondition: a last-activity patch that landed
         // after our read makes the delete fail (409) and the session lives on.
@@ -134,11 +137,14 @@ pub async fn collect(
                 p.next_expiry = Some(Duration::from_secs(1));
             }
             Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                kept += 1;
+                first_err.get_or_insert(e.into());
+            }
         }
     }
     p.active += kept;
-    Ok(p)
+    (p, first_err)
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxConfig, Sandb
 use cli_mcp_api::token::HmacKey;
 
 use crate::context::{Context, PoolExpectations};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sandbox_pod::SandboxPod;
 
 /// Most pool pods whose events are read in one reconcile, to learn why their pod sandbox
@@ -249,9 +249,15 @@ pub struct PoolOutcome {
     pub blocked: Option<String>,
     pub backoff: Option<Duration>,
     pub requeue: Option<Duration>,
+    /// An API call of this pass failed (a list, a delete, a create): said in the pool's
+    /// condition; the reconcile returns the error once the status is written.
+    pub api_error: Option<String>,
 }
 
-/// Brings the pool of one instance towards the desired state.
+/// Brings the pool of one instance towards the desired state. A failed API call does not
+/// stop the pass (the deletes run when the list failed, the creates when a delete did): what
+/// was done is the outcome, and the first error comes with it, for the caller to return
+/// once the instance's status says so.
 pub async fn reconcile(
     ctx: &Context,
     uid: &str,
@@ -259,7 +265,7 @@ pub async fn reconcile(
     desired: i32,
     key: Option<&HmacKey>,
     blocked: Option<String>,
-) -> Result<PoolOutcome> {
+) -> (PoolOutcome, Option<Error>) {
     let now = Instant::now();
     let all = ctx.stores.pods.state();
     let pods = instance_pods(&all, &cfg.namespace, &cfg.instance);
@@ -280,7 +286,9 @@ pub async fn reconcile(
             may_create: blocked.is_none() && key.is_some() && backoff_left.is_none(),
         };
         let p = plan(&pods, exp, &inp);
-        if p.ready > 0 && p.failing.is_empty() && refused.is_none() {
+        // Over only once the pool is full: one Ready pod says nothing about the pod that
+        // keeps failing beside it, whose replacements must keep backing off.
+        if p.ready >= desired && p.failing.is_empty() && refused.is_none() {
             backoff.reset();
         }
         (
@@ -378,6 +386,7 @@ pub async fn reconcile(
             .collect()
             .await;
         let mut newly_refused = None;
+        let mut create_failed = None;
         for (name, r) in results {
             match r {
                 Ok(_) => {
@@ -391,10 +400,19 @@ pub async fn reconcile(
                     if let Some(why) = admission_refusal(&e) {
                         newly_refused = Some(why);
                     } else if !is_status(&e, 409) {
-                        first_err.get_or_insert(e.into());
+                        create_failed.get_or_insert(e);
                     }
                 }
             }
+        }
+        // A failing webhook, a 429 or a 5xx: the next creates wait for the pool's backoff
+        // (2 s, doubling), not just for the next reconcile, which would send them all again.
+        if create_failed.is_some() && newly_refused.is_none() {
+            ctx.pool
+                .with(uid, |_, b| backoff = Some(b.fail(Instant::now())));
+        }
+        if let Some(e) = create_failed {
+            first_err.get_or_insert(e.into());
         }
         // Retrying a refused pod unchanged is refused again: back off, and say why.
         if let Some(why) = newly_refused {
@@ -406,9 +424,6 @@ pub async fn reconcile(
         }
     }
 
-    if let Some(e) = first_err {
-        return Err(e);
-    }
     let deleted: HashSet<Option<String>> = the_plan.delete.iter().map(|(p, _)| p.uid()).collect();
     let awaiting: Vec<&Arc<SandboxPod>> = the_plan
         .awaiting_sandbox
@@ -428,13 +443,15 @@ pub async fn reconcile(
         pending > 0 || !the_plan.delete.is_empty() || the_plan.create > 0,
         backoff,
     ) {
+        // A failed API call: the reconcile fails (and is retried) after the status is written.
+        _ if first_err.is_some() => None,
         (_, Some(b)) => Some(b),
         // Expectations resolve through pod events; this only guards against a lost event.
         (true, None) => Some(EXPECTATION_TTL),
         (false, None) if !awaiting.is_empty() => Some(SANDBOX_RECHECK),
         (false, None) => None,
     };
-    Ok(PoolOutcome {
+    let outcome = PoolOutcome {
         desired,
         ready: the_plan.ready,
         failing: the_plan.failing,
@@ -445,7 +462,9 @@ pub async fn reconcile(
         }),
         backoff,
         requeue,
-    })
+        api_error: first_err.as_ref().map(ToString::to_string),
+    };
+    (outcome, first_err)
 }
 
 /// The kubelet's latest word on why `pod`'s sandbox cannot be created, from its Events.

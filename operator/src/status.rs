@@ -193,6 +193,21 @@ fn pool_condition(o: &Observed) -> Cond {
             format!("no warm sandboxes are created: {why}"),
         );
     }
+    if let Some(error) = &p.api_error {
+        let retry = p
+            .backoff
+            .map(|b| format!("; the next create in {}s", b.as_secs()))
+            .unwrap_or_default();
+        return c(
+            false,
+            "ApiError",
+            format!(
+                "{}/{} warm sandboxes are ready; the pool could not be brought up to date: \
+                 {error}{retry}",
+                p.ready, p.desired
+            ),
+        );
+    }
     if p.ready >= p.desired {
         return c(
             true,
@@ -466,6 +481,26 @@ mod tests {
         let s = compute(None, &o, t(1));
         assert_eq!(cond(&s, READY).reason, "ProxyUnavailable");
         assert_eq!(cond(&s, READY).status, "False");
+    }
+
+    #[test]
+    fn a_failed_pool_api_call_is_said_in_the_pool_condition_with_the_next_try() {
+        let mut o = healthy(3, 1);
+        o.pool.api_error = Some("Kubernetes API: 500 failed calling webhook".into());
+        o.pool.backoff = Some(std::time::Duration::from_secs(4));
+        let s = compute(None, &o, t(10));
+        let c = cond(&s, WARM_POOL_READY);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "ApiError")
+        );
+        assert!(
+            c.message.contains("1/3 warm sandboxes are ready")
+                && c.message.contains("failed calling webhook")
+                && c.message.ends_with("the next create in 4s"),
+            "{}",
+            c.message
+        );
     }
 
     #[test]

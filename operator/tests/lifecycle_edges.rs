@@ -337,3 +337,85 @@ async fn the_finalizer_waits_for_the_credential_proxy_pods() {
     assert!(left.items.is_empty(), "proxy pods left");
     ns.delete().await.expect("delete namespace");
 }
+
+/// A pool pod create that the API server fails (a webhook it cannot call answers 500, which
+/// is no refusal of the pod) does not end the reconcile before the status: the pool's
+/// condition says what failed, and the pool fills again once the webhook is gone.
+#[tokio::test]
+async fn a_failing_pod_webhook_is_said_in_the_pool_condition_and_the_pool_recovers() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("podhook").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    create_instance(&ns, "ph", json!({"sandbox": {"warmPoolSize": 1}})).await;
+    wait_ready(&ns, "ph", &op).await;
+    let first = wait_pool(&ns, "ph", 1, &op).await;
+
+    // Only this namespace's sandbox pods: other tests share the API server.
+    let hooks = kube::Api::<ValidatingWebhookConfiguration>::all(c.client.clone());
+    let hook_name = format!("{}-sandbox-pods", ns.name);
+    let hook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": hook_name},
+        "webhooks": [{
+            "name": "sandbox-pods.cli-mcp.test",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 2,
+            "clientConfig": {"service": {
+                "namespace": ns.name, "name": "no-such-webhook", "port": 443
+            }},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+            "objectSelector": {"matchLabels": {label::COMPONENT: label::COMPONENT_SANDBOX}},
+            "rules": [{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods"]
+            }]
+        }]
+    }))
+    .expect("webhook configuration");
+    hooks
+        .create(&Default::default(), &hook)
+        .await
+        .expect("create the webhook configuration");
+    ns.api::<Pod>()
+        .delete(&first[0].name_any(), &DeleteParams::default())
+        .await
+        .expect("delete the warm pod");
+
+    let o = wait_instance(
+        ns.api::<CliMcpInstance>(),
+        "ph",
+        "WarmPoolReady=False ApiError",
+        TIMEOUT,
+        |o| {
+            find_condition(o, "WarmPoolReady").is_some_and(|c| {
+                c.status == "False"
+                    && c.reason == "ApiError"
+                    && c.message.contains("failed calling webhook")
+            })
+        },
+    )
+    .await;
+    let removed = hooks.delete(&hook_name, &DeleteParams::default()).await;
+    let o = o.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", op.log_tail()));
+    removed.expect("delete the webhook configuration");
+    let message = &find_condition(&o, "WarmPoolReady")
+        .expect("condition")
+        .message;
+    assert!(message.contains("the next create in"), "{message}");
+
+    wait_pool(&ns, "ph", 1, &op).await;
+    wait_instance(
+        ns.api::<CliMcpInstance>(),
+        "ph",
+        "WarmPoolReady=True",
+        TIMEOUT,
+        |o| find_condition(o, "WarmPoolReady").is_some_and(|c| c.status == "True"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", op.log_tail()));
+    finish(ns, "ph", &op).await;
+}

@@ -83,16 +83,14 @@ async fn a_stale_cache_never_creates_pods_that_already_exist() {
             .count()
     };
 
-    pool::reconcile(&ctx, uid, &cfg, 2, Some(&key), None)
-        .await
-        .expect("first reconcile");
+    let (_, error) = pool::reconcile(&ctx, uid, &cfg, 2, Some(&key), None).await;
+    assert!(error.is_none(), "first reconcile: {error:?}");
     assert_eq!(count().await, 2, "the first reconcile fills the pool");
 
     // The expectations of those creates expire while the cache still has not seen them.
     ctx.pool.forget(uid);
-    pool::reconcile(&ctx, uid, &cfg, 2, Some(&key), None)
-        .await
-        .expect("second reconcile");
+    let (_, error) = pool::reconcile(&ctx, uid, &cfg, 2, Some(&key), None).await;
+    assert!(error.is_none(), "second reconcile: {error:?}");
     assert_eq!(
         count().await,
         2,
@@ -111,9 +109,8 @@ async fn a_stale_cache_never_creates_pods_that_already_exist() {
         .await
         .expect("delete a pool pod");
     ctx.pool.forget(uid);
-    pool::reconcile(&ctx, uid, &cfg, 2, Some(&key), None)
-        .await
-        .expect("third reconcile");
+    let (_, error) = pool::reconcile(&ctx, uid, &cfg, 2, Some(&key), None).await;
+    assert!(error.is_none(), "third reconcile: {error:?}");
     assert_eq!(count().await, 2, "the missing pod is replaced, once");
 
     ns.delete().await.expect("delete namespace");
