@@ -241,6 +241,37 @@ async fn a_shell_that_ignores_interrupts_is_restarted_with_a_note() {
     assert_eq!(v["shell_restarted"], false);
 }
 
+/// A command that removes the session's working directory and ends its shell: the next
+/// shell starts in it again, made anew, and the session goes on.
+#[tokio::test]
+async fn a_removed_working_directory_is_made_again_for_the_next_shell() {
+    let a = Agent::start();
+    let work = s(&a.exec("pwd").await, "stdout").trim_end().to_owned();
+    let v = a.exec("cd / && rm -rf \"$OLDPWD\" && exit 4").await;
+    assert_eq!(v["shell_restarted"], true, "{v}");
+    let v = a.exec("pwd; ls -A | wc -l").await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(s(&v, "stdout"), format!("{work}\n0\n"), "{v}");
+    assert_eq!(v["cwd"], work.as_str());
+}
+
+/// bash does not bound `PWD`: a working directory deeper than any path the kernel takes
+/// whole is reported like any other, and the shell is kept.
+#[tokio::test]
+async fn a_working_directory_longer_than_path_max_is_reported() {
+    let a = Agent::start();
+    let v = a
+        .exec("n=$(printf %0200d 0); for i in $(seq 150); do mkdir $n && cd $n || break; done; echo ${#PWD}")
+        .await;
+    let len: usize = s(&v, "stdout").trim().parse().expect("a length");
+    assert!(len > 30_000, "{v}");
+    assert_eq!(v["shell_restarted"], false, "{v}");
+    assert_eq!(v["cwd"].as_str().map(str::len), Some(len), "{v}");
+    let v = a.exec("echo ${#PWD}").await;
+    assert_eq!(s(&v, "stdout").trim(), len.to_string(), "{v}");
+    assert_eq!(v["shell_restarted"], false, "{v}");
+}
+
 #[tokio::test]
 async fn history_expansion_is_off() {
     let a = Agent::start();

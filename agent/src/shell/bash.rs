@@ -4,7 +4,9 @@
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -62,6 +64,35 @@ pub(super) struct Bash {
     exited: watch::Receiver<Option<ExitCode>>,
 }
 
+/// The directory a new shell starts in: the working directory, made again (mode 0700) if a
+/// command removed it, or `/` if it cannot be entered (a command took its permissions away).
+/// Without this, a session whose command removed its own working directory and then ended
+/// its shell could never start one again: every later call failed, also the one that would
+/// have repaired it. A shell started elsewhere reports its directory like any other.
+fn start_dir(workdir: &Path) -> PathBuf {
+    if !workdir.exists() {
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(workdir)
+        {
+            Ok(()) => tracing::warn!(workdir = %workdir.display(),
+                "the working directory was gone; made it again, empty"),
+            Err(e) => tracing::warn!(workdir = %workdir.display(), error = %e,
+                "the working directory is gone and cannot be made again"),
+        }
+    }
+    let usable =
+        workdir.is_dir() && nix::unistd::access(workdir, nix::unistd::AccessFlags::X_OK).is_ok();
+    if usable {
+        workdir.to_path_buf()
+    } else {
+        tracing::warn!(workdir = %workdir.display(),
+            "the working directory cannot be entered; the shell starts in /");
+        PathBuf::from("/")
+    }
+}
+
 impl Bash {
     /// Starts an interactive bash with the status pipe as its fd 3 and sends it the init
     /// script.
@@ -76,7 +107,7 @@ impl Bash {
         cmd.args(["--noprofile", "--norc", "--noediting", "-i"])
             .env_clear()
             .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&opts.workdir)
+            .current_dir(start_dir(&opts.workdir))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

@@ -12,9 +12,13 @@ use std::path::Path;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 
-/// Most bytes kept from the status pipe while looking for a record. Records are tiny (a
-/// nonce, a status and a path); anything longer is junk someone wrote on the pipe.
-const STATUS_BUF_MAX: usize = 16 * 1024;
+/// Most bytes kept from the status pipe while looking for a record: junk someone wrote on
+/// the pipe is dropped past it. A record is a nonce, a status, the flags and the working
+/// directory, whose length bash does not bound: `cd` into a deep enough tree gives a `PWD`
+/// of tens of KiB (each step relative, so no `PATH_MAX` applies), whose record was taken
+/// for junk at 16 KiB and the shell replaced as unable to report. 1 MiB is a tree over
+/// 4,000 levels deep of the longest names, and still little memory.
+const STATUS_BUF_MAX: usize = 1024 * 1024;
 
 /// A status record: the nonce it was tagged with, an exit status, the shell's option flags
 /// (`$-`), a working directory, and the `DEBUG`/`RETURN` traps removed before it was written.
