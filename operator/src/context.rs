@@ -120,6 +120,21 @@ pub struct Stores {
 }
 
 impl Stores {
+    /// Returns once the caches a reconcile judges an instance by have listed: the instances,
+    /// the sandbox pods, Deployments, Secrets and NetworkPolicies. kube's controller waits
+    /// only for the instances' own cache, so the first reconciles of a new process (a
+    /// restart, a new leader) saw no Deployment, no warm pod and no NetworkPolicy yet, and
+    /// wrote `Ready=False` with Warning events, which then waited for a full pool to turn
+    /// back. (The HTTPRoute and Route caches are not waited for: a cluster without those
+    /// APIs never fills them; they have their own served flags.)
+    pub async fn synced(&self) {
+        wait_ready(&self.instances).await;
+        wait_ready(&self.pods).await;
+        wait_ready(&self.deployments).await;
+        wait_ready(&self.secrets).await;
+        wait_ready(&self.network_policies).await;
+    }
+
     /// Whether the cluster serves HTTPRoutes, waiting (at most `limit`) for the HTTPRoute
     /// watch's first answer so a reconcile right after start does not report a missing API
     /// it has not asked about yet. `None`: still no answer.
@@ -131,6 +146,20 @@ impl Stores {
     pub async fn routes_served(&self, limit: Duration) -> Option<bool> {
         served(&self.routes_served, limit).await
     }
+}
+
+/// `Store::wait_until_ready` wakes only the last task that polled it (a oneshot underneath)
+/// and the controller polls it too, so poll again periodically until it resolves (at once,
+/// once it has).
+async fn wait_ready<K>(store: &Store<K>)
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    while tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready())
+        .await
+        .is_err()
+    {}
 }
 
 async fn served(rx: &tokio::sync::watch::Receiver<Option<bool>>, limit: Duration) -> Option<bool> {

@@ -41,6 +41,8 @@ const MISSING_SECRET_RECHECK: Duration = Duration::from_secs(60);
 const APPLY_RETRY: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(cr: Arc<CliMcpInstance>, ctx: Arc<Context>) -> Result<Action> {
+    // Not on empty caches: see `Stores::synced`. At once after the first sync.
+    ctx.stores.synced().await;
     let start = Instant::now();
     let ns = cr
         .namespace()
@@ -312,6 +314,9 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
     }
     if obs.expose_problem.is_some() {
         consider(Some(EXPOSE_RECHECK));
+    }
+    if obs.api_server_problem.is_some() {
+        consider(Some(crate::resolve::API_PEERS_RETRY));
     }
     next
 }

@@ -12,25 +12,6 @@ use crate::context::{Context, OperatorConfig, Scope};
 use crate::controller::{error_policy, reconcile};
 use crate::metrics::Metrics;
 
-/// `Store::wait_until_ready` wakes only the last task that polled it (a oneshot underneath)
-/// and the controller polls it too, so poll again periodically until it resolves.
-async fn wait_ready<K>(store: &kube::runtime::reflector::Store<K>)
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    loop {
-        let poll = tokio::time::timeout(
-            std::time::Duration::from_millis(200),
-            store.wait_until_ready(),
-        );
-        match poll.await {
-            Ok(_) => return,
-            Err(_) => continue,
-        }
-    }
-}
-
 /// How long a shutdown waits for in-flight reconciles before dropping them. Well inside the
 /// Deployment's 30 s termination grace period, leaving room to release the lease; dropping a
 /// reconcile is safe because every step is idempotent and the next process repeats it.
@@ -67,12 +48,7 @@ pub async fn run_controllers(
         let controller = controller.graceful_shutdown_on(async move {
             let _ = stop.wait_for(|s| *s).await;
         });
-        syncs.push(async move {
-            wait_ready(&stores.instances).await;
-            wait_ready(&stores.pods).await;
-            wait_ready(&stores.deployments).await;
-            wait_ready(&stores.secrets).await;
-        });
+        syncs.push(async move { stores.synced().await });
         let scope = ns.clone().unwrap_or_else(|| "<all>".into());
         runs.push(
             controller

@@ -648,6 +648,42 @@ async fn assert_nothing_left(
         .is_some());
 }
 
+/// A new operator process (a restart, a new leader) judges an instance only once its caches
+/// have listed: its first reconciles leave a Ready instance Ready. (They saw no Deployment,
+/// warm pod or NetworkPolicy yet, wrote Ready=False, and Ready then waited for a full pool.)
+#[tokio::test]
+async fn a_restarted_operator_leaves_a_ready_instance_ready() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("restart-ready").await.expect("namespace");
+    let mut op = Operator::start(&c, &ns.name, "op1");
+    create_instance(&ns, "rr", json!({"sandbox": {"warmPoolSize": 1}})).await;
+    wait_ready(&ns, "rr", &op).await;
+    wait_pool(&ns, "rr", 1, &op).await;
+    let crs = ns.api::<CliMcpInstance>();
+    let ready = |o: &CliMcpInstance| {
+        find_condition(o, "Ready").map(|c| (c.status.clone(), c.last_transition_time.clone()))
+    };
+    let before = ready(&crs.get("rr").await.expect("instance")).expect("Ready");
+    assert_eq!(before.0, "True");
+    op.kill();
+    for round in 2..5 {
+        let mut next = Operator::start(&c, &ns.name, &format!("op{round}"));
+        let reconciled = tokio::time::timeout(TIMEOUT, async {
+            while next.reconciles().await == 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        next.ok(reconciled.map_err(|_| "no reconcile of the new operator"));
+        let after = ready(&crs.get("rr").await.expect("instance")).expect("Ready");
+        assert_eq!(after, before, "round {round}: {}", next.log_tail());
+        next.kill();
+    }
+    let op = Operator::start(&c, &ns.name, "op-last");
+    finish(ns, "rr", &op).await;
+}
+
 #[tokio::test]
 async fn teardown_survives_an_operator_restart() {
     let c = cluster().await.expect("cluster");
