@@ -25,6 +25,8 @@ use crate::pool::is_status;
 
 /// How long the API server addresses are cached.
 const API_PEERS_TTL: Duration = Duration::from_secs(300);
+/// How soon a failed lookup of the API server's addresses is tried again.
+pub const API_PEERS_RETRY: Duration = Duration::from_secs(30);
 
 /// What the cluster holds for one instance.
 pub struct Resolved {
@@ -798,14 +800,40 @@ async fn ensure_proxy_ca(
     )))
 }
 
+/// A lookup's addresses, with those of the last lookup added when this one failed in part
+/// (what it did find is kept too), sorted and without repeats.
+fn settle(mut peers: ApiServerPeers, last_good: Option<ApiServerPeers>) -> ApiServerPeers {
+    if peers.problem.is_some() {
+        if let Some(known) = last_good {
+            peers.ips.extend(known.ips);
+            peers.ports.extend(known.ports);
+        }
+    }
+    peers.ips.sort();
+    peers.ips.dedup();
+    peers.ports.sort_unstable();
+    peers.ports.dedup();
+    peers
+}
+
 /// The API server's addresses as pods see them: `default/kubernetes` Service IP and its
-/// EndpointSlice addresses. Cached; a lookup failure (e.g. RBAC) yields what was found.
+/// EndpointSlice addresses. Cached for [`API_PEERS_TTL`]. A lookup that fails (RBAC, a
+/// moment of API trouble) keeps the addresses the last good one found — an empty list would
+/// give every credential proxy applied meanwhile a NetworkPolicy without the API server —
+/// says so in `problem`, and is tried again after [`API_PEERS_RETRY`].
 pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
+    let mut last_good = None;
     if let Ok(guard) = ctx.api_peers.lock() {
         if let Some((at, peers)) = guard.as_ref() {
-            if at.elapsed() < API_PEERS_TTL {
+            let ttl = if peers.problem.is_some() {
+                API_PEERS_RETRY
+            } else {
+                API_PEERS_TTL
+            };
+            if at.elapsed() < ttl {
                 return peers.clone();
             }
+            last_good = Some(peers.clone());
         }
     }
     let mut peers = ApiServerPeers::default();
@@ -859,12 +887,51 @@ pub async fn api_server_peers(ctx: &Context) -> ApiServerPeers {
             });
         }
     }
-    peers.ips.sort();
-    peers.ips.dedup();
-    peers.ports.sort_unstable();
-    peers.ports.dedup();
+    let peers = settle(peers, last_good);
     if let Ok(mut guard) = ctx.api_peers.lock() {
         *guard = Some((Instant::now(), peers.clone()));
     }
     peers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peers(ips: &[&str], ports: &[i32], problem: Option<&str>) -> ApiServerPeers {
+        ApiServerPeers {
+            ips: ips.iter().map(|s| s.to_string()).collect(),
+            ports: ports.to_vec(),
+            problem: problem.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_failed_lookup_keeps_the_last_good_addresses_and_says_why() {
+        let good = peers(&["10.96.0.1", "192.168.1.10"], &[443, 6443], None);
+        // Both reads failed: nothing found, the last good addresses stay.
+        let failed = settle(peers(&[], &[], Some("timed out")), Some(good.clone()));
+        assert_eq!(
+            (failed.ips.clone(), failed.ports.clone()),
+            (good.ips.clone(), good.ports.clone())
+        );
+        assert_eq!(failed.problem.as_deref(), Some("timed out"));
+        // One read failed: what the other found is added, once.
+        let half = settle(
+            peers(&["10.96.0.1"], &[443], Some("forbidden")),
+            Some(good.clone()),
+        );
+        assert_eq!(half.ips, good.ips);
+        assert_eq!(half.ports, good.ports);
+        // A good lookup is the truth: addresses that are gone go.
+        let moved = settle(
+            peers(&["10.96.0.1", "192.168.1.11"], &[443, 6443], None),
+            Some(good),
+        );
+        assert_eq!(moved.ips, ["10.96.0.1", "192.168.1.11"]);
+        // No good lookup yet: nothing to keep.
+        assert!(settle(peers(&[], &[], Some("forbidden")), None)
+            .ips
+            .is_empty());
+    }
 }
