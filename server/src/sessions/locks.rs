@@ -1,49 +1,89 @@
 //! Per-session locks: one start at a time per session within a replica.
 
-use cli_mcp_api::SessionId;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-/// Serialises the slow path (lookup, claim, create) per session, so one replica never starts
-/// two sandboxes for one session. Striped: memory stays fixed whatever the number of
-/// sessions; two sessions sharing a stripe only wait for each other while starting.
+use cli_mcp_api::SessionId;
+use tokio::sync::OwnedMutexGuard;
+
+type SessionLock = Arc<tokio::sync::Mutex<()>>;
+
+/// Serialises the slow path (lookup, claim, create, delete) per session, so one replica never
+/// starts two sandboxes for one session. One lock per session, and only while someone holds
+/// or waits for it: memory follows the sessions being started, not all of them. (Striped
+/// locks made unrelated sessions wait for each other through a whole cold start, up to the
+/// start timeout, whenever they shared a stripe.)
+#[derive(Default)]
 pub struct SessionLocks {
-    stripes: Vec<tokio::sync::Mutex<()>>,
+    held: Mutex<HashMap<SessionId, SessionLock>>,
 }
 
 impl std::fmt::Debug for SessionLocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SessionLocks({})", self.stripes.len())
+        write!(f, "SessionLocks({} held)", self.entries())
     }
 }
 
-impl Default for SessionLocks {
-    fn default() -> Self {
-        Self::new(256)
+/// A held session lock; the session's entry goes with the last holder or waiter.
+pub struct SessionGuard<'a> {
+    locks: &'a SessionLocks,
+    sid: SessionId,
+    lock: SessionLock,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.guard = None;
+        let mut held = self.locks.map();
+        // Two references: the map's and this guard's; nobody else waits for the lock.
+        let last = held
+            .get(&self.sid)
+            .is_some_and(|l| Arc::ptr_eq(l, &self.lock) && Arc::strong_count(&self.lock) == 2);
+        if last {
+            held.remove(&self.sid);
+        }
     }
 }
 
 impl SessionLocks {
-    pub fn new(stripes: usize) -> Self {
-        Self {
-            stripes: (0..stripes.max(1))
-                .map(|_| tokio::sync::Mutex::new(()))
-                .collect(),
-        }
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, SessionLock>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn stripe(&self, sid: &SessionId) -> &tokio::sync::Mutex<()> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        sid.hash(&mut h);
-        &self.stripes[(h.finish() % self.stripes.len() as u64) as usize]
+    fn entry(&self, sid: &SessionId) -> SessionLock {
+        self.map().entry(sid.clone()).or_default().clone()
     }
 
-    pub async fn lock(&self, sid: &SessionId) -> tokio::sync::MutexGuard<'_, ()> {
-        self.stripe(sid).lock().await
+    pub async fn lock(&self, sid: &SessionId) -> SessionGuard<'_> {
+        let lock = self.entry(sid);
+        let mut guard = SessionGuard {
+            locks: self,
+            sid: sid.clone(),
+            lock: lock.clone(),
+            guard: None,
+        };
+        // Cancelled while waiting: the guard's drop still removes an entry nobody uses.
+        guard.guard = Some(lock.lock_owned().await);
+        guard
     }
 
     /// The lock if it is free right now.
-    pub fn try_lock(&self, sid: &SessionId) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        self.stripe(sid).try_lock().ok()
+    pub fn try_lock(&self, sid: &SessionId) -> Option<SessionGuard<'_>> {
+        let lock = self.entry(sid);
+        let mut guard = SessionGuard {
+            locks: self,
+            sid: sid.clone(),
+            lock: lock.clone(),
+            guard: None,
+        };
+        guard.guard = Some(lock.try_lock_owned().ok()?);
+        Some(guard)
+    }
+
+    /// Sessions whose lock is held or waited for.
+    fn entries(&self) -> usize {
+        self.map().len()
     }
 }
 
@@ -57,10 +97,50 @@ mod tests {
 
     #[tokio::test]
     async fn locks_serialise_one_session() {
-        let l = SessionLocks::new(4);
+        let l = SessionLocks::default();
         let g = l.lock(&sid("x")).await;
         assert!(l.try_lock(&sid("x")).is_none(), "held while starting");
         drop(g);
         assert!(l.try_lock(&sid("x")).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_session_never_waits_for_another_ones_lock() {
+        let l = SessionLocks::default();
+        let _starting = l.lock(&sid("slow-cold-start")).await;
+        for i in 0..2000 {
+            let other = sid(&format!("other-{i}"));
+            assert!(l.try_lock(&other).is_some(), "{other} waited");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_entry_lives_only_while_its_lock_is_held_or_waited_for() {
+        let l = Arc::new(SessionLocks::default());
+        let held = l.lock(&sid("a")).await;
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move {
+                let _g = l.lock(&sid("a")).await;
+            })
+        };
+        // The waiter is queued behind `held` (or has not run yet): the entry stays.
+        tokio::task::yield_now().await;
+        assert_eq!(l.entries(), 1);
+        drop(held);
+        waiter.await.expect("the waiter got the lock");
+        assert_eq!(l.entries(), 0);
+        // A waiter that gives up leaves nothing either.
+        let held = l.lock(&sid("b")).await;
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(10), l.lock(&sid("b")))
+            .await
+            .is_err();
+        assert!(gave_up);
+        drop(held);
+        assert_eq!(l.entries(), 0);
+        for i in 0..100 {
+            drop(l.try_lock(&sid(&format!("s-{i}"))));
+        }
+        assert_eq!(l.entries(), 0);
     }
 }
