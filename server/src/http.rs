@@ -141,26 +141,85 @@ async fn count_requests(
     res
 }
 
-/// 403 for a request whose `Origin` is not allowed (see [`crate::origin`]).
+/// 403 for a request whose `Origin` is not allowed (see [`crate::origin`]). A page of an
+/// allowed origin gets CORS: its preflight is answered here, before authentication (a
+/// browser sends no `Authorization` on it), and the answers it may read carry
+/// `Access-Control-Allow-Origin`; without them a browser hides every answer from the page,
+/// so "allowed" meant nothing across origins.
 async fn check_origin(
     State((s, policy)): State<(Arc<AppState>, Arc<OriginPolicy>)>,
     req: Request,
     next: Next,
 ) -> Response {
     let mut origins = req.headers().get_all(header::ORIGIN).iter();
-    let verdict = match (origins.next(), origins.next()) {
-        (None, _) => Ok(()),
-        (Some(origin), None) => policy.check(origin),
-        (Some(_), Some(_)) => Err("the Origin header is sent more than once".to_owned()),
+    let (origin, verdict) = match (origins.next(), origins.next()) {
+        (None, _) => (None, Ok(())),
+        (Some(origin), None) => (Some(origin.clone()), policy.check(origin)),
+        (Some(_), Some(_)) => (
+            None,
+            Err("the Origin header is sent more than once".to_owned()),
+        ),
     };
     match verdict {
-        Ok(()) => next.run(req).await,
+        Ok(()) => match origin {
+            None => next.run(req).await,
+            Some(origin) if is_preflight(&req) => cors_preflight(&origin),
+            Some(origin) => {
+                let mut res = next.run(req).await;
+                allow_origin(res.headers_mut(), origin);
+                res
+            }
+        },
         Err(why) => {
             s.metrics.error(ErrorKind::Forbidden);
             tracing::warn!(reason = %why, "refused a request by its Origin");
             error_response(StatusCode::FORBIDDEN, "forbidden_origin", why)
         }
     }
+}
+
+/// The request headers a page may send: the ones MCP clients use.
+const CORS_ALLOW_HEADERS: &str = "authorization, content-type, accept, last-event-id, \
+     mcp-protocol-version, mcp-session-id, x-session-id";
+/// The answer headers a page may read: the chat's handle, the protocol version, and where
+/// to get a token.
+const CORS_EXPOSE_HEADERS: &str = "mcp-session-id, mcp-protocol-version, www-authenticate";
+/// How long a browser may reuse a preflight's answer.
+const CORS_MAX_AGE_SECONDS: &str = "600";
+
+fn is_preflight(req: &Request) -> bool {
+    req.method() == axum::http::Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+}
+
+fn allow_origin(headers: &mut axum::http::HeaderMap, origin: HeaderValue) {
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(CORS_EXPOSE_HEADERS),
+    );
+    headers.append(header::VARY, HeaderValue::from_static("origin"));
+}
+
+fn cors_preflight(origin: &HeaderValue) -> Response {
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    let h = res.headers_mut();
+    allow_origin(h, origin.clone());
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static(CORS_ALLOW_HEADERS),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static(CORS_MAX_AGE_SECONDS),
+    );
+    res
 }
 
 /// The health listener's router.

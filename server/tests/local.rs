@@ -464,6 +464,79 @@ async fn a_foreign_origin_is_refused_with_403() {
     assert_eq!(get.status(), 403);
 }
 
+/// A page of an allowed origin can call the server from a browser: its preflight is
+/// answered (no token needed, none is sent on it), and the answers carry the CORS headers a
+/// browser needs to hand them to the page. A foreign origin's preflight is refused, and a
+/// client that sends no Origin gets no CORS headers.
+#[tokio::test]
+async fn an_allowed_origins_page_gets_cors_and_a_foreign_one_does_not() {
+    let server = local_server(&["--allowed-origin", "https://app.example.com"]).await;
+    let http = support::http();
+    let preflight = |origin: &str| {
+        http.request(reqwest::Method::OPTIONS, server.url("/mcp"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type, mcp-protocol-version, x-session-id",
+            )
+            .send()
+    };
+    let header = |r: &reqwest::Response, name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let ok = preflight("https://app.example.com").await.expect("OPTIONS");
+    assert_eq!(ok.status(), 204);
+    assert_eq!(
+        header(&ok, "access-control-allow-origin").as_deref(),
+        Some("https://app.example.com")
+    );
+    let methods = header(&ok, "access-control-allow-methods").unwrap_or_default();
+    assert!(
+        methods.contains("POST") && methods.contains("DELETE"),
+        "{methods}"
+    );
+    let allowed = header(&ok, "access-control-allow-headers").unwrap_or_default();
+    for h in [
+        "authorization",
+        "content-type",
+        "mcp-protocol-version",
+        "x-session-id",
+    ] {
+        assert!(allowed.contains(h), "{h} in {allowed}");
+    }
+    let bad = preflight("http://evil.example").await.expect("OPTIONS");
+    assert_eq!(bad.status(), 403);
+    assert_eq!(header(&bad, "access-control-allow-origin"), None);
+
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let post = |origin: Option<&str>| {
+        let mut req = http
+            .post(server.url("/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", support::ACCEPT)
+            .body(body.clone());
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    let r = post(Some("https://app.example.com")).await.expect("POST");
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(&r, "access-control-allow-origin").as_deref(),
+        Some("https://app.example.com")
+    );
+    assert!(header(&r, "access-control-expose-headers")
+        .is_some_and(|e| e.contains("mcp-session-id") && e.contains("www-authenticate")));
+    let r = post(None).await.expect("POST");
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "access-control-allow-origin"), None);
+}
+
 #[tokio::test]
 async fn delete_then_reuse_gives_a_fresh_shell_that_says_so() {
     let server = local_server(&[]).await;
