@@ -512,7 +512,9 @@ fn session_error_response(e: &SessionError) -> Response {
         SessionError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
         SessionError::SessionLimit { .. } => (StatusCode::TOO_MANY_REQUESTS, "session_limit"),
         SessionError::Busy => (StatusCode::CONFLICT, "busy"),
+        // 503 comes with Retry-After: only for what passes.
         SessionError::Kubernetes(_) => (StatusCode::SERVICE_UNAVAILABLE, "kubernetes_api"),
+        SessionError::KubernetesRefused(_) => (StatusCode::BAD_GATEWAY, "kubernetes_api"),
         SessionError::Sandbox(_)
         | SessionError::Restarting(_)
         | SessionError::Interrupted(_)
@@ -650,5 +652,36 @@ mod tests {
         let denied = error_response(StatusCode::UNAUTHORIZED, "unauthorized", "no token");
         assert!(denied.headers().get(header::WWW_AUTHENTICATE).is_some());
         assert!(denied.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    /// Only an API that cannot answer now is "retry in 1 s": a refusal (RBAC, a missing
+    /// object) would be refused again on every retry a client makes.
+    #[test]
+    fn only_a_passing_api_failure_says_retry() {
+        let api = |code: u16| {
+            SessionError::from(kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: format!("answer {code}"),
+                ..Default::default()
+            })))
+        };
+        for (code, status, retry) in [
+            (403, StatusCode::BAD_GATEWAY, false),
+            (404, StatusCode::BAD_GATEWAY, false),
+            (422, StatusCode::BAD_GATEWAY, false),
+            (429, StatusCode::SERVICE_UNAVAILABLE, true),
+            (500, StatusCode::SERVICE_UNAVAILABLE, true),
+            (503, StatusCode::SERVICE_UNAVAILABLE, true),
+        ] {
+            let e = api(code);
+            let res = session_error_response(&e);
+            assert_eq!(res.status(), status, "{code}: {e}");
+            assert_eq!(
+                res.headers().get(header::RETRY_AFTER).is_some(),
+                retry,
+                "{code}: {e}"
+            );
+            assert_eq!(e.to_string().contains("not a retry"), !retry, "{e}");
+        }
     }
 }

@@ -77,8 +77,13 @@ pub enum SessionError {
     Sandbox(String),
     #[error("the sandbox's agent is restarting (its container crashed or was killed, so the session's shell state is reset): {0}; retry the call")]
     Restarting(String),
+    /// The API did not answer, or answered that it cannot now (429, 5xx): passing.
     #[error("the Kubernetes API failed: {0}")]
     Kubernetes(String),
+    /// The API answered no (RBAC, a missing object, an invalid request), or this server
+    /// cannot talk to it at all (its credentials): a retry gets the same.
+    #[error("the Kubernetes API refused: {0}; this needs a fix of the server's setup (its Role, the instance), not a retry")]
+    KubernetesRefused(String),
     #[error("the session's sandbox went away while this command was running ({0}); the session now has a fresh sandbox (working directory, variables and functions were reset). The command was not run again: whether it finished, partly ran or never started is unknown, so check its effects before running it again")]
     Interrupted(String),
     #[error("{0}")]
@@ -151,7 +156,9 @@ impl SessionError {
             | SessionError::Restarting(_)
             | SessionError::Interrupted(_)
             | SessionError::Deleted => ErrorKind::Sandbox,
-            SessionError::Kubernetes(_) => ErrorKind::KubernetesApi,
+            SessionError::Kubernetes(_) | SessionError::KubernetesRefused(_) => {
+                ErrorKind::KubernetesApi
+            }
             SessionError::Agent(_) => ErrorKind::Agent,
             SessionError::Busy => ErrorKind::Busy,
             SessionError::Cancelled => return None,
@@ -170,9 +177,13 @@ impl From<kube::Error> for SessionError {
                      ones need it: retry shortly"
                 ))
             }
+            // Overloaded or failing for now.
+            kube::Error::Api(ref s) if s.code == 429 || s.code >= 500 => {
+                SessionError::Kubernetes(format!("{e}; retry shortly"))
+            }
             // An answer (RBAC, a conflict, ...), or a problem of this server's own (a body it
-            // cannot parse, its credentials): shown as it is.
-            other => SessionError::Kubernetes(other.to_string()),
+            // cannot parse, its credentials): shown as it is, and not worth a retry.
+            other => SessionError::KubernetesRefused(other.to_string()),
         }
     }
 }
