@@ -666,9 +666,11 @@ mod tests {
             })))
         };
         for (code, status, retry) in [
+            (401, StatusCode::BAD_GATEWAY, false),
             (403, StatusCode::BAD_GATEWAY, false),
-            (404, StatusCode::BAD_GATEWAY, false),
             (422, StatusCode::BAD_GATEWAY, false),
+            (404, StatusCode::SERVICE_UNAVAILABLE, true),
+            (409, StatusCode::SERVICE_UNAVAILABLE, true),
             (429, StatusCode::SERVICE_UNAVAILABLE, true),
             (500, StatusCode::SERVICE_UNAVAILABLE, true),
             (503, StatusCode::SERVICE_UNAVAILABLE, true),

@@ -80,7 +80,7 @@ pub enum SessionError {
     /// The API did not answer, or answered that it cannot now (429, 5xx): passing.
     #[error("the Kubernetes API failed: {0}")]
     Kubernetes(String),
-    /// The API answered no (RBAC, a missing object, an invalid request), or this server
+    /// The API answered no (authentication, RBAC, an invalid request), or this server
     /// cannot talk to it at all (its credentials): a retry gets the same.
     #[error("the Kubernetes API refused: {0}; this needs a fix of the server's setup (its Role, the instance), not a retry")]
     KubernetesRefused(String),
@@ -177,8 +177,9 @@ impl From<kube::Error> for SessionError {
                      ones need it: retry shortly"
                 ))
             }
-            // Overloaded or failing for now.
-            kube::Error::Api(ref s) if s.code == 429 || s.code >= 500 => {
+            // Overloaded or failing for now, or an object that changed or went in between
+            // (a race with another replica, a pod deleted meanwhile): the next try differs.
+            kube::Error::Api(ref s) if matches!(s.code, 404 | 409 | 410 | 429) || s.code >= 500 => {
                 SessionError::Kubernetes(format!("{e}; retry shortly"))
             }
             // An answer (RBAC, a conflict, ...), or a problem of this server's own (a body it
