@@ -131,7 +131,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let result = match settings.transport {
         Transport::Stdio => run_stdio(mcp).await,
-        Transport::Http => run_http(&settings, mcp, auth, metrics, stop.clone()).await,
+        // Its own token for the listeners: `stop` ends the backend's background tasks (the
+        // pod and slot watches, the activity stamper), which in-flight calls need until the
+        // drain is over; `stop` is cancelled only once `run_http` has drained.
+        Transport::Http => run_http(&settings, mcp, auth, metrics, CancellationToken::new()).await,
     };
     stop.cancel();
     backend.shutdown().await;
