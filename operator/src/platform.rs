@@ -3,16 +3,12 @@
 //! that fixes another, so sandbox pods there fix none; and its service CA issues the
 //! server's certificate, which every router and pod there already trusts.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::Client;
 
 /// The API group only OpenShift serves (routes), as the Go operator checks.
 pub const OPENSHIFT_GROUP: &str = "route.openshift.io";
-
-/// How long start-up keeps asking a slow or unreachable API server before it assumes plain
-/// Kubernetes.
-const DETECT_FOR: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Platform {
@@ -52,10 +48,13 @@ pub enum PlatformChoice {
     OpenShift,
 }
 
-/// Asks the API server which groups it serves. Retries for [`DETECT_FOR`], then assumes
-/// plain Kubernetes with a warning (as the Go operator did on a failed discovery).
+/// Asks the API server which groups it serves, until it answers (the health endpoints are
+/// served meanwhile, `/readyz` failing; SIGTERM ends the wait). Never a guess: the Go
+/// operator assumed plain Kubernetes after a failed discovery, and a guess on OpenShift after
+/// a passing outage would fix the sandboxes' UID (refused by the SCC), switch the server
+/// certificate away from the service CA and make every pool pod stale — until the next
+/// restart flipped it all back. An operator without an API server has nothing to do anyway.
 pub async fn detect(client: &Client) -> Platform {
-    let deadline = Instant::now() + DETECT_FOR;
     let mut delay = Duration::from_millis(500);
     loop {
         match client.list_api_groups().await {
@@ -64,17 +63,13 @@ pub async fn detect(client: &Client) -> Platform {
                 tracing::info!(platform = ?p, "platform detected");
                 return p;
             }
-            Err(e) if Instant::now() < deadline => {
-                tracing::warn!("listing API groups to detect OpenShift: {e}; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(8));
-            }
             Err(e) => {
                 tracing::warn!(
-                    "listing API groups to detect OpenShift: {e}; assuming plain Kubernetes \
-                     (set --platform openshift if this is OpenShift)"
+                    "listing API groups to detect OpenShift: {e}; retrying in {delay:?} (or set \
+                     --platform kubernetes|openshift to skip the detection)"
                 );
-                return Platform::Kubernetes;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
             }
         }
     }

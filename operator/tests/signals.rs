@@ -161,11 +161,39 @@ fn sigterm_without_an_api_server_with_leader_election() {
 
 #[test]
 fn sigterm_while_detecting_the_platform_without_an_api_server() {
-    // Start-up retries the API group list for up to 30 s before it assumes plain Kubernetes.
+    // Start-up retries the API group list until the API server answers.
     case(
         true,
         "auto",
         Signal::SIGTERM,
         "listing API groups to detect OpenShift",
     );
+}
+
+/// Without an API server, `auto` keeps asking which platform this is, past the 30 s after
+/// which it used to assume plain Kubernetes (wrong for the process's life on OpenShift after
+/// a passing outage).
+#[test]
+fn the_platform_is_never_guessed_while_the_api_server_is_away() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut r = start(dir.path(), false, "auto");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut waits_of_8s = 0;
+    // Attempts at 0, 0.5, 1.5, 3.5, 7.5, 15.5, 23.5 and 31.5 s: the fourth 8 s wait is
+    // announced past the old 30 s limit.
+    while waits_of_8s < 4 {
+        let line = r
+            .next_line(deadline, "no fourth 8 s retry within 60 s")
+            .unwrap_or_else(|| panic!("operator exited early:\n{}", r.log));
+        assert!(
+            !line.contains("platform detected") && !line.contains("assuming"),
+            "{line}"
+        );
+        if line.contains("listing API groups to detect OpenShift")
+            && line.contains("retrying in 8s")
+        {
+            waits_of_8s += 1;
+        }
+    }
+    stop(&mut r, Signal::SIGTERM);
 }
