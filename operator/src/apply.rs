@@ -90,7 +90,12 @@ pub async fn apply<K: Child>(
     let applied = api.patch(&name, &params, &Patch::Apply(desired)).await?;
     ctx.metrics.api_write(K::kind(&()).as_ref(), "apply");
     if let Some(rv) = applied.resource_version() {
-        ctx.applied.record(key, hash, rv);
+        let owner = desired
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone());
+        ctx.applied.record(key, hash, rv, owner);
     }
     Ok(true)
 }

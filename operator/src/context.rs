@@ -183,9 +183,18 @@ where
 /// When the store still shows that resourceVersion and the desired object hashes the same,
 /// applying again could not change anything, so no request is sent: a steady state makes no
 /// API writes at all.
+/// Entries go with their instance ([`Self::forget_owner`]), so the cache holds the children
+/// of live instances only.
 #[derive(Default)]
 pub struct ApplyCache {
-    inner: Mutex<HashMap<String, (String, String)>>,
+    inner: Mutex<HashMap<String, Applied>>,
+}
+
+struct Applied {
+    hash: String,
+    rv: String,
+    /// The uid of the object's controller (its instance), if it has one.
+    owner: Option<String>,
 }
 
 impl ApplyCache {
@@ -194,12 +203,23 @@ impl ApplyCache {
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         guard
             .get(key)
-            .is_some_and(|(h, r)| h == hash && r.as_str() == rv)
+            .is_some_and(|a| a.hash == hash && a.rv.as_str() == rv)
     }
 
-    pub fn record(&self, key: String, hash: String, rv: String) {
+    pub fn record(&self, key: String, hash: String, rv: String, owner: Option<String>) {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        guard.insert(key, (hash, rv));
+        guard.insert(key, Applied { hash, rv, owner });
+    }
+
+    /// Forgets the objects whose controller is the instance `uid` (at its teardown).
+    pub fn forget_owner(&self, uid: &str) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.retain(|_, a| a.owner.as_deref() != Some(uid));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     pub fn forget_prefix(&self, prefix: &str) {
@@ -357,11 +377,35 @@ mod tests {
     fn apply_cache_needs_same_hash_and_rv() {
         let c = ApplyCache::default();
         assert!(!c.is_current("k", "h", Some("1")));
-        c.record("k".into(), "h".into(), "1".into());
+        c.record("k".into(), "h".into(), "1".into(), None);
         assert!(c.is_current("k", "h", Some("1")));
         assert!(!c.is_current("k", "h2", Some("1")));
         assert!(!c.is_current("k", "h", Some("2")));
         assert!(!c.is_current("k", "h", None));
+    }
+
+    #[test]
+    fn an_instances_entries_go_with_it() {
+        let c = ApplyCache::default();
+        for kind in ["Service", "Deployment", "NetworkPolicy"] {
+            c.record(
+                format!("{kind}/ns/cli-mcp-a"),
+                "h".into(),
+                "1".into(),
+                Some("uid-a".into()),
+            );
+            c.record(
+                format!("{kind}/ns/cli-mcp-b"),
+                "h".into(),
+                "1".into(),
+                Some("uid-b".into()),
+            );
+        }
+        c.record("ClusterRoleBinding//x".into(), "h".into(), "1".into(), None);
+        c.forget_owner("uid-a");
+        assert_eq!(c.len(), 4);
+        assert!(!c.is_current("Service/ns/cli-mcp-a", "h", Some("1")));
+        assert!(c.is_current("Service/ns/cli-mcp-b", "h", Some("1")));
     }
 
     #[test]

@@ -56,6 +56,13 @@ impl Migrated {
             s.insert(uid.to_string());
         }
     }
+
+    /// The instance `uid` is gone (its teardown is complete).
+    pub fn forget(&self, uid: &str) {
+        if let Ok(mut s) = self.0.lock() {
+            s.remove(uid);
+        }
+    }
 }
 
 /// Whether `d` is not the Deployment this operator makes: a container it does not make (the

@@ -25,6 +25,13 @@ pub const KUBECONFIG_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/kubeconfig-v
 static NUDGED: LazyLock<Mutex<HashMap<String, String>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
+/// The instance `namespace/name` is gone (its teardown is complete): its entry goes.
+pub fn forget(namespace: &str, name: &str) {
+    if let Ok(mut m) = NUDGED.lock() {
+        m.remove(&format!("{namespace}/{name}"));
+    }
+}
+
 /// Annotates the proxy pods whose kubeconfig version is not `p`'s. Failures are logged and
 /// retried on the next reconcile: the kubelet's periodic sync refreshes the file anyway.
 pub async fn nudge_proxy_pods(ctx: &Context, spec: &Spec, p: &ProxyInputs) {

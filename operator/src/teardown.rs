@@ -167,9 +167,14 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
             )
             .await;
     }
+    // What this process kept about the instance goes with it: entries of deleted instances
+    // otherwise stayed for the process's life.
     if let Some(uid) = cr.uid() {
         ctx.pool.forget(&uid);
+        ctx.applied.forget_owner(&uid);
+        ctx.migrated.forget(&uid);
     }
+    crate::rotation::forget(&ns, name.as_str());
     ctx.applied.forget_prefix(&format!(
         "ClusterRoleBinding//{}",
         name.auth_delegator_binding(&ns)

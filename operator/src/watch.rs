@@ -5,7 +5,7 @@
 //! admin's kubeconfig or TLS Secret to the instances that reference it.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -117,7 +117,7 @@ fn sandbox_pods(
         label::COMPONENT,
         label::COMPONENT_SANDBOX
     ));
-    let seen: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let seen: Arc<Mutex<Fingerprints>> = Arc::default();
     // Sandbox pods are what grows with sessions: they are read straight into the reduced
     // SandboxPod, never kept as a whole Pod.
     let stream = watcher(api::<SandboxPod>(client, ns), cfg)
@@ -125,23 +125,57 @@ fn sandbox_pods(
         .reflect(writer)
         .filter_map(move |ev| {
             let out = match ev {
-                Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => {
-                    let key = p.uid().unwrap_or_else(|| p.name_any());
-                    let fp = pod_fingerprint(&p);
+                Ok(ev) => {
                     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                    (seen.insert(key, fp) != Some(fp)).then_some(Ok(p))
+                    seen.passes(ev).map(Ok)
                 }
-                Ok(watcher::Event::Delete(p)) => {
-                    let key = p.uid().unwrap_or_else(|| p.name_any());
-                    seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-                    Some(Ok(p))
-                }
-                Ok(watcher::Event::Init) | Ok(watcher::Event::InitDone) => None,
                 Err(e) => Some(Err(e)),
             };
             future::ready(out)
         });
     (reader, stream)
+}
+
+/// The fingerprint of every sandbox pod the watch reported, to pass on only pods that
+/// changed. A relist (after a 410, an API server restart) reports no `Delete` for pods
+/// deleted during the gap: what the relist did not report is forgotten at its end, so the
+/// map holds the pods that exist, not every pod there ever was.
+#[derive(Default)]
+struct Fingerprints {
+    seen: HashMap<String, u64>,
+    /// The pods a list in progress reported so far.
+    listing: Option<HashSet<String>>,
+}
+
+impl Fingerprints {
+    /// The pod to pass on as a trigger, if the event says something new about one.
+    fn passes(&mut self, ev: watcher::Event<SandboxPod>) -> Option<SandboxPod> {
+        let key = |p: &SandboxPod| p.uid().unwrap_or_else(|| p.name_any());
+        match ev {
+            watcher::Event::Init => {
+                self.listing = Some(HashSet::new());
+                None
+            }
+            watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
+                let k = key(&p);
+                if let Some(listing) = self.listing.as_mut() {
+                    listing.insert(k.clone());
+                }
+                let fp = pod_fingerprint(&p);
+                (self.seen.insert(k, fp) != Some(fp)).then_some(p)
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.listing.take() {
+                    self.seen.retain(|k, _| listed.contains(k));
+                }
+                None
+            }
+            watcher::Event::Delete(p) => {
+                self.seen.remove(&key(&p));
+                Some(p)
+            }
+        }
+    }
 }
 
 /// A 404 from the API: the resource type does not exist (its CRD is not installed).
@@ -505,6 +539,41 @@ mod tests {
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
         }))
         .expect("pod")
+    }
+
+    fn named(name: &str) -> SandboxPod {
+        let mut p = pod();
+        p.meta_mut().name = Some(name.into());
+        p.meta_mut().uid = Some(format!("uid-{name}"));
+        p
+    }
+
+    #[test]
+    fn only_changed_pods_pass_and_a_relist_forgets_pods_deleted_in_the_gap() {
+        use watcher::Event;
+        let mut f = Fingerprints::default();
+        assert!(f.passes(Event::Init).is_none());
+        for name in ["a", "b", "c"] {
+            assert!(
+                f.passes(Event::InitApply(named(name))).is_some(),
+                "{name} is new"
+            );
+        }
+        assert!(f.passes(Event::InitDone).is_none());
+        assert!(f.passes(Event::Apply(named("a"))).is_none(), "unchanged");
+        // The watch breaks; b and c are deleted meanwhile, no Delete comes; d is new.
+        assert!(f.passes(Event::Init).is_none());
+        assert!(
+            f.passes(Event::InitApply(named("a"))).is_none(),
+            "unchanged"
+        );
+        assert!(f.passes(Event::InitApply(named("d"))).is_some());
+        assert!(f.passes(Event::InitDone).is_none());
+        let mut left: Vec<&str> = f.seen.keys().map(String::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["uid-a", "uid-d"]);
+        assert!(f.passes(Event::Delete(named("a"))).is_some());
+        assert_eq!(f.seen.len(), 1);
     }
 
     #[test]
