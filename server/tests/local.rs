@@ -406,22 +406,29 @@ async fn bad_http_headers_are_rejected() {
     );
 }
 
+/// `tools/list` as a page of `origin` sends it (none: a non-browser client).
+fn tools_list(
+    http: &reqwest::Client,
+    server: &Server,
+    origin: Option<&str>,
+) -> reqwest::RequestBuilder {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let req = http
+        .post(server.url("/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", support::ACCEPT)
+        .body(body);
+    match origin {
+        Some(o) => req.header("origin", o),
+        None => req,
+    }
+}
+
 #[tokio::test]
 async fn a_foreign_origin_is_refused_with_403() {
     let server = local_server(&["--allowed-origin", "https://app.example.com"]).await;
     let http = support::http();
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-    let list = |origin: Option<&str>| {
-        let mut req = http
-            .post(server.url("/mcp"))
-            .header("content-type", "application/json")
-            .header("accept", support::ACCEPT)
-            .body(body.clone());
-        if let Some(o) = origin {
-            req = req.header("origin", o);
-        }
-        req.send()
-    };
+    let list = |origin: Option<&str>| tools_list(&http, &server, origin).send();
     for ok in [
         None,
         Some("http://localhost:5173"),
@@ -512,18 +519,7 @@ async fn an_allowed_origins_page_gets_cors_and_a_foreign_one_does_not() {
     assert_eq!(bad.status(), 403);
     assert_eq!(header(&bad, "access-control-allow-origin"), None);
 
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-    let post = |origin: Option<&str>| {
-        let mut req = http
-            .post(server.url("/mcp"))
-            .header("content-type", "application/json")
-            .header("accept", support::ACCEPT)
-            .body(body.clone());
-        if let Some(o) = origin {
-            req = req.header("origin", o);
-        }
-        req.send()
-    };
+    let post = |origin: Option<&str>| tools_list(&http, &server, origin).send();
     let r = post(Some("https://app.example.com")).await.expect("POST");
     assert_eq!(r.status(), 200);
     assert_eq!(

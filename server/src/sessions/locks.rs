@@ -51,34 +51,29 @@ impl SessionLocks {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn entry(&self, sid: &SessionId) -> SessionLock {
-        self.map().entry(sid.clone()).or_default().clone()
+    /// The session's entry, held by a guard that does not hold the lock yet: dropped, it
+    /// removes an entry nobody else uses (also when its caller was cancelled while waiting).
+    fn entry(&self, sid: &SessionId) -> SessionGuard<'_> {
+        let lock = self.map().entry(sid.clone()).or_default().clone();
+        SessionGuard {
+            locks: self,
+            sid: sid.clone(),
+            lock,
+            guard: None,
+        }
     }
 
     pub async fn lock(&self, sid: &SessionId) -> SessionGuard<'_> {
-        let lock = self.entry(sid);
-        let mut guard = SessionGuard {
-            locks: self,
-            sid: sid.clone(),
-            lock: lock.clone(),
-            guard: None,
-        };
-        // Cancelled while waiting: the guard's drop still removes an entry nobody uses.
-        guard.guard = Some(lock.lock_owned().await);
-        guard
+        let mut entry = self.entry(sid);
+        entry.guard = Some(entry.lock.clone().lock_owned().await);
+        entry
     }
 
     /// The lock if it is free right now.
     pub fn try_lock(&self, sid: &SessionId) -> Option<SessionGuard<'_>> {
-        let lock = self.entry(sid);
-        let mut guard = SessionGuard {
-            locks: self,
-            sid: sid.clone(),
-            lock: lock.clone(),
-            guard: None,
-        };
-        guard.guard = Some(lock.try_lock_owned().ok()?);
-        Some(guard)
+        let mut entry = self.entry(sid);
+        entry.guard = Some(entry.lock.clone().try_lock_owned().ok()?);
+        Some(entry)
     }
 
     /// Sessions whose lock is held or waited for.
