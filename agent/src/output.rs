@@ -146,7 +146,7 @@ impl StreamCapture {
             }
             Some(Ok(file)) => {
                 let why = file.cut.clone().unwrap_or(Cut::TotalCap(0));
-                let _ = std::fs::remove_file(&file.path);
+                file.discard();
                 (
                     None,
                     format!("\n[… {cut} bytes truncated; the output was not kept ({why}) …]\n"),

@@ -12,7 +12,10 @@
 //! The spill directory is held open ([`HeldDir`]): spills are created, listed and removed
 //! through its descriptor (each spill through the one of the directory it was made in),
 //! never through the path, so a link a command swaps in for the directory is never
-//! followed.
+//! followed. When the agent makes the directory again (a command changed its mode, moved or
+//! replaced it), the spills it counted stay counted if they are still in the directory the
+//! path leads to, and are removed otherwise: forgotten, they would stay on disk outside the
+//! caps until the agent restarts, once per `chmod` or `mv` a command repeats.
 
 use std::collections::VecDeque;
 use std::fs;
@@ -23,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use nix::fcntl::{AtFlags, OFlag};
 
-use crate::state_files::{open_at, remove_file_at, HeldDir};
+use crate::state_files::{dir_id, open_at, remove_file_at, HeldDir};
 
 /// Spill files kept at most, whatever their size.
 pub const SPILLS_KEPT: usize = 16;
@@ -164,8 +167,7 @@ impl Spills {
             // to it (or to the state dir) away: repair it, and try once more.
             Err(_) => {
                 let mut store = self.store();
-                store.dir.reopen().map_err(|e| Cut::Failed(e.to_string()))?;
-                store.files.retain(|e| e.open);
+                store.reopen_dir().map_err(|e| Cut::Failed(e.to_string()))?;
                 let dir = store.dir.shared_fd();
                 drop(store);
                 let file = create_new(&dir, name).map_err(|e| Cut::Failed(e.to_string()))?;
@@ -176,7 +178,7 @@ impl Spills {
             let mut store = self.store();
             let path = store.dir.path().join(name);
             store.files.push_back(Entry {
-                dir,
+                dir: dir.clone(),
                 name: name.to_owned(),
                 path: path.clone(),
                 bytes: 0,
@@ -187,6 +189,8 @@ impl Spills {
         };
         Ok(SpillFile {
             spills: self.clone(),
+            dir,
+            name: name.to_owned(),
             path,
             file: Some(file),
             written: 0,
@@ -236,6 +240,14 @@ impl Spills {
             e.open = false;
         }
     }
+
+    /// Stops counting the spill at `path`, which its writer removed.
+    fn forget(&self, path: &Path) {
+        let mut store = self.store();
+        if let Some(i) = store.files.iter().position(|e| e.open && e.path == path) {
+            store.files.remove(i);
+        }
+    }
 }
 
 impl Store {
@@ -245,15 +257,33 @@ impl Store {
 
     /// Puts a real directory back if the path no longer leads to the held spill dir (a
     /// command replaced it with a link, or changed its mode), so that new spills are where
-    /// their paths say; the spills it held are then out of the caller's sight and no longer
-    /// counted (the ones still being written stay counted until they are done).
+    /// their paths say.
     fn keep_dir_real(&mut self) {
         if !self.dir.in_place() {
             tracing::warn!(path = %self.dir.path().display(),
                 "the spill directory was replaced (by a link?) or its mode changed; making it again");
-            let _ = self.dir.reopen();
-            self.files.retain(|e| e.open);
+            let _ = self.reopen_dir();
         }
+    }
+
+    /// Opens the spill dir again from its path (see [`HeldDir::reopen`]). The finished spills
+    /// still in the directory now held (only its mode was changed) stay counted: they are
+    /// still on disk. Those in another directory (the command moved or replaced theirs) are
+    /// out of the caller's sight, so they are removed, through the descriptor of their own
+    /// directory since the path may lead anywhere. Spills still being written stay counted
+    /// either way, and are removed the same way once done.
+    fn reopen_dir(&mut self) -> io::Result<()> {
+        self.dir.reopen()?;
+        // Each entry holds its directory open, so its inode cannot be reused by the new one.
+        let held = dir_id(self.dir.fd()).ok();
+        self.files.retain(|e| {
+            if e.open || (held.is_some() && dir_id(e.dir.as_fd()).ok() == held) {
+                return true;
+            }
+            e.remove();
+            false
+        });
+        Ok(())
     }
 
     /// Removes the oldest closed spills until `more` bytes fit within the total cap and the
@@ -283,6 +313,9 @@ fn create_new(dir: &OwnedFd, name: &str) -> io::Result<fs::File> {
 /// One spill being written: the start of a stream, up to the caps.
 pub struct SpillFile {
     spills: Spills,
+    /// The directory it was made in, and its name there.
+    dir: Arc<OwnedFd>,
+    name: String,
     pub path: PathBuf,
     file: Option<fs::File>,
     pub written: u64,
@@ -332,6 +365,13 @@ impl SpillFile {
                 Cut::TotalCap(limits.max_total)
             });
         }
+    }
+
+    /// Removes the spill (one that kept nothing) from the directory it was made in, never
+    /// through its path: a command may have swapped `spill/` for a link meanwhile.
+    pub fn discard(self) {
+        let _ = remove_file_at(self.dir.as_fd(), &self.name);
+        self.spills.forget(&self.path);
     }
 
     /// After a short write: writes what of `chunk` is not in the file yet.

@@ -248,3 +248,152 @@ async fn a_state_dir_out_of_inodes_still_runs_commands() {
     assert!(ran.exists(), "the command did not run: {v}");
     assert!(s(&v, "stderr").contains("output discarded"), "{v}");
 }
+
+/// An agent on `tmpfs` with small spill caps: 1 MiB a spill, 2 MiB in all.
+fn small_spill_caps(tmpfs: &Tmpfs) -> Opts<'_> {
+    Opts {
+        extra_args: &[
+            "--output-budget",
+            "1024",
+            "--spill-max-bytes",
+            "1048576",
+            "--spill-total-bytes",
+            "2097152",
+        ],
+        ..on(tmpfs)
+    }
+}
+
+/// Runs `step` (a command, `{S}` for the state dir) before a 1.5 MB output, `times` times;
+/// returns the bytes the state dir's tmpfs holds more than before.
+async fn spill_after(tmp: &Tmpfs, a: &Agent, step: &str, times: usize) -> u64 {
+    let state = tmp.path().display().to_string();
+    a.exec("true").await;
+    let base = tmp.used();
+    for i in 0..times {
+        let step = step.replace("{S}", &state).replace("{i}", &i.to_string());
+        let v = a.exec(&format!("{step}; head -c 1500000 /dev/zero")).await;
+        assert_eq!(v["truncated"], true, "{v}");
+    }
+    // Less than before is fine: the directory kept from `true` was given up for one of its own.
+    tmp.used().saturating_sub(base)
+}
+
+#[tokio::test]
+async fn a_spill_dir_whose_mode_a_command_changes_keeps_its_spills_counted() {
+    let Some(tmp) = Tmpfs::mount(64 * MIB) else {
+        return;
+    };
+    let a = Agent::start_with(small_spill_caps(&tmp));
+    // The agent gives the directory its mode back and holds it again: the same directory,
+    // with the same spills in it, which must still count against the total cap.
+    let used = spill_after(&tmp, &a, "chmod 755 {S}/spill", 6).await;
+    assert!(
+        used <= 2 * MIB + MIB / 2,
+        "the state dir's tmpfs holds {used} more bytes (spill/: {} bytes) after six 1 MiB \
+         spills each preceded by a chmod of spill/, over the 2 MiB total cap",
+        disk_bytes(&tmp.path().join("spill"))
+    );
+}
+
+#[tokio::test]
+async fn spills_in_a_spill_dir_a_command_moved_away_are_removed() {
+    let Some(tmp) = Tmpfs::mount(64 * MIB) else {
+        return;
+    };
+    let a = Agent::start_with(small_spill_caps(&tmp));
+    // The moved directory, with the previous spill in it, is out of the caller's sight (its
+    // path now leads to a new one) and no longer where the agent makes spills.
+    let used = spill_after(&tmp, &a, "mv {S}/spill {S}/moved{i}", 6).await;
+    let moved: u64 = (0..6)
+        .map(|i| disk_bytes(&tmp.path().join(format!("moved{i}"))))
+        .sum();
+    assert!(
+        used <= 2 * MIB + MIB / 2 && moved == 0,
+        "the state dir's tmpfs holds {used} more bytes, {moved} of them in the moved spill \
+         directories, after six 1 MiB spills each preceded by a move of spill/"
+    );
+}
+
+#[tokio::test]
+async fn an_empty_spill_is_removed_from_the_agents_directory_never_through_a_link() {
+    let Some(tmp) = Tmpfs::mount(8 * MIB) else {
+        return;
+    };
+    // No spill keeps anything: the one a long output makes is removed when the call ends.
+    let a = Agent::start_with(Opts {
+        extra_args: &["--output-budget", "1024", "--spill-max-bytes", "0"],
+        ..on(&tmp)
+    });
+    let spill = tmp.path().join("spill");
+    let (real, other) = (tmp.path().join("real"), tmp.path().join("other"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go = dir.path().join("go");
+    nix::unistd::mkfifo(&go, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    let command = format!("head -c 2000 /dev/zero; read x < {}", go.display());
+    // While the command waits, spill/ is swapped for a link to a directory with a file of the
+    // spill's name.
+    let swap = async {
+        let mut name = None;
+        support::eventually(Duration::from_secs(30), || {
+            name = std::fs::read_dir(&spill)
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(Result::ok)
+                .map(|e| e.file_name());
+            name.is_some()
+        })
+        .await;
+        if let Some(name) = &name {
+            std::fs::rename(&spill, &real).expect("move spill/ away");
+            std::fs::create_dir(&other).expect("mkdir");
+            std::fs::write(other.join(name), "keep\n").expect("plant a file");
+            std::os::unix::fs::symlink(&other, &spill).expect("link");
+        }
+        std::fs::write(&go, "go\n").expect("release the command");
+        name
+    };
+    let (v, name) = tokio::join!(a.exec(&command), swap);
+    let name = name.expect("the agent made no spill file");
+    assert!(
+        s(&v, "stdout").contains("the output was not kept"),
+        "{}",
+        s(&v, "stdout")
+    );
+    assert_eq!(
+        std::fs::read_to_string(other.join(&name)).ok().as_deref(),
+        Some("keep\n"),
+        "the file the link leads to was removed"
+    );
+    assert!(
+        !real.join(&name).exists(),
+        "the empty spill was left in the agent's directory"
+    );
+}
+
+#[tokio::test]
+async fn a_reserve_with_another_hard_link_is_replaced_never_allocated_through() {
+    let Some(tmp) = Tmpfs::mount(8 * MIB) else {
+        return;
+    };
+    use std::os::unix::fs::MetadataExt;
+    // Planted by a command before it killed the agent (`kill -9 $PPID`): the restarted agent
+    // allocates its reserve again.
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, "keep\n").expect("victim");
+    std::fs::hard_link(&victim, tmp.path().join("reserve")).expect("hard link");
+    let a = Agent::start_with(on(&tmp));
+    assert_eq!(s(&a.exec("echo fine").await, "stdout"), "fine\n");
+    let kept = std::fs::read(&victim).expect("victim");
+    let held = std::fs::metadata(&victim).expect("victim").blocks() * 512;
+    assert!(
+        kept == b"keep\n" && held < MIB,
+        "the file linked as the reserve was allocated through: it is {} bytes, {held} allocated",
+        kept.len()
+    );
+    let reserve = std::fs::symlink_metadata(tmp.path().join("reserve")).expect("reserve");
+    assert!(
+        reserve.is_file() && reserve.nlink() == 1 && reserve.blocks() * 512 >= MIB,
+        "the reserve is not a file of its own, allocated: {reserve:?}"
+    );
+}

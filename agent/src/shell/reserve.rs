@@ -48,15 +48,25 @@ impl Reserve {
     }
 
     fn allocate(&self, state: BorrowedFd<'_>) -> io::Result<()> {
-        let file = open_at(
+        let mut file = open_at(
             state,
             NAME,
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
             0o600,
         )?;
-        let meta = file.metadata()?;
-        if !meta.is_file() {
-            return Err(io::Error::other("not a regular file"));
+        let mut meta = file.metadata()?;
+        if !meta.is_file() || meta.nlink() != 1 {
+            // Another name for the file (a hard link a command made to a file of its choice)
+            // would have `fallocate` grow that file, and removing `reserve` would then free
+            // nothing: the reserve must be a file of its own.
+            remove_file_at(state, NAME)?;
+            file = open_at(
+                state,
+                NAME,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NONBLOCK,
+                0o600,
+            )?;
+            meta = file.metadata()?;
         }
         if meta.blocks() * 512 >= self.bytes {
             return Ok(());
