@@ -160,7 +160,8 @@ fn the_server_colours_only_a_terminal() {
 }
 
 /// The operator up to its first log line: an API server address nobody listens on is
-/// enough (the client connects lazily), and SIGTERM stops it.
+/// enough (the client connects lazily; the platform is named, as `auto` would wait for an
+/// API server to ask), and SIGTERM stops it.
 #[test]
 fn the_operator_colours_only_a_terminal() {
     check(&Case {
@@ -180,6 +181,7 @@ fn the_operator_colours_only_a_terminal() {
             .expect("write kubeconfig");
             cmd.args(["--health-listen", "127.0.0.1:0", "--leader-elect", "false"])
                 .args(["--server-image", "cli-mcp-server:test"])
+                .args(["--platform", "kubernetes"])
                 .env("KUBECONFIG", kubeconfig);
         },
     });

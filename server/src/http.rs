@@ -683,7 +683,8 @@ mod tests {
                 retry,
                 "{code}: {e}"
             );
-            assert_eq!(e.to_string().contains("not a retry"), !retry, "{e}");
+            assert_eq!(e.to_string().contains("retry shortly"), retry, "{e}");
+            assert_eq!(e.to_string().contains("is fixed"), !retry, "{e}");
         }
     }
 }

@@ -82,7 +82,7 @@ pub enum SessionError {
     Kubernetes(String),
     /// The API answered no (authentication, RBAC, an invalid request), or this server
     /// cannot talk to it at all (its credentials): a retry gets the same.
-    #[error("the Kubernetes API refused: {0}; this needs a fix of the server's setup (its Role, the instance), not a retry")]
+    #[error("the Kubernetes API refused: {0}; the same call gets the same answer until the server's setup (its Role, the instance) is fixed")]
     KubernetesRefused(String),
     #[error("the session's sandbox went away while this command was running ({0}); the session now has a fresh sandbox (working directory, variables and functions were reset). The command was not run again: whether it finished, partly ran or never started is unknown, so check its effects before running it again")]
     Interrupted(String),
