@@ -16,7 +16,14 @@
 //!   waiting behind them in the kernel's accept queue, while a burst of honest callers whose
 //!   requests are not read yet is never cut off. Only when no held connection is idle does a
 //!   new one wait; `/exec` callers beyond a short queue are refused at once (see `http`), so
-//!   that takes more than a flood of anonymous peers.
+//!   that takes more than a flood of anonymous peers;
+//! - a connection whose answer cannot be written is *stalled*, and counts as idle: a peer
+//!   that sends requests (pipelined `/healthz`, say) and never reads the answers fills the
+//!   socket buffers, and hyper then stops taking the answer's body and stops reading the
+//!   requests behind it. The answer is in flight and bytes wait unread, which protected such
+//!   a connection from eviction for good: 32 of them kept every probe out. An answer that
+//!   made no progress for [`STALL`] (or an idle connection whose waiting bytes were not read
+//!   for as long) is given up, and the connection closed at once, not gracefully.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -45,6 +52,11 @@ const MAX_HEADERS: usize = 32;
 /// connections can make room: peers that reconnect as soon as they are closed keep every
 /// slot young, and a probe then waits for one of them to reach this age.
 const SETTLE: Duration = Duration::from_millis(100);
+/// How long an answer may wait to be written (or waiting bytes to be read, on an idle
+/// connection) before the connection counts as stalled when room is needed. A client that
+/// reads its answers takes them in microseconds; the sweep gives a stalled connection the
+/// whole header-read timeout.
+const STALL: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {
@@ -132,6 +144,7 @@ async fn serve_connection(
         async move {
             let res = tower::ServiceExt::oneshot(app, req).await?;
             // The request counts as in flight until its response body is written.
+            in_flight.0.answer_moved(Some(Instant::now()));
             Ok::<_, Infallible>(res.map(|body| {
                 Body::new(Tracked {
                     body,
@@ -155,8 +168,9 @@ async fn serve_connection(
             _ = stop.wait_for(|s| *s), if !closing => {}
         }
         // Evicted or stopping: an idle connection goes now; one with a request in flight
-        // finishes it (its caller gets the answer) and then closes.
-        if conn.idle() {
+        // finishes it (its caller gets the answer) and then closes, unless its answer cannot
+        // be written (the peer does not read): that one would never finish.
+        if conn.idle() || conn.stalled(Instant::now(), STALL) {
             break;
         }
         served.as_mut().graceful_shutdown();
@@ -185,6 +199,11 @@ struct Conn {
     in_flight: AtomicUsize,
     /// A request was answered on it: its client has had its turn.
     served: AtomicBool,
+    /// When the answer in flight last made progress: set when the handler returned it and
+    /// each time hyper takes a part of its body; `None` while no answer waits to be written.
+    answer_progress: Mutex<Option<Instant>>,
+    /// Since when bytes have been seen waiting unread on this connection while it was idle.
+    unread_since: Mutex<Option<Instant>>,
     evict: Notify,
     /// `Connections::changed`, told when this connection goes idle.
     changed: Arc<Notify>,
@@ -200,11 +219,37 @@ impl Conn {
         *self.idle_since.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Idle, and not a caller whose request is still on its way to being read.
+    /// Idle, and not a caller whose request is still on its way to being read; or stalled.
     fn evictable(&self, now: Instant) -> bool {
-        self.idle()
+        (self.idle()
             && !self.unread_bytes()
-            && (self.served.load(Ordering::SeqCst) || now.duration_since(self.accepted) >= SETTLE)
+            && (self.served.load(Ordering::SeqCst) || now.duration_since(self.accepted) >= SETTLE))
+            || self.stalled(now, STALL)
+    }
+
+    /// Its answer has not moved for `limit`, or (idle) bytes have waited unread for as long:
+    /// hyper cannot write to the peer, which does not read.
+    fn stalled(&self, now: Instant, limit: Duration) -> bool {
+        let progress = *self
+            .answer_progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = progress {
+            return now.duration_since(at) >= limit;
+        }
+        let mut since = self.unread_since.lock().unwrap_or_else(|p| p.into_inner());
+        if self.idle() && self.unread_bytes() {
+            return now.duration_since(*since.get_or_insert(now)) >= limit;
+        }
+        *since = None;
+        false
+    }
+
+    fn answer_moved(&self, at: Option<Instant>) {
+        *self
+            .answer_progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = at;
     }
 
     /// Bytes wait in the socket that hyper has not read yet: a request about to be served.
@@ -237,6 +282,8 @@ impl Connections {
             idle_since: Mutex::new(now),
             in_flight: AtomicUsize::new(0),
             served: AtomicBool::new(false),
+            answer_progress: Mutex::new(None),
+            unread_since: Mutex::new(None),
             evict: Notify::new(),
             changed: self.changed.clone(),
         });
@@ -280,7 +327,8 @@ impl Connections {
         let expired: Vec<u64> = held
             .values()
             .filter(|c| {
-                c.idle() && now.duration_since(c.idle_since()) >= timeout && !c.unread_bytes()
+                (c.idle() && now.duration_since(c.idle_since()) >= timeout && !c.unread_bytes())
+                    || c.stalled(now, timeout)
             })
             .map(|c| c.id)
             .collect();
@@ -314,6 +362,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.0.answer_moved(None);
         self.0.served.store(true, Ordering::SeqCst);
         *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
@@ -337,7 +386,11 @@ impl HttpBody for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let frame = Pin::new(&mut self.body).poll_frame(cx);
+        if frame.is_ready() {
+            self._in_flight.0.answer_moved(Some(Instant::now()));
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {

@@ -89,6 +89,56 @@ async fn idle_connections_cannot_hold_off_healthz_or_exec() {
     drop(idle);
 }
 
+/// Peers that send requests and never read the answers: once the socket buffers are full the
+/// agent can write no answer and reads no further request, so each such connection has an
+/// answer in flight and bytes waiting, for good. Holding every place with them must not keep
+/// a probe out.
+#[tokio::test]
+async fn peers_that_never_read_their_answers_cannot_hold_off_healthz() {
+    let a = Agent::start_with(support::Opts {
+        extra_args: &["--max-connections", "4"],
+        ..Default::default()
+    });
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".repeat(256);
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        // Small buffers on this side: the agent's writes stall sooner.
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        socket.set_send_buffer_size(4096).expect("SO_SNDBUF");
+        let conn = socket.connect(a.addr).await.expect("connect");
+        // Requests until the agent stops reading them: no room in the socket for a while.
+        let mut sent = 0usize;
+        loop {
+            // Whole requests only: continue where the last write stopped.
+            match conn.try_write(&request[sent % request.len()..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let room = tokio::time::timeout(Duration::from_secs(1), conn.writable()).await;
+                    if room.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => panic!("writing requests: {e} after {sent} bytes"),
+            }
+            assert!(
+                sent < 256 << 20,
+                "the agent still reads after {sent} bytes of requests"
+            );
+        }
+        stalled.push(conn);
+    }
+    let health = probe(&a).await;
+    assert_eq!(
+        health,
+        Ok(200),
+        "GET /healthz with every place held by a peer that does not read (the agent holds {} \
+         sockets)",
+        sockets(a.pid())
+    );
+    drop(stalled);
+}
+
 #[tokio::test]
 async fn an_idle_or_half_sent_connection_is_closed_by_the_agent() {
     let a = Agent::start();
