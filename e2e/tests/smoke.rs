@@ -60,8 +60,13 @@ fn agent_deployment(name: &str) -> Deployment {
                         "readinessProbe": {
                             "httpGet": { "path": "/healthz", "port": "http" },
                             "periodSeconds": 1
-                        }
-                    }]
+                        },
+                        // Its state dir (/tmp/cli-mcp-agent) on a volume of its own, as a
+                        // sandbox pod's: on the process kubelet the pod's /tmp is otherwise
+                        // the host's.
+                        "volumeMounts": [{ "name": "tmp", "mountPath": "/tmp" }]
+                    }],
+                    "volumes": [{ "name": "tmp", "emptyDir": {} }]
                 }
             }
         }
