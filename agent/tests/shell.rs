@@ -189,7 +189,11 @@ async fn timeout_of_an_earlier_job_brought_to_the_foreground_keeps_the_shell() {
     assert_eq!(v["timed_out"], true, "{v}");
     assert_eq!(v["shell_restarted"], false, "{v}");
     assert!(
-        s(&v, "stderr").contains("The earlier calls' jobs (2 process group(s)) were interrupted"),
+        s(&v, "stderr").contains(
+            "bash still waited after the command's processes were stopped: for a job of an \
+             earlier call brought to the foreground (fg)? The earlier calls' jobs (2 process \
+             group(s)) were interrupted too, and killed if they ignored it"
+        ),
         "{v}"
     );
     let v = a.exec("pwd; echo $K").await;

@@ -82,7 +82,10 @@ impl Shell {
                     }
                     if sig == Signal::SIGINT {
                         notes.note(format!(
-                            "bash still waited after the command's processes were stopped:                              for a job of an earlier call brought to the foreground (fg)?                              The earlier calls' jobs ({} process group(s)) were interrupted                              too, and killed if they ignored it",
+                            "bash still waited after the command's processes were stopped: for a job of an \
+                             earlier call brought to the foreground (fg)? The earlier calls' \
+                             jobs ({} process group(s)) were interrupted too, and killed if they \
+                             ignored it",
                             earlier.len()
                         ));
                     }
