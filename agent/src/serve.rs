@@ -219,16 +219,27 @@ impl Conn {
         *self.idle_since.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Idle, and not a caller whose request is still on its way to being read; or stalled.
+    /// Stalled; or idle, and not a caller whose request is still on its way to being read.
     fn evictable(&self, now: Instant) -> bool {
-        (self.idle()
-            && !self.unread_bytes()
-            && (self.served.load(Ordering::SeqCst) || now.duration_since(self.accepted) >= SETTLE))
-            || self.stalled(now, STALL)
+        self.stalled(now, STALL)
+            || (self.idle()
+                && !self.waiting_unread()
+                && (self.served.load(Ordering::SeqCst)
+                    || now.duration_since(self.accepted) >= SETTLE))
+    }
+
+    /// Whether [`Self::stalled`], just called, saw bytes waiting unread on this idle
+    /// connection (one socket peek per check, not two).
+    fn waiting_unread(&self) -> bool {
+        self.unread_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
     /// Its answer has not moved for `limit`, or (idle) bytes have waited unread for as long:
-    /// hyper cannot write to the peer, which does not read.
+    /// hyper cannot write to the peer, which does not read. Notes whether an idle connection
+    /// has bytes waiting ([`Self::waiting_unread`]).
     fn stalled(&self, now: Instant, limit: Duration) -> bool {
         let progress = *self
             .answer_progress
@@ -327,8 +338,10 @@ impl Connections {
         let expired: Vec<u64> = held
             .values()
             .filter(|c| {
-                (c.idle() && now.duration_since(c.idle_since()) >= timeout && !c.unread_bytes())
-                    || c.stalled(now, timeout)
+                c.stalled(now, timeout)
+                    || (c.idle()
+                        && now.duration_since(c.idle_since()) >= timeout
+                        && !c.waiting_unread())
             })
             .map(|c| c.id)
             .collect();
