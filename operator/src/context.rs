@@ -117,6 +117,9 @@ pub struct Stores {
     pub routes: Store<Route>,
     /// Whether the cluster serves OpenShift Routes, as [`Self::http_routes_served`].
     pub routes_served: tokio::sync::watch::Receiver<Option<bool>>,
+    /// Set once [`Self::synced`] has seen every cache it waits for listed: from then on a
+    /// reconcile asks one flag, not five stores (with a timer each).
+    pub synced: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl Stores {
@@ -128,11 +131,15 @@ impl Stores {
     /// back. (The HTTPRoute and Route caches are not waited for: a cluster without those
     /// APIs never fills them; they have their own served flags.)
     pub async fn synced(&self) {
-        wait_ready(&self.instances).await;
-        wait_ready(&self.pods).await;
-        wait_ready(&self.deployments).await;
-        wait_ready(&self.secrets).await;
-        wait_ready(&self.network_policies).await;
+        self.synced
+            .get_or_init(|| async {
+                wait_ready(&self.instances).await;
+                wait_ready(&self.pods).await;
+                wait_ready(&self.deployments).await;
+                wait_ready(&self.secrets).await;
+                wait_ready(&self.network_policies).await;
+            })
+            .await;
     }
 
     /// Whether the cluster serves HTTPRoutes, waiting (at most `limit`) for the HTTPRoute

@@ -25,10 +25,15 @@ pub const KUBECONFIG_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/kubeconfig-v
 static NUDGED: LazyLock<Mutex<HashMap<String, String>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
+/// `NUDGED`'s key of instance `namespace/name`.
+fn nudged_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
 /// The instance `namespace/name` is gone (its teardown is complete): its entry goes.
 pub fn forget(namespace: &str, name: &str) {
     if let Ok(mut m) = NUDGED.lock() {
-        m.remove(&format!("{namespace}/{name}"));
+        m.remove(&nudged_key(namespace, name));
     }
 }
 
@@ -38,7 +43,7 @@ pub async fn nudge_proxy_pods(ctx: &Context, spec: &Spec, p: &ProxyInputs) {
     let Some(version) = &p.kubeconfig_version else {
         return;
     };
-    let key = format!("{}/{}", spec.namespace, spec.name);
+    let key = nudged_key(&spec.namespace, spec.name.as_str());
     if NUDGED
         .lock()
         .ok()

@@ -463,6 +463,7 @@ pub fn build(
         http_routes_served,
         routes,
         routes_served,
+        synced: Arc::default(),
     };
     (controller, stores)
 }

@@ -42,6 +42,7 @@ fn stale_stores() -> Stores {
         http_routes_served: tokio::sync::watch::channel(None).1,
         routes: reflector::store().0,
         routes_served: tokio::sync::watch::channel(None).1,
+        synced: Default::default(),
     }
 }
 
