@@ -97,16 +97,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_root_is_found_from_any_directory_inside_a_checkout() {
-        let scratch = tempfile::tempdir().expect("a scratch dir");
-        let root = scratch.path().join("moved checkout");
-        for dir in ["e2e/src", "hack", "server/tests"] {
+    /// What `enclosing_workspace` recognises a checkout by, at `root`, with `dirs` in it.
+    fn fake_checkout(root: &Path, dirs: &[&str]) {
+        for dir in ["e2e", "hack"].iter().chain(dirs) {
             std::fs::create_dir_all(root.join(dir)).expect("mkdir");
         }
         for file in ["Cargo.toml", "e2e/Cargo.toml"] {
             std::fs::write(root.join(file), "").expect("write");
         }
+    }
+
+    #[test]
+    fn the_root_is_found_from_any_directory_inside_a_checkout() {
+        let scratch = tempfile::tempdir().expect("a scratch dir");
+        let root = scratch.path().join("moved checkout");
+        fake_checkout(&root, &["e2e/src", "server/tests"]);
         for inside in ["", "e2e", "e2e/src", "server/tests"] {
             assert_eq!(
                 enclosing_workspace(&root.join(inside)).as_deref(),
@@ -125,11 +130,7 @@ mod tests {
     fn a_binary_finds_the_checkout_it_runs_in_not_the_one_it_was_built_in() {
         let scratch = tempfile::tempdir().expect("a scratch dir");
         let root = scratch.path().join("elsewhere");
-        std::fs::create_dir_all(root.join("e2e")).expect("mkdir");
-        std::fs::create_dir_all(root.join("hack")).expect("mkdir");
-        for file in ["Cargo.toml", "e2e/Cargo.toml"] {
-            std::fs::write(root.join(file), "").expect("write");
-        }
+        fake_checkout(&root, &[]);
         let exe = std::env::current_exe().expect("this test binary");
         let out = std::process::Command::new(exe)
             .args([

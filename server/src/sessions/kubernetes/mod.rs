@@ -344,7 +344,8 @@ impl KubeBackend {
             },
         };
         let route = self.route_of(sid, &pod)?;
-        // Every way to a pod above checks its owner; this is the one exit they all share.
+        // The start's paths (claim, create, converge) each check the owner; checked once more
+        // where they meet, so that no later path can hand a caller someone else's pod.
         if !owner_allows(route.owner.as_deref(), caller) {
             return Err(SessionError::Forbidden(sid.clone()));
         }
