@@ -22,6 +22,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use cli_mcp_api::SessionId;
 
@@ -101,12 +102,9 @@ pub fn mcp_router(state: Arc<AppState>, opts: McpHttpOptions) -> Router {
         .route("/sessions/{id}", delete(delete_session))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), jsonrpc_guard))
-        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
-        // Before auth: a refused cross-site request costs no token review.
-        .layer(middleware::from_fn_with_state(
-            (state.clone(), Arc::new(opts.origins)),
-            check_origin,
-        ));
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    // Before auth: a refused cross-site request costs no token review.
+    let protected = guard_browsers(protected, state.metrics.clone(), opts.origins);
     // The metadata is public (no token, any origin: browser-based clients read it too).
     Router::new()
         .route(
@@ -141,86 +139,81 @@ async fn count_requests(
     res
 }
 
-/// 403 for a request whose `Origin` is not allowed (see [`crate::origin`]). A page of an
-/// allowed origin gets CORS: its preflight is answered here, before authentication (a
-/// browser sends no `Authorization` on it), and the answers it may read carry
-/// `Access-Control-Allow-Origin`; without them a browser hides every answer from the page,
-/// so "allowed" meant nothing across origins.
+/// The guard of the MCP listener's routes against browsers: [`check_origin`] refuses a
+/// foreign `Origin` before anything else runs, then tower-http's CORS layer serves the pages
+/// of allowed origins. Both sit outside `router`'s own layers (authentication), so a
+/// preflight, which a browser sends without `Authorization`, is answered without a token.
+fn guard_browsers<S>(router: Router<S>, metrics: Arc<Metrics>, policy: OriginPolicy) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    let policy = Arc::new(policy);
+    router
+        .layer(cors(policy.clone()))
+        .layer(middleware::from_fn_with_state(
+            (metrics, policy),
+            check_origin,
+        ))
+}
+
+/// 403 for a request whose `Origin` is not allowed (see [`crate::origin`]), or that sends
+/// `Origin` twice. This, not CORS, is the DNS-rebinding and cross-site defence: CORS only
+/// decides what a browser lets a page read, after the request has run.
 async fn check_origin(
-    State((s, policy)): State<(Arc<AppState>, Arc<OriginPolicy>)>,
+    State((metrics, policy)): State<(Arc<Metrics>, Arc<OriginPolicy>)>,
     req: Request,
     next: Next,
 ) -> Response {
     let mut origins = req.headers().get_all(header::ORIGIN).iter();
-    let (origin, verdict) = match (origins.next(), origins.next()) {
-        (None, _) => (None, Ok(())),
-        (Some(origin), None) => (Some(origin.clone()), policy.check(origin)),
-        (Some(_), Some(_)) => (
-            None,
-            Err("the Origin header is sent more than once".to_owned()),
-        ),
+    let verdict = match (origins.next(), origins.next()) {
+        (None, _) => Ok(()),
+        (Some(origin), None) => policy.check(origin),
+        (Some(_), Some(_)) => Err("the Origin header is sent more than once".to_owned()),
     };
     match verdict {
-        Ok(()) => match origin {
-            None => next.run(req).await,
-            Some(origin) if is_preflight(&req) => cors_preflight(&origin),
-            Some(origin) => {
-                let mut res = next.run(req).await;
-                allow_origin(res.headers_mut(), origin);
-                res
-            }
-        },
+        Ok(()) => next.run(req).await,
         Err(why) => {
-            s.metrics.error(ErrorKind::Forbidden);
+            metrics.error(ErrorKind::Forbidden);
             tracing::warn!(reason = %why, "refused a request by its Origin");
             error_response(StatusCode::FORBIDDEN, "forbidden_origin", why)
         }
     }
 }
 
-/// The request headers a page may send: the ones MCP clients use.
-const CORS_ALLOW_HEADERS: &str = "authorization, content-type, accept, last-event-id, \
-     mcp-protocol-version, mcp-session-id, x-session-id";
-/// The answer headers a page may read: the chat's handle, the protocol version, and where
-/// to get a token.
-const CORS_EXPOSE_HEADERS: &str = "mcp-session-id, mcp-protocol-version, www-authenticate";
+/// CORS for the pages of allowed origins: without `Access-Control-Allow-Origin` a browser
+/// hides every answer from the page, so "allowed" would mean nothing across origins. The
+/// origin is echoed (never `*`) only when `policy` allows it, so the layer stays safe even
+/// without [`check_origin`] in front of it. No `Allow-Credentials`: the token is a header,
+/// not a cookie.
+fn cors(policy: Arc<OriginPolicy>) -> CorsLayer {
+    use axum::http::{HeaderName, Method};
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(move |origin, _| {
+            policy.check(origin).is_ok()
+        }))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
+        // The request headers MCP clients send.
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            HeaderName::from_static("last-event-id"),
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderName::from_static(crate::mcp::MCP_SESSION_HEADER),
+            HeaderName::from_static(crate::mcp::SESSION_HEADER),
+        ])
+        // The answer headers a page needs: the chat's handle, the protocol version, and where
+        // to get a token.
+        .expose_headers([
+            HeaderName::from_static(crate::mcp::MCP_SESSION_HEADER),
+            HeaderName::from_static("mcp-protocol-version"),
+            header::WWW_AUTHENTICATE,
+        ])
+        .max_age(CORS_MAX_AGE)
+}
+
 /// How long a browser may reuse a preflight's answer.
-const CORS_MAX_AGE_SECONDS: &str = "600";
-
-fn is_preflight(req: &Request) -> bool {
-    req.method() == axum::http::Method::OPTIONS
-        && req
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
-}
-
-fn allow_origin(headers: &mut axum::http::HeaderMap, origin: HeaderValue) {
-    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-    headers.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static(CORS_EXPOSE_HEADERS),
-    );
-    headers.append(header::VARY, HeaderValue::from_static("origin"));
-}
-
-fn cors_preflight(origin: &HeaderValue) -> Response {
-    let mut res = StatusCode::NO_CONTENT.into_response();
-    let h = res.headers_mut();
-    allow_origin(h, origin.clone());
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static(CORS_ALLOW_HEADERS),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_MAX_AGE,
-        HeaderValue::from_static(CORS_MAX_AGE_SECONDS),
-    );
-    res
-}
+const CORS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The health listener's router.
 pub fn health_router(state: Arc<AppState>) -> Router {
@@ -639,6 +632,158 @@ async fn metrics(State(s): State<Arc<AppState>>, headers: axum::http::HeaderMap)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower::ServiceExt as _;
+
+    /// The routes behind the browser guard, with a stand-in for authentication that refuses
+    /// every request without `Authorization` and counts the requests that reached it.
+    fn guarded(reached: Arc<std::sync::atomic::AtomicUsize>) -> Router {
+        let routes = Router::new()
+            .route("/mcp", axum::routing::post(|| async { "ran" }))
+            .layer(middleware::from_fn(move |req: Request, next: Next| {
+                let reached = reached.clone();
+                async move {
+                    reached.fetch_add(1, Ordering::SeqCst);
+                    if req.headers().contains_key(header::AUTHORIZATION) {
+                        next.run(req).await
+                    } else {
+                        error_response(StatusCode::UNAUTHORIZED, "unauthorized", "no token")
+                    }
+                }
+            }));
+        let policy = OriginPolicy {
+            allowed: vec![
+                crate::origin::AllowedOrigin::parse("https://app.example.com").expect("origin"),
+            ],
+            loopback: false,
+        };
+        guard_browsers(routes, Arc::new(Metrics::new()), policy)
+    }
+
+    fn request(method: &str, origin: Option<&str>, extra: &[(&str, &str)]) -> Request {
+        let mut b = Request::builder().method(method).uri("/mcp");
+        if let Some(o) = origin {
+            b = b.header(header::ORIGIN, o);
+        }
+        for (k, v) in extra {
+            b = b.header(*k, *v);
+        }
+        b.body(Body::empty()).expect("request")
+    }
+
+    fn get<'a>(res: &'a Response, name: &str) -> Option<&'a str> {
+        res.headers().get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// A preflight is answered before authentication (a browser sends it without a token);
+    /// an answer from behind authentication, a 401 included, carries what a page of an
+    /// allowed origin needs to read it; a foreign origin is refused before anything runs.
+    #[tokio::test]
+    async fn browsers_get_cors_before_authentication_and_foreign_origins_nothing() {
+        let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let app = guarded(reached.clone());
+        let page = Some("https://app.example.com");
+
+        let preflight = [
+            ("access-control-request-method", "POST"),
+            (
+                "access-control-request-headers",
+                "authorization, mcp-session-id",
+            ),
+        ];
+        let res = app
+            .clone()
+            .oneshot(request("OPTIONS", page, &preflight))
+            .await
+            .expect("infallible");
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(get(&res, "access-control-allow-origin"), page);
+        assert_eq!(get(&res, "access-control-max-age"), Some("600"));
+        let headers = get(&res, "access-control-allow-headers").unwrap_or_default();
+        for h in [
+            "authorization",
+            "mcp-session-id",
+            "mcp-protocol-version",
+            "last-event-id",
+        ] {
+            assert!(headers.contains(h), "{h} in {headers}");
+        }
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            0,
+            "the preflight reached auth"
+        );
+
+        let res = app
+            .clone()
+            .oneshot(request("POST", page, &[]))
+            .await
+            .expect("infallible");
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(get(&res, "access-control-allow-origin"), page);
+        let exposed = get(&res, "access-control-expose-headers").unwrap_or_default();
+        for h in ["mcp-session-id", "mcp-protocol-version", "www-authenticate"] {
+            assert!(exposed.contains(h), "{h} in {exposed}");
+        }
+        assert!(get(&res, "vary").is_some_and(|v| v.contains("origin")));
+        let res = app
+            .clone()
+            .oneshot(request("POST", page, &[("authorization", "Bearer t")]))
+            .await
+            .expect("infallible");
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(get(&res, "access-control-allow-origin"), page);
+        assert_eq!(reached.load(Ordering::SeqCst), 2);
+
+        for (method, extra) in [("OPTIONS", &preflight[..]), ("POST", &[][..])] {
+            let res = app
+                .clone()
+                .oneshot(request(method, Some("http://evil.example"), extra))
+                .await
+                .expect("infallible");
+            assert_eq!(res.status(), StatusCode::FORBIDDEN, "{method}");
+            assert_eq!(get(&res, "access-control-allow-origin"), None, "{method}");
+        }
+        let mut twice = request("POST", page, &[]);
+        twice.headers_mut().append(
+            header::ORIGIN,
+            HeaderValue::from_static("https://app.example.com"),
+        );
+        let res = app.clone().oneshot(twice).await.expect("infallible");
+        assert_eq!(res.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            2,
+            "a foreign origin reached auth"
+        );
+    }
+
+    /// The CORS layer echoes only an origin the policy allows, so it cannot undo the origin
+    /// check if it ever ends up outside it.
+    #[tokio::test]
+    async fn the_cors_layer_itself_never_echoes_a_foreign_origin() {
+        let policy = Arc::new(OriginPolicy {
+            allowed: vec![],
+            loopback: true,
+        });
+        let app = Router::new()
+            .route("/mcp", axum::routing::post(|| async { "ran" }))
+            .layer(cors(policy));
+        for (origin, echoed) in [
+            ("http://localhost:3000", true),
+            ("http://evil.example", false),
+        ] {
+            let res = app
+                .clone()
+                .oneshot(request("POST", Some(origin), &[]))
+                .await
+                .expect("infallible");
+            assert_eq!(
+                get(&res, "access-control-allow-origin"),
+                echoed.then_some(origin),
+                "{origin}"
+            );
+        }
+    }
 
     #[test]
     fn a_503_says_when_to_retry_and_a_401_how_to_authenticate() {

@@ -15,6 +15,7 @@
 //! - [`auth`]: TokenReview + SubjectAccessReview, TLS config.
 //! - [`metrics`], [`audit`]: Prometheus metrics and the audit log line.
 //! - [`origin`]: `Origin` validation of the MCP listener.
+//! - `keyed`: the key → shared value map behind in-flight token reviews and session locks.
 //! - [`schema`]: tool schemas limited to standard JSON Schema formats.
 //! - [`run`]: wiring and lifecycle (`main.rs` → [`cli`] → [`run`]).
 
@@ -26,6 +27,7 @@ pub mod auth;
 pub mod cancel;
 pub mod cli;
 pub mod http;
+mod keyed;
 pub mod mcp;
 pub mod metrics;
 pub mod origin;

@@ -78,7 +78,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
                 find_agent_binary(settings.agent_binary.as_deref()).map_err(anyhow::Error::msg)?;
             tracing::warn!(agent = %bin.display(),
                 "local backend: sessions are local processes with this user's rights; nothing is isolated");
-            LocalBackend::new(bin, limits, metrics.clone())
+            LocalBackend::new(bin, limits, agent.clone(), metrics.clone())
                 .context("cannot create a directory for local sessions")?
         }
         (BackendKind::Kubernetes, Some(client), Some(cfg)) => {

@@ -474,7 +474,7 @@ async fn a_foreign_origin_is_refused_with_403() {
 /// A page of an allowed origin can call the server from a browser: its preflight is
 /// answered (no token needed, none is sent on it), and the answers carry the CORS headers a
 /// browser needs to hand them to the page. A foreign origin's preflight is refused, and a
-/// client that sends no Origin gets no CORS headers.
+/// client that sends no Origin is allowed no origin.
 #[tokio::test]
 async fn an_allowed_origins_page_gets_cors_and_a_foreign_one_does_not() {
     let server = local_server(&["--allowed-origin", "https://app.example.com"]).await;
@@ -496,7 +496,7 @@ async fn an_allowed_origins_page_gets_cors_and_a_foreign_one_does_not() {
             .map(str::to_owned)
     };
     let ok = preflight("https://app.example.com").await.expect("OPTIONS");
-    assert_eq!(ok.status(), 204);
+    assert_eq!(ok.status(), 200);
     assert_eq!(
         header(&ok, "access-control-allow-origin").as_deref(),
         Some("https://app.example.com")
@@ -528,6 +528,7 @@ async fn an_allowed_origins_page_gets_cors_and_a_foreign_one_does_not() {
     );
     assert!(header(&r, "access-control-expose-headers")
         .is_some_and(|e| e.contains("mcp-session-id") && e.contains("www-authenticate")));
+    assert!(header(&r, "vary").is_some_and(|v| v.contains("origin")));
     let r = post(None).await.expect("POST");
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "access-control-allow-origin"), None);
@@ -1445,4 +1446,193 @@ async fn a_cancel_notification_interrupts_the_call_it_names() {
         metrics.contains("cli_mcp_exec_duration_seconds_count{outcome=\"cancelled\"} 1"),
         "a cancel is counted as an outcome:\n{metrics}"
     );
+}
+
+/// The local backend behind a loopback proxy that breaks the first connection to the agent:
+/// it reads the whole request and closes without an answer, as a connection that fails
+/// mid-call does. Later connections go through to the agent.
+mod broken_first_connection {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use cli_mcp_api::SessionId;
+    use cli_mcp_server::agent_client::AgentError;
+    use cli_mcp_server::auth::Caller;
+    use cli_mcp_server::sessions::local::LocalBackend;
+    use cli_mcp_server::sessions::{Activity, Backend, Sandbox, SessionError, SessionSummary};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    pub struct Proxied {
+        pub inner: Arc<LocalBackend>,
+        /// `http://…` of the agent the proxy stands in front of, and of the proxy.
+        pub agent: String,
+        pub proxy: String,
+    }
+
+    impl Proxied {
+        fn through_proxy(&self, mut s: Sandbox) -> Sandbox {
+            if s.endpoint == self.agent {
+                s.endpoint = self.proxy.clone();
+            }
+            s
+        }
+    }
+
+    #[async_trait]
+    impl Backend for Proxied {
+        async fn acquire(
+            &self,
+            sid: &SessionId,
+            caller: &Caller,
+            after: Option<&Sandbox>,
+        ) -> Result<Sandbox, SessionError> {
+            let s = self.inner.acquire(sid, caller, after).await?;
+            Ok(self.through_proxy(s))
+        }
+        fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, why: &AgentError) {
+            self.inner.invalidate(sid, sandbox, why)
+        }
+        fn activity(&self, sid: &SessionId, sandbox: &Sandbox, event: Activity) {
+            self.inner.activity(sid, sandbox, event)
+        }
+        fn ended(&self, sid: &SessionId, sandbox: &Sandbox) -> bool {
+            self.inner.ended(sid, sandbox)
+        }
+        async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError> {
+            self.inner.delete(sid, caller).await
+        }
+        async fn list(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
+            self.inner.list(caller).await
+        }
+        async fn ready(&self) -> Result<(), String> {
+            self.inner.ready().await
+        }
+        async fn shutdown(&self) {
+            self.inner.shutdown().await
+        }
+    }
+
+    /// Starts the proxy to `agent` (`http://host:port`); returns its `http://host:port`.
+    pub async fn proxy(agent: &str) -> String {
+        let upstream = agent.trim_start_matches("http://").to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            let Ok((mut first, _)) = listener.accept().await else {
+                return;
+            };
+            read_request(&mut first).await;
+            let _ = first.shutdown().await;
+            drop(first);
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut up) = TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    /// Reads one HTTP/1 request with a `Content-Length` body.
+    async fn read_request(conn: &mut TcpStream) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + length {
+                    return;
+                }
+            }
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+}
+
+/// A connection to a session's agent that breaks mid-call (the request sent, no answer)
+/// does not cost the session its shell while the agent still answers: the retry goes to the
+/// same agent, as it goes to the same pod in a cluster, and the shell keeps its state. The
+/// agent never got the first request, so the retry runs the command once.
+#[tokio::test]
+async fn a_broken_connection_to_a_healthy_local_agent_keeps_the_shell() {
+    use std::sync::Arc;
+
+    use cli_mcp_api::SessionId;
+    use cli_mcp_server::agent_client::{AgentClient, AgentError};
+    use cli_mcp_server::auth::Caller;
+    use cli_mcp_server::cli::Limits;
+    use cli_mcp_server::metrics::Metrics;
+    use cli_mcp_server::sessions::local::LocalBackend;
+    use cli_mcp_server::sessions::{Backend as _, SessionManager};
+    use tokio_util::sync::CancellationToken;
+
+    support::ensure_built(false);
+    let metrics = Arc::new(Metrics::new());
+    let client = AgentClient::new(0).expect("agent client");
+    let local = LocalBackend::new(
+        support::agent_bin(),
+        Limits::default(),
+        client.clone(),
+        metrics.clone(),
+    )
+    .expect("local backend");
+    let (sid, caller) = (
+        SessionId::parse("kept").expect("session id"),
+        Caller::anonymous(),
+    );
+    let (timeout, cancel) = (Duration::from_secs(30), CancellationToken::new());
+    let direct = SessionManager::new(local.clone(), client.clone(), metrics.clone());
+    let first = direct
+        .exec(&sid, &caller, "export MARK=kept".into(), timeout, &cancel)
+        .await
+        .expect("first command");
+    let agent = local
+        .acquire(&sid, &caller, None)
+        .await
+        .expect("the session's agent");
+    let proxy = broken_first_connection::proxy(&agent.endpoint).await;
+    let proxied = SessionManager::new(
+        Arc::new(broken_first_connection::Proxied {
+            inner: local.clone(),
+            agent: agent.endpoint.clone(),
+            proxy,
+        }),
+        client,
+        metrics,
+    );
+
+    let after = proxied
+        .exec(&sid, &caller, "echo \"$MARK\"".into(), timeout, &cancel)
+        .await
+        .expect("the retry on the same agent");
+    assert_eq!(after.response.stdout, "kept\n");
+    assert_eq!(after.reset, None);
+    assert_eq!(after.sandbox, first.sandbox, "the agent was replaced");
+
+    // An agent that answered that it cannot serve (401, 503) is replaced all the same: its
+    // /healthz would not tell.
+    let refused = AgentError::Status {
+        status: reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        code: None,
+        message: "shutting down".into(),
+    };
+    local.invalidate(&sid, &agent, &refused);
+    let next = local
+        .acquire(&sid, &caller, None)
+        .await
+        .expect("a new agent");
+    assert!(next.uid != agent.uid && next.replaced, "{next:?}");
+    local.shutdown().await;
 }

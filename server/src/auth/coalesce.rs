@@ -6,21 +6,21 @@
 //! closed connection drops the request's future mid-run). Otherwise each abandoned key left
 //! an entry behind for good, and anyone could grow the map with junk tokens.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::OnceCell;
 
+use crate::keyed::Keyed;
+
 pub struct Coalesce<K, V> {
-    runs: Mutex<HashMap<K, Arc<OnceCell<V>>>>,
+    runs: Keyed<K, OnceCell<V>>,
 }
 
 impl<K, V> Default for Coalesce<K, V> {
     fn default() -> Self {
         Self {
-            runs: Mutex::new(HashMap::new()),
+            runs: Keyed::default(),
         }
     }
 }
@@ -33,58 +33,33 @@ impl<K: Hash + Eq + Clone, V: Clone> Coalesce<K, V> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = V>,
     {
-        let cell = self.lock().entry(key.clone()).or_default().clone();
-        let entry = Entry {
-            owner: self,
-            key,
-            cell,
-        };
+        // Dropped with a cancelled caller: the entry goes with the last one waiting.
+        let entry = self.runs.get(key);
         let mut ran = false;
         let value = entry
-            .cell
+            .value()
             .get_or_init(|| {
                 ran = true;
                 run()
             })
             .await
             .clone();
+        // The run is over: later misses run afresh. The caller whose run set the value gets
+        // here in the same poll, so the entry never outlives its run even when every other
+        // caller is cancelled in between; retiring it again is a no-op.
+        entry.retire();
         (value, ran)
     }
 
     /// Runs in progress.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().len()
+        self.runs.len()
     }
 
     #[cfg(test)]
     fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<K, Arc<OnceCell<V>>>> {
-        self.runs.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// A caller's hold on its key's entry; removes the entry when the run is over (its value is
-/// set: later misses run afresh) or when this was the last caller waiting for it.
-struct Entry<'a, K: Hash + Eq, V> {
-    owner: &'a Coalesce<K, V>,
-    key: K,
-    cell: Arc<OnceCell<V>>,
-}
-
-impl<K: Hash + Eq, V> Drop for Entry<'_, K, V> {
-    fn drop(&mut self) {
-        let mut runs = self.owner.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let ours = runs
-            .get(&self.key)
-            .is_some_and(|c| Arc::ptr_eq(c, &self.cell));
-        // Two holders: the map's and this caller's; nobody else waits for the run.
-        if ours && (self.cell.initialized() || Arc::strong_count(&self.cell) <= 2) {
-            runs.remove(&self.key);
-        }
+        self.runs.is_empty()
     }
 }
 
@@ -92,6 +67,7 @@ impl<K: Hash + Eq, V> Drop for Entry<'_, K, V> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     #[tokio::test]
     async fn callers_meanwhile_share_one_run_and_the_entry_goes_with_it() {
@@ -131,7 +107,7 @@ mod tests {
 
     /// The cell of `key`'s run in progress (a clone: one more holder).
     fn cell_of(c: &Coalesce<u32, u32>, key: u32) -> Arc<OnceCell<u32>> {
-        c.lock().get(&key).cloned().unwrap_or_default()
+        c.runs.peek(&key).unwrap_or_default()
     }
 
     #[tokio::test]

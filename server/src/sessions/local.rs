@@ -28,6 +28,7 @@ use super::locks::SessionLocks;
 use super::{
     owner_allows, Activity, Backend, EndedSandboxes, Quota, Sandbox, SessionError, SessionSummary,
 };
+use crate::agent_client::{AgentClient, AgentError};
 use crate::auth::Caller;
 use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
@@ -187,8 +188,28 @@ struct LocalAgent {
     last_activity: Mutex<String>,
     dir: PathBuf,
     exited: watch::Receiver<Option<ExitStatus>>,
-    /// Set when a call could not reach it: the next acquire replaces it.
-    suspect: std::sync::atomic::AtomicBool,
+    /// Set when a call to it failed: the next acquire checks or replaces it.
+    suspect: Mutex<Option<Suspicion>>,
+}
+
+/// Why a call to an agent failed, as far as it says whether the agent is still good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Suspicion {
+    /// The connection failed (refused, or broken before the answer): the agent may be fine
+    /// and the failure passing, so it is kept if it still answers `/healthz`.
+    Unreached,
+    /// The agent answered that it cannot take the session's commands (401, 503: shutting
+    /// down), which its `/healthz` would not tell: it is replaced.
+    Refused,
+}
+
+impl Suspicion {
+    fn of(e: &AgentError) -> Self {
+        match e {
+            AgentError::Connect { .. } | AgentError::Transport { .. } => Self::Unreached,
+            _ => Self::Refused,
+        }
+    }
 }
 
 impl LocalAgent {
@@ -197,7 +218,28 @@ impl LocalAgent {
     }
 
     fn usable(&self) -> bool {
-        self.alive() && !self.suspect.load(Ordering::Relaxed)
+        self.alive() && self.suspicion().is_none()
+    }
+
+    fn suspicion(&self) -> Option<Suspicion> {
+        *self.suspect.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a failed call; a refusal is not taken back by a later connection failure.
+    fn suspect(&self, why: Suspicion) {
+        let mut s = self.suspect.lock().unwrap_or_else(|p| p.into_inner());
+        *s = (*s).max(Some(why));
+    }
+
+    /// Clears the suspicion if it is still only `Unreached` (no call met a refusal while
+    /// `/healthz` was asked); whether it did.
+    fn clear_unreached(&self) -> bool {
+        let mut s = self.suspect.lock().unwrap_or_else(|p| p.into_inner());
+        let clear = *s == Some(Suspicion::Unreached);
+        if clear {
+            *s = None;
+        }
+        clear
     }
 
     /// SIGTERM, then SIGKILL after the grace period.
@@ -223,6 +265,8 @@ pub struct LocalBackend {
     key: HmacKey,
     root: tempfile::TempDir,
     limits: Limits,
+    /// Asks a suspect agent's `/healthz` before it is replaced.
+    agent: AgentClient,
     sessions: Mutex<HashMap<SessionId, Arc<LocalAgent>>>,
     locks: SessionLocks,
     metrics: Arc<Metrics>,
@@ -252,6 +296,7 @@ impl LocalBackend {
     pub fn new(
         agent_binary: PathBuf,
         limits: Limits,
+        agent: AgentClient,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, std::io::Error> {
         // Sessions' workspaces and agent state (commands, output, journals) are private to
@@ -288,6 +333,7 @@ impl LocalBackend {
             key: HmacKey::from_bytes(rand::random()),
             root,
             limits,
+            agent,
             sessions: Mutex::new(HashMap::new()),
             locks: SessionLocks::default(),
             metrics,
@@ -456,7 +502,7 @@ impl LocalBackend {
             last_activity: Mutex::new(now),
             dir,
             exited,
-            suspect: std::sync::atomic::AtomicBool::new(false),
+            suspect: Mutex::new(None),
         })
     }
 
@@ -543,6 +589,19 @@ impl Backend for LocalBackend {
             if !owner_allows(old.owner.as_deref(), caller) {
                 return Err(SessionError::Forbidden(sid.clone()));
             }
+            // A connection that failed once (an agent busy accepting, a pooled connection
+            // closed as a request crossed it) is no reason to lose the session's shell: an
+            // agent that still answers is kept, as a pod is in a cluster, and the call's
+            // retry then goes to the agent that journals its request id.
+            if old.suspicion() == Some(Suspicion::Unreached)
+                && old.alive()
+                && self.agent.healthy(&old.endpoint).await
+                && old.clear_unreached()
+            {
+                tracing::info!(session = %sid, pid = old.pid,
+                    "kept a local session agent that answers /healthz after a failed call");
+                return Ok(self.sandbox(old, None, false));
+            }
         }
         if let Some(old) = dead.clone() {
             self.lock().remove(sid);
@@ -583,10 +642,11 @@ impl Backend for LocalBackend {
         self.live(sid, caller).transpose()
     }
 
-    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {
-        // The next acquire stops it (if it still runs) and starts a new one.
+    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, why: &AgentError) {
+        // The next acquire keeps it if it was only unreached and answers now, else stops it
+        // (if it still runs) and starts a new one.
         if let Some(a) = self.lock().get(sid).filter(|a| a.uid == sandbox.uid) {
-            a.suspect.store(true, Ordering::Relaxed);
+            a.suspect(Suspicion::of(why));
         }
     }
 
@@ -851,6 +911,7 @@ mod tests {
         let backend = LocalBackend::new(
             PathBuf::from("/nonexistent/cli-mcp-agent"),
             Limits::default(),
+            AgentClient::new(0).expect("client"),
             Arc::new(Metrics::new()),
         )
         .expect("backend");

@@ -1,12 +1,9 @@
 //! Per-session locks: one start at a time per session within a replica.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use cli_mcp_api::SessionId;
 use tokio::sync::OwnedMutexGuard;
 
-type SessionLock = Arc<tokio::sync::Mutex<()>>;
+use crate::keyed::{Handle, Keyed};
 
 /// Serialises the slow path (lookup, claim, create, delete) per session, so one replica never
 /// starts two sandboxes for one session. One lock per session, and only while someone holds
@@ -15,7 +12,7 @@ type SessionLock = Arc<tokio::sync::Mutex<()>>;
 /// start timeout, whenever they shared a stripe.)
 #[derive(Default)]
 pub struct SessionLocks {
-    held: Mutex<HashMap<SessionId, SessionLock>>,
+    held: Keyed<SessionId, tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for SessionLocks {
@@ -26,65 +23,41 @@ impl std::fmt::Debug for SessionLocks {
 
 /// A held session lock; the session's entry goes with the last holder or waiter.
 pub struct SessionGuard<'a> {
-    locks: &'a SessionLocks,
-    sid: SessionId,
-    lock: SessionLock,
-    guard: Option<OwnedMutexGuard<()>>,
-}
-
-impl Drop for SessionGuard<'_> {
-    fn drop(&mut self) {
-        self.guard = None;
-        let mut held = self.locks.map();
-        // Two references: the map's and this guard's; nobody else waits for the lock.
-        let last = held
-            .get(&self.sid)
-            .is_some_and(|l| Arc::ptr_eq(l, &self.lock) && Arc::strong_count(&self.lock) == 2);
-        if last {
-            held.remove(&self.sid);
-        }
-    }
+    // Fields drop in order: the lock is released (its guard holds the mutex's Arc) before the
+    // entry counts who else still holds or waits for it.
+    _guard: OwnedMutexGuard<()>,
+    _entry: Handle<'a, SessionId, tokio::sync::Mutex<()>>,
 }
 
 impl SessionLocks {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, SessionLock>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The session's entry, held by a guard that does not hold the lock yet: dropped, it
-    /// removes an entry nobody else uses (also when its caller was cancelled while waiting).
-    fn entry(&self, sid: &SessionId) -> SessionGuard<'_> {
-        let lock = self.map().entry(sid.clone()).or_default().clone();
-        SessionGuard {
-            locks: self,
-            sid: sid.clone(),
-            lock,
-            guard: None,
-        }
-    }
-
     pub async fn lock(&self, sid: &SessionId) -> SessionGuard<'_> {
-        let mut entry = self.entry(sid);
-        entry.guard = Some(entry.lock.clone().lock_owned().await);
-        entry
+        // Dropped with a caller cancelled while waiting: it removes an entry nobody else uses.
+        let entry = self.held.get(sid.clone());
+        SessionGuard {
+            _guard: entry.value().clone().lock_owned().await,
+            _entry: entry,
+        }
     }
 
     /// The lock if it is free right now.
     pub fn try_lock(&self, sid: &SessionId) -> Option<SessionGuard<'_>> {
-        let mut entry = self.entry(sid);
-        entry.guard = Some(entry.lock.clone().try_lock_owned().ok()?);
-        Some(entry)
+        let entry = self.held.get(sid.clone());
+        Some(SessionGuard {
+            _guard: entry.value().clone().try_lock_owned().ok()?,
+            _entry: entry,
+        })
     }
 
     /// Sessions whose lock is held or waited for.
     fn entries(&self) -> usize {
-        self.map().len()
+        self.held.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn sid(s: &str) -> SessionId {
         SessionId::parse(s).expect("session id")

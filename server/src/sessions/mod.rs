@@ -218,9 +218,10 @@ pub trait Backend: Send + Sync + 'static {
             "this backend cannot look a session up without starting it".into(),
         ))
     }
-    /// Forgets `sandbox` as the route of `sid` (it stopped answering); the next `acquire`
-    /// looks again and reports a replacement when it finds another one.
-    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox);
+    /// Forgets `sandbox` as the route of `sid` (a call to it failed with `why`, an error
+    /// [`AgentError::is_rediscoverable`] accepts); the next `acquire` looks again and reports
+    /// a replacement when it finds another one.
+    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, why: &AgentError);
     /// A command starts or ends in `sandbox` (never blocks; stamping happens elsewhere).
     fn activity(&self, sid: &SessionId, sandbox: &Sandbox, event: Activity);
     /// Whether `sandbox` was ended on purpose (`DELETE /sessions/{id}`), as far as this
@@ -313,7 +314,7 @@ impl SessionManager {
             if e.is_rediscoverable() {
                 tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
                     "sandbox did not answer; rediscovering the session once");
-                self.backend.invalidate(sid, &sandbox);
+                self.backend.invalidate(sid, &sandbox, e);
                 // Never starts the session again when the sandbox was deleted meanwhile.
                 let again = self.backend.acquire(sid, caller, Some(&sandbox)).await?;
                 if cancel.is_cancelled() {
@@ -334,7 +335,7 @@ impl SessionManager {
                 result = self.run(sid, &sandbox, &req, timeout, cancel).await?;
                 if let Err(e) = &result {
                     if e.is_rediscoverable() {
-                        self.backend.invalidate(sid, &sandbox);
+                        self.backend.invalidate(sid, &sandbox, e);
                     }
                 }
             }
@@ -514,7 +515,7 @@ mod tests {
         ) -> Result<Sandbox, SessionError> {
             Err(SessionError::Forbidden(sid.clone()))
         }
-        fn invalidate(&self, _: &SessionId, _: &Sandbox) {}
+        fn invalidate(&self, _: &SessionId, _: &Sandbox, _: &AgentError) {}
         fn ended(&self, _: &SessionId, _: &Sandbox) -> bool {
             false
         }
@@ -703,7 +704,7 @@ mod tests {
                 replaced: false,
             })
         }
-        fn invalidate(&self, _: &SessionId, _: &Sandbox) {}
+        fn invalidate(&self, _: &SessionId, _: &Sandbox, _: &AgentError) {}
         fn ended(&self, _: &SessionId, sandbox: &Sandbox) -> bool {
             self.deleted.contains(&sandbox.uid)
         }

@@ -55,7 +55,7 @@ use super::locks::SessionLocks;
 use super::{
     owner_allows, Activity, Backend, EndedSandboxes, Quota, Sandbox, SessionError, SessionSummary,
 };
-use crate::agent_client::AgentClient;
+use crate::agent_client::{AgentClient, AgentError};
 use crate::auth::Caller;
 use crate::cli::Limits;
 use crate::metrics::{Admitted, Launch, Metrics};
@@ -406,7 +406,7 @@ impl Backend for KubeBackend {
         self.existing_sandbox(sid, caller).await
     }
 
-    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox) {
+    fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, _why: &AgentError) {
         self.cache.invalidate(sid, &sandbox.uid);
     }
 
