@@ -739,6 +739,14 @@ impl Default for CommandTimeout {
     }
 }
 
+/// Most entries of `spec.server.allowedOrigins`.
+pub const MAX_ALLOWED_ORIGINS: usize = 16;
+
+/// What the server's `--allowed-origin` accepts, or less: `scheme://host[:port]` with scheme
+/// http or https in any case, a host of DNS name characters or a bracketed IPv6 address, a
+/// port number or `*`. No comma may pass: the server splits its values on commas.
+const ALLOWED_ORIGIN_RULE: &str = r"self.all(o, o.matches('^(?i:https?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9._-]+)(:(\\*|6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?$'))";
+
 /// The MCP server Deployment.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -814,6 +822,23 @@ pub struct ServerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub clients: Vec<ClientSubject>,
+
+    /// Browser origins whose web pages may call the MCP endpoint (0..16), each
+    /// `scheme://host[:port]`: scheme http or https, a DNS name, IPv4 address or `[IPv6]`
+    /// address, and optionally a port (a number up to 65535, or `*` for any port; default 80
+    /// for http, 443 for https), such as `https://app.example.com` or `http://localhost:*`. The server answers their
+    /// CORS preflights and lets their requests through its Origin check; a request with any
+    /// other Origin gets 403, one without Origin (every non-browser client) is not affected.
+    /// Authentication still applies to every request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 8, max = 512)))]
+    #[x_kube(
+        merge_strategy = ListMerge::Set,
+        validation = Rule::new(ALLOWED_ORIGIN_RULE).message(
+            "spec.server.allowedOrigins: each entry is a browser origin scheme://host[:port], such as https://app.example.com or http://localhost:3000: scheme http or https, a DNS name, IPv4 or [IPv6] address, an optional port (a number up to 65535, or * for any); no path, trailing slash, query, user@, spaces or commas"
+        )
+    )]
+    pub allowed_origins: Vec<String>,
 
     /// MCP authorization: OAuth authorization servers whose tokens the server accepts (the
     /// API server must trust each as a JWT issuer) and what the server advertises to MCP
@@ -1139,6 +1164,7 @@ impl Default for ServerSpec {
             max_sessions_per_client: None,
             new_sessions_per_minute_per_client: None,
             clients: Vec::new(),
+            allowed_origins: Vec::new(),
             authorization: None,
             expose: None,
             runtime_class_name: None,
@@ -1440,6 +1466,28 @@ mod tests {
             props["sandbox"]["properties"]["warmPoolSize"]["maximum"],
             200.0
         );
+    }
+
+    #[test]
+    fn allowed_origins_are_a_bounded_set_checked_at_admission() {
+        let crd = serde_json::to_value(CliMcpInstance::crd()).expect("json");
+        let o = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["server"]["properties"]["allowedOrigins"];
+        assert_eq!(o["maxItems"], MAX_ALLOWED_ORIGINS as u64);
+        assert_eq!(o["items"]["maxLength"], 512);
+        assert_eq!(o["x-kubernetes-list-type"], "set");
+        let rule = &o["x-kubernetes-validations"][0];
+        assert_eq!(rule["rule"], ALLOWED_ORIGIN_RULE);
+        assert!(rule["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("spec.server.allowedOrigins: each entry")));
+        let c = cr(serde_json::json!({"server": {"allowedOrigins": ["https://a.example"]}}));
+        assert_eq!(c.spec.server.allowed_origins, ["https://a.example"]);
+        assert!(cr(serde_json::json!({}))
+            .spec
+            .server
+            .allowed_origins
+            .is_empty());
     }
 
     #[test]

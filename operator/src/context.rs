@@ -320,6 +320,8 @@ pub struct Context {
     pub api_peers: Mutex<Option<(Instant, crate::children::ApiServerPeers)>>,
     /// Instances already checked for the Go operator's leftovers.
     pub migrated: crate::migrate::Migrated,
+    /// Consecutive failed reconciles of each failing instance, for their retry backoff.
+    pub retries: crate::retry::RetryBackoff,
 }
 
 impl Context {
@@ -360,6 +362,7 @@ impl Context {
             pool: PoolState::default(),
             api_peers: Mutex::new(None),
             migrated: Default::default(),
+            retries: Default::default(),
         }
     }
 }

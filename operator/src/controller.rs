@@ -11,6 +11,9 @@
 //! 6. status computed from what was observed ([`status::compute`]), written only when it
 //!    changed;
 //! 7. requeue at the soonest deadline (idle expiry, pool backoff) or the resync period.
+//!
+//! A reconcile that fails is retried after a backoff of its own instance ([`error_policy`],
+//! [`crate::retry`]), which a successful reconcile resets.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::idle::IdlePlan;
 use crate::pool::{self, PoolOutcome};
 use crate::resolve::{self, Resolved};
+use crate::retry::{self, InstanceKey};
 use crate::status::{self, DeploymentState, Observed};
 use crate::{apply, idle, teardown};
 
@@ -39,6 +43,9 @@ use crate::{apply, idle, teardown};
 const MISSING_SECRET_RECHECK: Duration = Duration::from_secs(60);
 /// Re-check period after a failed apply.
 const APPLY_RETRY: Duration = Duration::from_secs(10);
+/// Re-check period while a teardown waits (pods terminating): progress, not a failure, so
+/// no backoff; pod and Deployment events usually wake it first.
+const WAITING_RECHECK: Duration = Duration::from_secs(2);
 
 pub async fn reconcile(cr: Arc<CliMcpInstance>, ctx: Arc<Context>) -> Result<Action> {
     // Not on empty caches: see `Stores::synced`. At once after the first sync.
@@ -48,6 +55,7 @@ pub async fn reconcile(cr: Arc<CliMcpInstance>, ctx: Arc<Context>) -> Result<Act
         .namespace()
         .ok_or_else(|| Error::NoNamespace(cr.name_any()))?;
     let api: Api<CliMcpInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    let key = InstanceKey::of(&cr);
     let result = finalizer(&api, FINALIZER, cr, |event| async {
         match event {
             FinalizerEvent::Apply(cr) => apply_instance(cr, &ctx).await,
@@ -57,25 +65,46 @@ pub async fn reconcile(cr: Arc<CliMcpInstance>, ctx: Arc<Context>) -> Result<Act
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)));
     let label = match &result {
-        Ok(_) => "ok",
+        Ok(_) => {
+            ctx.retries.succeeded(&key);
+            "ok"
+        }
         Err(e) => e.metric_label(),
     };
     ctx.metrics.reconciled(label, start.elapsed());
     result
 }
 
-pub fn error_policy(cr: Arc<CliMcpInstance>, err: &Error, _ctx: Arc<Context>) -> Action {
+pub fn error_policy(cr: Arc<CliMcpInstance>, err: &Error, ctx: Arc<Context>) -> Action {
+    Action::requeue(retry_after(&cr, err, &ctx))
+}
+
+/// How long `cr` waits after `err`: teardown progress a short fixed time, a failure the
+/// instance's own backoff ([`crate::retry`]).
+fn retry_after(cr: &CliMcpInstance, err: &Error, ctx: &Context) -> Duration {
     if err.is_waiting() {
         tracing::debug!(instance = %cr.name_any(), "{err}");
-        return Action::requeue(Duration::from_secs(2));
+        return WAITING_RECHECK;
     }
+    let key = InstanceKey::of(cr);
+    // Drops instances deleted without a teardown (no finalizer yet, or removed by hand);
+    // a teardown forgets its own.
+    ctx.retries.retain(|k| {
+        k == &key
+            || cached(&ctx.stores.instances, &k.namespace, &k.name)
+                .is_some_and(|o| o.uid().as_deref() == Some(k.uid.as_str()))
+    });
+    let failures = ctx.retries.fail(&key);
+    let delay = retry::jittered(retry::delay(failures), rand::random::<f64>());
     tracing::warn!(
-        namespace = %cr.namespace().unwrap_or_default(),
-        instance = %cr.name_any(),
+        namespace = %key.namespace,
+        instance = %key.name,
         error = %err,
-        "reconcile failed; retrying in 10s"
+        failures,
+        "reconcile failed; retrying in {:.1}s",
+        delay.as_secs_f64()
     );
-    Action::requeue(Duration::from_secs(10))
+    delay
 }
 
 /// Reconciles a live instance.
@@ -389,4 +418,93 @@ async fn write_status(ctx: &Context, cr: &CliMcpInstance, obs: &Observed) -> Res
         .await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::children::test_support::cr;
+    use crate::context::Stores;
+    use crate::metrics::Metrics;
+    use crate::OperatorConfig;
+    use kube::runtime::{reflector, watcher};
+
+    fn instance(name: &str, uid: &str) -> CliMcpInstance {
+        let mut c = cr(serde_json::json!({}));
+        c.metadata.name = Some(name.into());
+        c.metadata.uid = Some(uid.into());
+        c
+    }
+
+    /// A context whose instance cache holds `live`; nothing here talks to an API server.
+    fn context(live: &[CliMcpInstance]) -> Context {
+        let (instances, mut writer) = reflector::store();
+        for i in live {
+            writer.apply_watcher_event(&watcher::Event::Apply(i.clone()));
+        }
+        let stores = Stores {
+            instances,
+            pods: reflector::store().0,
+            secrets: reflector::store().0,
+            config_maps: reflector::store().0,
+            deployments: reflector::store().0,
+            services: reflector::store().0,
+            service_accounts: reflector::store().0,
+            roles: reflector::store().0,
+            role_bindings: reflector::store().0,
+            network_policies: reflector::store().0,
+            pod_disruption_budgets: reflector::store().0,
+            cluster_role_bindings: reflector::store().0,
+            ingresses: reflector::store().0,
+            http_routes: reflector::store().0,
+            http_routes_served: tokio::sync::watch::channel(None).1,
+            routes: reflector::store().0,
+            routes_served: tokio::sync::watch::channel(None).1,
+            synced: Default::default(),
+        };
+        // Never connected to: the port is closed and the retry path makes no request.
+        let url = "http://127.0.0.1:9".parse().expect("url");
+        let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
+        Context::new(
+            client,
+            Arc::new(OperatorConfig::new("cli-mcp-server:dev", None)),
+            Arc::new(Metrics::new()),
+            stores,
+        )
+    }
+
+    fn within(d: Duration, full_secs: u64) -> bool {
+        let full = Duration::from_secs(full_secs);
+        d <= full && d >= full.mul_f64(1.0 - retry::JITTER)
+    }
+
+    #[tokio::test]
+    async fn failures_back_off_per_instance_and_waiting_does_not() {
+        let a = instance("a", "uid-a");
+        let b = instance("b", "uid-b");
+        let gone = instance("gone", "uid-gone");
+        let ctx = context(&[a.clone(), b.clone()]);
+        let failed = Error::NoNamespace("x".into());
+        let waiting = Error::Waiting("pods".into());
+
+        ctx.retries.fail(&InstanceKey::of(&gone));
+        for secs in [5, 10, 20] {
+            let d = retry_after(&a, &failed, &ctx);
+            assert!(within(d, secs), "{d:?} after a {secs}s step");
+        }
+        assert_eq!(retry_after(&a, &waiting, &ctx), WAITING_RECHECK);
+        let d = retry_after(&a, &failed, &ctx);
+        assert!(within(d, 40), "waiting is not a failure: {d:?}");
+        let d = retry_after(&b, &failed, &ctx);
+        assert!(within(d, 5), "another instance has its own backoff: {d:?}");
+        assert_eq!(
+            ctx.retries.fail(&InstanceKey::of(&gone)),
+            1,
+            "an instance no longer cached was dropped"
+        );
+
+        ctx.retries.succeeded(&InstanceKey::of(&a));
+        let d = retry_after(&a, &failed, &ctx);
+        assert!(within(d, 5), "a success starts over: {d:?}");
+    }
 }

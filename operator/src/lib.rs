@@ -7,7 +7,8 @@
 //! [`children`] holds pure builders of every owned object and the whole desired set;
 //! [`apply`] writes them with server-side apply (and skips writes that cannot change
 //! anything); [`pool`], [`idle`] and [`teardown`] are the sandbox lifecycle;
-//! [`status`] computes the status from what was observed; [`watch`] wires the watches;
+//! [`status`] computes the status from what was observed; [`retry`] spaces out the retries
+//! of a failing instance; [`watch`] wires the watches;
 //! [`cli`], [`run`], [`leader`], [`metrics`] and [`telemetry`] are the process around them
 //! (`main.rs` only wires them together).
 
@@ -29,6 +30,7 @@ pub mod olm;
 pub mod platform;
 pub mod pool;
 pub mod resolve;
+pub mod retry;
 pub mod rotation;
 pub mod run;
 pub mod sandbox_pod;

@@ -261,6 +261,46 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
             json!({"server": {"expose": {"httpRoute": {"host": "a.example.com", "parentRefs": []}}}}),
             "at least 1 items",
         ),
+        (
+            "originnoturl",
+            json!({"server": {"allowedOrigins": ["not a url"]}}),
+            "spec.server.allowedOrigins: each entry is a browser origin scheme://host[:port]",
+        ),
+        (
+            "originpath",
+            json!({"server": {"allowedOrigins": ["https://app.example.com/"]}}),
+            "spec.server.allowedOrigins: each entry is a browser origin",
+        ),
+        (
+            "originscheme",
+            json!({"server": {"allowedOrigins": ["ftp://app.example.com"]}}),
+            "spec.server.allowedOrigins: each entry is a browser origin",
+        ),
+        (
+            "originport",
+            json!({"server": {"allowedOrigins": ["https://app.example.com:65536"]}}),
+            "spec.server.allowedOrigins: each entry is a browser origin",
+        ),
+        (
+            "originuser",
+            json!({"server": {"allowedOrigins": ["https://me@app.example.com"]}}),
+            "spec.server.allowedOrigins: each entry is a browser origin",
+        ),
+        (
+            "origincomma",
+            json!({"server": {"allowedOrigins": ["https://a.example,https://b.example"]}}),
+            "spec.server.allowedOrigins: each entry is a browser origin",
+        ),
+        (
+            "originmany",
+            json!({"server": {"allowedOrigins": (0..17).map(|i| format!("https://a{i}.example")).collect::<Vec<_>>()}}),
+            "must have at most 16 items",
+        ),
+        (
+            "origintwice",
+            json!({"server": {"allowedOrigins": ["https://a.example", "https://a.example"]}}),
+            "Duplicate value",
+        ),
     ];
     for (name, spec, want) in cases {
         let msg = rejected(&c, &ns, name, spec).await;
@@ -328,6 +368,24 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
             .and_then(|e| e.host()),
         Some("mcp.example.com")
     );
+    // Every form the server's --allowed-origin accepts that a browser sends.
+    let origins = [
+        "https://app.example.com",
+        "HTTPS://App.Example.com:8443",
+        "http://localhost:*",
+        "http://[::1]:3000",
+        "http://192.168.1.10",
+        "https://a.example:65535",
+    ];
+    let o = ns
+        .api::<CliMcpInstance>()
+        .create(
+            &PostParams::default(),
+            &instance("origins", json!({"server": {"allowedOrigins": origins}})),
+        )
+        .await
+        .expect("valid origins are accepted");
+    assert_eq!(o.spec.server.allowed_origins, origins);
     // A Route may leave its host to the router; the edge policy defaults to Redirect.
     let routed = ns
         .api::<CliMcpInstance>()

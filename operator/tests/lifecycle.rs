@@ -1113,6 +1113,90 @@ async fn auth_none_serves_plain_http_without_tls_material() {
     finish(ns, "plain", &op).await;
 }
 
+/// `spec.server.allowedOrigins` reach the server as `--allowed-origin` flags it accepts: it
+/// starts (an origin it could not parse would stop it), a browser request from a listed
+/// origin passes its Origin check, and one from any other origin gets 403.
+#[tokio::test]
+async fn allowed_origins_reach_the_server_and_only_they_pass() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("origins").await.expect("namespace");
+    let op = Operator::start(&c, &ns.name, "op");
+    let origins = [
+        "https://app.example.com",
+        "HTTP://LocalHost:*",
+        "http://[::1]:3000",
+    ];
+    create_instance(
+        &ns,
+        "orig",
+        json!({"server": {"auth": "None", "allowedOrigins": origins}}),
+    )
+    .await;
+    wait_ready(&ns, "orig", &op).await;
+    let n = InstanceName::parse("orig").expect("name");
+    let d = ns
+        .api::<Deployment>()
+        .get(&n.server())
+        .await
+        .expect("Deployment");
+    let args = d
+        .spec
+        .template
+        .spec
+        .and_then(|p| p.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .unwrap_or_default();
+    let given: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--allowed-origin")
+        .map(|w| w[1].as_str())
+        .collect();
+    assert_eq!(given, origins);
+
+    let pods = ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&n.server_selector()))
+        .await
+        .expect("server pods");
+    let ip = pods
+        .items
+        .iter()
+        .filter(|p| is_ready(p))
+        .find_map(cli_mcp_e2e::testing::pod_ip)
+        .expect("a ready server pod with an IP");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("HTTP client");
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "origin-test", "version": "0"}}});
+    for (origin, allowed) in [
+        ("https://app.example.com", true),
+        ("http://localhost:5173", true),
+        ("https://evil.example", false),
+        ("http://app.example.com", false),
+    ] {
+        let res = http
+            .post(format!("http://{ip}:8080/mcp"))
+            .header("Origin", origin)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&initialize)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST /mcp from {origin}: {e}"));
+        let status = res.status();
+        let body = res.text().await.unwrap_or_default();
+        if allowed {
+            assert!(status.is_success(), "{origin}: {status} {body}");
+        } else {
+            assert_eq!(status, reqwest::StatusCode::FORBIDDEN, "{origin}: {body}");
+        }
+    }
+    finish(ns, "orig", &op).await;
+}
+
 /// Whether the API server's RBAC lets `user` (in `groups`) use `verb` on instance
 /// `instance`'s MCP endpoint — the very check the server makes with a SubjectAccessReview.
 async fn may_use(

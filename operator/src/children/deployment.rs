@@ -87,6 +87,9 @@ pub fn server_args(inp: &Inputs) -> Vec<String> {
     );
     // One flag per value: the server also splits values on commas, which admission keeps
     // out of these lists.
+    for o in &inp.spec.allowed_origins {
+        flag("--allowed-origin", o.clone());
+    }
     if let Some(a) = &inp.spec.authorization {
         for s in &a.servers {
             flag("--authorization-server", s.clone());
@@ -373,6 +376,32 @@ mod tests {
             .filter(|w| w[0] == flag)
             .map(|w| w[1].clone())
             .collect()
+    }
+
+    #[test]
+    fn each_allowed_origin_is_its_own_flag() {
+        let origins = [
+            "https://app.example.com",
+            "http://localhost:*",
+            "http://[::1]:3000",
+        ];
+        let inp = inputs(serde_json::json!({"server": {"allowedOrigins": origins}}));
+        let a = server_args(&inp);
+        assert_eq!(all(&a, "--allowed-origin"), origins);
+        let d = deployment(&inp);
+        let args = d
+            .spec
+            .template
+            .spec
+            .and_then(|p| p.containers.into_iter().next())
+            .and_then(|c| c.args)
+            .unwrap_or_default();
+        assert_eq!(all(&args, "--allowed-origin"), origins, "in the container");
+        let none = server_args(&inputs(serde_json::json!({})));
+        assert!(
+            all(&none, "--allowed-origin").is_empty(),
+            "no origin unless listed: the server then lets no browser page in"
+        );
     }
 
     #[test]

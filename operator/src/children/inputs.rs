@@ -36,6 +36,8 @@ pub struct Spec {
     pub server_instructions: Option<String>,
     /// `spec.server.clients`: bound to the client Role besides the client ServiceAccount.
     pub clients: Vec<ClientSubject>,
+    /// `spec.server.allowedOrigins`: one `--allowed-origin` each.
+    pub allowed_origins: Vec<String>,
     /// `spec.server.authorization`: rendered as the server's OAuth flags.
     pub authorization: Option<AuthorizationSpec>,
     /// `spec.server.expose`: the Ingress or HTTPRoute that publishes the endpoint.
@@ -103,6 +105,7 @@ impl Spec {
             server_placement: s.server.placement(),
             server_instructions: s.server.instructions.clone(),
             clients: s.server.clients.clone(),
+            allowed_origins: s.server.allowed_origins.clone(),
             authorization: s.server.authorization.clone(),
             expose: s.server.expose.clone(),
             warm_pool_size: s.sandbox.warm_pool_size,
