@@ -16,6 +16,12 @@
 //! watch reports their pods; what other replicas are starting at the same moment is what the
 //! slot, taken next (one API round trip, outside any lock), accounts for.
 //!
+//! `DELETE /sessions/{id}` frees the session's place at once ([`Admission::retired`]), not
+//! when the watch reports the pod's deletion: the caller's next new session must not be
+//! refused for the one it just ended. Events of that pod from before its deletion may still
+//! be on their way (the retirement itself patches the pod first, and activity stamps patch
+//! it too); they no longer count it.
+//!
 //! Before the watch has listed the pods once, and after a watch error until the watch is seen
 //! working again, the view may be behind: admission then counts from a LIST instead
 //! ([`Admission::reserve_listed`]), still combined with `pending` and `written`, so an API
@@ -98,6 +104,11 @@ impl View {
     }
 }
 
+/// How long a pod this replica deleted stays uncounted whatever the watch says of it alive.
+/// The watch reports its deletion within moments; if that never comes (the delete failed
+/// after all), the pod counts again after this.
+const RETIRED_FOR: Duration = Duration::from_secs(60);
+
 /// A pod this replica claimed or created, not yet reported by its watch.
 #[derive(Debug)]
 struct Written {
@@ -116,6 +127,8 @@ struct State {
     synced: bool,
     pending: HashSet<SessionId>,
     written: HashMap<SessionId, Written>,
+    /// Pods this replica deleted (key → when) whose deletion the watch has not reported yet.
+    retired: HashMap<String, Instant>,
 }
 
 impl State {
@@ -150,6 +163,13 @@ impl State {
         if self.relist.is_none() && self.listed_once {
             self.synced = true;
         }
+    }
+
+    /// Whether a report of pod `key` alive is older than this replica's delete of it.
+    fn stale(&mut self, key: &str, now: Instant) -> bool {
+        self.retired
+            .retain(|_, at| now.duration_since(*at) < RETIRED_FOR);
+        self.retired.contains_key(key)
     }
 }
 
@@ -297,6 +317,12 @@ impl Admission {
     /// One pod of the (re)list.
     pub fn relisted(&self, pod: PodView) {
         let mut st = self.lock();
+        if pod.terminating {
+            st.retired.remove(&pod.key);
+        }
+        if st.stale(&pod.key, Instant::now()) {
+            return;
+        }
         if let (Some((view, _)), Some(sid), false) =
             (st.relist.as_mut(), pod.session, pod.terminating)
         {
@@ -325,8 +351,12 @@ impl Admission {
         let mut st = self.lock();
         st.seen(&pod.key);
         match (pod.session, pod.terminating) {
+            (Some(_), false) if st.stale(&pod.key, Instant::now()) => {}
             (Some(sid), false) => st.view.insert(pod.key, sid),
-            _ => st.view.remove(&pod.key),
+            _ => {
+                st.retired.remove(&pod.key);
+                st.view.remove(&pod.key);
+            }
         }
         st.resumed();
         drop(st);
@@ -337,8 +367,20 @@ impl Admission {
     pub fn deleted(&self, pod: PodView) {
         let mut st = self.lock();
         st.seen(&pod.key);
+        st.retired.remove(&pod.key);
         st.view.remove(&pod.key);
         st.resumed();
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// This replica deleted pod `key` (`DELETE /sessions/{id}`): its place is free now, and
+    /// reports of it alive that the watch still delivers are older than the delete.
+    pub fn retired(&self, key: &str) {
+        let mut st = self.lock();
+        st.retired.insert(key.to_owned(), Instant::now());
+        st.written.retain(|_, w| w.pod != key);
+        st.view.remove(key);
         drop(st);
         self.changed.notify_waiters();
     }
@@ -551,6 +593,41 @@ mod tests {
             a.reserve(&sid("c")).is_ok(),
             "a deleted session frees its place"
         );
+    }
+
+    /// `DELETE /sessions/{id}` frees the place at once; the watch then still delivers the
+    /// pod's retirement patch (alive, from before the delete): it must not count the pod
+    /// again, and the new session of the caller is admitted. Its deletion, when the watch
+    /// reports it, ends the matter.
+    #[test]
+    fn a_deleted_session_stays_uncounted_when_older_events_of_its_pod_arrive() {
+        let a = synced(2, &[("uid-a", "a"), ("uid-x", "x")]);
+        assert_eq!(limit(a.reserve(&sid("b"))), FULL);
+        a.retired("uid-a");
+        a.applied(pod("uid-a", "a"));
+        let r = a.reserve(&sid("b")).expect("the place a's DELETE freed");
+        r.written("uid-b");
+        drop(r);
+        a.applied(pod("uid-b", "b"));
+        let mut gone = pod("uid-a", "a");
+        gone.terminating = true;
+        a.applied(gone);
+        a.deleted(pod("uid-a", "a"));
+        assert!(a.lock().retired.is_empty(), "forgotten once seen going");
+        assert_eq!(limit(a.reserve(&sid("c"))), FULL, "b counts");
+    }
+
+    /// A delete that did not happen after all: the pod counts again once the watch keeps
+    /// reporting it alive past [`RETIRED_FOR`].
+    #[test]
+    fn a_retired_pod_the_watch_still_reports_alive_counts_again_after_a_while() {
+        let a = synced(2, &[("uid-a", "a"), ("uid-x", "x")]);
+        a.retired("uid-a");
+        a.lock()
+            .retired
+            .insert("uid-a".into(), Instant::now() - RETIRED_FOR);
+        a.applied(pod("uid-a", "a"));
+        assert_eq!(limit(a.reserve(&sid("b"))), FULL);
     }
 
     #[test]

@@ -63,7 +63,7 @@ use activity::ActivityStamper;
 use admission::{Admission, LimitReached, Reservation};
 use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::Found;
-use pods::{annotation_of, endpoint_of, has_launch};
+use pods::{annotation_of, endpoint_of, has_launch, pod_key};
 use rate::NewSessionRate;
 use routes::{Route, RouteCache};
 use slots::{client_tag, Family, SlotHold, Slots};
@@ -442,7 +442,7 @@ impl Backend for KubeBackend {
             // Its places are free when DELETE answers (the caller's next new session must not
             // be refused for the session it just ended): gone from this replica's count, and
             // its slots deleted, not left to the pod watch or the garbage collector.
-            self.admission.deleted(watch::pod_view(pod));
+            self.admission.retired(&pod_key(pod));
             if let Some(uid) = pod.uid() {
                 self.release_slots_of(sid, &uid).await;
             }

@@ -281,9 +281,13 @@ impl Slots {
         out
     }
 
-    /// This replica deleted `name` (or found it gone).
+    /// This replica deleted `name` (or found it gone). A 409 remembered for it is forgotten
+    /// too: the slot is free now, and without that a session started right after
+    /// `DELETE /sessions/{id}` was refused when a refused start had met that slot's 409
+    /// within [`CONFLICT_MEMORY`] and the watch had not yet reported the delete.
     pub fn gone(&self, name: &str) {
         let mut st = self.lock();
+        st.conflicts.remove(name);
         st.view.remove(name);
         if let Some(r) = st.relist.as_mut() {
             r.remove(name);
@@ -766,6 +770,27 @@ mod tests {
                 .is_some_and(|n| n == a || n == b),
             "the 409 is forgotten after a while"
         );
+    }
+
+    /// A refused start met every slot's 409; then this replica deletes one (`DELETE
+    /// /sessions/{id}`): the next start must try it at once, not wait for the watch to report
+    /// the delete or for the 409 to be forgotten.
+    #[test]
+    fn a_slot_this_replica_deleted_is_free_at_once_despite_an_earlier_409() {
+        let s = slots();
+        let taken: Vec<SlotView> = (0..3)
+            .map(|k| view(&s, Family::Instance, k, Some("p")))
+            .collect();
+        synced(&s, taken);
+        let now = Instant::now();
+        // Another replica's view: it lags, so it tries a slot and gets a 409.
+        let name = s.name(&Family::Instance, 1);
+        s.lock().view.remove(&name);
+        assert_eq!(s.pick(&Family::Instance, 3, now), Some(name.clone()));
+        s.created(&name, Err(()), now);
+        assert_eq!(s.pick(&Family::Instance, 3, now), None, "all taken");
+        s.gone(&name);
+        assert_eq!(s.pick(&Family::Instance, 3, now), Some(name));
     }
 
     #[test]
