@@ -170,13 +170,8 @@ async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
         "PS1='$(read -r line)'",
         "PS0='$(builtin() { :; }; read -r line)'",
         "readonly PROMPT_COMMAND='builtin() { :; }'",
-        // The report function each line calls is read-only, called quoted, and restores
-        // `declare` (which gives it back its trace attribute) like the other builtins.
-        "__cli_mcp_report() { :; }",
-        "unset -f __cli_mcp_report",
-        "alias __cli_mcp_report=false; shopt -s expand_aliases",
-        "enable -n declare; declare() { :; }",
-        // The status is an argument: with digits in `IFS` an unquoted `$?` would vanish.
+        // The status goes through a quoted variable: with digits in `IFS` an unquoted
+        // expansion of it would vanish.
         "IFS=0123456789",
         "builtin() { builtin \"$@\"; }",
         "set -e; builtin() { return 1; }",
@@ -207,30 +202,6 @@ async fn redefined_or_disabled_builtins_do_not_break_the_framing() {
         s(&a.exec("shopt -o posix").await, "stdout"),
         "posix          \ton\n"
     );
-    answers(&a, false).await;
-}
-
-/// bash hides `DEBUG` and `RETURN` traps inside a function without the trace attribute
-/// and puts them back when it returns, so the agent's report function has that attribute;
-/// a command can take it away, but only for one call: the function gives it back, and the
-/// trap that command set is removed one call later.
-#[tokio::test]
-async fn a_report_function_stripped_of_its_trace_attribute_still_removes_traps() {
-    let a = Agent::start();
-    a.exec("cd /tmp; export KEPT=yes").await;
-    let v = a
-        .exec("declare -f +t __cli_mcp_report; trap ': x' DEBUG; declare -F -p __cli_mcp_report")
-        .await;
-    assert_eq!(s(&v, "stdout"), "declare -fr __cli_mcp_report\n", "{v}");
-    let v = a.exec("declare -F -p __cli_mcp_report").await;
-    assert_eq!(s(&v, "stdout"), "declare -frt __cli_mcp_report\n", "{v}");
-    assert!(
-        s(&v, "stderr").contains("DEBUG trap this command set was removed"),
-        "{v}"
-    );
-    let v = a.exec("trap -p DEBUG; echo \"$KEPT\"; pwd").await;
-    assert_eq!(s(&v, "stdout"), "yes\n/tmp\n", "{v}");
-    assert_eq!(s(&v, "stderr"), "", "{v}");
     answers(&a, false).await;
 }
 

@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
-use super::framing::{StatusPipe, REPORT_FUNCTION};
+use super::framing::StatusPipe;
 use super::interrupt::{Stop, StopReason};
 use super::{ShellError, ShellOptions};
 use crate::procs;
@@ -33,8 +33,6 @@ use crate::reaper::{ExitCode, Reaper};
 /// function named `builtin` turned every later command into a silent no-op (and one that
 /// reads would eat the agent's lines); a shell that never prompts has no use for it. And
 /// `MAILCHECK` (empty: no mail checks), whose `MAILPATH` messages are expanded there too.
-/// The report function each command's line calls is defined after it
-/// ([`super::framing::REPORT_FUNCTION`]).
 const INIT_SCRIPT: &str =
     "set -m +o history +H\nPS1= PS2= PS0=\nreadonly TMOUT= PROMPT_COMMAND= MAILCHECK=\n";
 
@@ -133,8 +131,10 @@ impl Bash {
             .take()
             .ok_or_else(|| spawn_err(io::Error::other("no stdin pipe")))?;
         let mut stdin = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(spawn_err)?;
-        let init = format!("{INIT_SCRIPT}{REPORT_FUNCTION}");
-        stdin.write_all(init.as_bytes()).await.map_err(spawn_err)?;
+        stdin
+            .write_all(INIT_SCRIPT.as_bytes())
+            .await
+            .map_err(spawn_err)?;
         let pid = child.id() as i32;
         Ok(Self {
             pid,

@@ -64,40 +64,55 @@ pub(super) fn inline_command_line(command: &str, dir: Option<&Path>, nonce: &str
 /// A line that only reports `status` under `nonce`: bash answers it once it is back at
 /// its top level and reading lines again.
 pub(super) fn sync_line(nonce: &str, status: i32) -> String {
-    format!("\\{REPORT} {nonce} {status} ''\n")
+    format!(
+        "{}\\builtin printf '\\0%s %s %s %s\\0' {nonce} {status} \"$-\" \"${{PWD-}}\" >&3\n",
+        restore_builtins(nonce)
+    )
 }
 
-/// After a command: a call of the report function (see [`REPORT_FUNCTION`]) with the nonce,
-/// the command's status and the quoted path of its `done` FIFO (`''` when the state dir had
-/// no room for the FIFOs). The status goes as an argument, which no command can have made
-/// read-only (quoted: an `IFS` holding digits would split it away). The name is quoted, so
-/// no alias replaces it.
+/// After a command: its status, kept in a variable no command can have made read-only (its
+/// name holds the nonce), the builtins restored, then the record, written to fd 3 while the
+/// command's `done` FIFO (the quoted path `done`) is open: bash opens it, writes the record
+/// and closes it, and the agent, reading it, sees that close. The record comes first, so a
+/// close without a record means that this shell can no longer report at all (see
+/// [`restore_builtins`]). The redirection is made whatever `\builtin` turns out to be (a
+/// read-only function gets it too; a command not found gets it in its child), so the close
+/// comes even then. Open, record and close come within microseconds, so the agent wakes
+/// once for all three: as separate commands (the record, then `\builtin : <>done`) they
+/// woke it up to three times per command. (A redirection with no command at all would need
+/// no name, but bash forks a subshell for it: a millisecond per command, and no fork at all
+/// under a fork bomb. `:` alone could be a function: the fork bomb `:(){ :|:& };:` defines
+/// one.) Read-write, because opening a FIFO read-write never blocks, also when nobody reads
+/// it. A command may have removed its directory, or made it unsearchable: then `done`
+/// cannot be opened, and the record is written without it (`|| …`), as it is when the state
+/// dir had no room for the FIFOs (`done` is `None`).
 fn report_status(nonce: &str, done: Option<&str>) -> String {
-    format!("\\{REPORT} {nonce} \"$?\" {}", done.unwrap_or("''"))
+    let status = format!("__cli_mcp_status_{nonce}");
+    let record = format!(
+        "\\builtin printf '\\0%s %s %s %s\\0' {nonce} \"${status}\" \"$-\" \"${{PWD-}}\" >&3"
+    );
+    let report = match done {
+        Some(done) => format!("{record} <>{done} || {record}"),
+        None => record,
+    };
+    format!(
+        "{status}=$?; {}{report}; \\builtin unset {status}",
+        restore_builtins(nonce)
+    )
 }
 
-/// The name of the report function.
-const REPORT: &str = "__cli_mcp_report";
-
-/// Defined in every new shell before its first command, and read-only: no command can
-/// redefine or remove it (`unset -f` and a new definition both fail with `readonly
-/// function`), no alias replaces it (the agent's lines call it quoted), and no builtin can
-/// take its place (a function is found before a builtin of the same name). Its body is
-/// parsed once, when it is defined, so aliases defined later do not change it, and each
-/// command's line is a short call instead of the whole restore and record parsed anew (bash
-/// spends about a tenth less on each line: 83–91 against 96–101 µs in bursts of 20,000 on
-/// one vCPU).
-/// Its arguments are the nonce, the command's status and the path of `done` (empty: none).
+/// Makes the names the agent's lines use mean the builtins again, whatever the previous
+/// command did: a function or an alias named `builtin`, `.`, `eval`, `printf`, `unset`,
+/// `enable` or `trap`, or one of those builtins disabled with `enable -n`; removes the
+/// `DEBUG` and `RETURN` traps; and removes the prompts `PS0` and `PS1`, which bash expands
+/// on its own around each line it reads: a command substitution in one runs before the
+/// agent's next line and can read that line from bash's input. (`PROMPT_COMMAND`, the
+/// other thing bash runs on its own there, is made empty and read-only when the shell
+/// starts: a hook that redefined `builtin` made every later command a silent no-op.)
 ///
-/// It makes the names it uses mean the builtins again, whatever the command did: a function
-/// or an alias named `builtin`, `.`, `eval`, `printf`, `unset`, `enable` or `trap`, or one of
-/// those builtins disabled with `enable -n`; removes the `DEBUG` and `RETURN` traps; and
-/// removes the prompts `PS0` and `PS1`, which bash expands on its own around each line it
-/// reads: a command substitution in one runs before the agent's next line and can read that
-/// line from bash's input. (`PROMPT_COMMAND`, the other thing bash runs on its own there, is
-/// made empty and read-only when the shell starts: a hook that redefined `builtin` made every
-/// later command a silent no-op.)
-///
+/// - Aliases: every command word the agent writes is quoted (`\builtin`), and a quoted word
+///   is never alias-expanded; the user's aliases are left alone. (Reserved words such as
+///   `if` or `{` can be aliases too, so the line uses none: `[[ ]]`, `||` and `;` only.)
 /// - Functions: `builtin X` skips functions named X, so only functions named `builtin` and
 ///   `enable` must go. `unset -f` removes them, but `unset` can be a function too, and so
 ///   can `command`: no regular builtin is safe from a function. In POSIX mode, though,
@@ -111,48 +126,26 @@ const REPORT: &str = "__cli_mcp_report";
 /// - `enable -n`: `enable` re-enables the builtins the agent uses (after `enable` itself
 ///   was freed of a function).
 /// - Traps: a `DEBUG` trap runs before every simple command at the top level, the agent's
-///   call included, and a `RETURN` trap whenever
-///   a sourced file (every command) returns: a slow or reading one would make every later
-///   call slow, a false timeout, or eat the agent's lines. Both are removed as early as a
-///   special builtin can be trusted, right after POSIX mode is entered; once more after
-///   `enable`, for a `trap` that was disabled. Until then the trap still runs a few times:
-///   the command that set it pays for it. Before that, `trap` lists the traps that are set
-///   on the status pipe (the agent says which were removed): without arguments it lists only
-///   the traps set, so in the usual case it writes nothing and the agent is not woken for it.
-///   The function has the trace attribute (`declare -t`): without it bash hides the two
-///   traps inside a function and puts them back when it returns, so they could be neither
-///   listed nor removed there. A command can take the attribute away (a read-only function's
-///   attributes can still be changed); the function gives it back to itself, so that lasts
-///   one call: a trap that command set is removed, and noted, one call later.
-/// - The record is written to fd 3 while the command's `done` FIFO is open: bash opens it,
-///   writes the record and closes it, and the agent, reading it, sees that close. The record
-///   comes first, so a close without a record means that this shell can no longer report at
-///   all. The redirection is made whatever `\builtin` turns out to be (a read-only function
-///   gets it too; a command not found gets it in its child), so the close comes even then.
-///   Open, record and close come within microseconds, so the agent wakes once for all three.
-///   (A redirection with no command at all would need no name, but bash forks a subshell
-///   for it: a millisecond per command, and no fork at all under a fork bomb.) Read-write,
-///   because opening a FIFO read-write never blocks, also when nobody reads it. A command
-///   may have removed its directory, or made it unsearchable: then `done` cannot be opened,
-///   and the record is written without it (`|| …`), as it is when there is no `done`.
-/// - Only `[[ ]]`, `&&`, `||` and `;` in the call's line (reserved words such as `if` or `{`
-///   can be aliases); inside the body aliases no longer matter.
+///   own included, and a `RETURN` trap whenever a sourced file (every command) returns: a
+///   slow or reading one would make every later call slow, a false timeout, or eat the
+///   agent's lines. Both are removed as early as a special builtin can be trusted, right
+///   after POSIX mode is entered; once more after `enable`, for a `trap` that was disabled.
+///   Until then the trap still runs a few times: the command that set it pays for it.
+///   Before that, `trap` lists the traps that are set on the status pipe (the agent says
+///   which were removed): without arguments it lists only the traps set, so in the usual
+///   case it writes nothing and the agent is not woken for it (`trap -p DEBUG RETURN`, in
+///   POSIX mode, wrote a line per trap, set or not, each waking the agent).
 ///
 /// A command that goes further (a read-only function named `builtin`, `enable -n enable`, a
 /// read-only `POSIXLY_CORRECT` together with a function named `unset`, fd 3 closed for good)
 /// leaves the shell unable to report; the `done` FIFO tells at once, and the shell is
 /// replaced.
-pub(super) const REPORT_FUNCTION: &str = concat!(
-    "__cli_mcp_report() { ",
-    "[[ -o posix ]] || POSIXLY_CORRECT=__cli_mcp_$1; \\trap >&3; \\trap - DEBUG RETURN; ",
-    "\\unset -f builtin enable; \\unset -v PS0 PS1; ",
-    "[[ ${POSIXLY_CORRECT-} != __cli_mcp_* ]] || \\unset POSIXLY_CORRECT; ",
-    "\\enable builtin enable printf . eval unset trap declare; \\builtin trap - DEBUG RETURN; ",
-    "\\builtin declare -ft __cli_mcp_report; ",
-    "[[ -n ${3-} ]] && \\builtin printf '\\0%s %s %s %s\\0' \"$1\" \"$2\" \"$-\" \"${PWD-}\" >&3 <>\"$3\" ",
-    "|| \\builtin printf '\\0%s %s %s %s\\0' \"$1\" \"$2\" \"$-\" \"${PWD-}\" >&3; }; ",
-    "declare -frt __cli_mcp_report\n",
-);
+fn restore_builtins(nonce: &str) -> String {
+    let mark = format!("__cli_mcp_{nonce}");
+    format!(
+        "[[ -o posix ]] || POSIXLY_CORRECT={mark}; \\trap >&3; \\trap - DEBUG RETURN; \\unset -f builtin enable; \\unset -v PS0 PS1; [[ ${{POSIXLY_CORRECT-}} != __cli_mcp_* ]] || \\unset POSIXLY_CORRECT; \\enable builtin enable printf . eval unset trap; \\builtin trap - DEBUG RETURN; "
+    )
+}
 
 /// The agent's end of the status pipe.
 pub(super) struct StatusPipe {
@@ -334,9 +327,18 @@ mod tests {
     #[test]
     fn command_line_names_only_our_files() {
         let l = command_line(Path::new("/s/cmd/1"), "abc");
-        assert_eq!(
-            l,
-            "\\builtin . '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; \\__cli_mcp_report abc \"$?\" '/s/cmd/1/done'\n"
+        assert!(
+            l.starts_with(
+                "\\builtin . '/s/cmd/1/cmd' </dev/null >'/s/cmd/1/out' 2>'/s/cmd/1/err' 3>&-; __cli_mcp_status_abc=$?; "
+            ),
+            "{l}"
+        );
+        let record = "\\builtin printf '\\0%s %s %s %s\\0' abc \"$__cli_mcp_status_abc\" \"$-\" \"${PWD-}\" >&3";
+        assert!(
+            l.ends_with(&format!(
+                "{record} <>'/s/cmd/1/done' || {record}; \\builtin unset __cli_mcp_status_abc\n"
+            )),
+            "{l}"
         );
         // No reserved word: an alias can redefine `if` or `{`, never `[[`, `||` or `;`.
         for word in ["if", "then", "fi", "{", "}", "while", "case"] {
@@ -348,20 +350,12 @@ mod tests {
     #[test]
     fn an_inline_command_is_quoted_whole() {
         let l = inline_command_line("echo 'a'\nb", None, "n");
-        assert_eq!(
-            l,
-            "\\builtin eval 'echo '\\''a'\\''\nb' </dev/null >/dev/null 2>/dev/null 3>&-; \\__cli_mcp_report n \"$?\" ''\n"
+        assert!(
+            l.starts_with(
+                "\\builtin eval 'echo '\\''a'\\''\nb' </dev/null >/dev/null 2>/dev/null 3>&-; __cli_mcp_status_n=$?; "
+            ),
+            "{l}"
         );
-    }
-
-    #[test]
-    fn the_report_function_is_one_read_only_definition() {
-        assert!(REPORT_FUNCTION.starts_with(&format!("{REPORT}() {{ ")));
-        assert!(REPORT_FUNCTION.ends_with(&format!("; }}; declare -frt {REPORT}\n")));
-        assert_eq!(REPORT_FUNCTION.lines().count(), 1);
-        // A string broken over lines without its backslashes would leave runs of spaces.
-        assert!(!REPORT_FUNCTION.contains("  "), "{REPORT_FUNCTION}");
-        assert_eq!(sync_line("s", 130), "\\__cli_mcp_report s 130 ''\n");
     }
 
     #[test]
