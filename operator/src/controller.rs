@@ -41,8 +41,6 @@ use crate::{apply, idle, teardown};
 
 /// Re-check period while a required Secret is missing (its watch usually wakes us first).
 const MISSING_SECRET_RECHECK: Duration = Duration::from_secs(60);
-/// Re-check period after a failed apply.
-const APPLY_RETRY: Duration = Duration::from_secs(10);
 /// Re-check period while a teardown waits (pods terminating): progress, not a failure, so
 /// no backoff; pod and Deployment events usually wake it first.
 const WAITING_RECHECK: Duration = Duration::from_secs(2);
@@ -55,7 +53,6 @@ pub async fn reconcile(cr: Arc<CliMcpInstance>, ctx: Arc<Context>) -> Result<Act
         .namespace()
         .ok_or_else(|| Error::NoNamespace(cr.name_any()))?;
     let api: Api<CliMcpInstance> = Api::namespaced(ctx.client.clone(), &ns);
-    let key = InstanceKey::of(&cr);
     let result = finalizer(&api, FINALIZER, cr, |event| async {
         match event {
             FinalizerEvent::Apply(cr) => apply_instance(cr, &ctx).await,
@@ -65,10 +62,9 @@ pub async fn reconcile(cr: Arc<CliMcpInstance>, ctx: Arc<Context>) -> Result<Act
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)));
     let label = match &result {
-        Ok(_) => {
-            ctx.retries.succeeded(&key);
-            "ok"
-        }
+        // A teardown that finished forgets the instance's count; a live instance's is reset
+        // or grown where its apply outcome is known (`apply_instance`).
+        Ok(_) => "ok",
         Err(e) => e.metric_label(),
     };
     ctx.metrics.reconciled(label, start.elapsed());
@@ -87,15 +83,7 @@ fn retry_after(cr: &CliMcpInstance, err: &Error, ctx: &Context) -> Duration {
         return WAITING_RECHECK;
     }
     let key = InstanceKey::of(cr);
-    // Drops instances deleted without a teardown (no finalizer yet, or removed by hand);
-    // a teardown forgets its own.
-    ctx.retries.retain(|k| {
-        k == &key
-            || cached(&ctx.stores.instances, &k.namespace, &k.name)
-                .is_some_and(|o| o.uid().as_deref() == Some(k.uid.as_str()))
-    });
-    let failures = ctx.retries.fail(&key);
-    let delay = retry::jittered(retry::delay(failures), rand::random::<f64>());
+    let (failures, delay) = failed_again(ctx, &key);
     tracing::warn!(
         namespace = %key.namespace,
         instance = %key.name,
@@ -105,6 +93,49 @@ fn retry_after(cr: &CliMcpInstance, err: &Error, ctx: &Context) -> Duration {
         delay.as_secs_f64()
     );
     delay
+}
+
+/// The next check of a reconcile whose writes were `refused` (the first refusal) or all went
+/// through, given the other deadlines (`next`). A refused apply (a webhook or a quota
+/// refusing every write) is recorded in the status rather than returned, and backs off like
+/// a failed reconcile: all of the instance's writes were resent every 10 s while it lasted.
+/// Only a reconcile whose writes all went through resets the count.
+fn after_apply(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    refused: Option<&str>,
+    next: Duration,
+) -> Duration {
+    let key = InstanceKey::of(cr);
+    if let Some(error) = refused {
+        let (failures, delay) = failed_again(ctx, &key);
+        tracing::warn!(
+            namespace = %key.namespace,
+            instance = %key.name,
+            error,
+            failures,
+            "writes refused; retrying in {:.1}s",
+            delay.as_secs_f64()
+        );
+        next.min(delay)
+    } else {
+        ctx.retries.succeeded(&key);
+        next
+    }
+}
+
+/// Counts one more failure of `key`; its failures in a row and its backoff.
+fn failed_again(ctx: &Context, key: &InstanceKey) -> (u32, Duration) {
+    // Drops instances deleted without a teardown (no finalizer yet, or removed by hand);
+    // a teardown forgets its own.
+    ctx.retries.retain(|k| {
+        k == key
+            || cached(&ctx.stores.instances, &k.namespace, &k.name)
+                .is_some_and(|o| o.uid().as_deref() == Some(k.uid.as_str()))
+    });
+    let failures = ctx.retries.fail(key);
+    let delay = retry::jittered(retry::delay(failures), rand::random::<f64>());
+    (failures, delay)
 }
 
 /// Reconciles a live instance.
@@ -174,7 +205,12 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     let renew = resolved
         .tls_renew_in
         .map(|d| d + Duration::from_millis(500));
-    let next = next_check(ctx, &obs, &idle);
+    let next = after_apply(
+        ctx,
+        &cr,
+        obs.apply_error.as_deref(),
+        next_check(ctx, &obs, &idle),
+    );
     Ok(Action::requeue(renew.map_or(next, |r| next.min(r))))
 }
 
@@ -337,9 +373,6 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
         || obs.proxy_ca_invalid.is_some()
     {
         consider(Some(MISSING_SECRET_RECHECK));
-    }
-    if obs.apply_error.is_some() {
-        consider(Some(APPLY_RETRY));
     }
     if obs.expose_problem.is_some() {
         consider(Some(EXPOSE_RECHECK));
@@ -506,5 +539,27 @@ mod tests {
         ctx.retries.succeeded(&InstanceKey::of(&a));
         let d = retry_after(&a, &failed, &ctx);
         assert!(within(d, 5), "a success starts over: {d:?}");
+    }
+
+    /// Refused writes are reported in the status, not returned as an error, and back off all
+    /// the same; a reconcile whose writes went through starts over; and a refused apply never
+    /// pushes the check past a sooner deadline.
+    #[tokio::test]
+    async fn refused_applies_back_off_and_a_clean_apply_resets() {
+        let a = instance("a", "uid-a");
+        let ctx = context(std::slice::from_ref(&a));
+        let resync = Duration::from_secs(300);
+        for secs in [5, 10, 20] {
+            let d = after_apply(&ctx, &a, Some("refused"), resync);
+            assert!(within(d, secs), "{d:?} after a {secs}s step");
+        }
+        assert_eq!(after_apply(&ctx, &a, None, resync), resync);
+        let d = after_apply(&ctx, &a, Some("refused"), resync);
+        assert!(within(d, 5), "a clean apply starts over: {d:?}");
+        let soon = Duration::from_secs(1);
+        assert_eq!(after_apply(&ctx, &a, Some("refused"), soon), soon);
+        let failed = Error::NoNamespace("x".into());
+        let d = retry_after(&a, &failed, &ctx);
+        assert!(within(d, 20), "one count for both kinds of failure: {d:?}");
     }
 }

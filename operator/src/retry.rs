@@ -1,7 +1,8 @@
 //! Backoff of failed reconciles, per instance. A flat retry period hammered a broken API
 //! server (or a webhook that refuses every write) with every failing instance at the same
 //! rate however long the failure lasted; now each instance waits [`FIRST`], then twice as
-//! long after each further failure, up to [`MAX`], and starts over once it reconciles.
+//! long after each further failure, up to [`MAX`], and starts over once a reconcile's writes
+//! all go through. Refused writes (recorded in the status, not returned) count as failures.
 //! Teardown progress ([`crate::Error::Waiting`]) is not a failure and keeps its short
 //! requeue.
 

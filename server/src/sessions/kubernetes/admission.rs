@@ -106,7 +106,8 @@ impl View {
 
 /// How long a pod this replica deleted stays uncounted whatever the watch says of it alive.
 /// The watch reports its deletion within moments; if that never comes (the delete failed
-/// after all), the pod counts again after this.
+/// after all), the next report of it alive after this counts it again. Entries go when the
+/// watch reports the pod going or gone, and any older than this go with the next check.
 const RETIRED_FOR: Duration = Duration::from_secs(60);
 
 /// A pod this replica claimed or created, not yet reported by its watch.
@@ -378,9 +379,16 @@ impl Admission {
     /// reports of it alive that the watch still delivers are older than the delete.
     pub fn retired(&self, key: &str) {
         let mut st = self.lock();
-        st.retired.insert(key.to_owned(), Instant::now());
+        let now = Instant::now();
+        st.retired
+            .retain(|_, at| now.duration_since(*at) < RETIRED_FOR);
+        st.retired.insert(key.to_owned(), now);
         st.written.retain(|_, w| w.pod != key);
         st.view.remove(key);
+        // A relist that listed it before the delete must not bring it back either.
+        if let Some((relist, _)) = st.relist.as_mut() {
+            relist.remove(key);
+        }
         drop(st);
         self.changed.notify_waiters();
     }
@@ -623,11 +631,26 @@ mod tests {
     fn a_retired_pod_the_watch_still_reports_alive_counts_again_after_a_while() {
         let a = synced(2, &[("uid-a", "a"), ("uid-x", "x")]);
         a.retired("uid-a");
-        a.lock()
-            .retired
-            .insert("uid-a".into(), Instant::now() - RETIRED_FOR);
+        // As if retired RETIRED_FOR ago (a machine up for less than that has no such instant).
+        let Some(long_ago) = Instant::now().checked_sub(RETIRED_FOR) else {
+            return;
+        };
+        a.lock().retired.insert("uid-a".into(), long_ago);
         a.applied(pod("uid-a", "a"));
         assert_eq!(limit(a.reserve(&sid("b"))), FULL);
+    }
+
+    /// The watch started over and listed the pod alive just before `DELETE` retired it: the
+    /// relist, once done, must not count it again.
+    #[test]
+    fn a_relist_that_listed_a_pod_before_its_delete_does_not_count_it() {
+        let a = synced(2, &[("uid-a", "a"), ("uid-x", "x")]);
+        a.relist_started(Instant::now());
+        a.relisted(pod("uid-a", "a"));
+        a.relisted(pod("uid-x", "x"));
+        a.retired("uid-a");
+        a.relist_done();
+        assert!(a.reserve(&sid("b")).is_ok(), "a's place is free");
     }
 
     #[test]
