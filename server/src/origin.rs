@@ -155,10 +155,13 @@ impl OriginPolicy {
         } else {
             ""
         };
+        // Both ways to allow one: an operator-managed server takes it from the instance.
         let hint = if self.loopback {
-            "loopback origins and those given with --allowed-origin"
+            "loopback origins and those given with --allowed-origin \
+             (spec.server.allowedOrigins of a CliMcpInstance)"
         } else {
-            "the origins given with --allowed-origin"
+            "the origins given with --allowed-origin (spec.server.allowedOrigins of a \
+             CliMcpInstance)"
         };
         Err(format!(
             "Origin {text:?}{what} is not allowed: this server accepts requests from browsers only \
@@ -227,7 +230,14 @@ mod tests {
             assert!(e.contains("is not allowed"), "{bad}: {e}");
         }
         let cluster = OriginPolicy::default();
-        assert!(cluster.check(&header("http://localhost:3000")).is_err());
+        let e = cluster
+            .check(&header("http://localhost:3000"))
+            .expect_err("not allowed in a cluster");
+        // Says how to allow it, both ways.
+        assert!(
+            e.contains("--allowed-origin") && e.contains("spec.server.allowedOrigins"),
+            "{e}"
+        );
     }
 
     #[test]
