@@ -10,7 +10,7 @@ use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::{Client, Resource};
 
 use cli_mcp_api::crd::CliMcpInstance;
@@ -123,6 +123,33 @@ pub struct Stores {
 }
 
 impl Stores {
+    /// Stores no watch fills: empty whatever the API holds, and never synced. For tests of
+    /// what a reconcile does on caches that lag behind the API (or hold exactly what a test
+    /// puts in through a writer of its own).
+    pub fn detached() -> Self {
+        let never = || tokio::sync::watch::channel(None).1;
+        Self {
+            instances: reflector::store().0,
+            pods: reflector::store().0,
+            secrets: reflector::store().0,
+            config_maps: reflector::store().0,
+            deployments: reflector::store().0,
+            services: reflector::store().0,
+            service_accounts: reflector::store().0,
+            roles: reflector::store().0,
+            role_bindings: reflector::store().0,
+            network_policies: reflector::store().0,
+            pod_disruption_budgets: reflector::store().0,
+            cluster_role_bindings: reflector::store().0,
+            ingresses: reflector::store().0,
+            http_routes: reflector::store().0,
+            http_routes_served: never(),
+            routes: reflector::store().0,
+            routes_served: never(),
+            synced: Arc::default(),
+        }
+    }
+
     /// Returns once the caches a reconcile judges an instance by have listed: the instances,
     /// the sandbox pods, Deployments, Secrets and NetworkPolicies. kube's controller waits
     /// only for the instances' own cache, so the first reconciles of a new process (a

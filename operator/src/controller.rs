@@ -477,23 +477,7 @@ mod tests {
         }
         let stores = Stores {
             instances,
-            pods: reflector::store().0,
-            secrets: reflector::store().0,
-            config_maps: reflector::store().0,
-            deployments: reflector::store().0,
-            services: reflector::store().0,
-            service_accounts: reflector::store().0,
-            roles: reflector::store().0,
-            role_bindings: reflector::store().0,
-            network_policies: reflector::store().0,
-            pod_disruption_budgets: reflector::store().0,
-            cluster_role_bindings: reflector::store().0,
-            ingresses: reflector::store().0,
-            http_routes: reflector::store().0,
-            http_routes_served: tokio::sync::watch::channel(None).1,
-            routes: reflector::store().0,
-            routes_served: tokio::sync::watch::channel(None).1,
-            synced: Default::default(),
+            ..Stores::detached()
         };
         // Never connected to: the port is closed and the retry path makes no request.
         let url = "http://127.0.0.1:9".parse().expect("url");

@@ -19,32 +19,7 @@ use cli_mcp_operator::metrics::Metrics;
 use cli_mcp_operator::{pool, Context, OperatorConfig};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::runtime::reflector;
 use kube::ResourceExt;
-
-/// Stores whose writers are gone: they stay empty whatever the API holds.
-fn stale_stores() -> Stores {
-    Stores {
-        instances: reflector::store().0,
-        pods: reflector::store().0,
-        secrets: reflector::store().0,
-        config_maps: reflector::store().0,
-        deployments: reflector::store().0,
-        services: reflector::store().0,
-        service_accounts: reflector::store().0,
-        roles: reflector::store().0,
-        role_bindings: reflector::store().0,
-        network_policies: reflector::store().0,
-        pod_disruption_budgets: reflector::store().0,
-        cluster_role_bindings: reflector::store().0,
-        ingresses: reflector::store().0,
-        http_routes: reflector::store().0,
-        http_routes_served: tokio::sync::watch::channel(None).1,
-        routes: reflector::store().0,
-        routes_served: tokio::sync::watch::channel(None).1,
-        synced: Default::default(),
-    }
-}
 
 #[tokio::test]
 async fn a_stale_cache_never_creates_pods_that_already_exist() {
@@ -54,7 +29,7 @@ async fn a_stale_cache_never_creates_pods_that_already_exist() {
         c.client.clone(),
         Arc::new(OperatorConfig::new("cli-mcp-server:dev", None)),
         Arc::new(Metrics::new()),
-        stale_stores(),
+        Stores::detached(),
     );
     let instance = InstanceName::try_from("stale".to_owned()).expect("name");
     // An image the local cluster cannot pull: the pods only need to exist, not to run.
