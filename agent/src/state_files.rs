@@ -303,29 +303,55 @@ fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr, depth: usize) -> io::Result<()
     }
 }
 
+/// Names read from a directory at a time while it is emptied. A command can make millions of
+/// entries in one directory (its own command directory included); listing them all before
+/// removing any took memory in proportion, at every level of the tree. This bounds what
+/// one level holds to a batch, and the whole walk to [`REMOVE_DEPTH`] batches.
+const REMOVE_BATCH: usize = 256;
+
+/// Listings of one directory [`empty_dir`] makes at most. Entries are removed while the
+/// listing goes on, which may skip some (POSIX leaves it open); the next pass finds them. A
+/// pass that removes nothing ends it: what is left cannot be removed.
+const REMOVE_PASSES: usize = 4;
+
 /// Removes everything in the open directory `dir` (whatever its name is now).
 pub fn empty_dir(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
     if depth >= REMOVE_DEPTH {
         return Err(io::Error::other("directories nested too deep"));
     }
-    let names: Vec<std::ffi::OsString> = {
+    let mut result = Ok(());
+    for _ in 0..REMOVE_PASSES {
         let mut listing = nix::dir::Dir::openat(
             dir,
             ".",
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )?;
-        listing
+        // A read error ends the listing (it would come back on every further read).
+        let mut names = listing
             .iter()
-            .filter_map(Result::ok)
+            .map_while(Result::ok)
             .map(|e| OsStr::from_bytes(e.file_name().to_bytes()).to_owned())
-            .filter(|n| n != "." && n != "..")
-            .collect()
-    };
-    let mut result = Ok(());
-    for n in names {
-        if let Err(e) = remove_tree(dir, &n, depth + 1) {
-            result = Err(e);
+            .filter(|n| n != "." && n != "..");
+        let (mut seen, mut removed) = (false, false);
+        loop {
+            let batch: Vec<std::ffi::OsString> = names.by_ref().take(REMOVE_BATCH).collect();
+            if batch.is_empty() {
+                break;
+            }
+            seen = true;
+            for n in batch {
+                match remove_tree(dir, &n, depth + 1) {
+                    Ok(()) => removed = true,
+                    Err(e) => result = Err(e),
+                }
+            }
+        }
+        if !seen {
+            return Ok(());
+        }
+        if !removed {
+            break;
         }
     }
     result
@@ -399,6 +425,36 @@ mod tests {
             fs::read_to_string(outside.path().join("keep")).expect("kept"),
             "x"
         );
+    }
+
+    /// Many more entries than one batch, files and directories, all go; what cannot go (a
+    /// tree nested deeper than the walk descends) ends the walk with an error instead of
+    /// listing it again and again.
+    #[test]
+    fn emptying_a_directory_goes_by_batches_and_ends_on_what_it_cannot_remove() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let tree = d.path().join("t");
+        fs::create_dir(&tree).expect("mkdir");
+        for i in 0..(3 * REMOVE_BATCH + 7) {
+            if i % 10 == 0 {
+                fs::create_dir_all(tree.join(format!("d{i}/x"))).expect("dir");
+            } else {
+                fs::write(tree.join(format!("f{i}")), "y").expect("file");
+            }
+        }
+        let held = HeldDir::open(&tree, None).expect("held");
+        empty_dir(held.fd(), 0).expect("emptied");
+        assert_eq!(fs::read_dir(&tree).expect("ls").count(), 0);
+
+        let mut deep = tree.join("deep");
+        for _ in 0..=REMOVE_DEPTH {
+            deep.push("d");
+        }
+        fs::create_dir_all(&deep).expect("deep");
+        fs::write(tree.join("f"), "y").expect("file");
+        assert!(empty_dir(held.fd(), 0).is_err(), "too deep to remove");
+        assert!(!tree.join("f").exists(), "the rest is removed all the same");
+        assert!(tree.join("deep").exists());
     }
 
     #[test]

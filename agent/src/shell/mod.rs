@@ -157,21 +157,31 @@ struct MadeDir {
 impl MadeDir {
     /// Its files by name (one `unlinkat` each, no listing), then the directory; whatever a
     /// command added to it is found by a listing only if the directory is not empty then.
-    fn remove(&self) {
+    /// That listing runs on a blocking thread: a command can fill its directory with millions
+    /// of entries, and removing them took seconds on a thread that serves requests.
+    fn remove(self) {
         for name in ["cmd", "out", "err", "done"] {
             let _ = state_files::remove_file_at(self.fd.as_fd(), name);
         }
-        let rmdir = || {
-            nix::unistd::unlinkat(
-                self.parent.as_fd(),
-                self.name.as_str(),
-                nix::unistd::UnlinkatFlags::RemoveDir,
-            )
-        };
-        if rmdir().is_err() {
-            let _ = state_files::empty_dir(self.fd.as_fd(), 0);
-            let _ = rmdir();
+        if self.rmdir().is_ok() {
+            return;
         }
+        let rest = move || {
+            let _ = state_files::empty_dir(self.fd.as_fd(), 0);
+            let _ = self.rmdir();
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(rest)),
+            Err(_) => rest(),
+        }
+    }
+
+    fn rmdir(&self) -> nix::Result<()> {
+        nix::unistd::unlinkat(
+            self.parent.as_fd(),
+            self.name.as_str(),
+            nix::unistd::UnlinkatFlags::RemoveDir,
+        )
     }
 }
 
