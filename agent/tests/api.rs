@@ -355,20 +355,14 @@ async fn healthz_reports_assignment() {
 
 #[test]
 fn start_without_any_commitment_fails_with_a_clear_message() {
-    // Its own directories: by default the state dir is the host's /tmp/cli-mcp-agent (and the
-    // working directory $HOME), which a test must not touch.
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cli-mcp-agent"))
+    let out = support::agent_command(dir.path())
         .args([
             "--listen",
             "127.0.0.1:0",
             "--podinfo-annotations",
             "/nonexistent",
         ])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .arg("--workdir")
-        .arg(dir.path())
         .env_remove("TOKEN_SHA256")
         .env_remove("ASSIGN_SHA256")
         .output()

@@ -574,15 +574,9 @@ async fn the_shell_dies_with_a_sigkilled_agent() {
 /// start rather than run on without an owner.
 #[tokio::test]
 async fn a_wrong_parent_pid_is_refused() {
-    // Its own directories: by default the state dir is the host's /tmp/cli-mcp-agent (and the
-    // working directory $HOME), which a test must not touch.
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cli-mcp-agent"))
+    let out = support::agent_command(dir.path())
         .args(["--listen", "127.0.0.1:0", "--parent-pid", "1"])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .arg("--workdir")
-        .arg(dir.path())
         .env(
             cli_mcp_api::wire::ENV_TOKEN_SHA256,
             support::session_token().commitment().to_hex(),

@@ -15,6 +15,18 @@ use serde_json::Value;
 
 pub const POD: &str = "cli-mcp-t-pool-abcdefghij";
 
+/// The agent binary with its state dir and working directory in `dir`, for a test that runs
+/// it to see how it refuses to start: by default the state dir is the host's
+/// `/tmp/cli-mcp-agent` (and the working directory `$HOME`), which a test must not touch.
+pub fn agent_command(dir: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cli-mcp-agent"));
+    cmd.arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--workdir")
+        .arg(dir);
+    cmd
+}
+
 pub fn key() -> HmacKey {
     HmacKey::from_bytes([9; 32])
 }
