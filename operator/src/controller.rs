@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::idle::IdlePlan;
 use crate::pool::{self, PoolOutcome};
 use crate::resolve::{self, Resolved};
-use crate::retry::{self, InstanceKey};
+use crate::retry;
 use crate::status::{self, DeploymentState, Observed};
 use crate::{apply, idle, teardown};
 
@@ -82,17 +82,7 @@ fn retry_after(cr: &CliMcpInstance, err: &Error, ctx: &Context) -> Duration {
         tracing::debug!(instance = %cr.name_any(), "{err}");
         return WAITING_RECHECK;
     }
-    let key = InstanceKey::of(cr);
-    let (failures, delay) = failed_again(ctx, &key);
-    tracing::warn!(
-        namespace = %key.namespace,
-        instance = %key.name,
-        error = %err,
-        failures,
-        "reconcile failed; retrying in {:.1}s",
-        delay.as_secs_f64()
-    );
-    delay
+    failed_again(ctx, cr, "reconcile failed", err)
 }
 
 /// The next check of a reconcile whose writes were `refused` (the first refusal) or all went
@@ -106,36 +96,34 @@ fn after_apply(
     refused: Option<&str>,
     next: Duration,
 ) -> Duration {
-    let key = InstanceKey::of(cr);
-    if let Some(error) = refused {
-        let (failures, delay) = failed_again(ctx, &key);
-        tracing::warn!(
-            namespace = %key.namespace,
-            instance = %key.name,
-            error,
-            failures,
-            "writes refused; retrying in {:.1}s",
-            delay.as_secs_f64()
-        );
-        next.min(delay)
-    } else {
-        ctx.retries.succeeded(&key);
-        next
+    match refused {
+        Some(error) => next.min(failed_again(ctx, cr, "writes refused", &error)),
+        None => {
+            ctx.retries.reset(&cr.uid().unwrap_or_default());
+            next
+        }
     }
 }
 
-/// Counts one more failure of `key`; its failures in a row and its backoff.
-fn failed_again(ctx: &Context, key: &InstanceKey) -> (u32, Duration) {
-    // Drops instances deleted without a teardown (no finalizer yet, or removed by hand);
-    // a teardown forgets its own.
-    ctx.retries.retain(|k| {
-        k == key
-            || cached(&ctx.stores.instances, &k.namespace, &k.name)
-                .is_some_and(|o| o.uid().as_deref() == Some(k.uid.as_str()))
-    });
-    let failures = ctx.retries.fail(key);
+/// Counts one more failure of `cr` (`what` failed with `error`), logs it, and returns the
+/// instance's backoff.
+fn failed_again(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    what: &str,
+    error: &dyn std::fmt::Display,
+) -> Duration {
+    let failures = ctx.retries.fail(&cr.uid().unwrap_or_default());
     let delay = retry::jittered(retry::delay(failures), rand::random::<f64>());
-    (failures, delay)
+    tracing::warn!(
+        namespace = %cr.namespace().unwrap_or_default(),
+        instance = %cr.name_any(),
+        error = %error,
+        failures,
+        "{what}; retrying in {:.1}s",
+        delay.as_secs_f64()
+    );
+    delay
 }
 
 /// Reconciles a live instance.
@@ -460,7 +448,6 @@ mod tests {
     use crate::context::Stores;
     use crate::metrics::Metrics;
     use crate::OperatorConfig;
-    use kube::runtime::{reflector, watcher};
 
     fn instance(name: &str, uid: &str) -> CliMcpInstance {
         let mut c = cr(serde_json::json!({}));
@@ -469,16 +456,9 @@ mod tests {
         c
     }
 
-    /// A context whose instance cache holds `live`; nothing here talks to an API server.
-    fn context(live: &[CliMcpInstance]) -> Context {
-        let (instances, mut writer) = reflector::store();
-        for i in live {
-            writer.apply_watcher_event(&watcher::Event::Apply(i.clone()));
-        }
-        let stores = Stores {
-            instances,
-            ..Stores::detached()
-        };
+    /// A context on empty caches; nothing here talks to an API server.
+    fn context() -> Context {
+        let stores = Stores::detached();
         // Never connected to: the port is closed and the retry path makes no request.
         let url = "http://127.0.0.1:9".parse().expect("url");
         let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
@@ -499,12 +479,10 @@ mod tests {
     async fn failures_back_off_per_instance_and_waiting_does_not() {
         let a = instance("a", "uid-a");
         let b = instance("b", "uid-b");
-        let gone = instance("gone", "uid-gone");
-        let ctx = context(&[a.clone(), b.clone()]);
+        let ctx = context();
         let failed = Error::NoNamespace("x".into());
         let waiting = Error::Waiting("pods".into());
 
-        ctx.retries.fail(&InstanceKey::of(&gone));
         for secs in [5, 10, 20] {
             let d = retry_after(&a, &failed, &ctx);
             assert!(within(d, secs), "{d:?} after a {secs}s step");
@@ -514,13 +492,7 @@ mod tests {
         assert!(within(d, 40), "waiting is not a failure: {d:?}");
         let d = retry_after(&b, &failed, &ctx);
         assert!(within(d, 5), "another instance has its own backoff: {d:?}");
-        assert_eq!(
-            ctx.retries.fail(&InstanceKey::of(&gone)),
-            1,
-            "an instance no longer cached was dropped"
-        );
-
-        ctx.retries.succeeded(&InstanceKey::of(&a));
+        ctx.retries.reset("uid-a");
         let d = retry_after(&a, &failed, &ctx);
         assert!(within(d, 5), "a success starts over: {d:?}");
     }
@@ -531,7 +503,7 @@ mod tests {
     #[tokio::test]
     async fn refused_applies_back_off_and_a_clean_apply_resets() {
         let a = instance("a", "uid-a");
-        let ctx = context(std::slice::from_ref(&a));
+        let ctx = context();
         let resync = Duration::from_secs(300);
         for secs in [5, 10, 20] {
             let d = after_apply(&ctx, &a, Some("refused"), resync);

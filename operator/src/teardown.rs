@@ -173,7 +173,7 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
         ctx.pool.forget(&uid);
         ctx.applied.forget_owner(&uid);
         ctx.migrated.forget(&uid);
-        ctx.retries.forget(&uid);
+        ctx.retries.reset(&uid);
     }
     crate::rotation::forget(&ns, name.as_str());
     ctx.applied.forget_prefix(&format!(

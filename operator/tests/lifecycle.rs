@@ -1135,25 +1135,7 @@ async fn allowed_origins_reach_the_server_and_only_they_pass() {
     .await;
     wait_ready(&ns, "orig", &op).await;
     let n = InstanceName::parse("orig").expect("name");
-    let d = ns
-        .api::<Deployment>()
-        .get(&n.server())
-        .await
-        .expect("Deployment");
-    let args = d
-        .spec
-        .template
-        .spec
-        .and_then(|p| p.containers.into_iter().next())
-        .and_then(|c| c.args)
-        .unwrap_or_default();
-    let given: Vec<&str> = args
-        .windows(2)
-        .filter(|w| w[0] == "--allowed-origin")
-        .map(|w| w[1].as_str())
-        .collect();
-    assert_eq!(given, origins);
-
+    // The flags themselves are the builder's unit test's; here what they do.
     let pods = ns
         .api::<Pod>()
         .list(&ListParams::default().labels(&n.server_selector()))

@@ -388,15 +388,6 @@ mod tests {
         let inp = inputs(serde_json::json!({"server": {"allowedOrigins": origins}}));
         let a = server_args(&inp);
         assert_eq!(all(&a, "--allowed-origin"), origins);
-        let d = deployment(&inp);
-        let args = d
-            .spec
-            .template
-            .spec
-            .and_then(|p| p.containers.into_iter().next())
-            .and_then(|c| c.args)
-            .unwrap_or_default();
-        assert_eq!(all(&args, "--allowed-origin"), origins, "in the container");
         let none = server_args(&inputs(serde_json::json!({})));
         assert!(
             all(&none, "--allowed-origin").is_empty(),
