@@ -22,7 +22,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
-use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 use cli_mcp_api::SessionId;
 
@@ -193,15 +193,10 @@ fn cors(policy: Arc<OriginPolicy>) -> CorsLayer {
         }))
         .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         // The request headers MCP clients send.
-        .allow_headers([
-            header::AUTHORIZATION,
-            header::CONTENT_TYPE,
-            header::ACCEPT,
-            HeaderName::from_static("last-event-id"),
-            HeaderName::from_static("mcp-protocol-version"),
-            HeaderName::from_static(crate::mcp::MCP_SESSION_HEADER),
-            HeaderName::from_static(crate::mcp::SESSION_HEADER),
-        ])
+        // Whatever request headers the page asks for: the origin is one allowed already, the
+        // token is a header of its own, and MCP keeps adding headers (`Mcp-Method`,
+        // `Mcp-Param-*`) that a fixed list would make every preflight refuse.
+        .allow_headers(AllowHeaders::mirror_request())
         // The answer headers a page needs: the chat's handle, the protocol version, and where
         // to get a token.
         .expose_headers([
@@ -687,7 +682,7 @@ mod tests {
             ("access-control-request-method", "POST"),
             (
                 "access-control-request-headers",
-                "authorization, mcp-session-id",
+                "authorization, mcp-session-id, mcp-protocol-version, last-event-id, mcp-method",
             ),
         ];
         let res = app
@@ -704,6 +699,7 @@ mod tests {
             "mcp-session-id",
             "mcp-protocol-version",
             "last-event-id",
+            "mcp-method",
         ] {
             assert!(headers.contains(h), "{h} in {headers}");
         }
@@ -799,7 +795,8 @@ mod tests {
         assert!(denied.headers().get(header::RETRY_AFTER).is_none());
     }
 
-    /// Only an API that cannot answer now is "retry in 1 s": a refusal (RBAC, a missing
+    /// Only an API that cannot answer now, or an object that changed or went in between (404,
+    /// 409: a race with another replica), is "retry in 1 s": a refusal (RBAC, an invalid
     /// object) would be refused again on every retry a client makes.
     #[test]
     fn only_a_passing_api_failure_says_retry() {

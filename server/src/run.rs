@@ -131,10 +131,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let result = match settings.transport {
         Transport::Stdio => run_stdio(mcp).await,
-        // Its own token for the listeners: `stop` ends the backend's background tasks (the
-        // pod and slot watches, the activity stamper), which in-flight calls need until the
-        // drain is over; `stop` is cancelled only once `run_http` has drained.
-        Transport::Http => run_http(&settings, mcp, auth, metrics, CancellationToken::new()).await,
+        // `stop` ends the backend's background tasks (the pod and slot watches, the activity
+        // stamper), which in-flight calls need until the drain is over: it is cancelled only
+        // once `run_http` has drained (the listeners have a token of their own).
+        Transport::Http => run_http(&settings, mcp, auth, metrics).await,
     };
     stop.cancel();
     backend.shutdown().await;
@@ -163,8 +163,8 @@ async fn run_http(
     mcp: Arc<McpState>,
     auth: Option<Arc<Authenticator>>,
     metrics: Arc<Metrics>,
-    stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
     // Before anything can announce this server: a SIGTERM that arrived before tokio's
     // handler existed would kill the process outright, without its lame-duck phase.
     let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;

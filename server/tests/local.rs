@@ -1452,6 +1452,7 @@ async fn a_cancel_notification_interrupts_the_call_it_names() {
 /// it reads the whole request and closes without an answer, as a connection that fails
 /// mid-call does. Later connections go through to the agent.
 mod broken_first_connection {
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
     use async_trait::async_trait;
@@ -1513,11 +1514,14 @@ mod broken_first_connection {
         }
     }
 
-    /// Starts the proxy to `agent` (`http://host:port`); returns its `http://host:port`.
-    pub async fn proxy(agent: &str) -> String {
+    /// Starts the proxy to `agent` (`http://host:port`); returns its `http://host:port`, and
+    /// a flag set once it has broken the first connection.
+    pub async fn proxy(agent: &str) -> (String, Arc<AtomicBool>) {
         let upstream = agent.trim_start_matches("http://").to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
+        let broke = Arc::new(AtomicBool::new(false));
+        let broke_first = broke.clone();
         tokio::spawn(async move {
             let Ok((mut first, _)) = listener.accept().await else {
                 return;
@@ -1525,6 +1529,7 @@ mod broken_first_connection {
             read_request(&mut first).await;
             let _ = first.shutdown().await;
             drop(first);
+            broke_first.store(true, Ordering::SeqCst);
             while let Ok((mut conn, _)) = listener.accept().await {
                 let upstream = upstream.clone();
                 tokio::spawn(async move {
@@ -1534,7 +1539,7 @@ mod broken_first_connection {
                 });
             }
         });
-        format!("http://{addr}")
+        (format!("http://{addr}"), broke)
     }
 
     /// Reads one HTTP/1 request with a `Content-Length` body.
@@ -1602,7 +1607,7 @@ async fn a_broken_connection_to_a_healthy_local_agent_keeps_the_shell() {
         .acquire(&sid, &caller, None)
         .await
         .expect("the session's agent");
-    let proxy = broken_first_connection::proxy(&agent.endpoint).await;
+    let (proxy, broke) = broken_first_connection::proxy(&agent.endpoint).await;
     let proxied = SessionManager::new(
         Arc::new(broken_first_connection::Proxied {
             inner: local.clone(),
@@ -1617,6 +1622,10 @@ async fn a_broken_connection_to_a_healthy_local_agent_keeps_the_shell() {
         .exec(&sid, &caller, "echo \"$MARK\"".into(), timeout, &cancel)
         .await
         .expect("the retry on the same agent");
+    assert!(
+        broke.load(std::sync::atomic::Ordering::SeqCst),
+        "the call went through without a broken connection: nothing was tested"
+    );
     assert_eq!(after.response.stdout, "kept\n");
     assert_eq!(after.reset, None);
     assert_eq!(after.sandbox, first.sandbox, "the agent was replaced");

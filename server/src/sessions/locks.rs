@@ -40,6 +40,7 @@ impl SessionLocks {
     }
 
     /// The lock if it is free right now.
+    #[cfg(test)]
     pub fn try_lock(&self, sid: &SessionId) -> Option<SessionGuard<'_>> {
         let entry = self.held.get(sid.clone());
         Some(SessionGuard {

@@ -182,8 +182,9 @@ impl From<kube::Error> for SessionError {
             kube::Error::Api(ref s) if matches!(s.code, 404 | 409 | 410 | 429) || s.code >= 500 => {
                 SessionError::Kubernetes(format!("{e}; retry shortly"))
             }
-            // An answer (RBAC, a conflict, ...), or a problem of this server's own (a body it
-            // cannot parse, its credentials): shown as it is, and not worth a retry.
+            // An answer that will not change by itself (RBAC, an invalid object, ...), or a
+            // problem of this server's own (a body it cannot parse, its credentials): shown
+            // as it is, and not worth a retry.
             other => SessionError::KubernetesRefused(other.to_string()),
         }
     }

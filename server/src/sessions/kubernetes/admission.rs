@@ -107,7 +107,7 @@ impl View {
 /// How long a pod this replica deleted stays uncounted whatever the watch says of it alive.
 /// The watch reports its deletion within moments; if that never comes (the delete failed
 /// after all), the next report of it alive after this counts it again. Entries go when the
-/// watch reports the pod going or gone, and any older than this go with the next check.
+/// watch reports the pod going or gone, and any older than this when another pod is retired.
 const RETIRED_FOR: Duration = Duration::from_secs(60);
 
 /// A pod this replica claimed or created, not yet reported by its watch.
@@ -167,10 +167,10 @@ impl State {
     }
 
     /// Whether a report of pod `key` alive is older than this replica's delete of it.
-    fn stale(&mut self, key: &str, now: Instant) -> bool {
+    fn stale(&self, key: &str, now: Instant) -> bool {
         self.retired
-            .retain(|_, at| now.duration_since(*at) < RETIRED_FOR);
-        self.retired.contains_key(key)
+            .get(key)
+            .is_some_and(|at| now.duration_since(*at) < RETIRED_FOR)
     }
 }
 
@@ -383,7 +383,7 @@ impl Admission {
         st.retired
             .retain(|_, at| now.duration_since(*at) < RETIRED_FOR);
         st.retired.insert(key.to_owned(), now);
-        st.written.retain(|_, w| w.pod != key);
+        st.seen(key);
         st.view.remove(key);
         // A relist that listed it before the delete must not bring it back either.
         if let Some((relist, _)) = st.relist.as_mut() {

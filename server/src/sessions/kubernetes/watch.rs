@@ -91,7 +91,7 @@ impl WatchFed<Pod> for Routes<'_> {
 }
 
 /// What admission needs of an assigned pod.
-pub(super) fn pod_view(p: &Pod) -> PodView {
+fn pod_view(p: &Pod) -> PodView {
     PodView {
         key: pod_key(p),
         session: session(p),
