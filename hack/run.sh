@@ -33,6 +33,13 @@ ns=cli-mcp-demo
 name=demo
 svc="cli-mcp-$name"
 mkdir -p "$run"
+# What this run writes includes tokens (the investigator kubeconfig, the client token in the
+# MCP configurations): its directory and those files are the user's alone.
+chmod 0700 "$run"
+# Writes stdin to a new file $1 readable by its owner only (a umask in a subshell: the build
+# below must keep its usual modes, since the images copy the binaries it makes; the file is
+# removed first because a umask only shapes a file being created).
+private() { rm -f "$1" && (umask 077 && cat >"$1"); }
 node="${CLI_MCP_NODE:-real}"
 case "$node" in
 real | process) ;;
@@ -86,8 +93,8 @@ say "installing the operator (kustomize: config/default)"
 kubectl kustomize config/default | kubectl apply --server-side -f - >/dev/null
 kubectl -n cli-mcp-system rollout status deployment/cli-mcp-operator --timeout=180s
 
-say "namespace $ns: read-only investigation identity and its kubeconfig Secret"
-kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+say "namespace $ns (Pod Security restricted enforced): read-only investigation identity and its kubeconfig Secret"
+kubectl apply -f config/samples/namespace.yaml >/dev/null
 kubectl -n "$ns" apply -f config/samples/investigation-kubeconfig.yaml >/dev/null
 for _ in $(seq 1 120); do
     token="$(kubectl -n "$ns" get secret cli-mcp-investigator-token -o jsonpath='{.data.token}' 2>/dev/null | base64 -d)"
@@ -99,7 +106,7 @@ ca="$(kubectl -n "$ns" get secret cli-mcp-investigator-token -o jsonpath='{.data
 # The credential proxy talks to the API server's own address (reachable from every pod on
 # either node), as the admin kubeconfig does.
 server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
-cat >"$run/investigator.kubeconfig" <<KC
+private "$run/investigator.kubeconfig" <<KC
 apiVersion: v1
 kind: Config
 clusters: [{name: cluster, cluster: {server: "$server", certificate-authority-data: "$ca"}}]
@@ -145,11 +152,11 @@ auth="Authorization: Bearer $client_token"
 
 # The same configuration in the shapes clients read, also written to files to copy from.
 jq -n --arg url "$url" --arg auth "Bearer $client_token" --arg sid "$session" \
-    '{servers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' \
-    >"$run/vscode-mcp.json"
+    '{servers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' |
+    private "$run/vscode-mcp.json"
 jq -n --arg url "$url" --arg auth "Bearer $client_token" --arg sid "$session" \
-    '{mcpServers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' \
-    >"$run/mcp-servers.json"
+    '{mcpServers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' |
+    private "$run/mcp-servers.json"
 
 cat <<EOF
 

@@ -16,6 +16,8 @@
 #          documentation, man pages and translations are left out (copyright files kept).
 #          User sandbox (1001, group 0, home /workspace); /workspace owned 1001:0 with
 #          mode 0770, so any UID in group 0 (OpenShift's restricted SCC) can write there.
+#          /var/lib/cli-mcp/termination owned root:root with mode 0700 (not 0750: group 0
+#          is the sandbox's on OpenShift): the pod's terminationMessagePath is in there.
 # base:    mmdebstrap --variant=extract of the listed packages (libc6, libgcc-s1: what our
 #          dynamically linked binaries need), nothing else: no shell, no dpkg. The CA bundle is
 #          the sandbox's /etc/ssl/certs/ca-certificates.crt (Debian ca-certificates). A dpkg
@@ -87,6 +89,7 @@ rootfs_build() {
     rootfs_scrub "$sbx"
     echo 'sandbox:x:1001:0:cli-mcp sandbox:/workspace:/bin/bash' >>"$sbx/etc/passwd"
     install -d -o 1001 -g 0 -m 0770 "$sbx/workspace"
+    install -d -o 0 -g 0 -m 0700 "$sbx/var/lib/cli-mcp/termination"
     dpkg-query --admindir="$sbx/var/lib/dpkg" -W -f '${Package} ${Version} ${Architecture}\n' |
         sort >"$out/sandbox.packages"
     install -d -m 0755 "$sbx/usr/share/cli-mcp"

@@ -87,13 +87,19 @@ pub struct Flags {
     /// container's end already ends everything in it.
     #[arg(long, env = "CLI_MCP_AGENT_PARENT_PID")]
     pub parent_pid: Option<i32>,
-    /// Processes the shell may have: its `RLIMIT_NPROC` (on top of the agent's own threads;
-    /// the kernel counts every task of the uid, and does not limit root). At three quarters
-    /// of it the agent kills the session's largest process groups (a fork bomb) before the
-    /// next command. 0: no limit. On Kubernetes, also set the kubelet's `podPidsLimit`: it
-    /// is the bound per pod.
+    /// Processes the shell may have. At three quarters of it the agent kills the session's
+    /// largest process groups (a fork bomb) before the next command; with `--nproc-rlimit`
+    /// it is also the shell's `RLIMIT_NPROC`. 0: no limit. On Kubernetes the kubelet's
+    /// `podPidsLimit` is the bound per pod: keep this below it.
     #[arg(long, env = "CLI_MCP_AGENT_MAX_PROCESSES", default_value_t = 4096)]
     pub max_processes: u64,
+    /// Whether `--max-processes` is also the shell's `RLIMIT_NPROC` (on top of the agent's
+    /// own threads). The kernel counts it over every task of the uid on the machine, not of
+    /// the session: in a pod, where every sandbox of the node runs as one uid, one session's
+    /// processes would make another's forks fail, so sandbox pods set it to false and rely
+    /// on the pod's pids cgroup.
+    #[arg(long, env = "CLI_MCP_AGENT_NPROC_RLIMIT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub nproc_rlimit: bool,
     /// Log as JSON lines (the default in a cluster).
     #[arg(long, env = "CLI_MCP_AGENT_LOG_JSON", default_value_t = false)]
     pub log_json: bool,

@@ -98,6 +98,7 @@ fn start(flags: &Flags) -> anyhow::Result<Arc<AgentState>> {
             reserve_bytes: flags.max_body_bytes as u64 + 64 * 1024,
             kill_grace: flags.kill_grace(),
             max_processes: (flags.max_processes > 0).then_some(flags.max_processes),
+            nproc_rlimit: flags.nproc_rlimit,
         },
         reaper,
     )?;

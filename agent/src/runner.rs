@@ -193,6 +193,7 @@ mod tests {
                     // Generous: two loaded cores can make a healthy shell slow to answer.
                     kill_grace: Duration::from_secs(3),
                     max_processes: Some(4096),
+                    nproc_rlimit: true,
                 },
                 self.reaper.clone(),
             )

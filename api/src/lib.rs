@@ -2,7 +2,8 @@
 //!
 //! Everything two of our binaries must agree on lives here, so it is written once:
 //! object names and label keys ([`names`]), the session identifier ([`SessionId`]), the token
-//! scheme ([`token`]), the agent's JSON wire types ([`wire`]) and — with the default `k8s`
+//! scheme ([`token`]) with the seal that binds a sandbox pod to its uid ([`seal`]), the
+//! agent's JSON wire types ([`wire`]) and — with the default `k8s`
 //! feature — the sandbox pod builder used by both pod writers ([`sandbox`]), what a pod's
 //! observed state means ([`pod_state`]), the restricted security settings of every pod we
 //! build ([`pod_security`]) and the activity stamp the server writes and the
@@ -16,6 +17,7 @@
 
 pub mod names;
 pub mod proxy;
+pub mod seal;
 pub mod session;
 pub mod terminal;
 pub mod token;

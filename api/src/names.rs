@@ -83,6 +83,10 @@ pub mod annotation {
     /// started or never accepted its session), so other replicas do not report its
     /// disappearance as a reset of the session's state.
     pub const RETIRED: &str = "cli-mcp.redhat.com/retired";
+    /// The pod's seal: an HMAC under the instance key over its namespace, name and uid,
+    /// written by the pod's writer right after the create (see `seal`). Routing and the warm
+    /// pool trust a sandbox pod by this, never by its name, labels or other annotations.
+    pub const SEAL: &str = "cli-mcp.redhat.com/seal";
 }
 
 /// Longest instance name: `cli-mcp-<n>-kubeconfig` must stay a 63-character DNS-1123 label.

@@ -2,15 +2,18 @@
 //! pool pods, the server for on-demand session pods), so a warm pod and a cold pod of the
 //! same instance can never differ except in their role.
 //!
-//! It is pure: everything it needs (config, role, clock) comes in as arguments.
+//! It is pure: everything it needs (config, role, clock) comes in as arguments. What bounds a
+//! sandbox's processes, disk and termination log on its node is in [`limits`].
+
+pub mod limits;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
-    DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
-    LocalObjectReference, ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements,
-    Toleration, Volume, VolumeMount,
+    DownwardAPIVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, LocalObjectReference,
+    ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -105,6 +108,8 @@ pub struct SandboxConfig {
     pub image: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
+    /// The container's resources; the builder adds `ephemeral-storage` where they set none
+    /// ([`limits`]).
     pub resources: ResourceRequirements,
     #[serde(default)]
     pub env: Vec<EnvVar>,
@@ -114,7 +119,9 @@ pub struct SandboxConfig {
     /// through a proxy. No config mounts a Secret: a sandbox never holds a real credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<SandboxProxy>,
+    /// `sizeLimit` of `/workspace`, on the node's disk.
     pub workspace_size_limit: Quantity,
+    /// `sizeLimit` of `/tmp`, memory-backed: it counts against the memory limit.
     pub tmp_size_limit: Quantity,
     pub termination_grace_period_seconds: i64,
     /// The owning `CliMcpInstance`, so Kubernetes GC removes sandboxes with it.
@@ -239,6 +246,7 @@ impl SandboxConfig {
 /// The agent's command line in a sandbox pod.
 fn agent_args(cfg: &SandboxConfig) -> Vec<String> {
     let mut args = vec!["--listen".into(), format!("0.0.0.0:{AGENT_PORT}")];
+    args.extend(limits::agent_process_args());
     if let Some(budget) = cfg.output_budget {
         args.extend(["--output-budget".into(), budget.to_string()]);
     }
@@ -342,9 +350,10 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
     ];
+    let [workspace, tmp] = limits::scratch_volumes(cfg);
     let mut volumes = vec![
-        empty_dir("workspace", &cfg.workspace_size_limit),
-        empty_dir("tmp", &cfg.tmp_size_limit),
+        workspace,
+        tmp,
         Volume {
             name: "podinfo".into(),
             downward_api: Some(DownwardAPIVolumeSource {
@@ -426,7 +435,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             ..Default::default()
         }]),
         env: Some(env),
-        resources: Some(cfg.resources.clone()),
+        resources: Some(limits::container_resources(cfg)),
         volume_mounts: Some(mounts),
         working_dir: Some(WORKSPACE_DIR.into()),
         readiness_probe: Some(Probe {
@@ -452,6 +461,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
             ..Default::default()
         }),
         security_context: Some(crate::pod_security::restricted_container()),
+        termination_message_path: Some(limits::TERMINATION_MESSAGE_PATH.into()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
@@ -500,17 +510,6 @@ fn field_env(name: &str, path: &str) -> EnvVar {
                 field_path: path.into(),
                 ..Default::default()
             }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn empty_dir(name: &str, limit: &Quantity) -> Volume {
-    Volume {
-        name: name.into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(limit.clone()),
             ..Default::default()
         }),
         ..Default::default()
@@ -924,14 +923,30 @@ mod tests {
         let default = cfg();
         assert_eq!(
             args(&default).expect("args"),
-            ["--listen", "0.0.0.0:8090"],
+            [
+                "--listen",
+                "0.0.0.0:8090",
+                "--max-processes",
+                "512",
+                "--nproc-rlimit",
+                "false"
+            ],
             "the default budget adds nothing"
         );
         let mut big = cfg();
         big.output_budget = Some(1 << 20);
         assert_eq!(
             args(&big).expect("args"),
-            ["--listen", "0.0.0.0:8090", "--output-budget", "1048576"]
+            [
+                "--listen",
+                "0.0.0.0:8090",
+                "--max-processes",
+                "512",
+                "--nproc-rlimit",
+                "false",
+                "--output-budget",
+                "1048576"
+            ]
         );
         assert_ne!(
             default.hash(),

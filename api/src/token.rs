@@ -23,6 +23,9 @@ type HmacSha256 = Hmac<Sha256>;
 
 const SESSION_DOMAIN: &str = "cli-mcp/v2/session/";
 const ASSIGN_DOMAIN: &str = "cli-mcp/v1/assign/";
+/// Domain of a sandbox pod's seal ([`crate::seal`]): distinct from both token domains, so no
+/// seal is ever a token's HMAC or the other way round.
+const SEAL_DOMAIN: &str = "cli-mcp/v1/seal/";
 
 /// Length of the instance key in bytes.
 pub const KEY_LEN: usize = 32;
@@ -111,14 +114,26 @@ impl HmacKey {
         hex::encode(self.0)
     }
 
-    fn derive(&self, parts: &[&str]) -> Token {
+    fn mac(&self) -> HmacSha256 {
         // HMAC takes keys of any length, so this cannot fail for any input.
-        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.0)
-            .expect("HMAC accepts keys of any length");
+        <HmacSha256 as KeyInit>::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
+    }
+
+    fn derive(&self, parts: &[&str]) -> Token {
+        let mut mac = self.mac();
         for part in parts {
             mac.update(part.as_bytes());
         }
         Token(hex::encode(mac.finalize().into_bytes()))
+    }
+
+    /// `HMAC-SHA256(key, SEAL_DOMAIN || framed)`: the MAC behind a sandbox pod's seal. The
+    /// caller ([`crate::seal`]) frames the parts so that no two part lists share an input.
+    pub(crate) fn seal_mac(&self, framed: &[u8]) -> [u8; 32] {
+        let mut mac = self.mac();
+        mac.update(SEAL_DOMAIN.as_bytes());
+        mac.update(framed);
+        mac.finalize().into_bytes().into()
     }
 
     /// The bearer token that authorises `POST /exec` on the one sandbox of session `sid`

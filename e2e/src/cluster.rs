@@ -316,6 +316,10 @@ pub struct Cluster {
     /// Cluster DNS of the process kubelet: CoreDNS on the host, at the pod gateway (the real
     /// node runs it as a kube-system pod instead).
     dns: Option<crate::addons::ClusterDns>,
+    /// The real node's NetworkPolicy enforcer (kube-router's firewall): a cluster on the real
+    /// node enforces the policies it is given, as a user's cluster would, so `make run` and
+    /// every test on the real node see the same isolation.
+    enforcer: Option<crate::addons::Enforcer>,
     /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler (start order).
     control_plane: Vec<Component>,
     net: Option<PodNetwork>,
@@ -452,7 +456,12 @@ impl Cluster {
         // against a startup deadline: on a fresh machine the real node's first `make run`
         // built them (217 s) inside the wait for ServiceAccount default/default and timed out.
         let addons = crate::addons::locate_addons_async(None).await?;
-        // The process kubelet runs CoreDNS on the host; the real node deploys it as a pod.
+        // The process kubelet runs CoreDNS on the host; the real node deploys it as a pod and
+        // runs the NetworkPolicy enforcer next to its kube-proxy.
+        if config.node == NodeKind::Real {
+            crate::addons::enforcer_preflight()?;
+        }
+        let enforcer_bin = (config.node == NodeKind::Real).then(|| addons.clone());
         let addons_bin = (config.node == NodeKind::Process).then_some(addons);
 
         let run_dir = std::path::absolute(&config.run_dir)
@@ -522,6 +531,7 @@ impl Cluster {
             kubelet: None,
             real_node: None,
             dns: None,
+            enforcer: None,
             control_plane: Vec::new(),
             net: Some(pod_net),
             shm_dir: shm_dir.clone(),
@@ -775,6 +785,13 @@ impl Cluster {
             .await?;
             tracing::info!(took = ?t.elapsed(), "cluster DNS (kube-system/coredns) ready");
         }
+        if let Some(bin) = &enforcer_bin {
+            // Before the cluster says it is ready: no pod of a user's (or a test's) starts
+            // while its NetworkPolicies are still inert.
+            let t = Instant::now();
+            cluster.enforcer = Some(crate::addons::Enforcer::start(&cluster.info, bin).await?);
+            tracing::info!(took = ?t.elapsed(), "NetworkPolicy enforcer (kube-router) synced");
+        }
         cluster
             .wait_watched(
                 "ServiceAccount default/default",
@@ -954,6 +971,17 @@ impl Cluster {
     }
 
     /// The process kubelet's cluster DNS (`None` on the real node, which runs it as a pod).
+    /// The real node's NetworkPolicy enforcer, taken out of the cluster by a test that checks
+    /// its clean stop itself ([`crate::addons::Enforcer::stop`]).
+    pub fn take_enforcer(&mut self) -> Option<crate::addons::Enforcer> {
+        self.enforcer.take()
+    }
+
+    /// An error if the real node's enforcer exited (it runs for the cluster's life).
+    pub fn enforcer_error(&mut self) -> Option<Error> {
+        self.enforcer.as_mut().and_then(|e| e.exited_error())
+    }
+
     pub fn dns(&self) -> Option<&crate::addons::ClusterDns> {
         self.dns.as_ref()
     }
@@ -995,8 +1023,10 @@ impl Cluster {
         if let Some(mut k) = self.kubelet.take() {
             k.stop();
         }
-        // CoreDNS (dropping it stops it) while the apiserver still answers.
+        // CoreDNS and the enforcer (dropping either stops it; the enforcer's wrapper removes
+        // its rules) while the apiserver still answers.
         self.dns = None;
+        self.enforcer = None;
         // The real node goes first too: its kubelet and kube-proxy, every container, then
         // containerd, mounts, cgroups and iptables rules (see `RealNode::stop`).
         if let Some(mut n) = self.real_node.take() {

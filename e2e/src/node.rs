@@ -54,6 +54,17 @@ pub const PAUSE_IMAGE: &str = "localhost/cli-mcp-pause:1";
 pub const CATATONIT: &str = "/usr/bin/catatonit";
 /// containerd namespace of the CRI plugin.
 pub const CRI_NAMESPACE: &str = "k8s.io";
+/// The kubelet's `podPidsLimit`: each pod's pids cgroup. The per-pod bound on a sandbox's
+/// processes (the agent's `RLIMIT_NPROC` counts the uid on the whole node, so sandbox pods
+/// set none). Far more than a shell, its builds and the agent's threads need. It bounds a
+/// pod, not the node: where `kernel.pid_max` is 32768, 32 pods at it would exhaust it.
+pub const POD_PIDS_LIMIT: i64 = 1024;
+/// The kubelet's `volumeStatsAggPeriod` (default 1m): how often it measures each pod's
+/// disk-backed volumes (a walk of the files, jittered to between one and two periods). A
+/// sandbox past its workspace `sizeLimit` or `ephemeral-storage` limit is evicted at the
+/// first eviction pass (every 10 s) after a measurement shows it: within ~2 × 5 s + 10 s
+/// here, ~130 s at the default.
+pub const VOLUME_STATS_AGG_PERIOD: &str = "5s";
 /// The sysctls the kubelet sets when they differ (`setupKernelTunables`), saved and restored.
 pub const KUBELET_SYSCTLS: &[&str] = &[
     "vm/overcommit_memory",
@@ -253,6 +264,7 @@ pub fn cni_conflist(p: &NodeParams) -> String {
 
 /// The KubeletConfiguration file. cgroup v1 needs `failCgroupV1: false` (kubelet ≥ 1.35);
 /// containerd 1.6 has no RuntimeConfig RPC, so the kubelet falls back to `cgroupDriver`.
+/// What bounds a sandbox on its node: [`POD_PIDS_LIMIT`], [`VOLUME_STATS_AGG_PERIOD`].
 pub fn kubelet_config(p: &NodeParams) -> String {
     format!(
         r#"# Written by the cli-mcp e2e harness (real node).
@@ -270,6 +282,8 @@ healthzPort: {healthz}
 containerRuntimeEndpoint: unix://{sock}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+podPidsLimit: {pids}
+volumeStatsAggPeriod: {stats}
 evictionHard:
   memory.available: "1Mi"
   nodefs.available: "1%"
@@ -292,6 +306,8 @@ staticPodPath: ""
 podLogsDir: "{logs}"
 "#,
         cgroup_root = p.cgroup_root,
+        pids = POD_PIDS_LIMIT,
+        stats = VOLUME_STATS_AGG_PERIOD,
         ip = p.node_ip,
         port = p.kubelet_port,
         healthz = p.kubelet_healthz_port,
@@ -1233,6 +1249,20 @@ mod tests {
         assert_eq!(v["authentication"]["x509"]["clientCAFile"], "/r/pki/ca.crt");
         assert_eq!(v["authorization"]["mode"], "Webhook");
         assert_eq!(v["podLogsDir"], "/r/node/pod-logs");
+    }
+
+    #[test]
+    fn kubelet_config_bounds_each_pods_processes_and_measures_volumes_often() {
+        let v: serde_yaml::Value = serde_yaml::from_str(&kubelet_config(&params())).expect("yaml");
+        assert_eq!(v["podPidsLimit"], 1024);
+        assert_eq!(v["volumeStatsAggPeriod"], "5s");
+        // The agent's own kill (at three quarters of its bound) comes before the pod's pids
+        // cgroup refuses every fork.
+        let agent = cli_mcp_api::sandbox::limits::AGENT_MAX_PROCESSES;
+        assert!(
+            agent > 0 && i64::try_from(agent * 3 / 4).is_ok_and(|k| k < POD_PIDS_LIMIT),
+            "the agent's --max-processes {agent} in a pod must trip below podPidsLimit {POD_PIDS_LIMIT}"
+        );
     }
 
     #[test]

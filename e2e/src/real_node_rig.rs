@@ -46,12 +46,8 @@ impl RealNodeRig {
         addons::enforcer_preflight().unwrap_or_else(|e| panic!("{e}"));
         cfg.node = NodeKind::Real;
         cfg.images.clear();
-        let addons_bin = tokio::task::spawn_blocking(|| addons::locate_addons(None))
-            .await
-            .expect("join")
-            .unwrap_or_else(|e| panic!("{e}"));
         let build = tokio::task::spawn_blocking(move || project_images::build(&bin_dir));
-        let pc = testing::private_cluster_with(cfg)
+        let mut pc = testing::private_cluster_with(cfg)
             .await
             .unwrap_or_else(|e| panic!("a private real-node cluster: {e}"));
         let images = build
@@ -63,9 +59,12 @@ impl RealNodeRig {
             .unwrap_or_else(|e| panic!("{e}"));
         let info = pc.test.info.clone();
         let socket = info.containerd_socket.clone().expect("containerd socket");
-        let enforcer = Enforcer::start(&info, &addons_bin)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        // The real node's cluster runs the enforcer from its start; the tests own it from here
+        // to check that it stops cleanly.
+        let enforcer = pc
+            .cluster
+            .take_enforcer()
+            .expect("a real-node cluster runs the NetworkPolicy enforcer");
         let gateway = Ipv4Net::parse(&info.pod_cidr)
             .expect("pod CIDR")
             .first_host();

@@ -4,12 +4,19 @@
 //! configuration is read back as JSON and used by an MCP client, and the DELETE line ends the
 //! session. Then a stop signal ends everything.
 //!
+//! Then, on the same cluster, every attack of [`attacks`] is tried as the least identity
+//! that could try it, and each must fail: the isolation a user's `make run` gives is the
+//! one the tests prove.
+//!
 //! The script gets a quick-start dir and a cluster run dir of its own, so it runs beside the
 //! shared test cluster and beside a user's own `make run`. It runs `make run`'s default lane,
 //! the real node with the project's images (the `CLI_MCP_NODE` of the shared test cluster is
 //! not passed on); on a host that cannot run the real node (`node::preflight`) it says so and
 //! runs the process-kubelet lane instead.
 
+mod attacks;
+
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -58,7 +65,13 @@ async fn make_run_prints_an_endpoint_that_works_as_printed() {
     }
     let lane_ok = cli_mcp_e2e::cluster::locate_control_plane(None)
         .and_then(|bin| cli_mcp_e2e::node::preflight(&bin));
+    let real_node = lane_ok.is_ok();
     if let Err(e) = lane_ok {
+        // CI runs on the real node's kind of machine: there, a missing node is a failure.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "quickstart: the real node cannot run in CI: {e}"
+        );
         eprintln!("quickstart: the real node cannot run here ({e}); testing CLI_MCP_NODE=process");
         cmd.env(cli_mcp_e2e::node::NODE_ENV, "process");
     }
@@ -178,6 +191,33 @@ async fn make_run_prints_an_endpoint_that_works_as_printed() {
         .await
         .expect("bash -c curl -X DELETE");
     assert_eq!(String::from_utf8_lossy(&ran.stdout), "204", "{ran:?}");
+
+    // What holds a token is the user's alone.
+    let quickstart = base.join("quickstart");
+    for (file, mode) in [
+        (quickstart.clone(), 0o700),
+        (quickstart.join("investigator.kubeconfig"), 0o600),
+        (quickstart.join("vscode-mcp.json"), 0o600),
+        (quickstart.join("mcp-servers.json"), 0o600),
+    ] {
+        let found = std::fs::metadata(&file)
+            .expect("quick-start file")
+            .permissions()
+            .mode();
+        assert_eq!(found & 0o777, mode, "{}: mode {found:o}", file.display());
+    }
+
+    // The boundary, as attackers meet it on this same cluster.
+    if real_node {
+        let bearer = server["headers"]["Authorization"]
+            .as_str()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .expect("the configuration's bearer token");
+        let target =
+            attacks::Target::new(&base.join("cluster"), &url, bearer, "cli-mcp-demo", "demo").await;
+        let outcomes = attacks::run_all(&target).await;
+        assert_eq!(outcomes.len(), 14, "every attack ran");
+    }
 
     // Stopping (SIGTERM; Ctrl-C's SIGINT takes the same trap, but a test runner may start
     // its children with SIGINT ignored): run.sh stops the forward and the cluster, exits 0.

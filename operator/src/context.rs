@@ -349,6 +349,8 @@ pub struct Context {
     pub migrated: crate::migrate::Migrated,
     /// Consecutive failed reconciles of each failing instance, for their retry backoff.
     pub retries: crate::retry::RetryBackoff,
+    /// Whether NetworkPolicy and Pod Security are in force for each instance.
+    pub isolation: crate::isolation::IsolationProbes,
 }
 
 impl Context {
@@ -390,6 +392,7 @@ impl Context {
             api_peers: Mutex::new(None),
             migrated: Default::default(),
             retries: Default::default(),
+            isolation: Default::default(),
         }
     }
 }

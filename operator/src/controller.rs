@@ -183,6 +183,18 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     };
     obs.external_endpoint = host.map(|h| format!("https://{h}/mcp"));
     obs.expose_problem = expose_problem;
+    obs.isolation = ctx
+        .isolation
+        .observe(crate::isolation::ProbeTarget {
+            uid: &spec.owner.uid,
+            proxy: proxy_unavailable
+                .is_none()
+                .then(|| proxy_address(ctx, spec))
+                .flatten(),
+            sandbox: &spec.sandbox,
+            pods: Api::namespaced(ctx.client.clone(), &ns),
+        })
+        .await;
     // Ready names KubeconfigInvalid first when both hold: that one says what to fix.
     obs.proxy_unavailable = proxy_unavailable;
     write_status(ctx, &cr, &obs).await?;
@@ -231,6 +243,16 @@ fn proxy_gate(ctx: &Context, inputs: &Inputs) -> Option<String> {
             "credential proxy Deployment {name} not observed yet; sandboxes wait for it"
         )),
     }
+}
+
+/// The credential proxy Service's ClusterIP and port, from the cache.
+fn proxy_address(ctx: &Context, spec: &Spec) -> Option<std::net::SocketAddr> {
+    let svc = cached(&ctx.stores.services, &spec.namespace, &spec.name.proxy())?;
+    let ip = svc.spec.as_ref()?.cluster_ip.as_deref()?.parse().ok()?;
+    Some(std::net::SocketAddr::new(
+        ip,
+        cli_mcp_api::proxy::PROXY_PORT,
+    ))
 }
 
 /// How long a reconcile waits for the HTTPRoute watch's first answer (right after start).
@@ -340,6 +362,7 @@ fn observe(
         external_endpoint: None,
         expose_problem: None,
         serving_cert_pending: resolved.serving_cert_pending.clone(),
+        isolation: Default::default(),
     }
 }
 

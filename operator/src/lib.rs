@@ -23,6 +23,7 @@ pub mod crdgen;
 pub mod error;
 pub mod http;
 pub mod idle;
+pub mod isolation;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;

@@ -10,7 +10,11 @@
 //!   claim that lands in between wins (409) and the pod is kept;
 //! - pods stuck in image-pull or crash loops are kept (the kubelet retries them with its own
 //!   backoff) and fill their slots, so a bad image never turns into a create/delete storm;
-//!   dead pods (Failed) are deleted and the next create waits an exponential backoff.
+//!   dead pods (Failed) are deleted and the next create waits an exponential backoff;
+//! - every pod created is sealed right after its create (`cli_mcp_api::seal`). A pod without
+//!   a valid seal is not warm: anyone who may create pods can plant one under a pool pod's
+//!   name with its labels and env. Past the seal's grace (the moment between a create and
+//!   its seal) it is replaced as a stale pod is.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,13 +22,16 @@ use std::time::{Duration, Instant};
 
 use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
+use serde_json::json;
 
 use cli_mcp_api::activity;
 use cli_mcp_api::names::{annotation, label, InstanceName, PoolSuffix};
 use cli_mcp_api::pod_state::{self, is_assigned, is_deleting, is_ready, is_terminal};
 use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, SandboxConfig, SandboxRole};
+use cli_mcp_api::seal::{self, SealCheck};
 use cli_mcp_api::token::HmacKey;
 
 use crate::context::{Context, PoolExpectations};
@@ -55,12 +62,17 @@ pub enum DeleteReason {
     Dead,
     /// More pods than desired.
     Surplus,
+    /// No valid seal past the seal's grace: planted under a pool pod's name, or left by an
+    /// operator that stopped between a create and its seal.
+    Unsealed,
 }
 
 impl DeleteReason {
     pub fn as_str(self) -> &'static str {
         match self {
-            DeleteReason::Stale => "stale",
+            // The metric's documented reasons are stale|dead|surplus: an unsealed pod is
+            // replaced as a stale one is (its log line says which).
+            DeleteReason::Stale | DeleteReason::Unsealed => "stale",
             DeleteReason::Dead => "dead",
             DeleteReason::Surplus => "surplus",
         }
@@ -86,6 +98,9 @@ pub struct Plan {
     pub stale: usize,
     /// Scheduled pods still without a pod sandbox: their events may say why.
     pub awaiting_sandbox: Vec<Arc<SandboxPod>>,
+    /// When to look again at the unsealed pods still within the seal's grace: sealed by then,
+    /// or replaced (a seal arriving wakes nothing).
+    pub seal_recheck: Option<Duration>,
 }
 
 /// Current inputs of the pool.
@@ -97,6 +112,8 @@ pub struct PlanInputs<'a> {
     pub key: Option<&'a HmacKey>,
     /// False when creates are not allowed (missing Secrets, backoff).
     pub may_create: bool,
+    /// The wall clock, against the pods' `creationTimestamp` (the seal's grace).
+    pub now: Timestamp,
 }
 
 /// Why a pod is not making progress, if it is stuck: the scheduler cannot place it, or a
@@ -201,8 +218,23 @@ pub fn plan(pods: &[Arc<SandboxPod>], exp: &PoolExpectations, inp: &PlanInputs<'
             out.delete.push((cached.clone(), DeleteReason::Stale));
             continue;
         }
+        // A pod being sealed still holds its slot (no second create for it), but nobody can
+        // claim it yet, so it is not counted Ready.
+        let mut awaiting_seal = false;
+        match inp.key.map(|key| seal::check(p, key, inp.now)) {
+            Some(SealCheck::Unsealed) => {
+                out.stale += 1;
+                out.delete.push((cached.clone(), DeleteReason::Unsealed));
+                continue;
+            }
+            Some(SealCheck::Awaited(left)) => {
+                awaiting_seal = true;
+                out.seal_recheck = Some(out.seal_recheck.map_or(left, |d| d.min(left)));
+            }
+            Some(SealCheck::Sealed) | None => {}
+        }
         let failing = failing_state(p);
-        let ready = is_ready(p);
+        let ready = is_ready(p) && !awaiting_seal;
         let order = (
             failing.is_none(),
             ready,
@@ -267,6 +299,7 @@ pub async fn reconcile(
     blocked: Option<String>,
 ) -> (PoolOutcome, Option<Error>) {
     let now = Instant::now();
+    let wall = Timestamp::now();
     let all = ctx.stores.pods.state();
     let pods = instance_pods(&all, &cfg.namespace, &cfg.instance);
     let hash = cfg.hash();
@@ -284,6 +317,7 @@ pub async fn reconcile(
             hash: &hash,
             key,
             may_create: blocked.is_none() && key.is_some() && backoff_left.is_none(),
+            now: wall,
         };
         let p = plan(&pods, exp, &inp);
         // Over only once the pool is full: one Ready pod says nothing about the pod that
@@ -325,6 +359,7 @@ pub async fn reconcile(
                         hash: &hash,
                         key,
                         may_create: true,
+                        now: wall,
                     };
                     plan(&live, exp, &inp).create
                 });
@@ -338,10 +373,16 @@ pub async fn reconcile(
 
     // Deletes first: they free slots and never race a claim (see `delete_unclaimed`).
     for (pod, reason) in &the_plan.delete {
-        match delete_unclaimed(&api, pod).await {
+        // An unsealed pod is judged on the cache's copy: one sealed since is kept.
+        let spare_sealed = key.filter(|_| *reason == DeleteReason::Unsealed);
+        match delete_unclaimed(&api, pod, spare_sealed).await {
             Ok(Some(uid_deleted)) => {
                 ctx.metrics.api_write("Pod", "delete");
                 ctx.metrics.pool_deleted(reason.as_str());
+                if *reason == DeleteReason::Unsealed {
+                    tracing::warn!(pod = %pod.name_any(), namespace = %cfg.namespace,
+                        "deleted a pool pod without a valid seal (planted under a pool pod's name by someone who may create pods, or left unsealed by an operator that stopped); replacing it");
+                }
                 ctx.pool.with(uid, |exp, b| {
                     exp.deletes.insert(uid_deleted, Instant::now());
                     if *reason == DeleteReason::Dead {
@@ -374,12 +415,18 @@ pub async fn reconcile(
                 exp.creates.insert(p.name_any(), Instant::now());
             }
         });
-        let results: Vec<(String, kube::Result<Pod>)> = stream::iter(pods)
+        type Created = (String, kube::Result<Pod>, Option<kube::Result<()>>);
+        let results: Vec<Created> = stream::iter(pods)
             .map(|p| {
                 let api = api.clone();
                 async move {
                     let name = p.name_any();
-                    (name, api.create(&PostParams::default(), &p).await)
+                    let created = api.create(&PostParams::default(), &p).await;
+                    let sealed = match &created {
+                        Ok(c) => Some(seal_created(&api, c, key).await),
+                        Err(_) => None,
+                    };
+                    (name, created, sealed)
                 }
             })
             .buffer_unordered(8)
@@ -387,13 +434,22 @@ pub async fn reconcile(
             .await;
         let mut newly_refused = None;
         let mut create_failed = None;
-        for (name, r) in results {
+        for (name, r, sealed) in results {
             match r {
                 Ok(_) => {
                     ctx.metrics.api_write("Pod", "create");
                     ctx.metrics.pool_created.inc();
                     ctx.pool.with(uid, |_, b| b.refused = None);
                     refused = None;
+                    match sealed {
+                        Some(Ok(())) => ctx.metrics.api_write("Pod", "patch"),
+                        Some(Err(e)) => {
+                            tracing::warn!(pod = %name, error = %e,
+                                "cannot seal a pool pod just created; it is never claimed, and is replaced once the seal's grace is over");
+                            first_err.get_or_insert(e.into());
+                        }
+                        None => {}
+                    }
                 }
                 Err(e) => {
                     ctx.pool.with(uid, |exp, _| exp.creates.remove(&name));
@@ -451,6 +507,13 @@ pub async fn reconcile(
         (false, None) if !awaiting.is_empty() => Some(SANDBOX_RECHECK),
         (false, None) => None,
     };
+    // A pod within the seal's grace is looked at again when the grace ends: nothing else
+    // wakes the pool for a plant that is never sealed.
+    let requeue = match (requeue, the_plan.seal_recheck) {
+        _ if first_err.is_some() => None,
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let outcome = PoolOutcome {
         desired,
         ready: the_plan.ready,
@@ -500,13 +563,39 @@ async fn sandbox_failure(ctx: &Context, namespace: &str, pod: &SandboxPod) -> Op
     }
 }
 
-/// Re-reads `pod` and deletes it only if it is still unassigned, with UID and
-/// resourceVersion preconditions. Returns the deleted pod's uid, or None if it was skipped.
-pub async fn delete_unclaimed(api: &Api<Pod>, pod: &SandboxPod) -> Result<Option<String>> {
+/// Seals a pool pod the operator has just created (see `cli_mcp_api::seal`). The uid in the
+/// patch is a precondition: a namesake created since (another uid) is not touched (409).
+async fn seal_created(api: &Api<Pod>, pod: &Pod, key: &HmacKey) -> kube::Result<()> {
+    // The API server always returns the namespace, name and uid; without them the pod stays
+    // unsealed and is replaced after the grace.
+    let Some(seal) = seal::seal_for(pod, key) else {
+        return Ok(());
+    };
+    let patch = json!({"metadata": {"uid": pod.uid(), "annotations": {annotation::SEAL: seal}}});
+    api.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Re-reads `pod` and deletes it only if it is still unassigned (and, with `spare_sealed`,
+/// still not sealed under that key), with UID and resourceVersion preconditions. Returns the
+/// deleted pod's uid, or None if it was skipped.
+pub async fn delete_unclaimed(
+    api: &Api<Pod>,
+    pod: &SandboxPod,
+    spare_sealed: Option<&HmacKey>,
+) -> Result<Option<String>> {
     let Some(fresh) = api.get_opt(&pod.name_any()).await? else {
         return Ok(None);
     };
     if fresh.uid() != pod.uid() || is_assigned(&fresh) || is_deleting(&fresh) {
+        return Ok(None);
+    }
+    if spare_sealed.is_some_and(|key| seal::sealed(&fresh, key)) {
         return Ok(None);
     }
     let dp = crate::apply::delete_exactly(&fresh, true);
@@ -562,8 +651,10 @@ mod tests {
         let mut p = build_sandbox_pod(cfg, &SandboxRole::Pool { suffix, assign }, "t");
         p.metadata.uid = Some(format!("uid-{n}"));
         p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::from_second(1_000 + i64::from(n)).expect("ts"),
+            Timestamp::from_second(1_000 + i64::from(n)).expect("ts"),
         ));
+        let seal = seal::seal_for(&p, key).expect("namespace, name and uid");
+        p.annotations_mut().insert(annotation::SEAL.into(), seal);
         p.status = Some(
             serde_json::from_value(serde_json::json!({
                 "phase": "Running",
@@ -580,8 +671,12 @@ mod tests {
             hash,
             key: Some(key),
             may_create: true,
+            now: Timestamp::from_second(NOW).expect("now"),
         }
     }
+
+    /// The clock of the plans: long after every test pod's creation.
+    const NOW: i64 = 100_000;
 
     #[test]
     fn fills_the_deficit_counting_pending_creates() {
@@ -782,6 +877,64 @@ mod tests {
         assert_eq!(names, [no_sandbox.name_any()]);
         assert!(p.failing.is_empty(), "only its events can say it fails");
         assert_eq!(p.create, 0, "it holds its slot meanwhile");
+    }
+
+    #[test]
+    fn a_planted_namesake_with_a_copied_seal_is_replaced_not_kept_warm() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        // The original's name, labels, annotations (its seal too) and env, under the uid the
+        // API server gave the plant.
+        let mut planted = pool_pod_raw(&c, &k, 1, true);
+        planted.metadata.uid = Some("uid-of-the-plant".into());
+        let pods = vec![cached(planted), pool_pod(&c, &k, 2, true)];
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(2, &h, &k));
+        assert_eq!(p.delete.len(), 1, "{p:?}");
+        assert_eq!(p.delete[0].0.name_any(), pods[0].name_any());
+        assert_eq!(p.delete[0].1, DeleteReason::Unsealed);
+        assert_eq!(
+            DeleteReason::Unsealed.as_str(),
+            "stale",
+            "the metric's reason"
+        );
+        assert_eq!((p.ready, p.stale, p.create), (1, 1, 1));
+        assert_eq!(p.seal_recheck, None);
+    }
+
+    #[test]
+    fn an_unsealed_pool_pod_is_awaited_within_the_grace_then_replaced() {
+        let (c, k) = (cfg(), key());
+        let h = c.hash();
+        let mut fresh = pool_pod_raw(&c, &k, 1, true);
+        fresh.annotations_mut().remove(annotation::SEAL);
+        fresh.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(NOW - 5).expect("ts"),
+            ));
+        let pods = vec![cached(fresh.clone())];
+        // Just created, its seal on the way: it holds its slot but cannot be claimed yet.
+        let p = plan(&pods, &PoolExpectations::default(), &inputs(1, &h, &k));
+        assert!(p.delete.is_empty(), "{p:?}");
+        assert_eq!((p.create, p.ready, p.stale), (0, 0, 0));
+        assert_eq!(
+            p.seal_recheck,
+            Some(seal::SEAL_GRACE - Duration::from_secs(5))
+        );
+        // Still unsealed once the grace is over: replaced.
+        let mut later = inputs(1, &h, &k);
+        later.now = Timestamp::from_second(NOW + 60).expect("ts");
+        let p = plan(&pods, &PoolExpectations::default(), &later);
+        assert_eq!(p.delete.len(), 1);
+        assert_eq!(p.delete[0].1, DeleteReason::Unsealed);
+        assert_eq!(p.create, 1);
+        // Sealed by then: warm.
+        let seal = seal::seal_for(&fresh, &k).expect("seal");
+        fresh
+            .annotations_mut()
+            .insert(annotation::SEAL.into(), seal);
+        let p = plan(&[cached(fresh)], &PoolExpectations::default(), &later);
+        assert!(p.delete.is_empty() && p.seal_recheck.is_none());
+        assert_eq!((p.create, p.ready), (0, 1));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! only the fields listed here and skips the rest of the JSON without keeping it:
 //! - metadata: name, namespace, uid, resourceVersion, creationTimestamp,
 //!   deletionTimestamp, the labels in [`KEPT_LABELS`] and the annotations in
-//!   [`KEPT_ANNOTATIONS`];
+//!   [`KEPT_ANNOTATIONS`] (the seal only for an unassigned pod);
 //! - for an unassigned pod ([`SandboxPod::Unassigned`]) also: the first container's name
 //!   and its `ASSIGN_SHA256` env var ([`made_for_key`]); the status's phase, conditions
 //!   (type, status, reason, message) and container statuses (name, ready, restartCount,
@@ -43,13 +43,15 @@ use cli_mcp_api::sandbox::ENV_ASSIGN_SHA256;
 pub const KEPT_LABELS: &[&str] = &[label::INSTANCE, label::COMPONENT, label::SESSION_ID];
 
 /// The annotations kept: the config hash (pool staleness), the token commitment and nonce
-/// (stale-key sessions) and the activity stamps (idle GC).
+/// (stale-key sessions), the activity stamps (idle GC) and the seal (whether a pool pod is
+/// warm; dropped again from an assigned pod, which nothing here checks it on).
 pub const KEPT_ANNOTATIONS: &[&str] = &[
     annotation::SANDBOX_HASH,
     annotation::TOKEN_SHA256,
     annotation::SANDBOX_NONCE,
     annotation::LAST_ACTIVITY,
     annotation::CREATED_AT,
+    annotation::SEAL,
 ];
 
 /// A sandbox pod as the operator caches it (see the module doc for what is kept).
@@ -215,7 +217,7 @@ struct WireTerminated {
 impl Wire {
     fn into_sandbox_pod(self) -> SandboxPod {
         let m = self.metadata;
-        let metadata = ObjectMeta {
+        let mut metadata = ObjectMeta {
             name: m.name,
             namespace: m.namespace,
             uid: m.uid,
@@ -227,6 +229,10 @@ impl Wire {
             ..Default::default()
         };
         if pod_state::is_assigned_meta(&metadata) {
+            // Only the pool reads seals: the many assigned pods do not keep theirs.
+            if let Some(a) = metadata.annotations.as_mut() {
+                a.remove(annotation::SEAL);
+            }
             return SandboxPod::Assigned(metadata);
         }
         let spec = self.spec.map(|s| PodSpec {
@@ -392,6 +398,7 @@ mod tests {
         build_sandbox_pod, made_for_key, session_token_of, session_token_of_meta, SandboxConfig,
         SandboxRole,
     };
+    use cli_mcp_api::seal::{self, sealed};
     use cli_mcp_api::token::{HmacKey, SandboxNonce};
     use cli_mcp_api::SessionId;
     use kube::{Resource, ResourceExt};
@@ -417,6 +424,9 @@ mod tests {
         m.managed_fields = Some(vec![Default::default()]);
         m.owner_references = Some(vec![Default::default()]);
         m.annotations_mut_or_default("kubectl.kubernetes.io/note", "x");
+        let seal = seal::seal_for(&p, &key()).expect("namespace, name and uid");
+        p.metadata
+            .annotations_mut_or_default(annotation::SEAL, &seal);
         p.spec.as_mut().expect("spec").node_name = Some("node-1".into());
         p.status = Some(serde_json::from_value(status).expect("status"));
         p
@@ -478,10 +488,10 @@ mod tests {
     }
 
     /// The metadata kept of `p`: exactly these fields, and of its labels and annotations
-    /// only those the operator reads.
+    /// only those the operator reads (an assigned pod's seal not).
     fn kept_meta(p: &Pod) -> ObjectMeta {
         let only = |m: &Option<BTreeMap<String, String>>, keys: &[&str]| {
-            m.as_ref().map(|m| {
+            m.as_ref().map(|m| -> BTreeMap<String, String> {
                 m.iter()
                     .filter(|(k, _)| keys.contains(&k.as_str()))
                     .map(|(k, v)| (k.clone(), v.clone()))
@@ -489,6 +499,12 @@ mod tests {
             })
         };
         let m = &p.metadata;
+        let mut annotations = only(&m.annotations, KEPT_ANNOTATIONS);
+        if pod_state::is_assigned_meta(m) {
+            if let Some(a) = annotations.as_mut() {
+                a.remove(annotation::SEAL);
+            }
+        }
         ObjectMeta {
             name: m.name.clone(),
             namespace: m.namespace.clone(),
@@ -497,7 +513,7 @@ mod tests {
             creation_timestamp: m.creation_timestamp.clone(),
             deletion_timestamp: m.deletion_timestamp.clone(),
             labels: only(&m.labels, KEPT_LABELS),
-            annotations: only(&m.annotations, KEPT_ANNOTATIONS),
+            annotations,
             ..Default::default()
         }
     }
@@ -510,14 +526,15 @@ mod tests {
         let SandboxPod::Assigned(m) = &cached else {
             unreachable!()
         };
-        // What is kept is what was there: every read label and annotation.
+        // What is kept is what was there: every read label and annotation but the seal.
         assert_eq!(
             m.labels.as_ref().map(BTreeMap::len),
             Some(KEPT_LABELS.len())
         );
+        assert!(full.annotations().contains_key(annotation::SEAL));
         assert_eq!(
             m.annotations.as_ref().map(BTreeMap::len),
-            Some(KEPT_ANNOTATIONS.len())
+            Some(KEPT_ANNOTATIONS.len() - 1)
         );
         assert!(full.labels().len() > KEPT_LABELS.len());
         assert!(m.managed_fields.is_none() && m.owner_references.is_none());
@@ -613,6 +630,9 @@ mod tests {
                 assert_eq!(is_stale(&full, h, Some(key)), is_stale(view, h, Some(key)));
             }
             assert!(made_for_key(view, &k) && !made_for_key(view, &other));
+            assert!(sealed(view, &k) && !sealed(view, &other));
+            let now = k8s_openapi::jiff::Timestamp::now();
+            assert_eq!(seal::check(&full, &k, now), seal::check(view, &k, now));
             assert_eq!(
                 full.metadata.creation_timestamp,
                 view.metadata.creation_timestamp

@@ -9,11 +9,14 @@
 //! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
 //! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing` |
 //!   `ApiServerUnknown` | `ExposeUnavailable`
+//! - `NetworkPolicyEnforced`, `PodSecurityEnforced`: `Enforced` | `NotEnforced` | `NotProbed` |
+//!   `ProbeFailed` ([`crate::isolation`])
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use cli_mcp_api::crd::{CliMcpInstanceStatus, WarmPoolStatus};
 
+use crate::isolation::{Finding, Findings, NETWORK_POLICY_ENFORCED, POD_SECURITY_ENFORCED};
 use crate::pool::PoolOutcome;
 
 pub const READY: &str = "Ready";
@@ -78,6 +81,8 @@ pub struct Observed {
     /// On OpenShift: what the service CA has not provided yet (the serving certificate or
     /// its CA bundle).
     pub serving_cert_pending: Option<String>,
+    /// Whether NetworkPolicy and Pod Security are enforced where the instance runs.
+    pub isolation: Findings,
 }
 
 struct Cond {
@@ -262,16 +267,40 @@ fn degraded_condition(o: &Observed) -> Cond {
 fn to_condition(c: Cond, prev: &[Condition], generation: Option<i64>, now: &Time) -> Condition {
     // `ok` is the condition's truth value (for Degraded, True is the bad state).
     let status = if c.ok { "True" } else { "False" };
+    condition(c.type_, status, c.reason, c.message, prev, generation, now)
+}
+
+/// A condition from one isolation finding (True, False or Unknown).
+fn finding_condition(
+    type_: &'static str,
+    f: &Finding,
+    prev: &[Condition],
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let (status, reason, message) = f.condition();
+    condition(type_, status, reason, message, prev, generation, now)
+}
+
+fn condition(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    prev: &[Condition],
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
     let last = prev
         .iter()
-        .find(|p| p.type_ == c.type_ && p.status == status)
+        .find(|p| p.type_ == type_ && p.status == status)
         .map(|p| p.last_transition_time.clone())
         .unwrap_or_else(|| now.clone());
     Condition {
-        type_: c.type_.to_owned(),
+        type_: type_.to_owned(),
         status: status.to_owned(),
-        reason: c.reason.to_owned(),
-        message: c.message,
+        reason: reason.to_owned(),
+        message,
         observed_generation: generation,
         last_transition_time: last,
     }
@@ -293,10 +322,22 @@ pub fn compute(
         pool_condition(o),
         degraded_condition(o),
     ];
-    let conditions = conds
+    let mut conditions: Vec<Condition> = conds
         .into_iter()
         .map(|c| to_condition(c, prev_conditions, o.generation, &now))
         .collect();
+    for (type_, f) in [
+        (NETWORK_POLICY_ENFORCED, &o.isolation.network_policy),
+        (POD_SECURITY_ENFORCED, &o.isolation.pod_security),
+    ] {
+        conditions.push(finding_condition(
+            type_,
+            f,
+            prev_conditions,
+            o.generation,
+            &now,
+        ));
+    }
     let d = o.deployment.clone().unwrap_or_default();
     CliMcpInstanceStatus {
         observed_generation: o.generation,
@@ -539,7 +580,28 @@ mod tests {
         assert_eq!(s1, s2, "unchanged observations must not produce a write");
         assert!(transitions(Some(&s1), &s2).is_empty());
         let tr = transitions(None, &s1);
-        assert_eq!(tr.len(), 3);
+        assert_eq!(tr.len(), 5);
         assert!(tr.iter().all(|t| t.healthy));
+    }
+
+    #[test]
+    fn isolation_not_in_force_is_a_warning_and_unprobed_is_unknown() {
+        let s = compute(None, &healthy(0, 0), t(1));
+        let np = cond(&s, NETWORK_POLICY_ENFORCED);
+        assert_eq!(
+            (np.status.as_str(), np.reason.as_str()),
+            ("Unknown", "NotProbed")
+        );
+        let mut o = healthy(0, 0);
+        o.isolation.network_policy = Finding::NotEnforced("opened".into());
+        o.isolation.pod_security = Finding::Enforced("refused".into());
+        let s2 = compute(Some(&s), &o, t(2));
+        assert_eq!(cond(&s2, NETWORK_POLICY_ENFORCED).status, "False");
+        assert_eq!(cond(&s2, POD_SECURITY_ENFORCED).status, "True");
+        // Isolation does not decide Ready: the instance works, the admin is warned.
+        assert_eq!(cond(&s2, READY).status, "True");
+        let tr = transitions(Some(&s), &s2);
+        let warned: Vec<_> = tr.iter().filter(|t| !t.healthy).map(|t| &t.type_).collect();
+        assert_eq!(warned, vec![NETWORK_POLICY_ENFORCED], "{tr:?}");
     }
 }

@@ -174,6 +174,7 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
         ctx.applied.forget_owner(&uid);
         ctx.migrated.forget(&uid);
         ctx.retries.reset(&uid);
+        ctx.isolation.forget(&uid);
     }
     crate::rotation::forget(&ns, name.as_str());
     ctx.applied.forget_prefix(&format!(

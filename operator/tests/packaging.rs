@@ -738,9 +738,11 @@ fn both_packages_install_the_same_admission_policies() {
             "ValidatingAdmissionPolicy cli-mcp-operator-cluster-role-bindings",
             "ValidatingAdmissionPolicy cli-mcp-sandbox-pod-deletions",
             "ValidatingAdmissionPolicy cli-mcp-sandbox-pods",
+            "ValidatingAdmissionPolicy cli-mcp-tenant-pods",
             "ValidatingAdmissionPolicyBinding cli-mcp-operator-cluster-role-bindings",
             "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pod-deletions",
             "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pods",
+            "ValidatingAdmissionPolicyBinding cli-mcp-tenant-pods",
         ]
     );
     assert_eq!(names(&chart).len(), kz.len(), "{:?}", names(&chart));

@@ -1,11 +1,15 @@
 //! Least privilege, asked of the real API server as each identity: the operator (installed
 //! by config/default, and by config/namespaced watching one namespace), an instance's
-//! server, sandbox and client ServiceAccounts, and the admin of an unrelated namespace.
+//! server, sandbox and client ServiceAccounts, the admin of an unrelated namespace, two
+//! tenants of the instance's namespace (one with pods only, one with Deployments too) and
+//! the controllers that act for the instance's Deployments.
 //!
 //! Both tables of docs/operations.md ("Who may do what") are read and asserted row by row:
 //! the RBAC table with SelfSubjectAccessReviews made as each identity (impersonation), the
 //! admission table by making each request (dryRun=All) as the identity, once with RBAC only
-//! — every attack in it gets through — and once with config/admission's policies installed.
+//! — every attack in it gets through — and once with config/admission's policies installed;
+//! then once more, for the rows Pod Security refuses and every allowed row, with the
+//! namespace labelled `pod-security.kubernetes.io/enforce: restricted`.
 
 mod support;
 
@@ -18,22 +22,25 @@ use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, Sandb
 use cli_mcp_api::token::Commitment;
 use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
 use cli_mcp_e2e::testing::{cluster, wait_for, wait_for_set, workspace_root, TestCluster};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Pod,
+    Capabilities, Container, EnvVar, EnvVarSource, HostPathVolumeSource, Namespace, Pod,
     ProjectedVolumeSource, SeccompProfile, SecretKeySelector, SecretProjection, SecretVolumeSource,
     ServiceAccount, Volume, VolumeProjection,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use support::*;
 
@@ -43,6 +50,11 @@ const BYSTANDER: &str = "bystander";
 /// A second instance, with `spec.proxy` (the first has the implied proxy): no sandbox of
 /// either may mount a Secret.
 const PROXIED: &str = "rbpx";
+/// The kubeconfig Secret [`PROXIED`]'s spec names (it need not exist): the tenant policy
+/// knows an instance's Secrets from its spec.
+const PROXIED_KUBECONFIG: &str = "rbpx-admin-kubeconfig";
+/// The label that makes Pod Security enforce its `restricted` level on a namespace.
+const ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 
 /// A client that acts as `user` (the API server adds a ServiceAccount's groups itself).
 async fn client_as(c: &TestCluster, user: &str) -> Client {
@@ -230,10 +242,7 @@ fn attack_pod(ns: &str, request: &str) -> Pod {
             spec(&mut p)
                 .volumes
                 .get_or_insert_with(Vec::new)
-                .push(secret_volume(
-                    "kubeconfig",
-                    format!("cli-mcp-{PROXIED}-kubeconfig"),
-                ));
+                .push(secret_volume("kubeconfig", PROXIED_KUBECONFIG.into()));
         }
         return p;
     }
@@ -363,6 +372,180 @@ fn attack_pod(ns: &str, request: &str) -> Pod {
     p
 }
 
+/// A pod spec of no instance that Pod Security `restricted` admits.
+fn plain_spec() -> Value {
+    json!({
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "app", "image": "tenant", "securityContext": {
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}],
+    })
+}
+
+/// A volume of Secret `secret`.
+fn stolen_volume(secret: &str) -> Value {
+    json!([{"name": "stolen", "secret": {"secretName": secret}}])
+}
+
+/// The pod of a tenant's admission-table row ("a plain pod …", "a privileged …"): a pod of
+/// no instance that Pod Security `restricted` admits, but for what the row names.
+fn tenant_pod(request: &str) -> Option<Pod> {
+    let hmac = format!("cli-mcp-{INSTANCE}-hmac");
+    let mut pod = json!({
+        "metadata": {"name": "tenant", "labels": {"app": "tenant"}},
+        "spec": plain_spec(),
+    });
+    match request {
+        "a plain pod" => {}
+        "a plain pod labelled as the instance's sandbox" => {
+            let labels = &mut pod["metadata"]["labels"];
+            labels[label::INSTANCE] = json!(INSTANCE);
+            labels[label::COMPONENT] = json!(label::COMPONENT_SANDBOX);
+        }
+        "a plain pod mounting the instance's kubeconfig Secret" => {
+            pod["spec"]["volumes"] = stolen_volume(&format!("cli-mcp-{INSTANCE}-kubeconfig"));
+        }
+        "a plain pod mounting the instance's HMAC Secret" => {
+            pod["spec"]["volumes"] = stolen_volume(&hmac);
+        }
+        "a plain pod with a projected volume of the instance's HMAC Secret" => {
+            pod["spec"]["volumes"] =
+                json!([{"name": "stolen", "projected": {"sources": [{"secret": {"name": hmac}}]}}]);
+        }
+        "a plain pod with an env var from the instance's HMAC Secret" => {
+            pod["spec"]["containers"][0]["env"] = json!([{"name": "STOLEN",
+                "valueFrom": {"secretKeyRef": {"name": hmac, "key": "key"}}}]);
+        }
+        "a plain pod with envFrom the instance's TLS Secret" => {
+            pod["spec"]["containers"][0]["envFrom"] =
+                json!([{"secretRef": {"name": format!("cli-mcp-{INSTANCE}-tls")}}]);
+        }
+        "a plain pod mounting the kubeconfig Secret the proxied instance's spec names" => {
+            pod["spec"]["volumes"] = stolen_volume(PROXIED_KUBECONFIG);
+        }
+        "a plain pod running as the instance's server ServiceAccount" => {
+            pod["spec"]["serviceAccountName"] = json!(format!("cli-mcp-{INSTANCE}"));
+        }
+        "a plain pod running as the instance's client ServiceAccount" => {
+            pod["spec"]["serviceAccountName"] = json!(format!("cli-mcp-{INSTANCE}-client"));
+        }
+        "a plain pod named like a warm pod of the instance" => {
+            pod["metadata"]["name"] = json!(format!("cli-mcp-{INSTANCE}-pool-tenant0000"));
+        }
+        "a privileged hostPID pod mounting hostPath /" => {
+            pod["spec"] = json!({
+                "hostPID": true,
+                "containers": [{"name": "app", "image": "tenant",
+                    "securityContext": {"privileged": true}}],
+                "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+            });
+        }
+        _ => return None,
+    }
+    Some(serde_json::from_value(pod).expect("tenant pod"))
+}
+
+/// The Deployment or ReplicaSet of a workload tenant's row: a plain pod template but for
+/// what the row names.
+fn tenant_workload(request: &str) -> Option<Value> {
+    let mut workload = json!({
+        "metadata": {"name": "tenant", "labels": {"app": "tenant"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "tenant"}},
+            "template": {"metadata": {"labels": {"app": "tenant"}}, "spec": plain_spec()},
+        },
+    });
+    let template = &mut workload["spec"]["template"];
+    match request {
+        "a plain Deployment" => {}
+        "a Deployment whose pods mount the instance's HMAC Secret" => {
+            template["spec"]["volumes"] = stolen_volume(&format!("cli-mcp-{INSTANCE}-hmac"));
+        }
+        "a Deployment whose pods are labelled as the instance's server" => {
+            let labels = &mut template["metadata"]["labels"];
+            labels[label::INSTANCE] = json!(INSTANCE);
+            labels[label::COMPONENT] = json!(label::COMPONENT_SERVER);
+        }
+        "a ReplicaSet whose pods mount the instance's kubeconfig Secret" => {
+            template["spec"]["volumes"] = stolen_volume(&format!("cli-mcp-{INSTANCE}-kubeconfig"));
+        }
+        _ => return None,
+    }
+    Some(workload)
+}
+
+/// The rows of the tenants and of the controllers acting for the instance's Deployments
+/// (whose pods and ReplicaSets are built from what the operator made); `None` for others.
+async fn tenant_attempt(
+    w: &World,
+    b: &Bindings,
+    request: &str,
+    client: &Client,
+) -> Option<Result<(), kube::Error>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &w.ns);
+    if let Some(pod) = tenant_pod(request) {
+        return Some(pods.create(&dry_post(), &pod).await.map(drop));
+    }
+    if let Some(workload) = tenant_workload(request) {
+        return Some(if request.starts_with("a ReplicaSet") {
+            let rs: ReplicaSet = serde_json::from_value(workload).expect("ReplicaSet");
+            let api: Api<ReplicaSet> = Api::namespaced(client.clone(), &w.ns);
+            api.create(&dry_post(), &rs).await.map(drop)
+        } else {
+            let d: Deployment = serde_json::from_value(workload).expect("Deployment");
+            let api: Api<Deployment> = Api::namespaced(client.clone(), &w.ns);
+            api.create(&dry_post(), &d).await.map(drop)
+        });
+    }
+    // What the operator made, read as the admin.
+    let made = |name: String| async move {
+        let api: Api<Deployment> = Api::namespaced(w.c.client.clone(), &w.ns);
+        let d = api.get(&name).await.expect("the instance's Deployment");
+        serde_json::to_value(d).expect("JSON")
+    };
+    Some(match request {
+        "add an ephemeral container to a warm pod of the instance" => pods
+            .patch_subresource(
+                "ephemeralcontainers",
+                &b.warm,
+                &PatchParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &Patch::Strategic(json!({"spec": {"ephemeralContainers": [
+                    {"name": "debug", "image": "tenant"}]}})),
+            )
+            .await
+            .map(drop),
+        "a proxy pod of the instance, as its Deployment's template makes it" => {
+            let d = made(format!("cli-mcp-{INSTANCE}-proxy")).await;
+            let t = &d["spec"]["template"];
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("cli-mcp-{INSTANCE}-proxy-rbactest"),
+                    "labels": t["metadata"]["labels"],
+                    "annotations": t["metadata"]["annotations"]},
+                "spec": t["spec"],
+            }))
+            .expect("proxy pod");
+            pods.create(&dry_post(), &pod).await.map(drop)
+        }
+        "a ReplicaSet of the instance's server Deployment, as its template makes it" => {
+            let d = made(format!("cli-mcp-{INSTANCE}")).await;
+            let rs: ReplicaSet = serde_json::from_value(json!({
+                "metadata": {"name": format!("cli-mcp-{INSTANCE}-rbactest"),
+                    "labels": d["spec"]["template"]["metadata"]["labels"]},
+                "spec": {"replicas": 1, "selector": d["spec"]["selector"],
+                    "template": d["spec"]["template"]},
+            }))
+            .expect("ReplicaSet");
+            let api: Api<ReplicaSet> = Api::namespaced(client.clone(), &w.ns);
+            api.create(&dry_post(), &rs).await.map(drop)
+        }
+        _ => return None,
+    })
+}
+
 fn dry_post() -> PostParams {
     PostParams {
         dry_run: true,
@@ -420,6 +603,9 @@ fn lookalike_binding(ns: &str, subject: Subject, role: &str) -> ClusterRoleBindi
 /// Makes the request of one admission-table row as its identity; `Err` is the API's refusal.
 async fn attempt(w: &World, b: &Bindings, request: &str, identity: &str) -> Result<(), String> {
     let client = client_as(&w.c, &w.identities[identity]).await;
+    if let Some(r) = tenant_attempt(w, b, request, &client).await {
+        return r.map_err(|e| e.to_string());
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &w.ns);
     let crbs: Api<ClusterRoleBinding> = Api::all(client);
     let dry_patch = PatchParams {
@@ -512,6 +698,76 @@ async fn attempt(w: &World, b: &Bindings, request: &str, identity: &str) -> Resu
     r.map_err(|e| e.to_string())
 }
 
+/// Waits until the admission-table row of `request` as `identity` gets what its last cell
+/// says: policies, the instances they read and namespace labels reach admission
+/// asynchronously.
+async fn settle(w: &World, b: &Bindings, rows: &[Vec<String>], request: &str, identity: &str) {
+    let cell = &rows
+        .iter()
+        .find(|r| r[0] == request && r[1] == identity)
+        .unwrap_or_else(|| panic!("no admission-table row {request:?} as {identity}"))[3];
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let got = attempt(w, b, request, identity).await;
+        if matches(cell, &got) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{request:?} as {identity}: {got:?} after {TIMEOUT:?}, the table says {cell}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A rule of a Role: `verbs` on `resources` of API group `group`.
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+/// A Role `name` in `ns` with `rules`, bound to user `user`.
+async fn grant(c: &TestCluster, ns: &str, name: &str, user: &str, rules: Vec<PolicyRule>) {
+    let meta = ObjectMeta {
+        name: Some(name.to_owned()),
+        ..Default::default()
+    };
+    Api::<Role>::namespaced(c.client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: meta.clone(),
+                rules: Some(rules),
+            },
+        )
+        .await
+        .expect("tenant Role");
+    Api::<RoleBinding>::namespaced(c.client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: meta,
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: name.to_owned(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "User".into(),
+                    name: user.to_owned(),
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .expect("tenant RoleBinding");
+}
+
 fn server_subject(ns: &str) -> Subject {
     Subject {
         kind: "ServiceAccount".into(),
@@ -536,9 +792,18 @@ fn rbac_lets_through(cell: &str, outcome: &Result<(), String>) -> bool {
     }
 }
 
-/// Whether an outcome is what a table cell says: `allowed`, or `refused: <words of the
-/// policy's message>`.
+/// Whether a cell says Pod Security refuses the request (checked with the namespace
+/// labelled `restricted`).
+fn by_pod_security(cell: &str) -> bool {
+    cell.starts_with("refused by Pod Security: ")
+}
+
+/// Whether an outcome is what a table cell says: `allowed`, `refused: <words of the
+/// policy's message>`, or `refused by Pod Security: <words of its message>`.
 fn matches(cell: &str, outcome: &Result<(), String>) -> bool {
+    if let Some(words) = cell.strip_prefix("refused by Pod Security: ") {
+        return matches!(outcome, Err(e) if e.contains("violates PodSecurity") && e.contains(words));
+    }
     match (cell.strip_prefix("refused: "), outcome) {
         (None, Ok(())) => cell == "allowed",
         (Some(words), Err(e)) => e.contains("ValidatingAdmissionPolicy") && e.contains(words),
@@ -550,7 +815,7 @@ fn matches(cell: &str, outcome: &Result<(), String>) -> bool {
 /// `ns`, into `opns` under `prefix`, without the operator Deployment (the test asks for
 /// permissions; an operator process runs on the host). The sandbox-pod policies' bindings
 /// get a namespace selector so that they judge only this test's namespaces in a cluster
-/// other tests share.
+/// other tests share (the tenant policy's binding too).
 fn install(base: &str, opns: &str, prefix: &str, ns: &str, other: &str) -> String {
     let namespaced = base == "namespaced";
     let watch = if namespaced {
@@ -578,7 +843,7 @@ fn install(base: &str, opns: &str, prefix: &str, ns: &str, other: &str) -> Strin
 namespace: {opns}
 namePrefix: {prefix}
 patches:
-{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-deletions)"}}
+{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-deletions,tenant-pods)"}}
     patch: |-
       - op: add
         path: /spec/matchResources
@@ -639,13 +904,14 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     create_instance(&ins, INSTANCE, json!({"sandbox": {"warmPoolSize": 1}})).await;
     wait_ready(&ins, INSTANCE, &op).await;
     // The proxied instance only needs to exist and to have its sandbox ServiceAccount,
-    // which the operator makes first.
+    // which the operator makes first; the tenant policy reads the Secret its spec names.
     ns.api::<CliMcpInstance>()
         .create(
             &PostParams::default(),
             &instance(
                 PROXIED,
-                json!({"proxy": {"targets": [{"type": "kubernetes"}]}}),
+                json!({"proxy": {"targets": [
+                    {"type": "kubernetes", "secretName": PROXIED_KUBECONFIG}]}}),
             ),
         )
         .await
@@ -689,6 +955,29 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
         )
         .await
         .expect("namespace admin binding");
+
+    // Two tenants of the instance's namespace: one may only create, read and delete pods,
+    // the other also Deployments and ReplicaSets, and ephemeral containers.
+    let tenant = format!("{}-tenant", ns.name);
+    let workload_tenant = format!("{}-workload-tenant", ns.name);
+    let pods_rule = rule("", &["pods"], &["create", "get", "delete"]);
+    grant(&c, &ns.name, "tenant", &tenant, vec![pods_rule.clone()]).await;
+    grant(
+        &c,
+        &ns.name,
+        "workload-tenant",
+        &workload_tenant,
+        vec![
+            pods_rule,
+            rule("", &["pods/ephemeralcontainers"], &["patch"]),
+            rule(
+                "apps",
+                &["deployments", "replicasets"],
+                &["create", "get", "delete"],
+            ),
+        ],
+    )
+    .await;
 
     // Someone else's pod next to the instance's (bound to no node: it never runs).
     ns.api::<Pod>()
@@ -785,6 +1074,16 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
                 service_account(&ns.name, &format!("cli-mcp-{INSTANCE}-client")),
             ),
             ("namespace admin", ns_admin),
+            ("tenant", tenant),
+            ("workload tenant", workload_tenant),
+            (
+                "ReplicaSet controller",
+                service_account("kube-system", "replicaset-controller"),
+            ),
+            (
+                "Deployment controller",
+                service_account("kube-system", "deployment-controller"),
+            ),
         ]),
         c: c.clone(),
         ns: ns.name.clone(),
@@ -856,32 +1155,30 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
         wrong.join("\n")
     );
 
-    // The policies. They take effect asynchronously (each API server loads them from a
-    // watch): wait until each refuses one of its attacks.
+    // The policies. They take effect asynchronously (each API server loads them, and the
+    // tenant policy's instances, from a watch): wait until each refuses one of its attacks,
+    // and the tenant policy lets a plain pod through.
     outside.extend(apply_yaml(&c, &opns.name, &documents(&default_yaml, true), |_| {}).await);
     for (request, identity) in [
         ("the same pod with a hostPath volume", "server"),
         ("the same pod mounting the instance's HMAC Secret", "server"),
         ("delete a ClusterRoleBinding it does not own", "operator"),
         ("delete another workload's pod in its namespace", "server"),
+        ("a plain pod mounting the instance's HMAC Secret", "tenant"),
+        ("a plain pod", "tenant"),
     ] {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if attempt(&w, &b, request, identity).await.is_err() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no policy refused {request:?} as {identity} within {TIMEOUT:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        settle(&w, &b, &rows, request, identity).await;
     }
+    // Pod Security's rows wait for the namespace label: it refuses most attacks on its own,
+    // before any policy sees them.
     let mut wrong = Vec::new();
     for row in &rows {
         let [request, identity, _, with] = &row[..] else {
             unreachable!("checked above");
         };
+        if by_pod_security(with) {
+            continue;
+        }
         let got = attempt(&w, &b, request, identity).await;
         if !matches(with, &got) {
             wrong.push(format!(
@@ -890,6 +1187,41 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
         }
     }
     assert!(wrong.is_empty(), "with the policies:\n{}", wrong.join("\n"));
+
+    // Pod Security `restricted` enforced on the namespace, as an instance's namespace should
+    // have it: its rows are refused, and every allowed row still passes.
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    namespaces
+        .patch(
+            &ns.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {ENFORCE: "restricted"}}})),
+        )
+        .await
+        .expect("label the namespace restricted");
+    for row in rows.iter().filter(|r| by_pod_security(&r[3])) {
+        settle(&w, &b, &rows, &row[0], &row[1]).await;
+    }
+    let mut wrong = Vec::new();
+    for row in &rows {
+        let [request, identity, _, with] = &row[..] else {
+            unreachable!("checked above");
+        };
+        if with != "allowed" && !by_pod_security(with) {
+            continue;
+        }
+        let got = attempt(&w, &b, request, identity).await;
+        if !matches(with, &got) {
+            wrong.push(format!(
+                "{request} as {identity}: {got:?}, the table says {with}"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "with the policies and Pod Security restricted:\n{}",
+        wrong.join("\n")
+    );
 
     // Teardown under the policies: the operator (here a host process with the admin's
     // credentials) removes the binding it made.

@@ -25,7 +25,7 @@ use cli_mcp_api::token::HmacKey;
 use cli_mcp_e2e::testing::{
     self, wait_for, wait_for_set, wait_restarted, AfterRestart, TestCluster, TestNamespace, TIMEOUT,
 };
-use support::{is_error, structured, text, Mcp, Server};
+use support::{is_error, seal_pod, structured, text, Mcp, Server};
 
 const INSTANCE: &str = "demo";
 const AGENT_IMAGE: &str = "cli-mcp-agent:dev";
@@ -109,8 +109,8 @@ impl World {
         &self.cfg.instance
     }
 
-    /// Creates `n` warm pool pods with the shared builder (as the operator does) and waits
-    /// until all are Ready.
+    /// Creates `n` warm pool pods with the shared builder and seals them (as the operator
+    /// does), and waits until all are Ready.
     async fn warm_pods(&self, n: usize) -> Vec<String> {
         let mut names = Vec::new();
         for _ in 0..n {
@@ -124,11 +124,12 @@ impl World {
                 },
                 &now(),
             );
-            self.ns
-                .api::<Pod>()
+            let pods = self.ns.api::<Pod>();
+            let created = pods
                 .create(&PostParams::default(), &pod)
                 .await
                 .expect("create warm pod");
+            seal_pod(&pods, &created, &self.key).await;
             names.push(name);
         }
         wait_for_set(
@@ -305,6 +306,8 @@ async fn warm_pods_of_another_key_are_left_alone() {
             .create(&PostParams::default(), &pod)
             .await
             .expect("create warm pod");
+    // Sealed as its own (outdated) operator would: what sets it apart is its key alone.
+    seal_pod(&w.ns.api::<Pod>(), &created, &other).await;
     wait_for_set(
         w.ns.api::<Pod>(),
         &w.instance().unassigned_selector(),
@@ -674,6 +677,8 @@ async fn a_failed_session_pod_is_replaced() {
             .create(&PostParams::default(), &pod)
             .await
             .expect("create the session pod");
+    // Sealed as the server seals the pods it creates: what sets it apart is its phase alone.
+    seal_pod(&w.ns.api::<Pod>(), &created, &w.key).await;
     wait_for(
         w.ns.api::<Pod>(),
         &name,

@@ -115,7 +115,7 @@ impl Bash {
         // allowance on top of them. A non-root process cannot raise its hard limit, so one
         // the agent was started with (a container runtime's nproc) caps it, or the shell
         // could not start at all.
-        let nproc = opts.max_processes.map(|max| {
+        let nproc = opts.max_processes.filter(|_| opts.nproc_rlimit).map(|max| {
             let want = max.saturating_add(procs::own_threads());
             match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC) {
                 Ok((_, hard)) => want.min(hard),

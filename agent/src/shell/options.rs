@@ -39,9 +39,14 @@ pub struct ShellOptions {
     /// file can still be written (at least the largest command accepted).
     pub reserve_bytes: u64,
     pub kill_grace: Duration,
-    /// Processes the shell's uid may have (`RLIMIT_NPROC`, plus the agent's own threads);
-    /// near it the agent kills the largest groups. `None`: no limit.
+    /// Processes the shell may have; near it the agent kills the largest groups. `None`: no
+    /// limit.
     pub max_processes: Option<u64>,
+    /// Whether `max_processes` is also bash's `RLIMIT_NPROC` (plus the agent's own threads).
+    /// The kernel counts that limit per uid, over every process of the uid on the machine:
+    /// right for an agent on its own, wrong in a pod, where every sandbox of the node runs as
+    /// the same uid and the pod's pids cgroup is the bound per pod.
+    pub nproc_rlimit: bool,
 }
 
 impl ShellOptions {

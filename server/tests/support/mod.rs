@@ -339,3 +339,26 @@ pub fn long_command(fifo: &Path, marker: &Path) -> String {
         marker.display()
     )
 }
+
+/// Seals a sandbox pod just created by a test, as its writer (the operator for a pool pod,
+/// the server for a session pod) does right after its create: sandbox pods are trusted by
+/// their seal, bound to the uid the API server gave `created`. Returns the sealed pod.
+pub async fn seal_pod(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    created: &k8s_openapi::api::core::v1::Pod,
+    key: &cli_mcp_api::token::HmacKey,
+) -> k8s_openapi::api::core::v1::Pod {
+    use kube::ResourceExt;
+    let seal = cli_mcp_api::seal::seal_for(created, key).expect("a created pod has a uid");
+    let patch = json!({"metadata": {
+        "uid": created.uid(),
+        "annotations": {cli_mcp_api::names::annotation::SEAL: seal},
+    }});
+    pods.patch(
+        &created.name_any(),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("seal the pod")
+}

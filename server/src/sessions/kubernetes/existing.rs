@@ -6,6 +6,7 @@ use kube::api::ListParams;
 
 use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::{is_deleting, is_ready, is_terminal};
+use cli_mcp_api::seal::sealed;
 use cli_mcp_api::SessionId;
 
 use super::lookup::winner_order;
@@ -32,10 +33,12 @@ impl KubeBackend {
             .pods
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
+        // Only a sealed pod is the session's: a look-alike with copied labels is as good as
+        // absent (the next call that starts the session removes it).
         let mut live: Vec<_> = list
             .items
             .into_iter()
-            .filter(|p| !is_deleting(p) && !is_terminal(p))
+            .filter(|p| !is_deleting(p) && !is_terminal(p) && sealed(p, &self.key))
             .collect();
         live.sort_by(winner_order);
         let Some(pod) = live.into_iter().next() else {

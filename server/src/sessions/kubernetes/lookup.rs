@@ -1,7 +1,7 @@
 //! Finding a session's pod by label (duplicates resolved the same way by every replica; pods
-//! of an old HMAC key and pods that terminated for good removed), and adopting a pod that
-//! already exists, found or started by another replica: the one place that checks the
-//! caller may use it.
+//! of an old HMAC key, pods that terminated for good and pods without a valid seal removed),
+//! and adopting a pod that already exists, found or started by another replica: the one place
+//! that checks the pod is sealed and the caller may use it.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
@@ -27,14 +27,21 @@ pub(super) enum Found {
 
 impl KubeBackend {
     /// A pod that already exists for the session (found by label, or started by another
-    /// replica at the same time as this one), once the caller may use it and its agent
-    /// answers.
+    /// replica at the same time as this one), once it is sealed, the caller may use it and
+    /// its agent answers. The seal comes first: a look-alike's copied owner must not decide
+    /// anything.
     pub(super) async fn adopt(
         &self,
         pod: Pod,
         sid: &SessionId,
         caller: &Caller,
     ) -> Result<Pod, SessionError> {
+        let name = pod.name_any();
+        let Some(pod) = self.sealed_or_removed(pod, sid).await? else {
+            return Err(SessionError::Sandbox(format!(
+                "pod {name} has no valid seal of this instance, so it was not used (it was deleted, or went away); retry the call"
+            )));
+        };
         if !owner_allows(annotation_of(&pod, annotation::OWNER), caller) {
             return Err(SessionError::Forbidden(sid.clone()));
         }
@@ -49,7 +56,8 @@ impl KubeBackend {
         self.await_agent(pod, sid).await
     }
 
-    /// Session pods by label, duplicates resolved, pods of an old key removed.
+    /// Session pods by label, duplicates resolved, pods of an old key and unsealed pods
+    /// removed.
     pub(super) async fn find(&self, sid: &SessionId) -> Result<Found, SessionError> {
         let list = self
             .pods
@@ -68,7 +76,7 @@ impl KubeBackend {
                 "session pod has terminated for good; deleting it and starting a new sandbox");
             self.delete_pod(pod).await;
         }
-        let Some(winner) = self.resolve_duplicates(live).await else {
+        let Some(winner) = self.resolve_duplicates(live, sid).await else {
             return Ok(if dead.is_empty() {
                 Found::Nothing
             } else {
@@ -81,11 +89,17 @@ impl KubeBackend {
             self.delete_pod(&winner).await;
             return Ok(Found::Stale);
         }
-        Ok(Found::Pod(Box::new(winner)))
+        // Its name, labels and annotations can all be copied; its seal cannot.
+        Ok(match self.sealed_or_removed(winner, sid).await? {
+            Some(pod) => Found::Pod(Box::new(pod)),
+            None => Found::Stale,
+        })
     }
 
-    /// Picks the winner among pods of one session and deletes the others.
-    pub(super) async fn resolve_duplicates(&self, mut pods: Vec<Pod>) -> Option<Pod> {
+    /// Picks the winner among pods of one session and deletes the others. Pods that will
+    /// never be sealed take no part (and are deleted).
+    pub(super) async fn resolve_duplicates(&self, pods: Vec<Pod>, sid: &SessionId) -> Option<Pod> {
+        let mut pods = self.without_unsealed(pods, sid).await;
         if pods.len() > 1 {
             pods.sort_by(winner_order);
             for loser in &pods[1..] {

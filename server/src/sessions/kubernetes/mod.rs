@@ -12,6 +12,9 @@
 //! - when a claim and a create race, both replicas see two pods for the session and pick the
 //!   same winner (oldest `creationTimestamp`, then name); the loser is deleted.
 //!
+//! A pod is trusted by its seal ([`seal`]), never by its name or labels: a pod that is not
+//! sealed for its uid under the instance key is never routed to.
+//!
 //! The modules follow those steps: [`lookup`] (by label, and adopting a pod that exists),
 //! [`admission`] (`--max-sessions`, from the pod [`watch`]), [`start`] (warm claim, cold
 //! create, wait for Ready), [`agent_wait`] (an existing pod whose agent restarts),
@@ -28,6 +31,7 @@ mod lookup;
 mod pods;
 mod rate;
 mod routes;
+mod seal;
 mod slots;
 mod start;
 mod steps;
@@ -48,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::{annotation, label, InstanceName};
 use cli_mcp_api::sandbox::{session_token_of, SandboxConfig};
+use cli_mcp_api::seal::sealed;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
@@ -221,6 +226,13 @@ impl KubeBackend {
     }
 
     fn route_of(&self, sid: &SessionId, pod: &Pod) -> Result<Route, SessionError> {
+        // The last gate before a pod is sent the session's token and commands.
+        if !sealed(pod, &self.key) {
+            return Err(SessionError::Sandbox(format!(
+                "pod {} has no valid seal of this instance for its uid, so it is not used; retry the call",
+                pod.name_any()
+            )));
+        }
         let endpoint = endpoint_of(pod)
             .ok_or_else(|| SessionError::Sandbox(format!("pod {} has no IP", pod.name_any())))?;
         let token = session_token_of(pod, sid, &self.key).ok_or_else(|| {

@@ -10,13 +10,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::ResourceExt;
-use rand::seq::SliceRandom;
 use serde_json::json;
 
 use cli_mcp_api::activity::stamp_now;
 use cli_mcp_api::names::{annotation, label};
 use cli_mcp_api::pod_state::{is_assigned, is_deleting, is_ready};
-use cli_mcp_api::sandbox::{build_sandbox_pod, made_for_key, session_token_of, SandboxRole};
+use cli_mcp_api::sandbox::{build_sandbox_pod, session_token_of, SandboxRole};
+use cli_mcp_api::seal::sealed;
 use cli_mcp_api::token::SandboxNonce;
 use cli_mcp_api::wire::AssignRequest;
 use cli_mcp_api::SessionId;
@@ -60,8 +60,10 @@ impl KubeBackend {
         let (p, created) = Box::pin(timed("create", self.create_cold(sid, caller))).await?;
         reservation.written(&pod_key(&p));
         let ready = if created {
-            // Independent: the bind is an API write, the wait is for the pod's agent.
-            let (bound, ready) = tokio::join!(
+            // Independent: the seal and the bind are API writes, the wait is for the pod's
+            // agent.
+            let (seal_written, bound, ready) = tokio::join!(
+                Box::pin(timed("seal", self.seal(&p))),
                 Box::pin(timed("bind", self.bind_slots(slots, &p))),
                 Box::pin(timed("ready", self.wait_ready(p.clone()))),
             );
@@ -70,7 +72,26 @@ impl KubeBackend {
                 self.retire_pod(&p, "no-slot").await;
                 return Err(e);
             }
-            ready?
+            match (seal_written, ready) {
+                // A pod that never started was deleted by the wait, which says why.
+                (_, Err(e)) => return Err(e),
+                (Err(e), Ok(_)) => {
+                    // Unsealed, no replica would route to it: gone at once, not left for
+                    // another replica to find and wait on.
+                    self.retire_pod(&p, "unsealed").await;
+                    return Err(e);
+                }
+                (Ok(seal), Ok(mut ready)) => {
+                    // The wait may have returned the pod as it was before the seal was
+                    // written.
+                    if ready.uid() == p.uid() {
+                        ready
+                            .annotations_mut()
+                            .insert(annotation::SEAL.into(), seal);
+                    }
+                    ready
+                }
+            }
         } else {
             Box::pin(timed("ready", self.wait_ready(p))).await?
         };
@@ -93,13 +114,7 @@ impl KubeBackend {
         let mut tried = HashSet::new();
         // From the view, only pods this replica could claim (what `claimable` keeps; its
         // warnings are for a listed pool only).
-        let mut view = self.pool.pods(|p| {
-            !is_deleting(p)
-                && is_ready(p)
-                && pod_ip(p).is_some()
-                && annotation_of(p, annotation::SANDBOX_HASH) == Some(self.cfg_hash.as_str())
-                && made_for_key(p, &self.key)
-        });
+        let mut view = self.pool.pods(|p| self.could_claim(p));
         loop {
             let listed = view.is_none();
             let pool = match view.take() {
@@ -129,36 +144,6 @@ impl KubeBackend {
                 return Ok(None);
             }
         }
-    }
-
-    /// The pods of `pool` this replica can claim, in random order (concurrent claimers spread
-    /// over the pool instead of all fighting for the first pod). `listed`: `pool` is what the
-    /// API has, not the view, so a pool with none that fits is worth a warning.
-    fn claimable(&self, pool: Vec<Pod>, listed: bool) -> Vec<Pod> {
-        let total = pool.len();
-        let mut candidates: Vec<Pod> = pool
-            .into_iter()
-            .filter(|p| !is_deleting(p) && is_ready(p) && pod_ip(p).is_some())
-            .collect();
-        let ready = candidates.len();
-        candidates
-            .retain(|p| annotation_of(p, annotation::SANDBOX_HASH) == Some(self.cfg_hash.as_str()));
-        if listed && candidates.is_empty() && ready > 0 {
-            tracing::warn!(ready, hash = %self.cfg_hash,
-                "warm pods exist but none has this server's sandbox-hash; creating on demand (is the operator's sandbox config the same as --sandbox-config?)");
-        }
-        // A pod made for another HMAC key would refuse this replica's /assign: leave it to
-        // the operator instead of claiming and then deleting it (while the key is rotated,
-        // the replica being replaced would otherwise burn the new pool).
-        let same_config = candidates.len();
-        candidates.retain(|p| made_for_key(p, &self.key));
-        if listed && candidates.is_empty() && same_config > 0 {
-            tracing::warn!(warm = same_config,
-                "warm pods exist but none was made for this replica's HMAC key (the key was rotated: this replica or the pool is outdated); creating on demand");
-        }
-        tracing::debug!(total, ready, usable = candidates.len(), listed, "warm pool");
-        candidates.shuffle(&mut rand::rng());
-        candidates
     }
 
     /// Claims one warm pod: guarded patch, then `/assign`, the bind of the session's slots
@@ -220,7 +205,15 @@ impl KubeBackend {
                         return Ok(None);
                     }
                     match self.pods.get_opt(&name).await? {
-                        Some(p) if !is_deleting(&p) && is_ready(&p) && !is_assigned(&p) => pod = p,
+                        // Another uid is another pod: only a sealed one is claimed.
+                        Some(p)
+                            if !is_deleting(&p)
+                                && is_ready(&p)
+                                && !is_assigned(&p)
+                                && sealed(&p, &self.key) =>
+                        {
+                            pod = p
+                        }
                         _ => {
                             self.pool.taken(&name);
                             return Ok(None);
@@ -351,11 +344,16 @@ impl KubeBackend {
                             self.wait_gone(&old).await?;
                             continue;
                         }
-                        // Another replica created it: adopted if it is the caller's. The
-                        // lookup that checks the owner was skipped for a session new to the
-                        // pod watch, so a different identity racing on the same id ends
-                        // here, and must not run in that pod.
+                        // Another replica created it: adopted once sealed, if it is the
+                        // caller's. The lookup that checks the owner was skipped for a session
+                        // new to the pod watch, so a different identity racing on the same id
+                        // ends here, and must not run in that pod. A look-alike planted under
+                        // the session's name is deleted, and the create tried again.
                         Some(existing) => {
+                            let Some(existing) = self.sealed_or_removed(existing, sid).await?
+                            else {
+                                continue;
+                            };
                             if !owner_allows(annotation_of(&existing, annotation::OWNER), caller) {
                                 return Err(SessionError::Forbidden(sid.clone()));
                             }
@@ -524,7 +522,7 @@ impl KubeBackend {
             return Ok(None);
         }
         Ok(self
-            .resolve_duplicates(live)
+            .resolve_duplicates(live, sid)
             .await
             .filter(|winner| winner.uid() != ours.uid()))
     }

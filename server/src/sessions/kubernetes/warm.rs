@@ -8,6 +8,10 @@
 //! view cannot be trusted (before its first list, after a watch error until the watch has
 //! listed again) the claim lists the pool as before.
 //!
+//! Which of its pods a claim may try is decided here too ([`KubeBackend::claimable`]): Ready,
+//! this replica's config and key, and sealed by the operator for its uid (a look-alike
+//! planted under a warm pod's name has everything else).
+//!
 //! Only the pool is kept (its size is `warmPoolSize`, tens of pods), without
 //! `managedFields`; a claimed pod leaves the view as soon as its claim patch succeeds (its
 //! new `session-id` label takes it out of the watch's selector, and the watch's deletion
@@ -19,9 +23,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
+use rand::seq::SliceRandom;
 use tokio_util::sync::CancellationToken;
 
+use cli_mcp_api::names::annotation;
+use cli_mcp_api::pod_state::{is_deleting, is_ready};
+use cli_mcp_api::sandbox::made_for_key;
+use cli_mcp_api::seal::sealed;
+
 use super::feed::{feed, WatchFed};
+use super::pods::{annotation_of, pod_ip};
 use super::KubeBackend;
 
 #[derive(Debug, Default)]
@@ -115,6 +126,59 @@ impl KubeBackend {
         let cfg = watcher::Config::default().labels(&self.instance.unassigned_selector());
         let events = watcher::watcher(self.pods.clone(), cfg).default_backoff();
         feed(events, &self.pool, &stop).await;
+    }
+}
+
+/// Which warm pods a claim may try.
+impl KubeBackend {
+    /// Whether this replica could claim warm pod `p`: what [`Self::claimable`] keeps.
+    pub(super) fn could_claim(&self, p: &Pod) -> bool {
+        !is_deleting(p)
+            && is_ready(p)
+            && pod_ip(p).is_some()
+            && annotation_of(p, annotation::SANDBOX_HASH) == Some(self.cfg_hash.as_str())
+            && made_for_key(p, &self.key)
+            && sealed(p, &self.key)
+    }
+
+    /// The pods of `pool` this replica can claim, in random order (concurrent claimers spread
+    /// over the pool instead of all fighting for the first pod). `listed`: `pool` is what the
+    /// API has, not the view, so a pool with none that fits is worth a warning.
+    pub(super) fn claimable(&self, pool: Vec<Pod>, listed: bool) -> Vec<Pod> {
+        let total = pool.len();
+        let mut candidates: Vec<Pod> = pool
+            .into_iter()
+            .filter(|p| !is_deleting(p) && is_ready(p) && pod_ip(p).is_some())
+            .collect();
+        let ready = candidates.len();
+        candidates
+            .retain(|p| annotation_of(p, annotation::SANDBOX_HASH) == Some(self.cfg_hash.as_str()));
+        if listed && candidates.is_empty() && ready > 0 {
+            tracing::warn!(ready, hash = %self.cfg_hash,
+                "warm pods exist but none has this server's sandbox-hash; creating on demand (is the operator's sandbox config the same as --sandbox-config?)");
+        }
+        // A pod made for another HMAC key would refuse this replica's /assign: leave it to
+        // the operator instead of claiming and then deleting it (while the key is rotated,
+        // the replica being replaced would otherwise burn the new pool).
+        let same_config = candidates.len();
+        candidates.retain(|p| made_for_key(p, &self.key));
+        if listed && candidates.is_empty() && same_config > 0 {
+            tracing::warn!(warm = same_config,
+                "warm pods exist but none was made for this replica's HMAC key (the key was rotated: this replica or the pool is outdated); creating on demand");
+        }
+        // Only a pod the operator sealed for its uid is one: anyone who may create pods can
+        // plant a look-alike under a warm pod's name, with its labels, annotations and env.
+        candidates.retain(|p| {
+            let ok = sealed(p, &self.key);
+            if !ok && listed {
+                tracing::warn!(pod = %p.name_any(),
+                    "warm pod has no valid seal for its uid (planted under a pool pod's name, or its seal is still on the way); not claiming it");
+            }
+            ok
+        });
+        tracing::debug!(total, ready, usable = candidates.len(), listed, "warm pool");
+        candidates.shuffle(&mut rand::rng());
+        candidates
     }
 }
 
