@@ -803,7 +803,9 @@ pub struct ServerSpec {
 
     /// Most sessions one client identity (a Kubernetes username) may hold at once, counted
     /// exactly across every server replica; past it that client's new sessions get a clear
-    /// error. Default: no per-client limit, only `spec.sandbox.maxSessions` (1..10000).
+    /// error. Default: half of `spec.sandbox.maxSessions` (rounded up), so one identity
+    /// cannot take every place; with `auth: None` (every caller anonymous) no default
+    /// (1..10000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000))]
     pub max_sessions_per_client: Option<i32>,

@@ -441,6 +441,9 @@ async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
     env.dummy_kubeconfig(NAME).await;
     let mut cr = env.cr(NAME, 0);
     cr["spec"]["sandbox"]["maxSessions"] = json!(limit);
+    // One client makes every session: the instance's bound is measured, not the per-client
+    // one (half of maxSessions by default).
+    cr["spec"]["server"]["maxSessionsPerClient"] = json!(limit);
     cr["spec"]["replicas"] = json!(1);
     env.apply_cr(&cr).await;
     env.wait_ready(NAME).await;
@@ -518,7 +521,9 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let warm = i32::try_from(args.starts).context("--starts")?;
     let mut cr = env.cr(INSTANCE, i64::from(warm));
     // Room for the load phase plus what is still being deleted from the earlier phases.
-    cr["spec"]["sandbox"]["maxSessions"] = json!((args.sessions + args.starts + 10).max(110));
+    let room = (args.sessions + args.starts + 10).max(110);
+    cr["spec"]["sandbox"]["maxSessions"] = json!(room);
+    cr["spec"]["server"]["maxSessionsPerClient"] = json!(room);
     if let Some(cpu) = &args.sandbox_cpu_limit {
         cr["spec"]["sandbox"]["resources"] = json!({
             "requests": {"cpu": "100m", "memory": "128Mi"},

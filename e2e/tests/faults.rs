@@ -148,6 +148,9 @@ async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
     let _alone = ONE_BURST.lock().await;
     let env = instance(prefix, "m", 5, |cr| {
         cr["spec"]["sandbox"]["maxSessions"] = json!(100);
+        // One client makes the whole burst: the instance's bound is under test, not the
+        // per-client one (half of maxSessions by default).
+        cr["spec"]["server"]["maxSessionsPerClient"] = json!(100);
         cr["spec"]["replicas"] = json!(3);
     })
     .await;

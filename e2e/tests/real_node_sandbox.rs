@@ -506,9 +506,23 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
             ..Default::default()
         });
     }
-    pods.create(&PostParams::default(), &uid_pod)
+    let created = pods
+        .create(&PostParams::default(), &uid_pod)
         .await
         .expect("a sandbox under an arbitrary UID is admitted under restricted");
+    // Sealed to its uid, as the server seals the pods it creates: an unsealed namesake is a
+    // plant, which the server deletes instead of routing to it.
+    let seal = cli_mcp_api::seal::seal_for(&created, &key).expect("a created pod has a uid");
+    pods.patch(
+        "cli-mcp-a-s-uid",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&serde_json::json!({"metadata": {
+            "uid": created.metadata.uid,
+            "annotations": {cli_mcp_api::names::annotation::SEAL: seal},
+        }})),
+    )
+    .await
+    .expect("sealing the pod");
     ready_pod(pods.clone(), "cli-mcp-a-s-uid").await;
     let out = ok(
         &mcp,

@@ -154,25 +154,8 @@ async fn workspace_flood(t: &Target) -> Outcome {
         )
         .await;
     let wrote_for = started.elapsed();
-    let stopped = cli_mcp_e2e::testing::wait_for(
-        Api::<Pod>::namespaced(t.admin.clone(), &t.ns),
-        &name,
-        "evicted",
-        DISK_FLOOD_STOPPED_WITHIN,
-        |p: Option<&Pod>| p.is_none_or(evicted),
-    )
-    .await;
+    let why = stopped_within(t, &name, started + DISK_FLOOD_STOPPED_WITHIN, &r.text).await;
     let after = started.elapsed();
-    let pod = stopped.unwrap_or_else(|e| {
-        panic!(
-            "the sandbox that wrote 3 GiB to its workspace ({}) was not stopped: {e}",
-            r.text
-        )
-    });
-    let why = pod
-        .and_then(|p| p.status)
-        .and_then(|s| s.message)
-        .unwrap_or_else(|| "pod deleted".into());
     t.end(s).await;
     Outcome::new(
         "sandbox floods its workspace (3 GiB on the node's disk)",
@@ -183,6 +166,33 @@ async fn workspace_flood(t: &Target) -> Outcome {
             r.stdout.trim()
         ),
     )
+}
+
+/// Why pod `name` stopped (evicted, or deleted after its eviction), read every half second
+/// until `deadline`. A GET per read, not a watch: a watch on the one pod once missed its
+/// eviction and deletion on a loaded machine (the kubelet's log had both), and a missed
+/// event must not read as "not stopped".
+async fn stopped_within(t: &Target, name: &str, deadline: Instant, flood: &str) -> String {
+    let pods = Api::<Pod>::namespaced(t.admin.clone(), &t.ns);
+    loop {
+        let last = match pods.get_opt(name).await {
+            Ok(None) => return "the pod was evicted and deleted".into(),
+            Ok(Some(p)) if evicted(&p) => {
+                return p
+                    .status
+                    .and_then(|s| s.message)
+                    .unwrap_or_else(|| "evicted".into())
+            }
+            Ok(Some(p)) => format!("phase {:?}", p.status.and_then(|s| s.phase)),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox that wrote 3 GiB to its workspace ({flood}) was not stopped in \
+             {DISK_FLOOD_STOPPED_WITHIN:?}; last seen: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 fn evicted(p: &Pod) -> bool {

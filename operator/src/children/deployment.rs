@@ -350,9 +350,9 @@ mod tests {
         );
 
         assert_eq!(
-            arg(&a, "--max-sessions-per-client"),
-            None,
-            "no limit unless set"
+            arg(&a, "--max-sessions-per-client").as_deref(),
+            Some("4"),
+            "half of maxSessions (7) unless set: one identity cannot take every place"
         );
         assert_eq!(arg(&a, "--new-sessions-per-minute-per-client"), None);
         let quotas = inputs(serde_json::json!({"server": {"maxSessionsPerClient": 3,

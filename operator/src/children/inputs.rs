@@ -111,7 +111,7 @@ impl Spec {
             warm_pool_size: s.sandbox.warm_pool_size,
             idle_timeout: s.sandbox.idle_timeout()?,
             max_sessions: s.sandbox.max_sessions,
-            max_sessions_per_client: s.server.max_sessions_per_client,
+            max_sessions_per_client: max_sessions_per_client(s),
             new_sessions_per_minute_per_client: s.server.new_sessions_per_minute_per_client,
             default_timeout_secs,
             max_timeout_secs,
@@ -280,5 +280,41 @@ impl Inputs {
         self.ca_pem
             .as_ref()
             .map(|_| secrets::ca_config_map_name(&self.spec.name))
+    }
+}
+
+/// The per-client session limit: the spec's, else half of `maxSessions` (rounded up) when
+/// callers have identities, so one identity cannot take every place of the instance (and of
+/// its nodes) and another always finds room. Without authentication every caller is the
+/// same anonymous one, so no default applies there.
+pub fn max_sessions_per_client(s: &cli_mcp_api::crd::CliMcpInstanceSpec) -> Option<i32> {
+    s.server.max_sessions_per_client.or_else(|| {
+        (s.server.auth == AuthMode::Kubernetes).then(|| (s.sandbox.max_sessions + 1) / 2)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cli_mcp_api::crd::CliMcpInstanceSpec;
+
+    fn spec(v: serde_json::Value) -> CliMcpInstanceSpec {
+        serde_json::from_value(v).expect("spec")
+    }
+
+    #[test]
+    fn one_identity_holds_at_most_half_the_sessions_unless_the_spec_says() {
+        let default = spec(serde_json::json!({}));
+        assert_eq!(default.sandbox.max_sessions, 100);
+        assert_eq!(max_sessions_per_client(&default), Some(50));
+        let odd = spec(serde_json::json!({"sandbox": {"maxSessions": 3}}));
+        assert_eq!(max_sessions_per_client(&odd), Some(2));
+        let one = spec(serde_json::json!({"sandbox": {"maxSessions": 1}}));
+        assert_eq!(max_sessions_per_client(&one), Some(1));
+        let given = spec(serde_json::json!({"server": {"maxSessionsPerClient": 80}}));
+        assert_eq!(max_sessions_per_client(&given), Some(80));
+        // Without authentication every caller is the same anonymous one.
+        let anonymous = spec(serde_json::json!({"server": {"auth": "None"}}));
+        assert_eq!(max_sessions_per_client(&anonymous), None);
     }
 }
