@@ -441,9 +441,9 @@ async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
     env.dummy_kubeconfig(NAME).await;
     let mut cr = env.cr(NAME, 0);
     cr["spec"]["sandbox"]["maxSessions"] = json!(limit);
-    // One client makes every session: the instance's bound is measured, not the per-client
-    // one (half of maxSessions by default).
-    cr["spec"]["server"]["maxSessionsPerClient"] = json!(limit);
+    // One client makes every session: the instance's bound is measured, so the per-client
+    // one (half of maxSessions by default) is set past anything the burst reaches.
+    cr["spec"]["server"]["maxSessionsPerClient"] = json!(10_000);
     cr["spec"]["replicas"] = json!(1);
     env.apply_cr(&cr).await;
     env.wait_ready(NAME).await;
@@ -523,7 +523,8 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     // Room for the load phase plus what is still being deleted from the earlier phases.
     let room = (args.sessions + args.starts + 10).max(110);
     cr["spec"]["sandbox"]["maxSessions"] = json!(room);
-    cr["spec"]["server"]["maxSessionsPerClient"] = json!(room);
+    // One client makes every session (the per-client default is half of maxSessions).
+    cr["spec"]["server"]["maxSessionsPerClient"] = json!(10_000);
     if let Some(cpu) = &args.sandbox_cpu_limit {
         cr["spec"]["sandbox"]["resources"] = json!({
             "requests": {"cpu": "100m", "memory": "128Mi"},

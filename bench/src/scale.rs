@@ -225,7 +225,8 @@ fn instance_cr(env: &Env, pool: i32, max_sessions: usize) -> Value {
     let mut cr = env.cr(INSTANCE, i64::from(pool));
     cr["spec"]["replicas"] = json!(1);
     cr["spec"]["sandbox"]["maxSessions"] = json!(max_sessions.min(MAX_SESSIONS));
-    cr["spec"]["server"]["maxSessionsPerClient"] = json!(max_sessions.min(MAX_SESSIONS));
+    // One client makes every session (the per-client default is half of maxSessions).
+    cr["spec"]["server"]["maxSessionsPerClient"] = json!(10_000);
     cr["spec"]["sandbox"]["idleTimeout"] = json!("168h");
     cr["spec"]["sandbox"]["resources"] = json!({
         "requests": {"cpu": "1m", "memory": "4Mi"},

@@ -148,9 +148,10 @@ async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
     let _alone = ONE_BURST.lock().await;
     let env = instance(prefix, "m", 5, |cr| {
         cr["spec"]["sandbox"]["maxSessions"] = json!(100);
-        // One client makes the whole burst: the instance's bound is under test, not the
-        // per-client one (half of maxSessions by default).
-        cr["spec"]["server"]["maxSessionsPerClient"] = json!(100);
+        // One client makes the whole burst: the instance's bound is under test, so the
+        // per-client one (half of maxSessions by default) is set past anything the burst can
+        // reach (equal to maxSessions, it would trip at the same moment for some calls).
+        cr["spec"]["server"]["maxSessionsPerClient"] = json!(10_000);
         cr["spec"]["replicas"] = json!(3);
     })
     .await;

@@ -177,12 +177,7 @@ async fn stopped_within(t: &Target, name: &str, deadline: Instant, flood: &str) 
     loop {
         let last = match pods.get_opt(name).await {
             Ok(None) => return "the pod was evicted and deleted".into(),
-            Ok(Some(p)) if evicted(&p) => {
-                return p
-                    .status
-                    .and_then(|s| s.message)
-                    .unwrap_or_else(|| "evicted".into())
-            }
+            Ok(Some(p)) if evicted(&p) => return eviction_message(p),
             Ok(Some(p)) => format!("phase {:?}", p.status.and_then(|s| s.phase)),
             Err(e) => e.to_string(),
         };
@@ -195,8 +190,30 @@ async fn stopped_within(t: &Target, name: &str, deadline: Instant, flood: &str) 
     }
 }
 
+/// Whether the kubelet has stopped `p` for good: a terminal phase (an evicted pod whose agent
+/// exits cleanly on SIGTERM ends `Succeeded`, not `Failed`), or its eviction's marks.
 fn evicted(p: &Pod) -> bool {
     p.status.as_ref().is_some_and(|s| {
-        s.phase.as_deref() == Some("Failed") || s.reason.as_deref() == Some("Evicted")
+        matches!(s.phase.as_deref(), Some("Failed" | "Succeeded"))
+            || s.reason.as_deref() == Some("Evicted")
+            || s.conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
     })
+}
+
+/// What the kubelet said when it stopped `p`.
+fn eviction_message(p: Pod) -> String {
+    let status = p.status.unwrap_or_default();
+    let condition = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget")
+        .and_then(|c| c.message.clone());
+    status
+        .message
+        .or(condition)
+        .unwrap_or_else(|| format!("phase {:?}", status.phase))
 }

@@ -19,12 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cli_mcp_api::crd::CliMcpInstance;
+use cli_mcp_api::pod_security::{restricted_container, restricted_pod};
 use cli_mcp_e2e::cluster::ClusterInfo;
 use cli_mcp_e2e::jsonrpc;
 use cli_mcp_e2e::testing::wait_for;
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, Pod, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext,
-};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::conditions::is_pod_running;
 use kube::{Api, Client};
@@ -178,28 +177,12 @@ pub fn sleeper(name: &str, image: &str, labels: &[(&str, &str)]) -> Pod {
         spec: Some(PodSpec {
             automount_service_account_token: Some(false),
             termination_grace_period_seconds: Some(0),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(1001),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            security_context: Some(restricted_pod(Some(1001))),
             containers: vec![Container {
                 name: "sleeper".into(),
                 image: Some(image.into()),
                 command: Some(vec!["sleep".into(), "infinity".into()]),
-                security_context: Some(SecurityContext {
-                    allow_privilege_escalation: Some(false),
-                    read_only_root_filesystem: Some(true),
-                    capabilities: Some(Capabilities {
-                        drop: Some(vec!["ALL".into()]),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
+                security_context: Some(restricted_container()),
                 ..Default::default()
             }],
             ..Default::default()
