@@ -199,7 +199,8 @@ async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
         peak <= 100,
         "at most 100 session pods at any time, saw {peak}"
     );
-    // Every session holds one slot, owned by its pod, and no other slot is left.
+    // Every session holds one instance slot and one of its client's (the per-client limit
+    // is on, if past reach), both owned by its pod, and no other slot is left.
     let uids: BTreeSet<String> = sessions.iter().filter_map(|p| p.uid()).collect();
     let held = slots(&env, "m").await;
     let owners: BTreeSet<String> = held
@@ -209,8 +210,8 @@ async fn burst_against_the_limit(prefix: &str, load: Option<Duration>) {
         .collect();
     assert_eq!(
         (held.len(), &owners),
-        (100, &uids),
-        "one slot per session, owned by its pod"
+        (200, &uids),
+        "two slots per session (the instance's and its client's), owned by its pod"
     );
     let busy = if load.is_some() { ", CPUs busy" } else { "" };
     eprintln!("300 new sessions on 3 replicas against maxSessions 100{busy}: {took:?}, peak {peak} session pods");
