@@ -30,9 +30,10 @@ test: prereqs lint control-plane tools build ## everything: lint, unit, integrat
 test-unit: ## tests that need no cluster (api, agent)
 	$(CARGO) test -p cli-mcp-api -p cli-mcp-agent
 
-lint: ## rustfmt check and clippy with warnings as errors
+lint: ## rustfmt check, clippy with warnings as errors, and the shape check (hack/shape-check.py)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 hack/shape-check.py
 
 fmt: ## format the code
 	$(CARGO) fmt --all
