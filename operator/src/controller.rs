@@ -187,10 +187,14 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
         .isolation
         .observe(crate::isolation::ProbeTarget {
             uid: &spec.owner.uid,
-            proxy: proxy_unavailable
-                .is_none()
-                .then(|| proxy_address(ctx, spec))
-                .flatten(),
+            proxy_ready: proxy_unavailable.is_none(),
+            proxy_selector: format!(
+                "{}={},{}={}",
+                cli_mcp_api::names::label::INSTANCE,
+                spec.name,
+                cli_mcp_api::names::label::COMPONENT,
+                cli_mcp_api::names::label::COMPONENT_PROXY
+            ),
             sandbox: &spec.sandbox,
             pods: Api::namespaced(ctx.client.clone(), &ns),
         })
@@ -243,16 +247,6 @@ fn proxy_gate(ctx: &Context, inputs: &Inputs) -> Option<String> {
             "credential proxy Deployment {name} not observed yet; sandboxes wait for it"
         )),
     }
-}
-
-/// The credential proxy Service's ClusterIP and port, from the cache.
-fn proxy_address(ctx: &Context, spec: &Spec) -> Option<std::net::SocketAddr> {
-    let svc = cached(&ctx.stores.services, &spec.namespace, &spec.name.proxy())?;
-    let ip = svc.spec.as_ref()?.cluster_ip.as_deref()?.parse().ok()?;
-    Some(std::net::SocketAddr::new(
-        ip,
-        cli_mcp_api::proxy::PROXY_PORT,
-    ))
 }
 
 /// How long a reconcile waits for the HTTPRoute watch's first answer (right after start).

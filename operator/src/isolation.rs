@@ -6,13 +6,14 @@
 //! a probe that a working enforcer must refuse, made at most once per [`PROBE_EVERY`] per
 //! instance (no pod is created for either):
 //!
-//! - **NetworkPolicy**: a TCP connection from the operator's own pod to the instance's
-//!   credential proxy Service. The proxy's ingress policy admits only the instance's
-//!   sandboxes, so a connection that opens means nothing enforces policies there: any pod
-//!   could use the proxy's identity, and sandboxes could reach the API server directly. The
-//!   probe runs only while the proxy has a ready replica (a proxy with no endpoint refuses
-//!   every connection, enforced or not) and only from inside the cluster (connections from
-//!   a node are never subject to NetworkPolicy).
+//! - **NetworkPolicy**: a TCP connection from the operator's own pod to a ready pod of the
+//!   instance's credential proxy, at its own address. The proxy's ingress policy admits only
+//!   the instance's sandboxes, so a connection that opens means nothing enforces policies
+//!   there: any pod could use the proxy's identity, and sandboxes could reach the API server
+//!   directly. The pod, not its Service: a Service whose endpoints the node has not
+//!   programmed yet refuses every connection, enforced or not. The probe runs only while the
+//!   proxy has a ready pod, and only from inside the cluster (connections from a node are
+//!   never subject to NetworkPolicy).
 //! - **Pod Security**: a server-side dry run (`dryRun=All`, nothing is stored) of a pool pod
 //!   as the builder makes it but without `capabilities.drop: [ALL]`, which the `restricted`
 //!   standard refuses and none of our admission policies checks. Refused by PodSecurity
@@ -86,9 +87,12 @@ pub struct Findings {
 /// What the probes of one instance need, read by the reconcile.
 pub struct ProbeTarget<'a> {
     pub uid: &'a str,
-    /// The proxy Service's ClusterIP and port, while the proxy has a ready replica.
-    pub proxy: Option<SocketAddr>,
+    /// Whether the proxy Deployment has a ready replica (only then is it probed).
+    pub proxy_ready: bool,
+    /// The label selector of the instance's proxy pods.
+    pub proxy_selector: String,
     pub sandbox: &'a SandboxConfig,
+    /// Pods of the instance's namespace (the dry run, the proxy's pods).
     pub pods: Api<Pod>,
 }
 
@@ -149,7 +153,17 @@ impl IsolationProbes {
             async {
                 match np {
                     Some(f) => f,
-                    None => network_policy(self.in_cluster, t.proxy).await,
+                    None if !self.in_cluster => network_policy(false, None).await,
+                    None => {
+                        let proxy = t
+                            .proxy_ready
+                            .then(|| ready_pod_address(&t.pods, &t.proxy_selector));
+                        let addr = match proxy {
+                            Some(lookup) => lookup.await,
+                            None => None,
+                        };
+                        network_policy(true, addr).await
+                    }
                 }
             },
             async {
@@ -180,6 +194,19 @@ impl IsolationProbes {
     }
 }
 
+/// The address (pod IP, proxy port) of a ready proxy pod, if one is listed.
+async fn ready_pod_address(pods: &Api<Pod>, selector: &str) -> Option<SocketAddr> {
+    let list = pods
+        .list(&kube::api::ListParams::default().labels(selector))
+        .await
+        .ok()?;
+    list.items.iter().find_map(|p| {
+        let ready = cli_mcp_api::pod_state::is_ready(p) && !cli_mcp_api::pod_state::is_deleting(p);
+        let ip: std::net::IpAddr = p.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+        ready.then(|| SocketAddr::new(ip, cli_mcp_api::proxy::PROXY_PORT))
+    })
+}
+
 async fn network_policy(in_cluster: bool, proxy: Option<SocketAddr>) -> Finding {
     if !in_cluster {
         return Finding::unknown(
@@ -189,10 +216,7 @@ async fn network_policy(in_cluster: bool, proxy: Option<SocketAddr>) -> Finding 
         );
     }
     let Some(addr) = proxy else {
-        return Finding::unknown(
-            "NotProbed",
-            "the credential proxy has no ready replica or no ClusterIP yet",
-        );
+        return Finding::unknown("NotProbed", "the credential proxy has no ready pod yet");
     };
     match connect_outcome(addr).await {
         Connect::Opened => Finding::NotEnforced(format!(
