@@ -17,6 +17,7 @@ use cli_mcp_e2e::journey::{
     container_pid, journeys, kill_when_running, response, stdout, text, Env,
 };
 use cli_mcp_e2e::testing::{wait_restarted, AfterRestart};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
@@ -50,6 +51,20 @@ async fn reapplying_the_same_cr_changes_nothing() {
     let cr = env.cr("g", 1);
     let first = env.apply_cr(&cr).await;
     env.wait_ready("g").await;
+    // Ready needs one proxy replica; the children are at rest once every replica of both
+    // Deployments is (a second proxy replica turning ready later changes its Deployment's
+    // status, which is not a change of the operator's).
+    for name in ["cli-mcp-g", "cli-mcp-g-proxy"] {
+        cli_mcp_e2e::testing::wait_for(
+            env.api::<Deployment>(),
+            name,
+            "every replica ready",
+            Duration::from_secs(120),
+            |d: Option<&Deployment>| d.is_some_and(settled),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
     let before = env.children("g").await;
     for kind in ["Deployment", "Service", "NetworkPolicy", "Secret"] {
         assert!(
@@ -209,4 +224,16 @@ async fn killing_the_agent_mid_command_is_reported_and_the_session_recovers() {
     assert!(stdout(&next).contains("[]"), "{next}");
     drop(mcp);
     env.finish(Some("k")).await;
+}
+
+/// Every replica of the Deployment's current generation is ready and available.
+fn settled(d: &Deployment) -> bool {
+    let want = d.spec.replicas.unwrap_or(1);
+    d.status.as_ref().is_some_and(|s| {
+        s.observed_generation == d.metadata.generation
+            && s.ready_replicas.unwrap_or(0) == want
+            && s.available_replicas.unwrap_or(0) == want
+            && s.updated_replicas.unwrap_or(0) == want
+            && s.replicas.unwrap_or(0) == want
+    })
 }

@@ -32,6 +32,7 @@ mod pods;
 mod rate;
 mod routes;
 mod seal;
+mod slot_feed;
 mod slots;
 mod start;
 mod steps;

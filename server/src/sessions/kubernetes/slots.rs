@@ -35,17 +35,13 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::core::PartialObjectMeta;
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use rand::seq::IndexedRandom;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::label;
 use cli_mcp_api::SessionId;
 
-use super::feed::{feed, WatchFed};
 use super::KubeBackend;
 use crate::auth::Caller;
 use crate::sessions::{Quota, SessionError};
@@ -57,6 +53,9 @@ pub(super) const ORPHAN_AFTER: Duration = Duration::from_secs(30);
 
 /// A 409 on a slot counts it as taken for this long, unless the watch reports it first.
 const CONFLICT_MEMORY: Duration = Duration::from_secs(10);
+/// How long a slot this replica deleted is kept out of its view whatever older events of it
+/// the watch still delivers: longer than any watch lag, short enough to stay small.
+const TOMBSTONE_MEMORY: Duration = Duration::from_secs(120);
 
 /// How often each replica looks for orphan and duplicate slots in its view.
 pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -143,6 +142,18 @@ struct State {
     conflicts: HashMap<String, Instant>,
     /// Slots this replica is creating right now.
     in_flight: HashSet<String>,
+    /// uids of the slots this replica deleted, and when: an older event of one (its bind,
+    /// delivered late by a lagging watch) must not put it back in the view, where it would
+    /// refuse a new session its DELETE freed the place for.
+    tombstones: HashMap<String, Instant>,
+}
+
+impl State {
+    fn buried(&self, s: &SlotView) -> bool {
+        s.uid
+            .as_ref()
+            .is_some_and(|u| self.tombstones.contains_key(u))
+    }
 }
 
 /// The replica's view of the instance's slots; cheap to share.
@@ -288,6 +299,12 @@ impl Slots {
     pub fn gone(&self, name: &str) {
         let mut st = self.lock();
         st.conflicts.remove(name);
+        let now = Instant::now();
+        st.tombstones
+            .retain(|_, at| now.duration_since(*at) < TOMBSTONE_MEMORY);
+        if let Some(uid) = st.view.slots.get(name).and_then(|s| s.uid.clone()) {
+            st.tombstones.insert(uid, now);
+        }
         st.view.remove(name);
         if let Some(r) = st.relist.as_mut() {
             r.remove(name);
@@ -299,7 +316,11 @@ impl Slots {
     }
 
     pub fn relisted(&self, s: SlotView) {
-        if let Some(r) = self.lock().relist.as_mut() {
+        let mut st = self.lock();
+        if st.buried(&s) {
+            return;
+        }
+        if let Some(r) = st.relist.as_mut() {
             r.insert(s);
         }
     }
@@ -315,7 +336,9 @@ impl Slots {
     pub fn applied(&self, s: SlotView) {
         let mut st = self.lock();
         st.conflicts.remove(&s.name);
-        st.view.insert(s);
+        if !st.buried(&s) {
+            st.view.insert(s);
+        }
     }
 
     pub fn deleted(&self, name: &str) {
@@ -343,43 +366,8 @@ fn slot_ref(s: &SlotView) -> Option<SlotRef> {
     })
 }
 
-/// The slots, from the watch (metadata only); a lease that is no slot of this instance is
-/// not one the view keeps.
-struct SlotsFed<'a>(&'a Slots);
-
-impl WatchFed<PartialObjectMeta<Lease>> for SlotsFed<'_> {
-    fn relist_started(&self) {
-        self.0.relist_started();
-    }
-
-    fn relisted(&self, m: PartialObjectMeta<Lease>) {
-        if let Some(v) = slot_view(self.0, &m.metadata) {
-            self.0.relisted(v);
-        }
-    }
-
-    fn relist_done(&self) {
-        self.0.relist_done();
-    }
-
-    fn applied(&self, m: PartialObjectMeta<Lease>) {
-        if let Some(v) = slot_view(self.0, &m.metadata) {
-            self.0.applied(v);
-        }
-    }
-
-    fn deleted(&self, m: PartialObjectMeta<Lease>) {
-        self.0.deleted(&m.name_any());
-    }
-
-    fn failed(&self, error: watcher::Error) {
-        self.0.watch_failed();
-        tracing::debug!(%error, "session slot watch error (retrying)");
-    }
-}
-
 /// What the view needs of a slot object.
-fn slot_view(slots: &Slots, meta: &ObjectMeta) -> Option<SlotView> {
+pub(super) fn slot_view(slots: &Slots, meta: &ObjectMeta) -> Option<SlotView> {
     let name = meta.name.clone()?;
     let (family, index) = slots.parse(&name)?;
     let owner = meta
@@ -648,48 +636,6 @@ impl KubeBackend {
             }
         });
     }
-
-    /// Keeps this replica's view of the slots (see [`Slots`]) and, every [`SWEEP_EVERY`],
-    /// deletes orphan and duplicate slots.
-    pub(super) async fn watch_slots(self: Arc<Self>, stop: CancellationToken) {
-        let cfg = watcher::Config::default().labels(&self.instance.slot_selector());
-        // Metadata only: owner, age and name are all the view needs.
-        let api: Api<PartialObjectMeta<Lease>> =
-            Api::namespaced(self.client.clone(), &self.cfg.namespace);
-        let events = watcher(api, cfg).default_backoff();
-        let sweeping = async {
-            let mut sweep = tokio::time::interval(SWEEP_EVERY);
-            loop {
-                sweep.tick().await;
-                self.sweep_slots().await;
-            }
-        };
-        let view = SlotsFed(&self.slots);
-        tokio::select! {
-            () = feed(events, &view, &stop) => {}
-            () = sweeping => {}
-        }
-    }
-
-    async fn sweep_slots(&self) {
-        for s in self.slots.sweepable(k8s_openapi::jiff::Timestamp::now()) {
-            // Exactly the object the view saw: a slot bound or replaced since is kept.
-            let dp = DeleteParams::default().preconditions(Preconditions {
-                uid: Some(s.uid.clone()),
-                resource_version: Some(s.resource_version.clone()),
-            });
-            match self.leases.delete(&s.name, &dp).await {
-                Ok(_) => {
-                    tracing::info!(slot = %s.name, "deleted an abandoned or duplicate session slot");
-                    self.slots.gone(&s.name);
-                }
-                Err(kube::Error::Api(e)) if e.is_not_found() || e.is_conflict() => {}
-                Err(e) => {
-                    tracing::debug!(slot = %s.name, error = %e, "cannot delete a session slot")
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -770,6 +716,42 @@ mod tests {
                 .is_some_and(|n| n == a || n == b),
             "the 409 is forgotten after a while"
         );
+    }
+
+    /// DELETE frees a session's slots at once; the watch, lagging under load, then delivers
+    /// an older event of one of them (its bind). Before tombstones that event put the slot
+    /// back, and the client's next new session was refused over a limit it no longer had.
+    #[test]
+    fn a_late_event_of_a_slot_this_replica_deleted_does_not_bring_it_back() {
+        let s = slots();
+        let c = Family::Client("abc".into());
+        let (a1, a2) = (
+            view(&s, c.clone(), 0, Some("p1")),
+            view(&s, c.clone(), 1, Some("p2")),
+        );
+        synced(&s, vec![a1.clone(), a2]);
+        assert!(s.full(&c, 2));
+        s.gone(&a1.name);
+        assert!(!s.full(&c, 2), "freed at once");
+        s.applied(a1.clone());
+        assert!(
+            !s.full(&c, 2),
+            "a late event of the deleted slot is ignored"
+        );
+        s.relist_started();
+        s.relisted(a1.clone());
+        s.relist_done();
+        assert!(
+            !s.full(&c, 2),
+            "and so is a relist that saw it before the delete"
+        );
+        // A new slot under the same name (another session's) is a new object: counted.
+        let again = SlotView {
+            uid: Some("uid-new".into()),
+            ..a1
+        };
+        s.applied(again);
+        assert_eq!(s.count(&c), 1);
     }
 
     /// A refused start met every slot's 409; then this replica deletes one (`DELETE
