@@ -214,6 +214,7 @@ pub async fn remove_pod(client: &Client, ns: &str, name: &str) {
 /// Every attack, one after the other; each outcome is printed as it comes (so a failure
 /// shows what held before it), and the table of all of them at the end.
 pub async fn run_all(t: &Target) -> Vec<Outcome> {
+    isolation_reported_in_force(t).await;
     let mut outcomes = Vec::new();
     for part in [
         network::run(t).await,
@@ -235,4 +236,39 @@ impl Outcome {
         eprintln!("attack held: {attack}: {stopped_by}");
         Outcome { attack, stopped_by }
     }
+}
+
+/// The instance itself says that the boundary the attacks meet is in force: its operator's
+/// probes found NetworkPolicy and Pod Security `restricted` enforced.
+async fn isolation_reported_in_force(t: &Target) {
+    let enforced = |cr: Option<&CliMcpInstance>| {
+        let conditions = cr.and_then(|c| c.status.as_ref()).map(|s| &s.conditions);
+        ["NetworkPolicyEnforced", "PodSecurityEnforced"]
+            .iter()
+            .all(|ty| {
+                conditions
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == *ty && c.status == "True" && c.reason == "Enforced")
+            })
+    };
+    let api = Api::<CliMcpInstance>::namespaced(t.admin.clone(), &t.ns);
+    let found = wait_for(
+        api.clone(),
+        &t.instance,
+        "isolation enforced",
+        START_WITHIN,
+        enforced,
+    )
+    .await;
+    if let Err(e) = found {
+        let conditions = api
+            .get(&t.instance)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .map(|s| s.conditions);
+        panic!("the instance does not report NetworkPolicy and Pod Security enforced ({e}): {conditions:?}");
+    }
+    eprintln!("the instance reports NetworkPolicyEnforced and PodSecurityEnforced True");
 }
