@@ -248,37 +248,35 @@ def load_allow():
     return allow
 
 
+def over_bounds(kind, sizes, bound, ceilings, fix):
+    """What is over `bound` beyond its ceiling, and allow-list entries no longer needed."""
+    out = []
+    for what, n in sorted(sizes.items()):
+        ceiling = ceilings.get(what)
+        if n > bound and (ceiling is None or n > ceiling):
+            allowed = f"; allowed up to {ceiling} while it is split" if ceiling else ""
+            out.append(f"{kind} {what}: {n} lines (at most {bound}{allowed}): {fix}")
+        elif ceiling is not None and n <= bound:
+            out.append(f"{kind} {what}: {n} lines, under the bound now: remove its entry from hack/shape-allow.txt")
+    for what in ceilings:
+        if what not in sizes:
+            out.append(f"{kind} {what}: not found any more: remove its entry from hack/shape-allow.txt")
+    return out
+
+
 def main():
     report = "--report" in sys.argv[1:]
     modules, funcs, graphs = measure()
     problems = []
     allow = {"module": {}, "function": {}, "circle": set()} if report else load_allow()
 
-    for rel, n in sorted(modules.items()):
-        ceiling = allow["module"].get(rel)
-        if n > MAX_MODULE and (ceiling is None or n > ceiling):
-            problems.append(f"module {rel}: {n} production lines (at most {MAX_MODULE}"
-                            + (f"; allowed up to {ceiling} while it is split" if ceiling else "")
-                            + "): split it into modules that own one part each")
-        elif ceiling is not None and n <= MAX_MODULE:
-            problems.append(f"module {rel}: {n} lines, under the bound now: remove its entry from hack/shape-allow.txt")
     by_name = {}
-    for key, (name, length) in funcs.items():
+    for name, length in funcs.values():
         by_name[name] = max(by_name.get(name, 0), length)
-    for name, length in sorted(by_name.items()):
-        ceiling = allow["function"].get(name)
-        if length > MAX_FUNCTION and (ceiling is None or length > ceiling):
-            problems.append(f"function {name}: {length} lines (at most {MAX_FUNCTION}"
-                            + (f"; allowed up to {ceiling}" if ceiling else "")
-                            + "): give its steps functions of their own")
-        elif ceiling is not None and length <= MAX_FUNCTION:
-            problems.append(f"function {name}: {length} lines, under the bound now: remove its entry from hack/shape-allow.txt")
-    for name in allow["function"]:
-        if name not in by_name:
-            problems.append(f"function {name}: not found any more: remove its entry from hack/shape-allow.txt")
-    for rel in allow["module"]:
-        if rel not in modules:
-            problems.append(f"module {rel}: not found any more: remove its entry from hack/shape-allow.txt")
+    problems += over_bounds("module", modules, MAX_MODULE, allow["module"],
+                            "split it into modules that own one part each")
+    problems += over_bounds("function", by_name, MAX_FUNCTION, allow["function"],
+                            "give its steps functions of their own")
     for crate, comps in sorted(graphs.items()):
         for comp in comps:
             key = f"{crate}: " + " <-> ".join(comp)

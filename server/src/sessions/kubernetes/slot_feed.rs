@@ -1,17 +1,21 @@
-//! The session slots as the Lease watch delivers them: what the replica's view
-//! ([`super::slots::Slots`]) keeps of each slot object, fed event by event.
+//! The session slots outside a session's start: the Lease watch that feeds the replica's
+//! view ([`super::slots::Slots`]), the sweep of abandoned slots, and the release of a
+//! session's slots when its pod goes.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use super::feed::{feed, WatchFed};
-use super::slots::{slot_view, Slots, SWEEP_EVERY};
+use cli_mcp_api::names::label;
+use cli_mcp_api::SessionId;
+
+use super::slots::{delete_slot, slot_ref, slot_view, Slots, SWEEP_EVERY};
 use super::KubeBackend;
 
 /// The slots, from the watch (metadata only); a lease that is no slot of this instance is
@@ -90,5 +94,52 @@ impl KubeBackend {
                 }
             }
         }
+    }
+
+    /// Deletes the slots of pod `pod_uid` of session `sid`: those the view knows of and those
+    /// a LIST of the session's slots finds. The view alone can lag behind the API (under
+    /// load the watch delivered one slot's binding to the pod and not yet the other's), and
+    /// a slot left behind refused the caller's next session for the one it had just ended.
+    pub(super) async fn release_slots_of(&self, sid: &SessionId, pod_uid: &str) {
+        let mut owned = self.slots.owned_by(pod_uid);
+        let sel = format!(
+            "{},{}={sid}",
+            self.instance.slot_selector(),
+            label::SESSION_ID
+        );
+        match self.leases.list(&ListParams::default().labels(&sel)).await {
+            Ok(list) => {
+                let listed = list
+                    .items
+                    .iter()
+                    .filter_map(|l| slot_view(&self.slots, &l.metadata))
+                    .filter(|v| v.owner.as_deref() == Some(pod_uid))
+                    .filter_map(|v| slot_ref(&v));
+                for s in listed {
+                    if !owned.iter().any(|o| o.name == s.name) {
+                        owned.push(s);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(session = %sid, error = %e,
+                "cannot list the session's slots (the pod watch or the garbage collector frees them)"),
+        }
+        for s in owned {
+            delete_slot(&self.leases, &self.slots, &s).await;
+        }
+    }
+
+    /// Frees the slots of a pod that is going (deleted, by anyone): spawned, never blocks.
+    pub(super) fn free_slots_of(&self, pod_uid: &str) {
+        let owned = self.slots.owned_by(pod_uid);
+        if owned.is_empty() {
+            return;
+        }
+        let (api, slots) = (self.leases.clone(), self.slots.clone());
+        tokio::spawn(async move {
+            for s in owned {
+                delete_slot(&api, &slots, &s).await;
+            }
+        });
     }
 }

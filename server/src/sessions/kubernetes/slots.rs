@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 use rand::seq::IndexedRandom;
 use serde_json::json;
@@ -358,7 +358,7 @@ impl Slots {
     }
 }
 
-fn slot_ref(s: &SlotView) -> Option<SlotRef> {
+pub(super) fn slot_ref(s: &SlotView) -> Option<SlotRef> {
     Some(SlotRef {
         name: s.name.clone(),
         uid: s.uid.clone()?,
@@ -420,7 +420,7 @@ impl Drop for SlotHold {
 }
 
 /// Deletes slot `s`, exactly that object (uid precondition): gone or replaced is fine.
-async fn delete_slot(api: &Api<Lease>, slots: &Slots, s: &SlotRef) {
+pub(super) async fn delete_slot(api: &Api<Lease>, slots: &Slots, s: &SlotRef) {
     let dp = DeleteParams::default().preconditions(Preconditions {
         uid: Some(s.uid.clone()),
         resource_version: None,
@@ -588,53 +588,6 @@ impl KubeBackend {
         for s in bound {
             delete_slot(&self.leases, &self.slots, &s).await;
         }
-    }
-
-    /// Deletes the slots of pod `pod_uid` of session `sid`: those the view knows of and those
-    /// a LIST of the session's slots finds. The view alone can lag behind the API (under
-    /// load the watch delivered one slot's binding to the pod and not yet the other's), and
-    /// a slot left behind refused the caller's next session for the one it had just ended.
-    pub(super) async fn release_slots_of(&self, sid: &SessionId, pod_uid: &str) {
-        let mut owned = self.slots.owned_by(pod_uid);
-        let sel = format!(
-            "{},{}={sid}",
-            self.instance.slot_selector(),
-            label::SESSION_ID
-        );
-        match self.leases.list(&ListParams::default().labels(&sel)).await {
-            Ok(list) => {
-                let listed = list
-                    .items
-                    .iter()
-                    .filter_map(|l| slot_view(&self.slots, &l.metadata))
-                    .filter(|v| v.owner.as_deref() == Some(pod_uid))
-                    .filter_map(|v| slot_ref(&v));
-                for s in listed {
-                    if !owned.iter().any(|o| o.name == s.name) {
-                        owned.push(s);
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(session = %sid, error = %e,
-                "cannot list the session's slots (the pod watch or the garbage collector frees them)"),
-        }
-        for s in owned {
-            delete_slot(&self.leases, &self.slots, &s).await;
-        }
-    }
-
-    /// Frees the slots of a pod that is going (deleted, by anyone): spawned, never blocks.
-    pub(super) fn free_slots_of(&self, pod_uid: &str) {
-        let owned = self.slots.owned_by(pod_uid);
-        if owned.is_empty() {
-            return;
-        }
-        let (api, slots) = (self.leases.clone(), self.slots.clone());
-        tokio::spawn(async move {
-            for s in owned {
-                delete_slot(&api, &slots, &s).await;
-            }
-        });
     }
 }
 
