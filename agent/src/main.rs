@@ -4,6 +4,7 @@ use anyhow::Context as _;
 use clap::Parser as _;
 
 use cli_mcp_agent::cli::Flags;
+use cli_mcp_api::logs::{self, LogFormat};
 
 fn main() -> anyhow::Result<()> {
     // First of all, before any request (and its bearer token) is in memory: the shell runs
@@ -14,24 +15,10 @@ fn main() -> anyhow::Result<()> {
     // Before the runtime exists, so only inherited descriptors are affected.
     cli_mcp_agent::procs::cloexec_inherited_fds();
     let flags = Flags::parse();
-    init_tracing(flags.log_json);
+    logs::init(LogFormat::from_json_flag(flags.log_json), "info");
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?
         .block_on(cli_mcp_agent::run::run(flags))
-}
-
-fn init_tracing(json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(cli_mcp_api::terminal::log_colours());
-    if json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.compact().init();
-    }
 }

@@ -136,8 +136,8 @@ async fn shutdown_signal(
     drain: Duration,
     stopping: watch::Sender<bool>,
 ) {
-    signals.recv().await;
-    tracing::info!(drain_ms = drain.as_millis() as u64, "shutting down");
+    let signal = signals.recv().await;
+    tracing::info!(signal, drain_ms = drain.as_millis() as u64, "shutting down");
     state.begin_shutdown();
     stopping.send_replace(true);
     tokio::spawn(async move {

@@ -9,7 +9,8 @@
 //! build ([`pod_security`]) and the activity stamp the server writes and the
 //! operator's idle GC reads ([`activity`]). The credential proxy's route table is in
 //! [`proxy`]; with the `kubeconfig` feature, the validation of the admin kubeconfig it holds
-//! ([`kubeconfig`]).
+//! ([`kubeconfig`]). With the `process` feature, what every long-running binary sets up
+//! first: its logs ([`logs`]) and its SIGTERM/SIGINT ([`signals`]).
 //!
 //! The agent depends on this crate without the `k8s` feature, so it stays free of kube.
 
@@ -29,13 +30,15 @@ pub mod activity;
 pub mod crd;
 #[cfg(feature = "kubeconfig")]
 pub mod kubeconfig;
+#[cfg(feature = "process")]
+pub mod logs;
 #[cfg(feature = "k8s")]
 pub mod pod_security;
 #[cfg(feature = "k8s")]
 pub mod pod_state;
 #[cfg(feature = "k8s")]
 pub mod sandbox;
-#[cfg(feature = "signals")]
+#[cfg(feature = "process")]
 pub mod signals;
 
 pub use session::{SessionId, SessionIdError};

@@ -20,11 +20,12 @@ impl Signals {
         })
     }
 
-    /// The next SIGTERM or SIGINT.
-    pub async fn recv(&mut self) {
+    /// The next SIGTERM or SIGINT, by name (for the log line that says why the process
+    /// stops).
+    pub async fn recv(&mut self) -> &'static str {
         tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod health;
 pub mod k8s_path;
 pub mod metrics;
 pub mod refusal;
+pub mod run;
 pub mod server;
 pub mod slow_head;
 pub mod tunnel;

@@ -2,6 +2,7 @@
 
 use clap::Parser as _;
 
+use cli_mcp_api::logs::{self, LogFormat};
 use cli_mcp_server::cli::Flags;
 
 /// Stack of each runtime worker thread. A request's future holds rmcp's handler, the session
@@ -26,7 +27,8 @@ fn main() -> std::process::ExitCode {
 
 async fn serve() -> std::process::ExitCode {
     let flags = Flags::parse();
-    init_tracing(flags.log_json);
+    // rmcp's per-request INFO lines are muted unless RUST_LOG asks for them.
+    logs::init(LogFormat::from_json_flag(flags.log_json), "info,rmcp=warn");
     raise_fd_limit();
     let settings = match flags.resolve(|k| std::env::var(k).ok()) {
         Ok(s) => s,
@@ -43,23 +45,6 @@ async fn serve() -> std::process::ExitCode {
             eprintln!("cli-mcp-server: {e:#}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// Logs go to stderr (stdout carries MCP with `--transport stdio`). `RUST_LOG` filters;
-/// rmcp's per-request INFO lines are muted by default.
-fn init_tracing(json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(cli_mcp_api::terminal::log_colours());
-    if json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.compact().init();
     }
 }
 
