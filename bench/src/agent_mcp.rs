@@ -12,7 +12,8 @@ use serde_json::json;
 use cli_mcp_e2e::child::LocalServer;
 use cli_mcp_e2e::jsonrpc;
 
-use super::{bench_token, ms, start_agent_in, stats};
+use crate::agent_proc::{bench_token, start_agent_in};
+use crate::figures::{ms, stats};
 
 pub fn mcp_vs_exec(
     agent: &Path,

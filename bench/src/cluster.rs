@@ -33,8 +33,8 @@ use cli_mcp_e2e::testing::{
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
+use crate::figures::{at_most, first_errors, mib, row, rss_kib};
 use crate::prom::{Quantiles, Scrape};
-use crate::{mib, ms, rss_kib, stats, Stats};
 
 const INSTANCE: &str = "bench";
 /// The server Deployment's container, whose log has the server's own breakdown of each start.
@@ -423,16 +423,6 @@ pub(crate) async fn server_metrics(env: &Env, instance: &str) -> Vec<String> {
     out
 }
 
-pub(crate) fn at_most(seconds: f64) -> String {
-    if seconds.is_infinite() {
-        "> 10 s".into()
-    } else if seconds < 1e-3 {
-        format!("≤ {:.1} µs", seconds * 1e6)
-    } else {
-        format!("≤ {:.1} ms", seconds * 1e3)
-    }
-}
-
 /// Instance `admit` (`maxSessions: limit`, no warm pool): `2 × limit` new sessions at once,
 /// each timed from its first call to that call's answer, sorted by what they got: a session,
 /// or the limit error (admission's answer, nothing started).
@@ -488,20 +478,6 @@ async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
         .await
         .context("deleting instance admit")?;
     Ok(out)
-}
-
-pub(crate) fn row(what: &str, s: &[Duration]) -> String {
-    if s.is_empty() {
-        return format!("| {what} | – | – |");
-    }
-    let Stats { median, p99 } = stats(s.to_vec());
-    format!("| {what} | {} | {} |", ms(median), ms(p99))
-}
-
-pub(crate) fn first_errors(errors: &[String]) {
-    for e in errors.iter().take(5) {
-        println!("  - {}", e.chars().take(300).collect::<String>());
-    }
 }
 
 pub fn cluster_bench(args: ClusterArgs) -> anyhow::Result<()> {

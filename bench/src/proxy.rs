@@ -14,7 +14,7 @@ use cli_mcp_api::kubeconfig;
 use cli_mcp_api::proxy::{RouteTable, PLACEHOLDER_TOKEN};
 use cli_mcp_e2e::testing;
 
-use crate::{ms, rss_kib, stats};
+use crate::figures::{ms, rss_kib, stats};
 
 #[derive(clap::Args)]
 pub struct ProxyArgs {

@@ -35,8 +35,8 @@ use kube::Api;
 use serde_json::{json, Value};
 
 use crate::cluster::ClusterSource;
-use crate::cluster::{at_most, converge_pool, first_errors, pod_process, row, the_cluster};
-use crate::mib;
+use crate::cluster::{converge_pool, pod_process, the_cluster};
+use crate::figures::{at_most, first_errors, mib, row};
 use crate::prom::{Buckets, Scrape};
 
 const INSTANCE: &str = "scale";
@@ -1157,11 +1157,11 @@ impl SimReport {
             let claims = if p.claims.is_empty() {
                 format!("– ({} errors)", p.claim_errors.len())
             } else {
-                let s = crate::stats(p.claims.clone());
+                let s = crate::figures::stats(p.claims.clone());
                 format!(
                     "{} / {} ({}{})",
-                    crate::ms(s.median),
-                    crate::ms(s.p99),
+                    crate::figures::ms(s.median),
+                    crate::figures::ms(s.p99),
                     p.claims.len(),
                     if p.claim_errors.is_empty() {
                         String::new()
