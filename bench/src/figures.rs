@@ -58,3 +58,13 @@ pub(crate) fn first_errors(errors: &[String]) {
         println!("  - {}", e.chars().take(300).collect::<String>());
     }
 }
+
+/// A count over `d` as a count per minute.
+pub(crate) fn per_minute(n: f64, d: Duration) -> String {
+    format!("{:.1}", n * 60.0 / d.as_secs_f64().max(1e-9))
+}
+
+/// RSS as `/proc` gives it, (VmRSS, VmHWM) in KiB: the current value and the peak.
+pub(crate) fn rss_cell(kib: (u64, u64)) -> String {
+    format!("{} (peak {})", mib(kib.0), mib(kib.1))
+}
