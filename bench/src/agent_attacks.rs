@@ -13,7 +13,8 @@ use tokio::io::AsyncReadExt;
 
 use cli_mcp_api::token::Token;
 
-use super::{mib, ms, start_agent, stats, AgentProc};
+use crate::agent_proc::{start_agent, AgentProc};
+use crate::figures::{mib, ms, stats};
 
 /// Idle connections held open (more than the agent's 32 slots), each reopened as soon as
 /// the agent closes it.

@@ -12,7 +12,8 @@ use serde_json::json;
 use cli_mcp_e2e::child::LocalServer;
 use cli_mcp_e2e::jsonrpc;
 
-use super::{bench_token, ms, start_agent_in, stats};
+use crate::agent_proc::{bench_token, start_agent_in};
+use crate::figures::{ms, stats, Stats};
 
 pub fn mcp_vs_exec(
     agent: &Path,
@@ -36,19 +37,7 @@ pub fn mcp_vs_exec(
         state_parent,
     )?;
     let (mcp, exec) = rt.block_on(async {
-        // Absolute: the server starts each session's agent from the session's directory.
-        let agent_arg = std::fs::canonicalize(agent)?.display().to_string();
-        // The local backend makes each session's state dir under TMPDIR: the same file
-        // system as the agent measured directly.
-        let state_parent = state_parent.display().to_string();
-        let server = LocalServer::start(
-            server,
-            &LocalServer::local_backend(&agent_arg),
-            &[("TMPDIR", state_parent.as_str())],
-            "warn,cli_mcp_server::run=info",
-        )
-        .await
-        .context("starting the server with --backend local")?;
+        let server = local_server(server, agent, state_parent).await?;
         let http = reqwest::Client::builder()
             .no_proxy()
             .tcp_nodelay(true)
@@ -101,6 +90,33 @@ pub fn mcp_vs_exec(
         anyhow::Ok((stats(m), stats(e)))
     })?;
     drop(direct);
+    print(n, &mcp, &exec);
+    Ok(())
+}
+
+/// The server with `--backend local`, starting each session's agent from `agent`.
+async fn local_server(
+    server: &Path,
+    agent: &Path,
+    state_parent: &Path,
+) -> anyhow::Result<LocalServer> {
+    // Absolute: the server starts each session's agent from the session's directory.
+    let agent_arg = std::fs::canonicalize(agent)?.display().to_string();
+    // The local backend makes each session's state dir under TMPDIR: the same file
+    // system as the agent measured directly.
+    let state_parent = state_parent.display().to_string();
+    LocalServer::start(
+        server,
+        &LocalServer::local_backend(&agent_arg),
+        &[("TMPDIR", state_parent.as_str())],
+        "warn,cli_mcp_server::run=info",
+    )
+    .await
+    .context("starting the server with --backend local")
+}
+
+/// The MCP table: both latencies and the ratio of their medians.
+fn print(n: usize, mcp: &Stats, exec: &Stats) {
     println!(
         "\n### MCP tools/call vs the agent ({n} interleaved iterations, local backend, loopback)\n"
     );
@@ -120,5 +136,4 @@ pub fn mcp_vs_exec(
         "| `tools/call` ÷ agent exec, medians | {:.2}× | |",
         mcp.median.as_secs_f64() / exec.median.as_secs_f64().max(1e-9)
     );
-    Ok(())
 }

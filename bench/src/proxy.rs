@@ -14,7 +14,7 @@ use cli_mcp_api::kubeconfig;
 use cli_mcp_api::proxy::{RouteTable, PLACEHOLDER_TOKEN};
 use cli_mcp_e2e::testing;
 
-use crate::{ms, rss_kib, stats};
+use crate::figures::{ms, rss_kib, stats, Stats};
 
 #[derive(clap::Args)]
 pub struct ProxyArgs {
@@ -74,41 +74,8 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let ns = cluster.namespace("proxy-bench").await?;
     let admin = &cluster.info.kubeconfig;
     let n = ns.name.as_str();
-    kubectl(
-        &kubectl_bin,
-        admin,
-        &["-n", n, "create", "serviceaccount", "bench"],
-    )?;
-    kubectl(
-        &kubectl_bin,
-        admin,
-        &[
-            "-n",
-            n,
-            "create",
-            "rolebinding",
-            "bench",
-            "--clusterrole=cluster-admin",
-            &format!("--serviceaccount={n}:bench"),
-        ],
-    )?;
-    let token = kubectl(&kubectl_bin, admin, &["-n", n, "create", "token", "bench"])?;
     let server = &cluster.info.apiserver;
-    let ca_data = kubectl(
-        &kubectl_bin,
-        admin,
-        &[
-            "config",
-            "view",
-            "--raw",
-            "--minify",
-            "-o",
-            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
-        ],
-    )?;
-    let token_kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_data}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u, namespace: {n}}}\ncurrent-context: x\n"
-    );
+    let (token, token_kubeconfig) = bench_credentials(&kubectl_bin, admin, n, server)?;
     let kc = kubeconfig::validate(&token_kubeconfig).context("the bench kubeconfig")?;
     let cluster_ca = kc
         .routes()
@@ -125,32 +92,8 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         dir.path().join("routes.json"),
         RouteTable::new(kc.routes())?.to_json(),
     )?;
-    let p = |f: &str| dir.path().join(f);
-    let mut child = Command::new(&args.proxy)
-        .arg("--routes")
-        .arg(p("routes.json"))
-        .arg("--ca-cert")
-        .arg(p("ca.crt"))
-        .arg("--ca-key")
-        .arg(p("ca.key"))
-        .arg("--kubeconfig")
-        .arg(p("kubeconfig"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--health-listen",
-            "127.0.0.1:0",
-            "--log-json",
-        ])
-        .args(["--max-connections", &(args.watches + 64).to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", args.proxy.display()))?;
-    let stderr = child.stderr.take().context("the proxy's stderr")?;
-    let child = Child(child);
+    let (child, listen, health) = start_proxy(&args, dir.path())?;
     let pid = child.0.id();
-    let (listen, health) = serving_addrs(stderr)?;
 
     let http = reqwest::Client::builder().no_proxy().build()?;
     let ready = http.get(format!("http://{health}/readyz")).send().await?;
@@ -174,17 +117,118 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let proxied_s = timed_gets(&proxied, &url, PLACEHOLDER_TOKEN, args.requests).await?;
     let after_gets_kib = rss_kib(pid)?;
 
+    let streams = open_watches(&proxied, &format!("{url}?watch=true"), args.watches).await?;
+    let tunnels = tunnels(&http, &health).await?;
+    let watches_kib = rss_kib(pid)?;
+    drop(streams);
+
+    Figures {
+        direct: stats(direct_s),
+        proxied: stats(proxied_s),
+        idle_kib,
+        after_gets_kib,
+        watches_kib,
+        tunnels,
+    }
+    .print(&args, &url);
+    drop(child);
+    ns.delete().await.ok();
+    Ok(())
+}
+
+/// A ServiceAccount `bench` of namespace `n` bound to cluster-admin, and a kubeconfig with
+/// its token for `server` (the cluster's CA from the admin kubeconfig): what a session's
+/// kubeconfig is. Returns the token and the kubeconfig.
+fn bench_credentials(
+    kubectl_bin: &Path,
+    admin: &Path,
+    n: &str,
+    server: &str,
+) -> anyhow::Result<(String, String)> {
+    kubectl(
+        kubectl_bin,
+        admin,
+        &["-n", n, "create", "serviceaccount", "bench"],
+    )?;
+    kubectl(
+        kubectl_bin,
+        admin,
+        &[
+            "-n",
+            n,
+            "create",
+            "rolebinding",
+            "bench",
+            "--clusterrole=cluster-admin",
+            &format!("--serviceaccount={n}:bench"),
+        ],
+    )?;
+    let token = kubectl(kubectl_bin, admin, &["-n", n, "create", "token", "bench"])?;
+    let ca_data = kubectl(
+        kubectl_bin,
+        admin,
+        &[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+        ],
+    )?;
+    let token_kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_data}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u, namespace: {n}}}\ncurrent-context: x\n"
+    );
+    Ok((token, token_kubeconfig))
+}
+
+/// The proxy binary on loopback with the files in `dir` (routes, its CA, the kubeconfig),
+/// room for the watches; returns it with its proxy and health addresses once it serves.
+fn start_proxy(args: &ProxyArgs, dir: &Path) -> anyhow::Result<(Child, String, String)> {
+    let p = |f: &str| dir.join(f);
+    let mut child = Command::new(&args.proxy)
+        .arg("--routes")
+        .arg(p("routes.json"))
+        .arg("--ca-cert")
+        .arg(p("ca.crt"))
+        .arg("--ca-key")
+        .arg(p("ca.key"))
+        .arg("--kubeconfig")
+        .arg(p("kubeconfig"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--health-listen",
+            "127.0.0.1:0",
+            "--log-json",
+        ])
+        .args(["--max-connections", &(args.watches + 64).to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", args.proxy.display()))?;
+    let stderr = child.stderr.take().context("the proxy's stderr")?;
+    let child = Child(child);
+    let (listen, health) = serving_addrs(stderr)?;
+    Ok((child, listen, health))
+}
+
+/// `n` watches of `watch_url` through the proxy, held open with their headers received.
+async fn open_watches(
+    proxied: &reqwest::Client,
+    watch_url: &str,
+    n: usize,
+) -> anyhow::Result<Vec<reqwest::Response>> {
     // Watches: each its own connection and tunnel, held open with its headers received.
-    let mut open = Vec::with_capacity(args.watches);
-    let watch_url = format!("{url}?watch=true");
-    for _ in 0..args.watches {
+    let mut open = Vec::with_capacity(n);
+    for _ in 0..n {
         let c = proxied.clone();
-        let u = watch_url.clone();
+        let u = watch_url.to_owned();
         open.push(tokio::spawn(async move {
             c.get(u).bearer_auth(PLACEHOLDER_TOKEN).send().await
         }));
     }
-    let mut streams = Vec::with_capacity(args.watches);
+    let mut streams = Vec::with_capacity(n);
     for h in open {
         let resp = h.await??;
         if !resp.status().is_success() {
@@ -192,13 +236,18 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         streams.push(resp);
     }
+    Ok(streams)
+}
+
+/// The tunnels the proxy has open, from its `/metrics`.
+async fn tunnels(http: &reqwest::Client, health: &str) -> anyhow::Result<f64> {
     let metrics = http
         .get(format!("http://{health}/metrics"))
         .send()
         .await?
         .text()
         .await?;
-    let tunnels = metrics
+    Ok(metrics
         .lines()
         .find_map(|l| {
             l.strip_prefix("cli_mcp_proxy_tunnels ")?
@@ -206,49 +255,58 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 .parse::<f64>()
                 .ok()
         })
-        .unwrap_or(0.0);
-    let watches_kib = rss_kib(pid)?;
-    drop(streams);
+        .unwrap_or(0.0))
+}
 
-    let direct_st = stats(direct_s);
-    let proxied_st = stats(proxied_s);
-    let added = |a: Duration, b: Duration| {
-        format!("{:+.3} ms", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
-    };
-    println!(
-        "\n## proxy (GET {url}, {} requests, kept-alive connection)\n",
-        args.requests
-    );
-    println!("| path | median | p99 |");
-    println!("|---|---|---|");
-    println!(
-        "| direct to the API server | {} | {} |",
-        ms(direct_st.median),
-        ms(direct_st.p99)
-    );
-    println!(
-        "| through cli-mcp-proxy | {} | {} |",
-        ms(proxied_st.median),
-        ms(proxied_st.p99)
-    );
-    println!(
-        "| added by the proxy | {} | {} |",
-        added(proxied_st.median, direct_st.median),
-        added(proxied_st.p99, direct_st.p99)
-    );
-    println!("\n| proxy RSS | MiB |");
-    println!("|---|---|");
-    let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
-    println!("| idle (started, ready) | {} |", mib(idle_kib));
-    println!("| after the GETs | {} |", mib(after_gets_kib));
-    println!(
-        "| {} watch streams open ({tunnels} tunnels) | {} |",
-        args.watches,
-        mib(watches_kib)
-    );
-    drop(child);
-    ns.delete().await.ok();
-    Ok(())
+/// What the proxy tables print: both paths' latencies and the proxy's RSS readings.
+struct Figures {
+    direct: Stats,
+    proxied: Stats,
+    idle_kib: u64,
+    after_gets_kib: u64,
+    watches_kib: u64,
+    tunnels: f64,
+}
+
+impl Figures {
+    fn print(&self, args: &ProxyArgs, url: &str) {
+        let (direct_st, proxied_st) = (&self.direct, &self.proxied);
+        let added = |a: Duration, b: Duration| {
+            format!("{:+.3} ms", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
+        };
+        println!(
+            "\n## proxy (GET {url}, {} requests, kept-alive connection)\n",
+            args.requests
+        );
+        println!("| path | median | p99 |");
+        println!("|---|---|---|");
+        println!(
+            "| direct to the API server | {} | {} |",
+            ms(direct_st.median),
+            ms(direct_st.p99)
+        );
+        println!(
+            "| through cli-mcp-proxy | {} | {} |",
+            ms(proxied_st.median),
+            ms(proxied_st.p99)
+        );
+        println!(
+            "| added by the proxy | {} | {} |",
+            added(proxied_st.median, direct_st.median),
+            added(proxied_st.p99, direct_st.p99)
+        );
+        println!("\n| proxy RSS | MiB |");
+        println!("|---|---|");
+        let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
+        println!("| idle (started, ready) | {} |", mib(self.idle_kib));
+        println!("| after the GETs | {} |", mib(self.after_gets_kib));
+        println!(
+            "| {} watch streams open ({} tunnels) | {} |",
+            args.watches,
+            self.tunnels,
+            mib(self.watches_kib)
+        );
+    }
 }
 
 async fn timed_gets(
