@@ -262,7 +262,7 @@ fn spawn_claimer(
     })
 }
 
-/// RSS while the window runs, its highest reading (VmRSS, and VmHWM since start).
+/// The highest VmRSS read while the window runs: the server's and the operator's, in that order.
 async fn highest_rss(procs: &Procs, end: tokio::time::Instant) -> (u64, u64) {
     let mut rss_active_max = (0u64, 0u64);
     while tokio::time::Instant::now() < end {
