@@ -27,6 +27,7 @@ mod prepare;
 mod report;
 mod reserve;
 mod runaway;
+mod stop;
 mod streams;
 
 use std::collections::{BTreeSet, VecDeque};
@@ -47,14 +48,14 @@ use crate::reaper::Reaper;
 use crate::spill::{SpillLimits, Spills};
 use crate::state_files::{self, HeldDir};
 use bash::{Bash, Ended};
-use interrupt::Stop;
 use report::{Notes, Outcome};
 use reserve::Reserve;
+use stop::Stop;
 use streams::Lingering;
 
 pub use error::ShellError;
-pub use interrupt::StopReason;
 pub use options::ShellOptions;
+pub use stop::StopReason;
 
 /// Exit code reported for a command that timed out (as coreutils `timeout` does).
 pub const EXIT_TIMEOUT: i32 = 124;
