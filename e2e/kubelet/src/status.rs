@@ -301,7 +301,7 @@ fn conditions(v: &PodView<'_>, terminal: bool) -> Vec<PodCondition> {
 /// `PodReadyToStartContainers`, `Initialized`, `ContainersReady` and `Ready`, from the
 /// containers' states; `previous` gives the readiness gates' conditions and the transition
 /// times to keep.
-fn our_conditions(v: &PodView<'_>, previous: &[PodCondition], terminal: bool) -> [PodCondition; 4] {
+fn our_conditions(v: &PodView<'_>, previous: &[PodCondition], terminal: bool) -> Vec<PodCondition> {
     let generation = v.pod.metadata.generation;
     let init_pending: Vec<&ContainerView> = v.init.iter().filter(|c| !init_done(c)).collect();
     let initialized = init_pending.is_empty() || (terminal && !v.init.is_empty());
@@ -324,7 +324,7 @@ fn our_conditions(v: &PodView<'_>, previous: &[PodCondition], terminal: bool) ->
     };
     let gates_ok = readiness_gates_ok(v.pod, previous);
 
-    [
+    vec![
         condition(
             previous,
             "PodReadyToStartContainers",
