@@ -18,7 +18,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
 use super::framing::StatusPipe;
-use super::interrupt::{Stop, StopReason};
+use super::stop::{Stop, StopReason};
 use super::{ShellError, ShellOptions};
 use crate::procs;
 use crate::reaper::{ExitCode, Reaper};

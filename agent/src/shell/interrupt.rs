@@ -10,6 +10,7 @@ use nix::sys::signal::Signal;
 use super::bash::Ended;
 use super::framing::{random_hex, sync_line};
 use super::report::Notes;
+use super::stop::{Stop, StopReason};
 use super::Shell;
 use crate::procs;
 
@@ -20,22 +21,6 @@ enum Targets {
     Command,
     /// The jobs that existed before the command.
     EarlierJobs,
-}
-
-/// Why the caller of [`Shell::run`] asks a command to stop early.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    /// The HTTP caller went away.
-    CallerGone,
-    /// The agent is shutting down (SIGTERM and the drain time is over).
-    Shutdown,
-}
-
-/// Why a command stopped before finishing on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stop {
-    Timeout,
-    Aborted(StopReason),
 }
 
 impl Shell {

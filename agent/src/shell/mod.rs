@@ -19,6 +19,7 @@
 //!   the response says so.
 
 mod bash;
+mod command_dir;
 mod error;
 mod framing;
 mod interrupt;
@@ -27,15 +28,13 @@ mod prepare;
 mod report;
 mod reserve;
 mod runaway;
+mod slots;
+mod stop;
 mod streams;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::future::Future;
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use cli_mcp_api::wire::ExecResponse;
@@ -47,14 +46,16 @@ use crate::reaper::Reaper;
 use crate::spill::{SpillLimits, Spills};
 use crate::state_files::{self, HeldDir};
 use bash::{Bash, Ended};
-use interrupt::Stop;
+use command_dir::CommandFiles;
 use report::{Notes, Outcome};
 use reserve::Reserve;
+use slots::{Slot, Slots};
+use stop::Stop;
 use streams::Lingering;
 
 pub use error::ShellError;
-pub use interrupt::StopReason;
 pub use options::ShellOptions;
+pub use stop::StopReason;
 
 /// Exit code reported for a command that timed out (as coreutils `timeout` does).
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -76,9 +77,8 @@ pub struct Shell {
     root: HeldDir,
     /// `<state-dir>/cmd`, which holds each command's directory.
     cmd: HeldDir,
-    /// The last commands' directories, kept for the next commands (at most [`SLOTS_KEPT`],
-    /// oldest first).
-    slots: VecDeque<Slot>,
+    /// The last commands' directories, kept for the next commands.
+    slots: Slots,
     spills: Spills,
     /// How far the running command is (`GET /exec/progress`).
     progress: Progress,
@@ -94,105 +94,9 @@ pub struct Shell {
     shell_children: Option<(i32, BTreeSet<i32>)>,
 }
 
-/// Command directories kept for the next commands: the last one, which bash may still be
-/// finishing, and the one before, which it is done with.
-const SLOTS_KEPT: usize = 2;
-
 /// `<state-dir>/shell-used`: exists once a command ran in this pod, so a restarted agent
 /// knows that a session's shell state was lost.
 const MARKER: &str = "shell-used";
-
-/// One command's directory: `cmd` holds the command, `out` and `err` its output.
-struct CommandFiles {
-    dir: PathBuf,
-    /// Tags the command's status record; also part of the directory's name.
-    nonce: String,
-    /// What bash is sent to run the command.
-    line: String,
-    /// The directory, once made.
-    made: Option<MadeDir>,
-    /// The command is in the directory's `cmd` file (not given to bash inline).
-    from_file: bool,
-}
-
-/// A command's directory kept for the next command. Making one per command (a directory,
-/// a file and three FIFOs) and removing it again (five removals) was most of the cost of a
-/// fast command on a disk-backed state dir: each is a journaled metadata change. It is
-/// used again only while its FIFOs have no writer and no reader but the agent's, and once
-/// bash is done with the last command's line (see [`Slot::bash_is_done`]).
-struct Slot {
-    made: MadeDir,
-    path: PathBuf,
-    /// The last command's `done` reader.
-    done: tokio::net::unix::pipe::Receiver,
-}
-
-impl Slot {
-    /// Whether bash has opened and closed `done` since the last command's reader was
-    /// opened, i.e. has finished that command's line (the agent answers on the status
-    /// record, which comes first). A FIFO reports a hang-up only then, and only while
-    /// nobody else holds it open; a new reader opened before bash's open would see bash's
-    /// close as the *next* command's end.
-    fn bash_is_done(&self) -> bool {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut fds = [PollFd::new(self.done.as_fd(), PollFlags::POLLIN)];
-        poll(&mut fds, PollTimeout::ZERO).is_ok()
-            && fds[0]
-                .revents()
-                .is_some_and(|r| r.contains(PollFlags::POLLHUP))
-    }
-}
-
-/// A command's directory as the agent made it: removed through these descriptors, so
-/// nothing a command swapped in for it, or for `cmd/`, is followed.
-struct MadeDir {
-    /// The `cmd/` it was made in, and its name there.
-    parent: Arc<OwnedFd>,
-    name: String,
-    fd: OwnedFd,
-    /// Its device and inode.
-    id: (u64, u64),
-}
-
-impl MadeDir {
-    /// Its files by name (one `unlinkat` each, no listing), then the directory; whatever a
-    /// command added to it is found by a listing only if the directory is not empty then.
-    /// That listing runs on a blocking thread: a command can fill its directory with millions
-    /// of entries, and removing them took seconds on a thread that serves requests.
-    fn remove(self) {
-        for name in ["cmd", "out", "err", "done"] {
-            let _ = state_files::remove_file_at(self.fd.as_fd(), name);
-        }
-        if self.rmdir().is_ok() {
-            return;
-        }
-        let rest = move || {
-            let _ = state_files::empty_dir(self.fd.as_fd(), 0);
-            let _ = self.rmdir();
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(rest)),
-            Err(_) => rest(),
-        }
-    }
-
-    fn rmdir(&self) -> nix::Result<()> {
-        nix::unistd::unlinkat(
-            self.parent.as_fd(),
-            self.name.as_str(),
-            nix::unistd::UnlinkatFlags::RemoveDir,
-        )
-    }
-}
-
-impl CommandFiles {
-    fn error(&self, source: io::Error) -> ShellError {
-        ShellError::Files {
-            dir: self.dir.clone(),
-            source,
-        }
-    }
-}
 
 impl Shell {
     pub fn new(mut opts: ShellOptions, reaper: Reaper) -> Result<Self, ShellError> {
@@ -228,7 +132,7 @@ impl Shell {
             pending_reset,
             root,
             cmd,
-            slots: VecDeque::new(),
+            slots: Slots::default(),
             spills,
             progress: Progress::default(),
             lingering: Lingering::default(),
@@ -494,30 +398,18 @@ impl Shell {
     fn clean_up(&mut self, files: CommandFiles, done: Option<tokio::net::unix::pipe::Receiver>) {
         if let Some(made) = files.made {
             match done {
-                Some(done) if files.from_file => {
-                    // bash runs one line at a time: now that this command reported, every
-                    // earlier line has ended, and a kept directory whose `done` it did not
-                    // close never will be (its command removed it, so `<>done` failed; an
-                    // interrupt cut the line short; the shell was replaced).
-                    self.drop_slots(|slot| !slot.bash_is_done());
-                    self.slots.push_back(Slot {
-                        made,
-                        path: files.dir,
-                        done,
-                    });
-                    while self.slots.len() > SLOTS_KEPT {
-                        if let Some(oldest) = self.slots.pop_front() {
-                            oldest.made.remove();
-                        }
-                    }
-                }
+                Some(done) if files.from_file => self.slots.keep(Slot {
+                    made,
+                    path: files.dir,
+                    done,
+                }),
                 _ => made.remove(),
             }
         }
         if !self.cmd.in_place() {
             // The command replaced or removed `cmd` (or the state dir): bash, which goes by
             // the path, must find the next command's files.
-            self.drop_slots(|_| true);
+            self.slots.remove_where(|_| true);
             self.ensure_dirs();
         }
         // Also after the command: it may have removed the marker (`rm -rf /tmp/*`), and a
@@ -574,25 +466,6 @@ impl Shell {
     /// them, replaced them or changed their mode (errors surface on the file operations
     /// that follow); the spill dir and the journal see to their own. The state dir first:
     /// without access to it nothing inside can be repaired.
-    fn drop_slots(&mut self, drop: impl Fn(&Slot) -> bool) {
-        let (gone, kept) = std::mem::take(&mut self.slots).into_iter().partition(drop);
-        self.slots = kept;
-        for slot in gone {
-            slot.made.remove();
-        }
-    }
-
-    /// A kept directory bash is done with, if there is one. Each command's line ends just
-    /// after its record (see `framing::report_status`), but the agent answers on the record,
-    /// so the last command's directory may still be in use when the next request comes (on
-    /// one CPU, the agent woken by the record runs before bash closes `done`); the one
-    /// before it is not (bash runs one line at a time). So with two kept the next command
-    /// need not wait: only for the first commands is a new directory made instead.
-    fn take_ready_slot(&mut self) -> Option<Slot> {
-        let ready = self.slots.iter().position(Slot::bash_is_done)?;
-        self.slots.remove(ready)
-    }
-
     fn ensure_dirs(&mut self) {
         let _ = self.root.reopen();
         let _ = self.cmd.reopen();

@@ -15,10 +15,12 @@
 
 use std::os::fd::AsFd;
 
+use super::command_dir::{CommandFiles, MadeDir};
 use super::framing::{command_line, inline_command_line, random_hex};
 use super::report::Notes;
+use super::slots::Slot;
 use super::streams::{self, Streams};
-use super::{CommandFiles, MadeDir, Shell, ShellError, Slot};
+use super::{Shell, ShellError};
 use crate::state_files;
 
 impl Shell {
@@ -102,7 +104,7 @@ impl Shell {
         from_file: bool,
     ) -> Result<(CommandFiles, Streams), ShellError> {
         if from_file {
-            if let Some(slot) = self.take_ready_slot() {
+            if let Some(slot) = self.slots.take_ready() {
                 match self.reuse(slot, command) {
                     Ok(found) => return Ok(found),
                     Err(made) => made.remove(),

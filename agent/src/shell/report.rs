@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cli_mcp_api::wire::{encode_stream, ExecResponse};
 
-use super::interrupt::{Stop, StopReason};
+use super::stop::{Stop, StopReason};
 use super::{ShellError, EXIT_AGENT_RESTARTED, EXIT_INTERRUPTED, EXIT_TIMEOUT};
 use crate::output::Captured;
 

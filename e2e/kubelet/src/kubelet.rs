@@ -1,6 +1,7 @@
 //! Startup, the main loop and shutdown.
 
-use std::path::Path;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use anyhow::{bail, Context as _};
 use k8s_openapi::jiff::Timestamp;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::Args;
@@ -67,29 +69,14 @@ async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     preflight(&args)?;
     enable_ip_forward();
-    std::fs::create_dir_all(&args.state_dir)
-        .with_context(|| format!("creating --state-dir {}", args.state_dir.display()))?;
-    let state_dir = args
-        .state_dir
-        .canonicalize()
-        .with_context(|| format!("resolving --state-dir {}", args.state_dir.display()))?;
+    let state_dir = state_dir(&args)?;
     let gateway = cni::gateway(&args.pod_cidr).with_context(|| {
         format!(
             "--pod-cidr {} is too small (need /30 or larger)",
             args.pod_cidr
         )
     })?;
-    let cni = Cni {
-        bin_dir: args.cni_bin_dir.clone(),
-        cidr: args.pod_cidr,
-        ipam_dir: state_dir.join("cni").join("ipam"),
-        extra_routes: match args.apiserver_host {
-            std::net::IpAddr::V4(ip) if !ip.is_loopback() => {
-                vec![ipnet::Ipv4Net::from(ip), args.service_cidr]
-            }
-            _ => vec![args.service_cidr],
-        },
-    };
+    let cni = pod_network(&args, &state_dir);
     let services = Arc::new(Services::new(args.service_cidr));
     let mut node = NodeInfo::detect(
         &args.node_name,
@@ -99,61 +86,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     let client = client(&args.kubeconfig).await?;
     let endpoint_cancel = CancellationToken::new();
-    let endpoint = if args.kubelet_port == 0 {
-        None
-    } else {
-        let addr = std::net::SocketAddr::new(gateway.into(), args.kubelet_port);
-        match logserver::serve(addr, &node.name, state_dir.clone(), endpoint_cancel.clone()).await {
-            Ok(task) => {
-                node.kubelet_port = args.kubelet_port;
-                tracing::info!("serving container logs on https://{addr}");
-                Some(task)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "{e}; `kubectl logs` will not work (is {gateway} on a host interface?)"
-                );
-                None
-            }
-        }
-    };
+    let endpoint = serve_logs(
+        &args,
+        gateway,
+        &mut node,
+        &state_dir,
+        endpoint_cancel.clone(),
+    )
+    .await;
 
     let cleaned = state::cleanup_previous_run(&state_dir, &cni).await;
     if cleaned > 0 {
         tracing::info!("cleaned up {cleaned} pod(s) left by a previous run");
     }
 
-    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let cancel = CancellationToken::new();
-    {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = sigterm.recv() => tracing::info!("SIGTERM: stopping all pods"),
-                _ = sigint.recv() => tracing::info!("SIGINT: stopping all pods"),
-            }
-            cancel.cancel();
-        });
-    }
-
+    let cancel = cancel_on_signal()?;
     let since = Timestamp::now();
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match node::register(&client, &node, since).await {
-            Ok(()) => break,
-            Err(e) => {
-                tracing::warn!("{e}; retrying in {delay:?}");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
-    if let Err(e) = node::renew_lease(&client, &node).await {
-        tracing::warn!("{e}");
+    if !register(&client, &node, since, &cancel).await {
+        return Ok(());
     }
 
     let heartbeat_cancel = CancellationToken::new();
@@ -166,30 +116,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         heartbeat_cancel.clone(),
     ));
 
-    let ctx = Arc::new(Ctx {
-        client: client.clone(),
-        node: node.clone(),
+    let ctx = worker_context(
+        &args,
+        client.clone(),
+        node.clone(),
         state_dir,
-        image_map: args.image_map.clone(),
         cni,
-        service_env: ServiceEnv {
-            apiserver_host: args.apiserver_host.to_string(),
-            apiserver_port: args.apiserver_port,
-        },
-        dns: crate::launch::PodDns {
-            server: args.cluster_dns,
-            domain: args.cluster_domain.clone(),
-        },
-        services: services.clone(),
-        http: probes::http_client().map_err(anyhow::Error::msg)?,
-        timing: Timing {
-            crash_initial: Duration::from_secs(args.crash_backoff_initial_secs),
-            crash_max: Duration::from_secs(args.crash_backoff_max_secs),
-            retry_initial: Duration::from_secs(2),
-            retry_max: Duration::from_secs(60),
-            volume_resync: Duration::from_secs(args.volume_resync_secs.max(1)),
-        },
-    });
+        services.clone(),
+    )?;
     tracing::info!(node = %node.name, cidr = %node.cidr, gateway = %gateway, "process kubelet running");
     let services_cancel = CancellationToken::new();
     let services_task = tokio::spawn(crate::services::run(
@@ -212,4 +146,137 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     tracing::info!("all pods stopped; exiting");
     Ok(())
+}
+
+/// `--state-dir`, made if missing, as an absolute path without links.
+fn state_dir(args: &Args) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("creating --state-dir {}", args.state_dir.display()))?;
+    args.state_dir
+        .canonicalize()
+        .with_context(|| format!("resolving --state-dir {}", args.state_dir.display()))
+}
+
+/// The CNI set-up every pod's network namespace gets: addresses from `--pod-cidr`, and
+/// routes to the Service CIDR and to the API server (unless it is on loopback).
+fn pod_network(args: &Args, state_dir: &Path) -> Cni {
+    Cni {
+        bin_dir: args.cni_bin_dir.clone(),
+        cidr: args.pod_cidr,
+        ipam_dir: state_dir.join("cni").join("ipam"),
+        extra_routes: match args.apiserver_host {
+            std::net::IpAddr::V4(ip) if !ip.is_loopback() => {
+                vec![ipnet::Ipv4Net::from(ip), args.service_cidr]
+            }
+            _ => vec![args.service_cidr],
+        },
+    }
+}
+
+/// Starts the `kubectl logs` endpoint on `gateway` (unless `--kubelet-port` is 0) and
+/// records its port in `node`; a kubelet that cannot serve it runs on without.
+async fn serve_logs(
+    args: &Args,
+    gateway: Ipv4Addr,
+    node: &mut NodeInfo,
+    state_dir: &Path,
+    cancel: CancellationToken,
+) -> Option<JoinHandle<()>> {
+    if args.kubelet_port == 0 {
+        return None;
+    }
+    let addr = std::net::SocketAddr::new(gateway.into(), args.kubelet_port);
+    match logserver::serve(addr, &node.name, state_dir.to_path_buf(), cancel).await {
+        Ok(task) => {
+            node.kubelet_port = args.kubelet_port;
+            tracing::info!("serving container logs on https://{addr}");
+            Some(task)
+        }
+        Err(e) => {
+            tracing::warn!("{e}; `kubectl logs` will not work (is {gateway} on a host interface?)");
+            None
+        }
+    }
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT: the signal to stop all pods.
+fn cancel_on_signal() -> anyhow::Result<CancellationToken> {
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let cancel = CancellationToken::new();
+    {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = sigterm.recv() => tracing::info!("SIGTERM: stopping all pods"),
+                _ = sigint.recv() => tracing::info!("SIGINT: stopping all pods"),
+            }
+            cancel.cancel();
+        });
+    }
+    Ok(cancel)
+}
+
+/// Registers the Node (retrying with back-off until it succeeds) and takes its Lease;
+/// false if `cancel` came first.
+async fn register(
+    client: &kube::Client,
+    node: &NodeInfo,
+    since: Timestamp,
+    cancel: &CancellationToken,
+) -> bool {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match node::register(client, node, since).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!("{e}; retrying in {delay:?}");
+                tokio::select! {
+                    _ = cancel.cancelled() => return false,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    if let Err(e) = node::renew_lease(client, node).await {
+        tracing::warn!("{e}");
+    }
+    true
+}
+
+/// What every pod worker shares: the clients, the node, the network and the timings from
+/// the flags.
+fn worker_context(
+    args: &Args,
+    client: kube::Client,
+    node: NodeInfo,
+    state_dir: PathBuf,
+    cni: Cni,
+    services: Arc<Services>,
+) -> anyhow::Result<Arc<Ctx>> {
+    Ok(Arc::new(Ctx {
+        client,
+        node,
+        state_dir,
+        image_map: args.image_map.clone(),
+        cni,
+        service_env: ServiceEnv {
+            apiserver_host: args.apiserver_host.to_string(),
+            apiserver_port: args.apiserver_port,
+        },
+        dns: crate::launch::PodDns {
+            server: args.cluster_dns,
+            domain: args.cluster_domain.clone(),
+        },
+        services,
+        http: probes::http_client().map_err(anyhow::Error::msg)?,
+        timing: Timing {
+            crash_initial: Duration::from_secs(args.crash_backoff_initial_secs),
+            crash_max: Duration::from_secs(args.crash_backoff_max_secs),
+            retry_initial: Duration::from_secs(2),
+            retry_max: Duration::from_secs(60),
+            volume_resync: Duration::from_secs(args.volume_resync_secs.max(1)),
+        },
+    }))
 }

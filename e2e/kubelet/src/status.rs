@@ -244,16 +244,65 @@ fn names(list: &[&ContainerView]) -> String {
 
 /// Builds the full status to send (`podIP`, conditions, container statuses, phase).
 pub fn build(v: &PodView<'_>) -> PodStatus {
+    let phase = phase(v);
+    let terminal = phase == "Succeeded" || phase == "Failed";
+    let pod_ip = v.pod_ip.clone();
+    PodStatus {
+        phase: Some(phase.to_string()),
+        conditions: Some(conditions(v, terminal)),
+        host_ip: Some(v.host_ip.clone()),
+        host_ips: Some(vec![HostIP {
+            ip: v.host_ip.clone(),
+        }]),
+        pod_ip: pod_ip.clone(),
+        pod_ips: pod_ip.map(|ip| vec![PodIP { ip }]),
+        start_time: Some(time(v.start_time)),
+        message: v.message.clone(),
+        container_statuses: Some(v.containers.iter().map(container_status).collect()),
+        init_container_statuses: (!v.init.is_empty())
+            .then(|| v.init.iter().map(container_status).collect()),
+        observed_generation: v.pod.metadata.generation,
+        ..Default::default()
+    }
+}
+
+/// The pod's conditions: those owned by others as the pod has them, with `PodScheduled`
+/// added if missing, then the four this kubelet owns (see [`our_conditions`]). `terminal`:
+/// the phase is `Succeeded` or `Failed`.
+fn conditions(v: &PodView<'_>, terminal: bool) -> Vec<PodCondition> {
     let previous: Vec<PodCondition> = v
         .pod
         .status
         .as_ref()
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
-    let generation = v.pod.metadata.generation;
-    let phase = phase(v);
-    let terminal = phase == "Succeeded" || phase == "Failed";
+    let ours = our_conditions(v, &previous, terminal);
+    // Keep conditions owned by others (PodScheduled, DisruptionTarget, readiness gates).
+    let mut conditions: Vec<PodCondition> = previous
+        .iter()
+        .filter(|c| !ours.iter().any(|o| o.type_ == c.type_))
+        .cloned()
+        .collect();
+    if !conditions.iter().any(|c| c.type_ == "PodScheduled") {
+        conditions.push(condition(
+            &[],
+            "PodScheduled",
+            true,
+            None,
+            None,
+            v.pod.metadata.generation,
+            v.now,
+        ));
+    }
+    conditions.extend(ours);
+    conditions
+}
 
+/// `PodReadyToStartContainers`, `Initialized`, `ContainersReady` and `Ready`, from the
+/// containers' states; `previous` gives the readiness gates' conditions and the transition
+/// times to keep.
+fn our_conditions(v: &PodView<'_>, previous: &[PodCondition], terminal: bool) -> Vec<PodCondition> {
+    let generation = v.pod.metadata.generation;
     let init_pending: Vec<&ContainerView> = v.init.iter().filter(|c| !init_done(c)).collect();
     let initialized = init_pending.is_empty() || (terminal && !v.init.is_empty());
     let sidecars = v.init.iter().filter(|c| c.sidecar);
@@ -273,23 +322,11 @@ pub fn build(v: &PodView<'_>) -> PodStatus {
             )),
         )
     };
-    let gates_ok = v
-        .pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.readiness_gates.as_ref())
-        .map(|gates| {
-            gates.iter().all(|g| {
-                previous
-                    .iter()
-                    .any(|c| c.type_ == g.condition_type && c.status == "True")
-            })
-        })
-        .unwrap_or(true);
+    let gates_ok = readiness_gates_ok(v.pod, previous);
 
-    let ours = [
+    vec![
         condition(
-            &previous,
+            previous,
             "PodReadyToStartContainers",
             v.network_ready,
             None,
@@ -298,7 +335,7 @@ pub fn build(v: &PodView<'_>) -> PodStatus {
             v.now,
         ),
         condition(
-            &previous,
+            previous,
             "Initialized",
             initialized,
             Some("ContainersNotInitialized"),
@@ -310,7 +347,7 @@ pub fn build(v: &PodView<'_>) -> PodStatus {
             v.now,
         ),
         condition(
-            &previous,
+            previous,
             "ContainersReady",
             containers_ready,
             Some(ready_reason),
@@ -319,7 +356,7 @@ pub fn build(v: &PodView<'_>) -> PodStatus {
             v.now,
         ),
         condition(
-            &previous,
+            previous,
             "Ready",
             containers_ready && gates_ok,
             Some(if containers_ready {
@@ -335,44 +372,23 @@ pub fn build(v: &PodView<'_>) -> PodStatus {
             generation,
             v.now,
         ),
-    ];
-    // Keep conditions owned by others (PodScheduled, DisruptionTarget, readiness gates).
-    let mut conditions: Vec<PodCondition> = previous
-        .iter()
-        .filter(|c| !ours.iter().any(|o| o.type_ == c.type_))
-        .cloned()
-        .collect();
-    if !conditions.iter().any(|c| c.type_ == "PodScheduled") {
-        conditions.push(condition(
-            &[],
-            "PodScheduled",
-            true,
-            None,
-            None,
-            generation,
-            v.now,
-        ));
-    }
-    conditions.extend(ours);
+    ]
+}
 
-    let pod_ip = v.pod_ip.clone();
-    PodStatus {
-        phase: Some(phase.to_string()),
-        conditions: Some(conditions),
-        host_ip: Some(v.host_ip.clone()),
-        host_ips: Some(vec![HostIP {
-            ip: v.host_ip.clone(),
-        }]),
-        pod_ip: pod_ip.clone(),
-        pod_ips: pod_ip.map(|ip| vec![PodIP { ip }]),
-        start_time: Some(time(v.start_time)),
-        message: v.message.clone(),
-        container_statuses: Some(v.containers.iter().map(container_status).collect()),
-        init_container_statuses: (!v.init.is_empty())
-            .then(|| v.init.iter().map(container_status).collect()),
-        observed_generation: generation,
-        ..Default::default()
-    }
+/// Whether every readiness gate of the pod has its condition `True` in `previous` (others
+/// set those conditions; a pod without gates has them all).
+fn readiness_gates_ok(pod: &Pod, previous: &[PodCondition]) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .map(|gates| {
+            gates.iter().all(|g| {
+                previous
+                    .iter()
+                    .any(|c| c.type_ == g.condition_type && c.status == "True")
+            })
+        })
+        .unwrap_or(true)
 }
 
 #[cfg(test)]

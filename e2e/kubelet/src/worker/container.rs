@@ -1,6 +1,8 @@
 //! One container slot of a pod: starting it (image, env, mounts, helper), its exit and
 //! restart back-off, probes and kills.
 
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
@@ -276,9 +278,31 @@ impl Worker {
         s.view.state = State::waiting(reason, Some(message));
     }
 
+    /// Starts the container once the pod has its address: its image, then its exec spec,
+    /// then its process. A step that fails leaves the container waiting, with the reason,
+    /// for a retry.
     pub(super) async fn try_start(&mut self, id: SlotId) {
         let Some(ip) = self.net.ip else { return };
         let spec = self.slot(id).spec.clone();
+        let Some(binary) = self.pull(id, &spec) else {
+            return;
+        };
+        let spec_path = match self.write_exec_spec(&spec, &binary, ip).await {
+            Ok(Some(path)) => path,
+            Ok(None) => return,
+            Err(e) => {
+                self.set_waiting_retry(id, "CreateContainerConfigError", e, false);
+                return;
+            }
+        };
+        self.slot_mut(id).config.reset();
+        self.start_process(id, &spec.name, &spec_path).await;
+    }
+
+    /// The container's image as a local binary ("pull"); `None` when the image map has
+    /// none for it: the container then waits in `ErrImagePull`, later `ImagePullBackOff`,
+    /// and is retried with back-off.
+    fn pull(&mut self, id: SlotId, spec: &Container) -> Option<PathBuf> {
         let image = spec.image.clone().unwrap_or_default();
         let map = self.ctx.image_map.clone();
         let binary = match imagemap::resolve(&map, &image) {
@@ -297,26 +321,31 @@ impl Worker {
                 };
                 self.slot_mut(id).pulled_once = true;
                 self.set_waiting_retry(id, reason, message, true);
-                return;
+                return None;
             }
         };
-        {
-            let s = self.slot_mut(id);
-            s.pull.reset();
-            s.pulled_once = false;
-            s.view.image_id = format!("cli-mcp://{}", binary.display());
-        }
-        let objects = match self.fetch_objects(&spec).await {
-            Ok(o) => o,
-            Err(e) => {
-                self.set_waiting_retry(id, "CreateContainerConfigError", e, false);
-                return;
-            }
-        };
+        let s = self.slot_mut(id);
+        s.pull.reset();
+        s.pulled_once = false;
+        s.view.image_id = format!("cli-mcp://{}", binary.display());
+        Some(binary)
+    }
+
+    /// Writes the exec helper's spec for the container (its environment, mounts, command
+    /// line and identity in the pod's network namespace at `ip`) and returns its path;
+    /// `Ok(None)` if the pod has no spec. `Err` is the message of a
+    /// `CreateContainerConfigError`.
+    async fn write_exec_spec(
+        &self,
+        spec: &Container,
+        binary: &Path,
+        ip: Ipv4Addr,
+    ) -> Result<Option<PathBuf>, String> {
+        let objects = self.fetch_objects(spec).await?;
         let Some(pod_spec) = self.pod.spec.clone() else {
-            return;
+            return Ok(None);
         };
-        let ident = identity::for_container(&pod_spec, &spec);
+        let ident = identity::for_container(&pod_spec, spec);
         let ip_s = ip.to_string();
         let host_ip = self.ctx.node.internal_ip.to_string();
         let facts = PodFacts {
@@ -324,33 +353,23 @@ impl Worker {
             host_ip: &host_ip,
             ..self.facts()
         };
-        let env = match env::resolve(&facts, &spec, &objects, &self.ctx.service_env, ident.uid) {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!(pod = %self.pod_key(), container = %spec.name, "{e}");
-                self.set_waiting_retry(id, "CreateContainerConfigError", e, false);
-                return;
-            }
-        };
+        let env = env::resolve(&facts, spec, &objects, &self.ctx.service_env, ident.uid)
+            .inspect_err(
+                |e| tracing::warn!(pod = %self.pod_key(), container = %spec.name, "{e}"),
+            )?;
         let etc =
             launch::write_etc_files(&self.dir.root.join("etc"), &self.pod, &ip_s, &self.ctx.dns);
-        let mounts = match etc.and_then(|mut etc| {
+        let mounts = etc.and_then(|mut etc| {
             let volumes = self
                 .volumes
                 .mounts_for(spec.volume_mounts.as_deref().unwrap_or_default(), &env)?;
             etc.extend(volumes);
             Ok(etc)
-        }) {
-            Ok(m) => m,
-            Err(e) => {
-                self.set_waiting_retry(id, "CreateContainerConfigError", e, false);
-                return;
-            }
-        };
-        let argv = launch::command_line(&binary, &spec, &env, |p| p.exists());
+        })?;
+        let argv = launch::command_line(binary, spec, &env, |p| p.exists());
         let exec = launch::exec_spec(
             &self.pod,
-            &spec,
+            spec,
             netns::path(&self.record.netns),
             argv,
             &env,
@@ -358,19 +377,21 @@ impl Worker {
             mounts,
         );
         let spec_path = self.dir.exec_spec(&spec.name);
-        if let Err(e) = process::write_spec(&spec_path, &exec) {
-            self.set_waiting_retry(id, "CreateContainerConfigError", e, false);
-            return;
-        }
-        self.slot_mut(id).config.reset();
-        self.dir.rotate_log(&spec.name);
-        let started = process::start_container(&spec_path, &self.dir.log(&spec.name)).await;
+        process::write_spec(&spec_path, &exec)?;
+        Ok(Some(spec_path))
+    }
+
+    /// Starts the container `name`'s process from its exec spec at `spec_path`, with a
+    /// fresh log; a start that fails counts as a run that ended at once.
+    async fn start_process(&mut self, id: SlotId, name: &str, spec_path: &Path) {
+        self.dir.rotate_log(name);
+        let started = process::start_container(spec_path, &self.dir.log(name)).await;
         self.run_seq += 1;
         let run = self.run_seq;
         match started {
             Ok(p) => self.on_started(id, run, p),
             Err(e) => {
-                tracing::warn!(pod = %self.pod_key(), container = %spec.name, "start failed: {e}");
+                tracing::warn!(pod = %self.pod_key(), container = %name, "start failed: {e}");
                 // Like a process that exited at once: restart policy and back-off apply.
                 let now = Timestamp::now();
                 let t = Terminated {

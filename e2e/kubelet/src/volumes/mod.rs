@@ -7,26 +7,26 @@
 //! bind-mounted volume directory sees either the old or the new content. Re-syncing rewrites
 //! only changed files and removes files whose keys disappeared.
 
+mod token;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, Pod, Secret, ServiceAccount, Volume,
-    VolumeMount,
+    ConfigMap, Container, DownwardAPIVolumeFile, EmptyDirVolumeSource, HostPathVolumeSource,
+    KeyToPath, Pod, ProjectedVolumeSource, Secret, Volume, VolumeMount,
 };
-use kube::api::PostParams;
 use kube::{Api, Client};
 
 use crate::downward::{self, PodFacts, Use};
 use crate::env::{config_map_entries, expand, EnvList};
 use crate::quantity;
 use crate::state::PodDir;
+use token::Tokens;
 
 const DEFAULT_MODE: u32 = 0o644;
-const DEFAULT_TOKEN_SECONDS: i64 = 3600;
 
 /// A file to materialise inside a volume directory.
 #[derive(Debug, Clone, PartialEq)]
@@ -183,16 +183,11 @@ pub fn tmpfs_volumes(pod: &Pod, dir: &PodDir) -> Vec<(PathBuf, Option<u64>)> {
         .collect()
 }
 
-struct CachedToken {
-    token: String,
-    refresh_at: Instant,
-}
-
 /// Per-pod volume state across syncs.
 #[derive(Default)]
 pub struct Volumes {
     written: BTreeMap<String, BTreeSet<String>>,
-    tokens: BTreeMap<(String, String), CachedToken>,
+    tokens: Tokens,
     host_paths: BTreeMap<String, PathBuf>,
     read_only: BTreeSet<String>,
     mounted_tmpfs: BTreeSet<PathBuf>,
@@ -209,7 +204,7 @@ pub struct SyncCtx<'a> {
 impl Volumes {
     /// Earliest time a cached token should be renewed.
     pub fn next_token_refresh(&self) -> Option<Instant> {
-        self.tokens.values().map(|t| t.refresh_at).min()
+        self.tokens.next_refresh()
     }
 
     /// Creates or refreshes every volume of the pod. Errors name the volume and are meant
@@ -243,44 +238,56 @@ impl Volumes {
             self.read_only.insert(v.name.clone());
         }
         if let Some(ed) = &v.empty_dir {
-            std::fs::create_dir_all(&path)
-                .map_err(|e| format!("creating {}: {e}", path.display()))?;
-            let tmpfs = tmpfs_volumes(ctx.facts.pod, ctx.dir)
-                .into_iter()
-                .find(|(p, _)| *p == path);
-            if let Some((p, size)) = tmpfs {
-                if !self.mounted_tmpfs.contains(&p) {
-                    mount_tmpfs(&p, size)?;
-                    self.mounted_tmpfs.insert(p);
-                }
-            }
-            let mode = mode_of(ed.mode, 0o777);
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+            self.make_empty_dir(ctx, ed, &path)?;
             self.host_paths.insert(v.name.clone(), path);
             return Ok(());
         }
         if let Some(hp) = &v.host_path {
-            let p = PathBuf::from(&hp.path);
-            match hp.type_.as_deref().unwrap_or("") {
-                "DirectoryOrCreate" => std::fs::create_dir_all(&p)
-                    .map_err(|e| format!("creating hostPath {}: {e}", p.display()))?,
-                "FileOrCreate" if !p.exists() => {
-                    if let Some(parent) = p.parent() {
-                        let _ = std::fs::create_dir_all(parent);
-                    }
-                    std::fs::File::create(&p)
-                        .map_err(|e| format!("creating hostPath {}: {e}", p.display()))?;
-                }
-                "" | "FileOrCreate" => {}
-                _ if !p.exists() => return Err(format!("hostPath {} does not exist", p.display())),
-                _ => {}
-            }
+            let p = prepare_host_path(hp)?;
             self.host_paths.insert(v.name.clone(), p);
             return Ok(());
         }
 
-        let files = if let Some(s) = &v.secret {
+        let files = self.volume_files(ctx, ns, containers, v).await?;
+        let previous = self.written.remove(&v.name).unwrap_or_default();
+        let written = write_files(&path, &files, &previous, ctx.owner)?;
+        self.written.insert(v.name.clone(), written);
+        self.host_paths.insert(v.name.clone(), path);
+        Ok(())
+    }
+
+    /// Makes an emptyDir volume's directory at `path` (a tmpfs, mounted once, when it has
+    /// a `sizeLimit` or `medium: Memory`) with the volume's mode.
+    fn make_empty_dir(
+        &mut self,
+        ctx: &SyncCtx<'_>,
+        ed: &EmptyDirVolumeSource,
+        path: &Path,
+    ) -> Result<(), String> {
+        std::fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let tmpfs = tmpfs_volumes(ctx.facts.pod, ctx.dir)
+            .into_iter()
+            .find(|(p, _)| *p == path);
+        if let Some((p, size)) = tmpfs {
+            if !self.mounted_tmpfs.contains(&p) {
+                mount_tmpfs(&p, size)?;
+                self.mounted_tmpfs.insert(p);
+            }
+        }
+        let mode = mode_of(ed.mode, 0o777);
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("chmod {}: {e}", path.display()))
+    }
+
+    /// The files of a Secret, ConfigMap, downwardAPI or projected volume.
+    async fn volume_files(
+        &mut self,
+        ctx: &SyncCtx<'_>,
+        ns: &str,
+        containers: &[Container],
+        v: &Volume,
+    ) -> Result<Vec<FileSpec>, String> {
+        if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
             let entries = fetch_secret(ctx.client, ns, &name).await?;
             project_keys(&KeySource {
@@ -292,7 +299,7 @@ impl Volumes {
                 optional: s.optional == Some(true),
                 default_mode: mode_of(s.default_mode, DEFAULT_MODE),
                 default_user: uid_of(s.default_user),
-            })?
+            })
         } else if let Some(c) = &v.config_map {
             let entries = fetch_config_map(ctx.client, ns, &c.name).await?;
             project_keys(&KeySource {
@@ -304,7 +311,7 @@ impl Volumes {
                 optional: c.optional == Some(true),
                 default_mode: mode_of(c.default_mode, DEFAULT_MODE),
                 default_user: uid_of(c.default_user),
-            })?
+            })
         } else if let Some(d) = &v.downward_api {
             downward_files(
                 &ctx.facts,
@@ -312,141 +319,79 @@ impl Volumes {
                 d.items.as_deref().unwrap_or_default(),
                 mode_of(d.default_mode, DEFAULT_MODE),
                 uid_of(d.default_user),
-            )?
+            )
         } else if let Some(p) = &v.projected {
-            let default_mode = mode_of(p.default_mode, DEFAULT_MODE);
-            let default_user = uid_of(p.default_user);
-            let mut files = Vec::new();
-            for src in p.sources.iter().flatten() {
-                if let Some(s) = &src.secret {
-                    let entries = fetch_secret(ctx.client, ns, &s.name).await?;
-                    files.extend(project_keys(&KeySource {
-                        kind: "Secret",
-                        namespace: ns,
-                        name: &s.name,
-                        entries,
-                        items: s.items.as_deref(),
-                        optional: s.optional == Some(true),
-                        default_mode,
-                        default_user,
-                    })?);
-                } else if let Some(c) = &src.config_map {
-                    let entries = fetch_config_map(ctx.client, ns, &c.name).await?;
-                    files.extend(project_keys(&KeySource {
-                        kind: "ConfigMap",
-                        namespace: ns,
-                        name: &c.name,
-                        entries,
-                        items: c.items.as_deref(),
-                        optional: c.optional == Some(true),
-                        default_mode,
-                        default_user,
-                    })?);
-                } else if let Some(d) = &src.downward_api {
-                    files.extend(downward_files(
-                        &ctx.facts,
-                        containers,
-                        d.items.as_deref().unwrap_or_default(),
-                        default_mode,
-                        default_user,
-                    )?);
-                } else if let Some(t) = &src.service_account_token {
-                    validate_rel_path(&t.path)?;
-                    let token = self.token(ctx, &v.name, t).await?;
-                    files.push(FileSpec {
-                        path: t.path.clone(),
-                        content: token.into_bytes(),
-                        mode: default_mode,
-                        uid: uid_of(t.user).or(default_user),
-                    });
-                } else {
-                    return Err(
-                        "projected source type not supported by cli-mcp-kubelet (supported: secret, configMap, downwardAPI, serviceAccountToken)"
-                            .to_string(),
-                    );
-                }
-            }
-            files
+            self.projected_files(ctx, ns, containers, &v.name, p).await
         } else {
-            return Err(
+            Err(
                 "volume type not supported by cli-mcp-kubelet (supported: secret, configMap, downwardAPI, projected, emptyDir, hostPath)"
                     .to_string(),
-            );
-        };
-        let previous = self.written.remove(&v.name).unwrap_or_default();
-        let written = write_files(&path, &files, &previous, ctx.owner)?;
-        self.written.insert(v.name.clone(), written);
-        self.host_paths.insert(v.name.clone(), path);
-        Ok(())
+            )
+        }
     }
 
-    async fn token(
+    /// The files of a projected volume named `volume`: each source's, in order.
+    async fn projected_files(
         &mut self,
         ctx: &SyncCtx<'_>,
+        ns: &str,
+        containers: &[Container],
         volume: &str,
-        t: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
-    ) -> Result<String, String> {
-        let key = (volume.to_string(), t.path.clone());
-        if let Some(c) = self.tokens.get(&key) {
-            if Instant::now() < c.refresh_at {
-                return Ok(c.token.clone());
+        p: &ProjectedVolumeSource,
+    ) -> Result<Vec<FileSpec>, String> {
+        let default_mode = mode_of(p.default_mode, DEFAULT_MODE);
+        let default_user = uid_of(p.default_user);
+        let mut files = Vec::new();
+        for src in p.sources.iter().flatten() {
+            if let Some(s) = &src.secret {
+                let entries = fetch_secret(ctx.client, ns, &s.name).await?;
+                files.extend(project_keys(&KeySource {
+                    kind: "Secret",
+                    namespace: ns,
+                    name: &s.name,
+                    entries,
+                    items: s.items.as_deref(),
+                    optional: s.optional == Some(true),
+                    default_mode,
+                    default_user,
+                })?);
+            } else if let Some(c) = &src.config_map {
+                let entries = fetch_config_map(ctx.client, ns, &c.name).await?;
+                files.extend(project_keys(&KeySource {
+                    kind: "ConfigMap",
+                    namespace: ns,
+                    name: &c.name,
+                    entries,
+                    items: c.items.as_deref(),
+                    optional: c.optional == Some(true),
+                    default_mode,
+                    default_user,
+                })?);
+            } else if let Some(d) = &src.downward_api {
+                files.extend(downward_files(
+                    &ctx.facts,
+                    containers,
+                    d.items.as_deref().unwrap_or_default(),
+                    default_mode,
+                    default_user,
+                )?);
+            } else if let Some(t) = &src.service_account_token {
+                validate_rel_path(&t.path)?;
+                let token = self.tokens.get(ctx, volume, t).await?;
+                files.push(FileSpec {
+                    path: t.path.clone(),
+                    content: token.into_bytes(),
+                    mode: default_mode,
+                    uid: uid_of(t.user).or(default_user),
+                });
+            } else {
+                return Err(
+                    "projected source type not supported by cli-mcp-kubelet (supported: secret, configMap, downwardAPI, serviceAccountToken)"
+                        .to_string(),
+                );
             }
         }
-        let pod = ctx.facts.pod;
-        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let sa = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_else(|| "default".into());
-        let seconds = t.expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS);
-        let audiences: Vec<String> = t
-            .audience
-            .iter()
-            .filter(|a| !a.is_empty())
-            .cloned()
-            .collect();
-        let req = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                audiences: (!audiences.is_empty()).then_some(audiences),
-                expiration_seconds: Some(seconds),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: pod.metadata.name.clone(),
-                    uid: pod.metadata.uid.clone(),
-                }),
-                attestations: None,
-            }),
-            ..Default::default()
-        };
-        let api: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), ns);
-        let resp = api
-            .create_token_request(&sa, &PostParams::default(), &req)
-            .await
-            .map_err(|e| format!("TokenRequest for serviceaccount {ns}/{sa}: {e}"))?;
-        let status = resp.status.unwrap_or_default();
-        let token = status.token.ok_or_else(|| {
-            format!("TokenRequest for serviceaccount {ns}/{sa} returned no token")
-        })?;
-        // Renew at 80% of the lifetime the API actually granted.
-        let granted = status
-            .expiration_timestamp
-            .map(|t| {
-                t.0.duration_since(k8s_openapi::jiff::Timestamp::now())
-                    .as_secs()
-            })
-            .unwrap_or(seconds)
-            .max(60) as u64;
-        let refresh_at = Instant::now() + Duration::from_secs(granted * 8 / 10);
-        self.tokens.insert(
-            key,
-            CachedToken {
-                token: token.clone(),
-                refresh_at,
-            },
-        );
-        Ok(token)
+        Ok(files)
     }
 
     /// The host directory (or file) backing a volume, once synced.
@@ -496,6 +441,27 @@ impl Volumes {
         }
         Ok(out)
     }
+}
+
+/// A hostPath volume's path, made first if its type asks for that (`DirectoryOrCreate`,
+/// `FileOrCreate`); one of another type must exist.
+fn prepare_host_path(hp: &HostPathVolumeSource) -> Result<PathBuf, String> {
+    let p = PathBuf::from(&hp.path);
+    match hp.type_.as_deref().unwrap_or("") {
+        "DirectoryOrCreate" => std::fs::create_dir_all(&p)
+            .map_err(|e| format!("creating hostPath {}: {e}", p.display()))?,
+        "FileOrCreate" if !p.exists() => {
+            if let Some(parent) = p.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            std::fs::File::create(&p)
+                .map_err(|e| format!("creating hostPath {}: {e}", p.display()))?;
+        }
+        "" | "FileOrCreate" => {}
+        _ if !p.exists() => return Err(format!("hostPath {} does not exist", p.display())),
+        _ => {}
+    }
+    Ok(p)
 }
 
 async fn fetch_secret(
