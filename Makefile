@@ -33,6 +33,7 @@ test-unit: ## tests that need no cluster (api, agent)
 lint: ## rustfmt check, clippy with warnings as errors, and the shape check (hack/shape-check.py)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 hack/shape_check_test.py
 	python3 hack/shape-check.py
 
 fmt: ## format the code

@@ -104,7 +104,9 @@ def functions(code_lines):
         m = FN_RE.match(line)
         if not m:
             continue
-        depth, started = 0, False
+        # `nest` counts brackets and parentheses of the signature, so the `;` of an array
+        # type (`-> [u8; 32]`) is not taken for the end of a body-less declaration.
+        depth, nest, started = 0, 0, False
         for j in range(idx, len(stripped)):
             for ch in stripped[j]:
                 if ch == "{":
@@ -112,7 +114,11 @@ def functions(code_lines):
                     started = True
                 elif ch == "}":
                     depth -= 1
-                elif ch == ";" and not started and depth == 0:
+                elif ch in "[(" and not started:
+                    nest += 1
+                elif ch in "])" and not started:
+                    nest -= 1
+                elif ch == ";" and not started and depth == 0 and nest == 0:
                     break
             else:
                 if started and depth == 0:
