@@ -36,7 +36,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
-use crate::cluster::ClusterInfo;
+use crate::cluster_info::ClusterInfo;
 use crate::error::{Error, Result};
 use crate::process::{log_tail, Component};
 
@@ -75,7 +75,7 @@ pub fn locate_addons(dir: Option<PathBuf>) -> Result<PathBuf> {
             command: script.display().to_string(),
             detail: e.to_string(),
         })?;
-    crate::cluster::bin_dir_from(&script, out, ADDONS_BIN_ENV)
+    crate::build_scripts::bin_dir_from(&script, out, ADDONS_BIN_ENV)
 }
 
 /// [`locate_addons`] for a caller that may give up on it (`cli-mcp-cluster up` on SIGTERM,
@@ -88,7 +88,7 @@ pub async fn locate_addons_async(dir: Option<PathBuf>) -> Result<PathBuf> {
     let script = crate::workspace::workspace_root().join("hack/build-addons.sh");
     let mut cmd = tokio::process::Command::new("bash");
     cmd.arg(&script).stderr(std::process::Stdio::inherit());
-    crate::cluster::bin_dir_from_cancellable(&script, cmd, ADDONS_BIN_ENV).await
+    crate::build_scripts::bin_dir_from_cancellable(&script, cmd, ADDONS_BIN_ENV).await
 }
 
 /// An IPv4 network `a.b.c.d/len`.
@@ -975,7 +975,7 @@ pub async fn deploy_dns_pod(info: &ClusterInfo, timeout: Duration) -> Result<()>
     .await?;
 
     let slices = Api::<EndpointSlice>::namespaced(client.clone(), "kube-system");
-    let ready = crate::testing::wait_for_set(
+    let ready = crate::wait::wait_for_set(
         slices,
         "kubernetes.io/service-name=kube-dns",
         "a ready CoreDNS pod behind the kube-dns Service",

@@ -10,12 +10,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ServiceAccount};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use nix::fcntl::{Flock, FlockArg};
-use serde::{Deserialize, Serialize};
 
+pub use crate::build_scripts::{
+    locate_control_plane, locate_control_plane_async, CONTROL_PLANE_BIN_ENV,
+};
+pub use crate::cluster_info::{
+    client_from_kubeconfig, ClusterInfo, ENV_FILE, INFO_FILE, KUBECONFIG_ENV,
+};
 use crate::error::{Error, Result};
 use crate::net::{self, PodNetwork};
 use crate::node::{NodeBins, NodeKind, NodeParams, NodeStart, RealNode};
@@ -23,10 +27,6 @@ use crate::pki::{self, Pki};
 use crate::process::Component;
 use crate::project_images::{self, ProjectImages};
 
-/// Name of the cluster description written into the run directory once the cluster is ready.
-pub const INFO_FILE: &str = "cluster.json";
-/// Shell-sourceable environment file written next to it.
-pub const ENV_FILE: &str = "cluster.env";
 /// Name of the kubeconfig in the run directory.
 pub const KUBECONFIG_FILE: &str = "kubeconfig";
 /// The apiserver's `--authentication-config` in the run dir: no JWT issuer at start. A test
@@ -36,10 +36,6 @@ pub const AUTHENTICATION_CONFIG_FILE: &str = "authentication-config.yaml";
 /// The initial content of [`AUTHENTICATION_CONFIG_FILE`].
 pub const EMPTY_AUTHENTICATION_CONFIG: &str =
     "apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\njwt: []\n";
-/// Environment variable naming the kubeconfig of an already running cluster to share.
-pub const KUBECONFIG_ENV: &str = "CLI_MCP_KUBECONFIG";
-/// Environment variable naming a directory with prebuilt control-plane binaries.
-pub const CONTROL_PLANE_BIN_ENV: &str = "CLI_MCP_CONTROL_PLANE_BIN";
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -123,187 +119,6 @@ pub fn default_images(bin_dir: &Path) -> BTreeMap<String, PathBuf> {
     images.insert("cli-mcp-sandbox:*".into(), bin_dir.join("cli-mcp-agent"));
     images.insert("cli-mcp-shell:*".into(), PathBuf::from("/bin/sh"));
     images
-}
-
-/// The directory with etcd and the kube-* binaries: `dir` if given, else
-/// `$CLI_MCP_CONTROL_PLANE_BIN`, else the last line `hack/build-control-plane.sh` prints
-/// (it returns at once when its cache has them; a cold build takes many minutes).
-pub fn locate_control_plane(dir: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(dir) = dir.or_else(|| std::env::var_os(CONTROL_PLANE_BIN_ENV).map(PathBuf::from)) {
-        return Ok(dir);
-    }
-    let script = build_script();
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| Error::Command {
-            command: script.display().to_string(),
-            detail: e.to_string(),
-        })?;
-    bin_dir_from(&script, out, CONTROL_PLANE_BIN_ENV)
-}
-
-/// [`locate_control_plane`] for a caller that may give up on it (`cli-mcp-cluster up` on
-/// SIGTERM): the script runs in a process group of its own, and dropping the future
-/// terminates that group, a control-plane build in progress (`go build`) included.
-pub async fn locate_control_plane_async(dir: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(dir) = dir.or_else(|| std::env::var_os(CONTROL_PLANE_BIN_ENV).map(PathBuf::from)) {
-        return Ok(dir);
-    }
-    let script = build_script();
-    let mut cmd = tokio::process::Command::new("bash");
-    cmd.arg(&script).stderr(std::process::Stdio::inherit());
-    bin_dir_from_cancellable(&script, cmd, CONTROL_PLANE_BIN_ENV).await
-}
-
-fn build_script() -> PathBuf {
-    crate::workspace::workspace_root().join("hack/build-control-plane.sh")
-}
-
-/// Runs build script `script` (as `cmd`) for a caller that may give up on it: the script
-/// runs in a process group of its own, and dropping the future terminates that group (with
-/// SIGTERM, so the script's EXIT trap removes its unfinished build directory). Returns
-/// [`bin_dir_from`] its result.
-pub(crate) async fn bin_dir_from_cancellable(
-    script: &Path,
-    mut cmd: tokio::process::Command,
-    env: &str,
-) -> Result<PathBuf> {
-    let spawn_error = |e: std::io::Error| Error::Command {
-        command: script.display().to_string(),
-        detail: e.to_string(),
-    };
-    let child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(spawn_error)?;
-    /// Terminates the script's process group unless it finished.
-    struct Group(Option<u32>);
-    impl Drop for Group {
-        fn drop(&mut self) {
-            if let Some(pid) = self.0 {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-        }
-    }
-    let mut group = Group(child.id());
-    let out = child.wait_with_output().await.map_err(spawn_error)?;
-    group.0 = None;
-    bin_dir_from(script, out, env)
-}
-
-/// The bin dir from a build script's result: its last non-empty stdout line. `env` is the
-/// variable that can point at a bin dir instead (named in the error).
-pub(crate) fn bin_dir_from(script: &Path, out: std::process::Output, env: &str) -> Result<PathBuf> {
-    if !out.status.success() {
-        return Err(Error::Prerequisite(format!(
-            "{} failed ({}); fix the build or point ${env} at a bin dir",
-            script.display(),
-            out.status
-        )));
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .ok_or_else(|| Error::Prerequisite(format!("{} printed no bin dir", script.display())))?;
-    Ok(PathBuf::from(last.trim()))
-}
-
-/// Where everything of a running cluster is; written to `cluster.json` in the run dir.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClusterInfo {
-    pub run_dir: PathBuf,
-    pub kubeconfig: PathBuf,
-    /// `https://<host>:<port>`
-    pub apiserver: String,
-    /// Pod-reachable host address the apiserver listens on (also used by host clients).
-    pub apiserver_host: Ipv4Addr,
-    pub apiserver_port: u16,
-    pub node_name: String,
-    pub pod_cidr: String,
-    pub kubelet_state_dir: PathBuf,
-    pub image_map: PathBuf,
-    pub log_dir: PathBuf,
-    /// Pid of the process that owns the cluster.
-    pub pid: u32,
-    /// Which node runs the pods.
-    #[serde(default)]
-    pub node: NodeKind,
-    /// The real node's containerd socket (`ctr --address`; import images with
-    /// [`crate::node::import_image`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub containerd_socket: Option<PathBuf>,
-}
-
-impl ClusterInfo {
-    /// Read `cluster.json` from a run dir.
-    pub fn load(run_dir: &Path) -> Result<ClusterInfo> {
-        let path = run_dir.join(INFO_FILE);
-        let text = fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
-        serde_json::from_str(&text).map_err(|e| Error::Parse {
-            path,
-            detail: e.to_string(),
-        })
-    }
-
-    /// A client for the admin identity.
-    pub async fn client(&self) -> Result<Client> {
-        client_from_kubeconfig(&self.kubeconfig).await
-    }
-
-    /// Path of a container's log file as the kubelet writes it.
-    pub fn container_log_path(
-        &self,
-        namespace: &str,
-        pod: &str,
-        uid: &str,
-        container: &str,
-    ) -> PathBuf {
-        self.kubelet_state_dir
-            .join("pods")
-            .join(format!("{namespace}_{pod}_{uid}"))
-            .join(format!("{container}.log"))
-    }
-
-    /// `KEY=value` lines describing the cluster (for `source`-ing and for child processes).
-    pub fn env_vars(&self) -> Vec<(String, String)> {
-        let p = |p: &Path| p.display().to_string();
-        vec![
-            (KUBECONFIG_ENV.into(), p(&self.kubeconfig)),
-            ("KUBECONFIG".into(), p(&self.kubeconfig)),
-            ("CLI_MCP_APISERVER".into(), self.apiserver.clone()),
-            ("CLI_MCP_NODE_NAME".into(), self.node_name.clone()),
-            ("CLI_MCP_POD_CIDR".into(), self.pod_cidr.clone()),
-            (
-                "CLI_MCP_KUBELET_STATE_DIR".into(),
-                p(&self.kubelet_state_dir),
-            ),
-            ("CLI_MCP_RUN_DIR".into(), p(&self.run_dir)),
-            (
-                crate::node::NODE_ENV.into(),
-                match self.node {
-                    NodeKind::Process => "process".into(),
-                    NodeKind::Real => "real".into(),
-                },
-            ),
-        ]
-    }
-}
-
-/// A kube client for the identity in a kubeconfig file.
-pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
-    let kc = Kubeconfig::read_from(path)?;
-    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    config.connect_timeout = Some(Duration::from_secs(5));
-    Ok(Client::try_from(config)?)
 }
 
 /// A running local cluster. Dropping it tears everything down.
