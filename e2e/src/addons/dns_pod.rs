@@ -68,128 +68,148 @@ pub struct DnsPodObjects {
 /// sees the node's resolv.conf, so nothing of the host's resolver configuration is used.
 pub fn dns_pod_objects(domain: &str) -> Result<DnsPodObjects> {
     let (lk, lv) = DNS_POD_LABEL;
-    let ns = "kube-system";
-    let name = DNS_POD_NAME;
     fn parse<T: serde::de::DeserializeOwned>(what: &str, v: serde_json::Value) -> Result<T> {
         serde_json::from_value(v)
             .map_err(|e| Error::Other(format!("the DNS pod's {what} does not parse: {e}")))
     }
     let labels = serde_json::json!({lk: lv, "kubernetes.io/name": "CoreDNS"});
     Ok(DnsPodObjects {
-        service_account: parse(
-            "ServiceAccount",
-            serde_json::json!({
-                "apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": name, "namespace": ns, "labels": labels},
-            }),
-        )?,
-        cluster_role: parse(
-            "ClusterRole",
-            serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": "system:coredns", "labels": labels},
-                "rules": [
-                    {"apiGroups": [""], "resources": ["services", "namespaces"],
-                     "verbs": ["list", "watch"]},
-                    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                     "verbs": ["list", "watch"]},
-                ],
-            }),
-        )?,
-        cluster_role_binding: parse(
-            "ClusterRoleBinding",
-            serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": "system:coredns", "labels": labels},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "system:coredns"},
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
-            }),
-        )?,
-        config_map: parse(
-            "ConfigMap",
-            serde_json::json!({
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": ns, "labels": labels},
-                "data": {"Corefile": pod_corefile(domain)},
-            }),
-        )?,
-        deployment: parse(
-            "Deployment",
-            serde_json::json!({
-                "apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": name, "namespace": ns, "labels": labels},
+        service_account: parse("ServiceAccount", service_account_json(&labels))?,
+        cluster_role: parse("ClusterRole", cluster_role_json(&labels))?,
+        cluster_role_binding: parse("ClusterRoleBinding", cluster_role_binding_json(&labels))?,
+        config_map: parse("ConfigMap", config_map_json(&labels, domain))?,
+        deployment: parse("Deployment", deployment_json(&labels))?,
+        service: parse("Service", service_json(&labels))?,
+    })
+}
+
+/// The namespace of the DNS pod and its objects.
+const NAMESPACE: &str = "kube-system";
+
+/// The ServiceAccount CoreDNS reads the API as.
+fn service_account_json(labels: &serde_json::Value) -> serde_json::Value {
+    let (ns, name) = (NAMESPACE, DNS_POD_NAME);
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+    })
+}
+
+/// What CoreDNS may read: Services, namespaces and EndpointSlices (no pods: `pods disabled`).
+fn cluster_role_json(labels: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "system:coredns", "labels": labels},
+        "rules": [
+            {"apiGroups": [""], "resources": ["services", "namespaces"],
+             "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+             "verbs": ["list", "watch"]},
+        ],
+    })
+}
+
+/// Binds [`cluster_role_json`] to the DNS pod's ServiceAccount.
+fn cluster_role_binding_json(labels: &serde_json::Value) -> serde_json::Value {
+    let (ns, name) = (NAMESPACE, DNS_POD_NAME);
+    serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "system:coredns", "labels": labels},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "system:coredns"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+    })
+}
+
+/// The Corefile ([`pod_corefile`]).
+fn config_map_json(labels: &serde_json::Value, domain: &str) -> serde_json::Value {
+    let (ns, name) = (NAMESPACE, DNS_POD_NAME);
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "data": {"Corefile": pod_corefile(domain)},
+    })
+}
+
+/// One CoreDNS replica under the `restricted` Pod Security Standard (see [`dns_pod_objects`]), probed on its `health` and `ready` ports.
+fn deployment_json(labels: &serde_json::Value) -> serde_json::Value {
+    let (lk, lv) = DNS_POD_LABEL;
+    let (ns, name) = (NAMESPACE, DNS_POD_NAME);
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {lk: lv}},
+            "template": {
+                "metadata": {"labels": labels},
                 "spec": {
-                    "replicas": 1,
-                    "selector": {"matchLabels": {lk: lv}},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "serviceAccountName": name,
-                            "priorityClassName": "system-cluster-critical",
-                            "dnsPolicy": "None",
-                            "dnsConfig": {"nameservers": ["127.0.0.1"]},
-                            "enableServiceLinks": false,
-                            "terminationGracePeriodSeconds": 5,
-                            "securityContext": {
-                                "runAsNonRoot": true,
-                                "runAsUser": DNS_POD_UID,
-                                "runAsGroup": DNS_POD_UID,
-                                "seccompProfile": {"type": "RuntimeDefault"},
-                                "sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
-                                             "value": "53"}],
-                            },
-                            "containers": [{
-                                "name": "coredns",
-                                "image": DNS_POD_IMAGE,
-                                "imagePullPolicy": "Never",
-                                "args": ["-conf", "/etc/coredns/Corefile"],
-                                "ports": [
-                                    {"name": "dns", "containerPort": 53, "protocol": "UDP"},
-                                    {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
-                                ],
-                                "resources": {
-                                    "requests": {"cpu": "10m", "memory": "32Mi"},
-                                    "limits": {"memory": "128Mi"},
-                                },
-                                "volumeMounts": [{"name": "config", "mountPath": "/etc/coredns",
-                                                  "readOnly": true}],
-                                "livenessProbe": {
-                                    "httpGet": {"path": "/health", "port": DNS_POD_HEALTH_PORT},
-                                    "periodSeconds": 10, "failureThreshold": 5,
-                                },
-                                "readinessProbe": {
-                                    "httpGet": {"path": "/ready", "port": DNS_POD_READY_PORT},
-                                    "periodSeconds": 1,
-                                },
-                                "securityContext": {
-                                    "allowPrivilegeEscalation": false,
-                                    "readOnlyRootFilesystem": true,
-                                    "runAsNonRoot": true,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                            }],
-                            "volumes": [{"name": "config", "configMap": {"name": name}}],
-                        },
+                    "serviceAccountName": name,
+                    "priorityClassName": "system-cluster-critical",
+                    "dnsPolicy": "None",
+                    "dnsConfig": {"nameservers": ["127.0.0.1"]},
+                    "enableServiceLinks": false,
+                    "terminationGracePeriodSeconds": 5,
+                    "securityContext": {
+                        "runAsNonRoot": true,
+                        "runAsUser": DNS_POD_UID,
+                        "runAsGroup": DNS_POD_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                        "sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
+                                     "value": "53"}],
                     },
+                    "containers": [{
+                        "name": "coredns",
+                        "image": DNS_POD_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "args": ["-conf", "/etc/coredns/Corefile"],
+                        "ports": [
+                            {"name": "dns", "containerPort": 53, "protocol": "UDP"},
+                            {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
+                        ],
+                        "resources": {
+                            "requests": {"cpu": "10m", "memory": "32Mi"},
+                            "limits": {"memory": "128Mi"},
+                        },
+                        "volumeMounts": [{"name": "config", "mountPath": "/etc/coredns",
+                                          "readOnly": true}],
+                        "livenessProbe": {
+                            "httpGet": {"path": "/health", "port": DNS_POD_HEALTH_PORT},
+                            "periodSeconds": 10, "failureThreshold": 5,
+                        },
+                        "readinessProbe": {
+                            "httpGet": {"path": "/ready", "port": DNS_POD_READY_PORT},
+                            "periodSeconds": 1,
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "runAsNonRoot": true,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }],
+                    "volumes": [{"name": "config", "configMap": {"name": name}}],
                 },
-            }),
-        )?,
-        service: parse(
-            "Service",
-            serde_json::json!({
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "kube-dns", "namespace": ns, "labels": labels},
-                "spec": {
-                    "clusterIP": DNS_SERVICE_IP.to_string(),
-                    "selector": {lk: lv},
-                    "ports": [
-                        {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"},
-                        {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": "dns-tcp"},
-                    ],
-                },
-            }),
-        )?,
+            },
+        },
+    })
+}
+
+/// The `kube-dns` Service at [`DNS_SERVICE_IP`], selecting the DNS pods.
+fn service_json(labels: &serde_json::Value) -> serde_json::Value {
+    let (lk, lv) = DNS_POD_LABEL;
+    let ns = NAMESPACE;
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kube-dns", "namespace": ns, "labels": labels},
+        "spec": {
+            "clusterIP": DNS_SERVICE_IP.to_string(),
+            "selector": {lk: lv},
+            "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": "dns-tcp"},
+            ],
+        },
     })
 }
 
