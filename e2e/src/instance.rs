@@ -20,16 +20,12 @@ use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::testing::{wait_for, wait_gone, TestNamespace};
+// The image names the tests' instances use; they live with the names the real node tags
+// its imported images under.
+pub use crate::project_images::{PROXY_IMAGE, SANDBOX_IMAGE, SERVER_IMAGE};
+use crate::testing::TestNamespace;
+use crate::wait::{wait_for, wait_gone};
 
-/// The server image the tests' operators put in instances (`RELATED_IMAGE_SERVER`); the
-/// local cluster maps `cli-mcp-server:*` to the built binary.
-pub const SERVER_IMAGE: &str = "cli-mcp-server:dev";
-/// The sandbox image (`RELATED_IMAGE_SANDBOX`); `cli-mcp-agent:*` maps to the built agent.
-pub const SANDBOX_IMAGE: &str = "cli-mcp-agent:dev";
-/// The credential proxy image (`RELATED_IMAGE_PROXY`); `cli-mcp-proxy:*` maps to the built
-/// proxy. Every instance runs a proxy.
-pub const PROXY_IMAGE: &str = "cli-mcp-proxy:dev";
 /// The kubeconfig the proxy of an instance whose sandboxes never call the API holds: valid
 /// (a token user, an https server), as the proxy refuses anything else, but its token
 /// opens nothing.

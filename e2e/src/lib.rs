@@ -8,7 +8,10 @@
 //!   process kubelet.
 //! - [`registry`]: the real node's loopback image mirror (pulls served from its containerd).
 //! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
-//! - [`testing`]: one shared cluster per test run, namespaces per test, watch-based waits.
+//! - [`cluster_info`]: where everything of a running cluster is (`cluster.json`).
+//! - [`build_scripts`]: the bin dirs the `hack/build-*.sh` scripts print (the control plane).
+//! - [`testing`]: one shared cluster per test run, namespaces per test.
+//! - [`wait`]: watch-based waits with deadlines.
 //! - [`journey`]: the operator installed as a user would, instances, an MCP client over TLS.
 //! - [`instance`]: `CliMcpInstance`s for tests: the object, its conditions and waits, its
 //!   Secrets, claiming its pool pods.
@@ -19,8 +22,10 @@
 //!   `hack/build-images.sh`, imported into the real node under the names pods use.
 
 pub mod addons;
+pub mod build_scripts;
 pub mod child;
 pub mod cluster;
+pub mod cluster_info;
 pub mod error;
 pub mod http;
 pub mod instance;
@@ -37,6 +42,7 @@ pub mod project_images;
 pub mod real_node_rig;
 pub mod registry;
 pub mod testing;
+pub mod wait;
 pub mod workspace;
 
 pub use cluster::{Cluster, ClusterConfig, ClusterInfo};

@@ -8,8 +8,8 @@
 //! gives the operator `RELATED_IMAGE_SERVER=cli-mcp-server:<version>`,
 //! `RELATED_IMAGE_SANDBOX=cli-mcp-sandbox:<version>` and `RELATED_IMAGE_PROXY=
 //! cli-mcp-proxy:<version>`; the journeys' overlay ([`crate::journey::operator_overlay`])
-//! uses `cli-mcp-operator:e2e`, [`crate::instance::SERVER_IMAGE`] and
-//! [`crate::instance::SANDBOX_IMAGE`]. containerd's CRI normalises a short name the way
+//! uses `cli-mcp-operator:e2e`, [`SERVER_IMAGE`] and
+//! [`SANDBOX_IMAGE`]. containerd's CRI normalises a short name the way
 //! Docker does (`cli-mcp-server:dev` is `docker.io/library/cli-mcp-server:dev`), so the
 //! images are tagged under the normalised names ([`normalize`]).
 
@@ -22,6 +22,15 @@ use crate::workspace::workspace_root;
 /// Environment variable naming a directory of already built archives (the last line of
 /// `hack/build-images.sh`), to skip the build.
 pub const IMAGES_DIR_ENV: &str = "CLI_MCP_IMAGES_DIR";
+
+/// The server image the tests' operators put in instances (`RELATED_IMAGE_SERVER`); the
+/// local cluster maps `cli-mcp-server:*` to the built binary.
+pub const SERVER_IMAGE: &str = "cli-mcp-server:dev";
+/// The sandbox image (`RELATED_IMAGE_SANDBOX`); `cli-mcp-agent:*` maps to the built agent.
+pub const SANDBOX_IMAGE: &str = "cli-mcp-agent:dev";
+/// The credential proxy image (`RELATED_IMAGE_PROXY`); `cli-mcp-proxy:*` maps to the built
+/// proxy. Every instance runs a proxy.
+pub const PROXY_IMAGE: &str = "cli-mcp-proxy:dev";
 
 /// Which image each name the kubelet may be asked for is: (image, names). The packaged
 /// manifests pin the workspace version, which is this crate's.
@@ -37,14 +46,14 @@ pub const ALIASES: &[(&str, &[&str])] = &[
         "server",
         &[
             concat!("cli-mcp-server:", env!("CARGO_PKG_VERSION")),
-            crate::instance::SERVER_IMAGE,
+            SERVER_IMAGE,
         ],
     ),
     (
         "sandbox",
         &[
             concat!("cli-mcp-sandbox:", env!("CARGO_PKG_VERSION")),
-            crate::instance::SANDBOX_IMAGE,
+            SANDBOX_IMAGE,
         ],
     ),
     (
@@ -181,7 +190,7 @@ pub fn build(bin_dir: &Path) -> Result<ProjectImages> {
         command: script.display().to_string(),
         detail: e.to_string(),
     })?;
-    let dir = crate::cluster::bin_dir_from(&script, out, IMAGES_DIR_ENV)?;
+    let dir = crate::build_scripts::bin_dir_from(&script, out, IMAGES_DIR_ENV)?;
     ProjectImages::load(&dir)
 }
 
@@ -194,7 +203,7 @@ pub async fn build_async(bin_dir: &Path) -> Result<ProjectImages> {
     }
     let (script, cmd) = build_command(bin_dir)?;
     let cmd = tokio::process::Command::from(cmd);
-    let dir = crate::cluster::bin_dir_from_cancellable(&script, cmd, IMAGES_DIR_ENV).await?;
+    let dir = crate::build_scripts::bin_dir_from_cancellable(&script, cmd, IMAGES_DIR_ENV).await?;
     ProjectImages::load(&dir)
 }
 
@@ -216,7 +225,7 @@ fn build_command(bin_dir: &Path) -> Result<(PathBuf, Command)> {
         // The script's progress goes to our stderr: a cold build is slow and says why.
         .stderr(Stdio::inherit());
     // The control plane found elsewhere (`$CLI_MCP_CONTROL_PLANE_BIN`) has the kubectl to use.
-    if let Some(cp) = std::env::var_os(crate::cluster::CONTROL_PLANE_BIN_ENV) {
+    if let Some(cp) = std::env::var_os(crate::build_scripts::CONTROL_PLANE_BIN_ENV) {
         let kubectl = Path::new(&cp).join("kubectl");
         if kubectl.is_file() && std::env::var_os("KUBECTL").is_none() {
             cmd.env("KUBECTL", kubectl);

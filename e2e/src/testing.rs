@@ -1,5 +1,5 @@
 //! Helpers for end-to-end tests: one shared cluster per test run, a namespace per test,
-//! and watch-based waits with deadlines.
+//! and the watch-based waits with deadlines of [`crate::wait`].
 //!
 //! **Sharing a cluster.** [`cluster`] returns the cluster of this test run:
 //! - If `$CLI_MCP_KUBECONFIG` is set (what `make test` does through
@@ -14,29 +14,24 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
-use cli_mcp_api::pod_state::is_ready;
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use kube::runtime::wait::{await_condition, Condition};
-use kube::runtime::watcher::{self, watcher};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use nix::sys::signal::Signal;
-use serde::de::DeserializeOwned;
 
 use crate::cluster::{
     client_from_kubeconfig, Cluster, ClusterConfig, ClusterInfo, INFO_FILE, KUBECONFIG_ENV,
 };
 use crate::error::{Error, Result};
 use crate::process::{isolate, log_tail};
+pub use crate::wait::{
+    wait_deployment_ready, wait_for, wait_for_set, wait_gone, wait_restarted, AfterRestart, TIMEOUT,
+};
 pub use crate::workspace::workspace_root;
 
 /// Environment variable overriding where the `cli-mcp-cluster` binary is.
@@ -44,9 +39,6 @@ pub const CLUSTER_BIN_ENV: &str = "CLI_MCP_CLUSTER_BIN";
 /// Prefix of the line `cli-mcp-cluster up` prints on stdout once the cluster is ready,
 /// followed by the path of `cluster.json`.
 pub const READY_PREFIX: &str = "CLI_MCP_READY ";
-
-/// Default deadline for e2e waits.
-pub const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// How long a private cluster with a real node waits for the host's real node: every
 /// real-node suite of `make test` in turn (together about 8 minutes), with room to spare.
@@ -401,169 +393,6 @@ impl TestNamespace {
             .await?;
         Ok(())
     }
-}
-
-/// Watch one object until `cond` holds, at most `timeout`. Returns the object (`None` if
-/// the condition was met by its absence).
-pub async fn wait_for<K>(
-    api: Api<K>,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    cond: impl Condition<K>,
-) -> Result<Option<K>>
-where
-    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
-{
-    match tokio::time::timeout(timeout, await_condition(api, name, cond)).await {
-        Ok(Ok(obj)) => Ok(obj),
-        Ok(Err(source)) => Err(Error::Watch {
-            what: what.to_string(),
-            source,
-        }),
-        Err(_) => Err(Error::Timeout {
-            what: what.to_string(),
-            elapsed: timeout,
-        }),
-    }
-}
-
-/// Watch one object until it is gone, at most `timeout`.
-pub async fn wait_gone<K>(api: Api<K>, name: &str, what: &str, timeout: Duration) -> Result<()>
-where
-    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
-{
-    wait_for(api, name, what, timeout, |o: Option<&K>| o.is_none())
-        .await
-        .map(|_| ())
-}
-
-/// Watch a Deployment until at least one of its replicas is ready, at most `timeout`.
-pub async fn wait_deployment_ready(
-    api: Api<Deployment>,
-    name: &str,
-    timeout: Duration,
-) -> Result<()> {
-    wait_for(
-        api,
-        name,
-        &format!("Deployment {name} available"),
-        timeout,
-        |d: Option<&Deployment>| {
-            d.and_then(|d| d.status.as_ref())
-                .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= 1)
-        },
-    )
-    .await
-    .map(|_| ())
-}
-
-/// Watch the objects matching `label_selector` until `pred` holds for the whole set, at
-/// most `timeout`. Returns the set at that moment.
-pub async fn wait_for_set<K>(
-    api: Api<K>,
-    label_selector: &str,
-    what: &str,
-    timeout: Duration,
-    pred: impl Fn(&[K]) -> bool,
-) -> Result<Vec<K>>
-where
-    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
-{
-    let wait = async {
-        let mut objects: BTreeMap<String, K> = BTreeMap::new();
-        let mut init: BTreeMap<String, K> = BTreeMap::new();
-        let mut initialised = false;
-        let stream =
-            watcher(api, watcher::Config::default().labels(label_selector)).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            let key = |o: &K| o.uid().unwrap_or_else(|| o.name_any());
-            match event {
-                Ok(watcher::Event::Init) => init.clear(),
-                Ok(watcher::Event::InitApply(o)) => {
-                    init.insert(key(&o), o);
-                }
-                Ok(watcher::Event::InitDone) => {
-                    objects = std::mem::take(&mut init);
-                    initialised = true;
-                }
-                Ok(watcher::Event::Apply(o)) => {
-                    objects.insert(key(&o), o);
-                }
-                Ok(watcher::Event::Delete(o)) => {
-                    objects.remove(&key(&o));
-                }
-                Err(e) => {
-                    tracing::debug!("watch error while waiting for {what}: {e}");
-                    continue;
-                }
-            }
-            if initialised {
-                let set: Vec<K> = objects.values().cloned().collect();
-                if pred(&set) {
-                    return Some(set);
-                }
-            }
-        }
-        None
-    };
-    match tokio::time::timeout(timeout, wait).await {
-        Ok(Some(set)) => Ok(set),
-        Ok(None) => Err(Error::Other(format!(
-            "watch ended while waiting for {what}"
-        ))),
-        Err(_) => Err(Error::Timeout {
-            what: what.to_string(),
-            elapsed: timeout,
-        }),
-    }
-}
-
-/// What a restarted container is waiting for in [`wait_restarted`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterRestart {
-    /// Running again: the pod `Ready` and the container ready.
-    Ready,
-    /// Waiting to be started again: state `waiting`, reason `CrashLoopBackOff`.
-    BackingOff,
-}
-
-/// Watch pod `name` until its (first) container's `restartCount` is in `restarts` (`1..`:
-/// at least once; `1..=1`: exactly once) and it is as `then` says, at most [`TIMEOUT`].
-/// Returns the pod then.
-pub async fn wait_restarted(
-    api: Api<Pod>,
-    name: &str,
-    restarts: impl RangeBounds<i32> + Debug,
-    then: AfterRestart,
-) -> Result<Pod> {
-    let what = format!("pod {name}: container restarted {restarts:?} times, then {then:?}");
-    let cond = |p: Option<&Pod>| {
-        let Some(p) = p else { return false };
-        let Some(c) = p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.first())
-        else {
-            return false;
-        };
-        restarts.contains(&c.restart_count)
-            && match then {
-                AfterRestart::Ready => is_ready(p) && c.ready,
-                AfterRestart::BackingOff => {
-                    c.state
-                        .as_ref()
-                        .and_then(|s| s.waiting.as_ref())
-                        .and_then(|w| w.reason.as_deref())
-                        == Some("CrashLoopBackOff")
-                }
-            }
-    };
-    wait_for(api, name, &what, TIMEOUT, cond)
-        .await?
-        .ok_or_else(|| Error::Other(format!("pod {name} is gone while waiting for {what}")))
 }
 
 /// The pod's IP, once it has one.
