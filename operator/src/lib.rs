@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api_call;
 pub mod apply;
 pub mod children;
 pub mod cli;

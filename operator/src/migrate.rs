@@ -21,9 +21,6 @@
 //! ConfigMap and one LIST of the instance's sandbox pods, then never again for that instance
 //! in this process.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
-
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{DeleteParams, ListParams};
@@ -33,37 +30,14 @@ use kube::{Api, ResourceExt};
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{label, InstanceName};
 
+use crate::api_call::is_status;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pool::is_status;
 
 /// The name the Go operator gave every sandbox pod, of any instance.
 pub const GO_SANDBOX_PREFIX: &str = "cli-mcp-sandbox-";
 /// The Go operator's kube-rbac-proxy sidecar ConfigMap suffix.
 pub const GO_KRP_SUFFIX: &str = "-krp";
-
-/// Instance UIDs already checked by this process.
-#[derive(Default)]
-pub struct Migrated(Mutex<HashSet<String>>);
-
-impl Migrated {
-    fn done(&self, uid: &str) -> bool {
-        self.0.lock().is_ok_and(|s| s.contains(uid))
-    }
-
-    fn mark(&self, uid: &str) {
-        if let Ok(mut s) = self.0.lock() {
-            s.insert(uid.to_string());
-        }
-    }
-
-    /// The instance `uid` is gone (its teardown is complete).
-    pub fn forget(&self, uid: &str) {
-        if let Ok(mut s) = self.0.lock() {
-            s.remove(uid);
-        }
-    }
-}
 
 /// Whether `d` is not the Deployment this operator makes: a container it does not make (the
 /// Go operator's `kube-rbac-proxy` sidecar). `ours` names the operator's containers.
@@ -92,7 +66,7 @@ pub async fn go_leftovers(
     ns: &str,
 ) -> Result<()> {
     let uid = cr.uid().unwrap_or_default();
-    if ctx.migrated.done(&uid) {
+    if ctx.migrated.contains(&uid) {
         return Ok(());
     }
     let mut removed = Vec::new();
@@ -147,7 +121,7 @@ pub async fn go_leftovers(
         ctx.publish(cr, EventType::Normal, "MigratedFromGoOperator", note)
             .await;
     }
-    ctx.migrated.mark(&uid);
+    ctx.migrated.insert(&uid);
     Ok(())
 }
 
@@ -159,7 +133,7 @@ where
 {
     let dp = DeleteParams {
         propagation_policy: DeleteParams::background().propagation_policy,
-        ..crate::apply::delete_exactly(obj, false)
+        ..crate::api_call::delete_exactly(obj, false)
     };
     match api.delete(&obj.name_any(), &dp).await {
         Ok(_) => Ok(()),

@@ -18,10 +18,10 @@ use cli_mcp_api::names::label;
 use cli_mcp_api::sandbox::KUBECONFIG_KEY;
 use cli_mcp_api::token::HmacKey;
 
+use crate::api_call::is_status;
 use crate::children::{expose, proxy, secrets, ApiServerPeers, Inputs, ProxyInputs, Spec};
 use crate::context::{cached, Context};
 use crate::error::Result;
-use crate::pool::is_status;
 
 /// How long the API server addresses are cached.
 const API_PEERS_TTL: Duration = Duration::from_secs(300);
@@ -202,7 +202,7 @@ async fn own_secret(ctx: &Context, cr: &CliMcpInstance, ns: &str, name: &str) ->
     };
     let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     if s.metadata.deletion_timestamp.is_none() {
-        let dp = crate::apply::delete_exactly(&s, false);
+        let dp = crate::api_call::delete_exactly(&s, false);
         match api.delete(name, &dp).await {
             Ok(_) => {
                 ctx.metrics.api_write("Secret", "delete");

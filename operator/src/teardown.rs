@@ -21,9 +21,9 @@ use kube::{Api, Resource, ResourceExt};
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{label, FIELD_MANAGER};
 
+use crate::api_call::is_status;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pool::is_status;
 
 /// True once the teardown has run longer than allowed: remaining pods are left to the
 /// garbage collector (they carry owner references) rather than blocking deletion forever.

@@ -22,8 +22,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 
 use cli_mcp_api::names::label;
 
-use crate::apply::Applicable;
-
 pub use inputs::{ApiServerPeers, Inputs, ProxyInputs, Spec};
 
 /// Pod-template annotation carrying a hash of the HMAC key: a new key rolls the server.
@@ -64,48 +62,6 @@ pub struct Desired {
     pub proxy: Option<proxy::ProxyChildren>,
     /// The Ingress, HTTPRoute or Route of `spec.server.expose`.
     pub expose: Option<expose::Exposed>,
-}
-
-impl Desired {
-    /// The children in apply order: the Deployment last, so its pods find their
-    /// ServiceAccount, permissions and Secrets in place.
-    pub fn children(&self) -> Vec<&dyn Applicable> {
-        let mut out: Vec<&dyn Applicable> = vec![
-            &self.server_service_account,
-            &self.sandbox_service_account,
-            &self.server_role,
-            &self.server_role_binding,
-            &self.auth_delegator_binding,
-            &self.client_service_account,
-            &self.client_role,
-            &self.client_role_binding,
-            &self.service,
-            &self.network_policy,
-        ];
-        if let Some(cm) = &self.service_ca_config_map {
-            out.push(cm);
-        }
-        if let Some(cm) = &self.ca_config_map {
-            out.push(cm);
-        }
-        // Before the server: a sandbox it creates finds its proxy in place.
-        if let Some(p) = &self.proxy {
-            out.push(&p.service_account);
-            out.push(&p.config_map);
-            out.push(&p.service);
-            out.push(&p.network_policy);
-            out.push(&p.pod_disruption_budget);
-            out.push(&p.deployment);
-        }
-        match &self.expose {
-            Some(expose::Exposed::Ingress(i)) => out.push(i),
-            Some(expose::Exposed::HttpRoute(r)) => out.push(r),
-            Some(expose::Exposed::Route(r)) => out.push(r),
-            None => {}
-        }
-        out.push(&self.deployment);
-        out
-    }
 }
 
 /// The whole desired set of one instance. Pure.

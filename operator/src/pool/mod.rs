@@ -29,6 +29,7 @@ use cli_mcp_api::sandbox::SandboxConfig;
 use cli_mcp_api::seal;
 use cli_mcp_api::token::HmacKey;
 
+use crate::api_call::{delete_exactly, is_status};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::sandbox_pod::SandboxPod;
@@ -148,7 +149,7 @@ pub async fn delete_unclaimed(
     if spare_sealed.is_some_and(|key| seal::sealed(&fresh, key)) {
         return Ok(None);
     }
-    let dp = crate::apply::delete_exactly(&fresh, true);
+    let dp = delete_exactly(&fresh, true);
     match api.delete(&fresh.name_any(), &dp).await {
         Ok(_) => Ok(fresh.uid()),
         // 409: it changed (claimed) since the read; 404: gone. Either way: keep hands off.
@@ -167,10 +168,6 @@ fn admission_refusal(e: &kube::Error) -> Option<String> {
         }
         _ => None,
     }
-}
-
-pub fn is_status(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 #[cfg(test)]

@@ -19,10 +19,11 @@ use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 
 use super::{
-    admission_refusal, delete_unclaimed, instance_pods, is_status, observe, plan, sandbox_failure,
+    admission_refusal, delete_unclaimed, instance_pods, observe, plan, sandbox_failure,
     seal_created, DeleteReason, FailingPod, Plan, PlanInputs, PoolOutcome, EXPECTATION_TTL,
     FAILED_SANDBOX_REASON, MAX_SANDBOX_EVENT_READS, SANDBOX_RECHECK,
 };
+use crate::api_call::is_status;
 use crate::context::Context;
 use crate::error::Error;
 use crate::sandbox_pod::SandboxPod;
