@@ -22,7 +22,7 @@ use cli_mcp_api::names::FIELD_MANAGER;
 use crate::children::expose::{Exposed, HttpRoute, Route};
 use crate::children::Desired;
 use crate::context::{Context, Stores};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Cache key of an object: `Kind/namespace/name`.
 pub fn cache_key<K: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &str) -> String {
@@ -57,7 +57,11 @@ pub async fn apply<K: Child>(
 ) -> Result<bool> {
     let name = desired.name_any();
     let ns = desired.namespace();
-    let hash = hex::encode(Sha256::digest(serde_json::to_vec(desired)?));
+    let json = serde_json::to_vec(desired).map_err(|source| Error::Json {
+        what: format!("{} {name}", K::kind(&())),
+        source,
+    })?;
+    let hash = hex::encode(Sha256::digest(json));
     let key = cache_key::<K>(ns.as_deref(), &name);
     let mut oref = ObjectRef::<K>::new(&name);
     if let Some(ns) = &ns {
@@ -70,7 +74,14 @@ pub async fn apply<K: Child>(
     }
 
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = api.patch(&name, &params, &Patch::Apply(desired)).await?;
+    let applied = api
+        .patch(&name, &params, &Patch::Apply(desired))
+        .await
+        .map_err(|source| Error::Apply {
+            kind: K::kind(&()).into_owned(),
+            name: name.clone(),
+            source,
+        })?;
     ctx.metrics.api_write(K::kind(&()).as_ref(), "apply");
     if let Some(rv) = applied.resource_version() {
         let owner = desired
@@ -191,12 +202,12 @@ impl Desired {
 }
 
 /// Applies every desired child in order. A failure does not stop the others; the first one
-/// is returned as `Kind name: error` for the status.
+/// is returned (`applying Kind name: error`) for the status.
 pub async fn apply_all(ctx: &Context, namespace: &str, desired: &Desired) -> Option<String> {
     let mut first = None;
     for child in desired.children() {
         if let Err(e) = child.apply(ctx, namespace).await {
-            first.get_or_insert_with(|| format!("{}: {e}", child.describe()));
+            first.get_or_insert_with(|| e.to_string());
         }
     }
     first

@@ -139,7 +139,8 @@ pub async fn collect(
             Err(e) if is_status(&e, 404) => {}
             Err(e) => {
                 kept += 1;
-                first_err.get_or_insert(e.into());
+                let what = format!("deleting sandbox {namespace}/{}", pod.name_any());
+                first_err.get_or_insert(Error::idle(what)(e));
             }
         }
     }

@@ -37,6 +37,7 @@ pub mod rotation;
 pub mod run;
 pub mod sandbox_pod;
 pub mod status;
+pub mod sweep;
 pub mod teardown;
 pub mod telemetry;
 pub mod watch;

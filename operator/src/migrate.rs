@@ -30,7 +30,8 @@ use kube::{Api, ResourceExt};
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{label, InstanceName};
 
-use crate::api_call::is_status;
+use crate::api_call::{delete_exactly, is_status};
+use crate::children::deployment::CONTAINER;
 use crate::context::Context;
 use crate::error::{Error, Result};
 
@@ -69,47 +70,15 @@ pub async fn go_leftovers(
     if ctx.migrated.contains(&uid) {
         return Ok(());
     }
-    let mut removed = Vec::new();
-
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    if let Some(d) = deployments
-        .get_opt(&name.server())
-        .await
-        .map_err(Error::Kube)?
-    {
-        if is_foreign_deployment(&d, &[crate::children::deployment::CONTAINER]) {
-            delete_exact(&deployments, &d).await?;
-            removed.push(format!(
-                "Deployment {} (kube-rbac-proxy sidecar)",
-                d.name_any()
-            ));
-        }
-    }
-
-    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    let krp = format!("{}{GO_KRP_SUFFIX}", name.server());
-    if let Some(cm) = config_maps.get_opt(&krp).await.map_err(Error::Kube)? {
-        delete_exact(&config_maps, &cm).await?;
-        removed.push(format!("ConfigMap {krp}"));
-    }
-
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = ListParams::default().labels(&name.sandbox_selector());
-    let go_pods: Vec<Pod> = pods
-        .list(&lp)
-        .await
-        .map_err(Error::Kube)?
-        .items
-        .into_iter()
-        .filter(is_go_sandbox)
-        .collect();
-    for p in &go_pods {
-        delete_exact(&pods, p).await?;
-    }
-    if !go_pods.is_empty() {
-        removed.push(format!("{} Go-era sandbox pod(s)", go_pods.len()));
-    }
-
+    // One call per leftover, each asking the API server (these are not in the caches).
+    let removed: Vec<String> = [
+        go_server_deployment(ctx, name, ns).await?,
+        go_sidecar_config_map(ctx, name, ns).await?,
+        go_sandbox_pods(ctx, name, ns).await?,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     if !removed.is_empty() {
         let note = format!(
             "took over from the Go operator: deleted {}; delete its per-session Secrets \
@@ -125,20 +94,82 @@ pub async fn go_leftovers(
     Ok(())
 }
 
+/// The Go-era server Deployment (with the kube-rbac-proxy sidecar), deleted; what went.
+async fn go_server_deployment(
+    ctx: &Context,
+    name: &InstanceName,
+    ns: &str,
+) -> Result<Option<String>> {
+    let what = format!("Deployment {ns}/{}", name.server());
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let found = deployments
+        .get_opt(&name.server())
+        .await
+        .map_err(Error::migrating(&what))?;
+    let Some(d) = found.filter(|d| is_foreign_deployment(d, &[CONTAINER])) else {
+        return Ok(None);
+    };
+    delete_exact(&deployments, &d, &what).await?;
+    Ok(Some(format!(
+        "Deployment {} (kube-rbac-proxy sidecar)",
+        d.name_any()
+    )))
+}
+
+/// The sidecar's ConfigMap `cli-mcp-<n>-krp`, deleted; what went.
+async fn go_sidecar_config_map(
+    ctx: &Context,
+    name: &InstanceName,
+    ns: &str,
+) -> Result<Option<String>> {
+    let krp = format!("{}{GO_KRP_SUFFIX}", name.server());
+    let what = format!("ConfigMap {ns}/{krp}");
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(cm) = config_maps
+        .get_opt(&krp)
+        .await
+        .map_err(Error::migrating(&what))?
+    else {
+        return Ok(None);
+    };
+    delete_exact(&config_maps, &cm, &what).await?;
+    Ok(Some(format!("ConfigMap {krp}")))
+}
+
+/// The Go-era sandbox pods of the instance, deleted; how many went.
+async fn go_sandbox_pods(ctx: &Context, name: &InstanceName, ns: &str) -> Result<Option<String>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let lp = ListParams::default().labels(&name.sandbox_selector());
+    let go_pods: Vec<Pod> = pods
+        .list(&lp)
+        .await
+        .map_err(Error::migrating(format!(
+            "listing the sandbox pods of {ns}/{name}"
+        )))?
+        .items
+        .into_iter()
+        .filter(is_go_sandbox)
+        .collect();
+    for p in &go_pods {
+        delete_exact(&pods, p, &format!("Pod {ns}/{}", p.name_any())).await?;
+    }
+    Ok((!go_pods.is_empty()).then(|| format!("{} Go-era sandbox pod(s)", go_pods.len())))
+}
+
 /// Deletes exactly the object that was read (UID precondition), so a new object of the same
 /// name made in between is never removed. Gone already is fine.
-async fn delete_exact<K>(api: &Api<K>, obj: &K) -> Result<()>
+async fn delete_exact<K>(api: &Api<K>, obj: &K, what: &str) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let dp = DeleteParams {
         propagation_policy: DeleteParams::background().propagation_policy,
-        ..crate::api_call::delete_exactly(obj, false)
+        ..delete_exactly(obj, false)
     };
     match api.delete(&obj.name_any(), &dp).await {
         Ok(_) => Ok(()),
         Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(Error::migrating(format!("deleting {what}"))(e)),
     }
 }
 

@@ -89,7 +89,8 @@ pub fn build_all(inp: &Inputs) -> Desired {
             }),
         deployment: deployment::deployment(inp),
         proxy: inp.proxy.as_ref().map(|p| proxy::build(inp, p)),
-        expose: expose::build(inp),
+        // One the cluster cannot store is left out; the status says why.
+        expose: expose::build(inp).filter(|_| inp.expose_unavailable.is_none()),
     }
 }
 
@@ -155,6 +156,7 @@ pub(crate) mod test_support {
                 ports: vec![6443],
                 problem: None,
             },
+            expose_unavailable: None,
         }
     }
 }
@@ -348,6 +350,26 @@ mod tests {
         assert_eq!(
             d.service.spec.and_then(|s| s.ports).map(|p| p[0].port),
             Some(8080)
+        );
+    }
+
+    /// An HTTPRoute or Route the cluster cannot store is not in the desired set; everything
+    /// else is built as when it can.
+    #[test]
+    fn an_expose_the_cluster_cannot_store_is_left_out() {
+        let spec = serde_json::json!({"server": {"expose": {"httpRoute": {
+            "host": "mcp.example.com",
+            "parentRefs": [{"name": "gw"}]
+        }}}});
+        let mut inp = inputs(spec);
+        let served = build_all(&inp);
+        assert!(matches!(served.expose, Some(expose::Exposed::HttpRoute(_))));
+        inp.expose_unavailable = Some("no Gateway API".into());
+        let unserved = build_all(&inp);
+        assert!(unserved.expose.is_none());
+        assert_eq!(
+            format!("{:?}", unserved.deployment),
+            format!("{:?}", served.deployment)
         );
     }
 }

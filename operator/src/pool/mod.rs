@@ -140,7 +140,9 @@ pub async fn delete_unclaimed(
     pod: &SandboxPod,
     spare_sealed: Option<&HmacKey>,
 ) -> Result<Option<String>> {
-    let Some(fresh) = api.get_opt(&pod.name_any()).await? else {
+    let what = |verb: &str| format!("{verb} pool pod {}", pod.name_any());
+    let read = api.get_opt(&pod.name_any()).await;
+    let Some(fresh) = read.map_err(Error::pool(what("re-reading")))? else {
         return Ok(None);
     };
     if fresh.uid() != pod.uid() || is_assigned(&fresh) || is_deleting(&fresh) {
@@ -154,7 +156,7 @@ pub async fn delete_unclaimed(
         Ok(_) => Ok(fresh.uid()),
         // 409: it changed (claimed) since the read; 404: gone. Either way: keep hands off.
         Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(None),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(Error::pool(what("deleting"))(e)),
     }
 }
 

@@ -137,7 +137,8 @@ impl<'a> Pass<'a> {
             }
             Err(e) => {
                 self.plan.create = 0;
-                self.first_err = Some(e.into());
+                let what = format!("listing the unassigned sandboxes ({selector})");
+                self.first_err = Some(Error::pool(what)(e));
             }
         }
     }
@@ -228,7 +229,8 @@ impl<'a> Pass<'a> {
                         Some(Err(e)) => {
                             tracing::warn!(pod = %name, error = %e,
                                 "cannot seal a pool pod just created; it is never claimed, and is replaced once the seal's grace is over");
-                            self.first_err.get_or_insert(e.into());
+                            let what = format!("sealing pool pod {name}");
+                            self.first_err.get_or_insert(Error::pool(what)(e));
                         }
                         None => {}
                     }
@@ -238,7 +240,7 @@ impl<'a> Pass<'a> {
                     if let Some(why) = admission_refusal(&e) {
                         newly_refused = Some(why);
                     } else if !is_status(&e, 409) {
-                        create_failed.get_or_insert(e);
+                        create_failed.get_or_insert((name, e));
                     }
                 }
             }
@@ -250,8 +252,9 @@ impl<'a> Pass<'a> {
             ctx.pool
                 .with(uid, |_, b| *backoff = Some(b.fail(Instant::now())));
         }
-        if let Some(e) = create_failed {
-            self.first_err.get_or_insert(e.into());
+        if let Some((name, e)) = create_failed {
+            let what = format!("creating pool pod {name}");
+            self.first_err.get_or_insert(Error::pool(what)(e));
         }
         // Retrying a refused pod unchanged is refused again: back off, and say why.
         if let Some(why) = newly_refused {
