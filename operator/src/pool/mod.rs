@@ -59,7 +59,8 @@ pub struct PoolOutcome {
 /// Brings the pool of one instance towards the desired state. A failed API call does not
 /// stop the pass (the deletes run when the list failed, the creates when a delete did): what
 /// was done is the outcome, and the first error comes with it, for the caller to return
-/// once the instance's status says so. One call per step; only the plan is client-free.
+/// once the instance's status says so. One call per step; only the plan and the outcome
+/// are client-free.
 pub async fn reconcile(
     ctx: &Context,
     uid: &str,
@@ -68,16 +69,17 @@ pub async fn reconcile(
     key: Option<&HmacKey>,
     blocked: Option<String>,
 ) -> (PoolOutcome, Option<Error>) {
-    // From the cache and the expectations (no API call).
+    // 1. Plan from the cache and the expectations (no client).
     let mut pass = Pass::plan(ctx, uid, cfg, desired, key, blocked.is_none());
-    // A consistent list before any create (API).
+    // 2. A consistent list before any create (client).
     pass.recount_before_creating().await;
-    // Deletes first: they free slots and never race a claim (API).
+    // 3. Deletes first: they free slots and never race a claim (client).
     pass.delete().await;
-    // Creates, each sealed at once (API).
+    // 4. Creates, each sealed at once (client).
     pass.create().await;
-    // Why pods wait for their pod sandbox, from the kubelet's Events (API).
+    // 5. Why pods wait for their pod sandbox, from the kubelet's Events (client).
     let awaiting = pass.read_sandbox_failures().await;
+    // 6. The outcome for the status, and the first error (no client).
     pass.outcome(blocked, awaiting)
 }
 
