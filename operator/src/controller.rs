@@ -11,8 +11,8 @@
 //! 4. build the whole desired set from the complete [`Inputs`] ([`children::build_all`],
 //!    pure; nothing changes it afterwards);
 //! 5. apply it ([`apply::apply_all`], server-side apply);
-//! 6. delete the expose kinds no longer desired ([`sweep::expose_orphans`], by label);
-//! 7. pass a rotated kubeconfig on to the proxy pods ([`rotation::nudge_proxy_pods`]);
+//! 6. pass a rotated kubeconfig on to the proxy pods ([`rotation::nudge_proxy_pods`]);
+//! 7. delete the expose kinds no longer desired ([`sweep::expose_orphans`], by label);
 //! 8. fail closed: no sandbox starts while the credential proxy is not serving;
 //! 9. the sandboxes: warm pool ([`pool::reconcile`]) and idle GC ([`idle::collect`]);
 //! 10. whether NetworkPolicy and Pod Security are in force ([`crate::isolation`]);
@@ -155,10 +155,10 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     let desired = children::build_all(&inputs);
     // 5. Apply it; a refused write is recorded for the status, not returned (client).
     let apply_error = apply::apply_all(ctx, &ns, &desired).await;
-    // 6. Delete the Ingress, HTTPRoute or Route no longer desired (client).
-    sweep::expose_orphans(ctx, &inputs.spec, &desired).await;
-    // 7. Pass a rotated kubeconfig on to the running proxy pods (client).
+    // 6. Pass a rotated kubeconfig on to the running proxy pods (client).
     rotation::nudge_proxy_pods(ctx, &inputs).await;
+    // 7. Delete the Ingress, HTTPRoute or Route no longer desired (client).
+    sweep::expose_orphans(ctx, &inputs.spec, &desired).await;
     // 8. Fail closed: whether sandboxes may start (no client).
     let proxy_unavailable = proxy_gate(ctx, &inputs);
     // 9. The warm pool and the idle GC (client).

@@ -33,7 +33,7 @@ fn settle(mut peers: ApiServerPeers, last_good: Option<ApiServerPeers>) -> ApiSe
 }
 
 /// The API server's addresses as pods see them: `default/kubernetes` Service IP and its
-/// EndpointSlice addresses. Cached for [`API_PEERS_TTL`]. A lookup that fails (RBAC, a
+/// EndpointSlice addresses. Cached for `API_PEERS_TTL`. A lookup that fails (RBAC, a
 /// moment of API trouble) keeps the addresses the last good one found — an empty list would
 /// give every credential proxy applied meanwhile a NetworkPolicy without the API server —
 /// says so in `problem`, and is tried again after [`API_PEERS_RETRY`].

@@ -6,12 +6,12 @@
 //! addresses are looked up for the proxy's NetworkPolicy, and the cluster is asked whether
 //! it can store the object `spec.server.expose` asks for.
 //!
-//! - [`owned`]: the generate-once Secrets, never one of a deleted predecessor;
-//! - [`hmac`]: the HMAC key;
-//! - [`tls`]: the serving certificate and its CA;
-//! - [`proxy`]: the credential proxy's CA, the admin's kubeconfig, allow-list CAs;
-//! - [`api_server`]: the API server's addresses;
-//! - [`expose`]: whether the cluster serves the kind `spec.server.expose` asks for.
+//! - `owned.rs`: the generate-once Secrets, never one of a deleted predecessor;
+//! - `hmac.rs`: the HMAC key;
+//! - `tls.rs`: the serving certificate and its CA;
+//! - `proxy.rs`: the credential proxy's CA, the admin's kubeconfig, allow-list CAs;
+//! - `api_server.rs`: the API server's addresses;
+//! - `expose.rs`: whether the cluster serves the kind `spec.server.expose` asks for.
 
 mod api_server;
 mod expose;
