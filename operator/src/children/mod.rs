@@ -2,9 +2,10 @@
 //! desired object with only the fields the operator owns set, ready for server-side apply;
 //! [`build_all`] returns the whole desired set.
 //!
-//! A new child is one builder, one field in [`Desired`] (listed in [`Desired::children`]),
-//! and — for a new kind — an [`crate::apply::Owned`] entry, a store and watch in
-//! [`crate::watch`] and an RBAC rule in the packaging.
+//! A new child is one builder, one field in [`Desired`] (listed in apply order in
+//! [`Desired::children`], which `apply.rs` holds: these builders import nothing of the
+//! operator's steps), and — for a new kind — an [`crate::apply::Owned`] entry, a store and
+//! watch in [`crate::watch`] and an RBAC rule in the packaging.
 
 pub mod deployment;
 pub mod expose;
