@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -19,27 +19,10 @@ use sha2::{Digest, Sha256};
 
 use cli_mcp_api::names::FIELD_MANAGER;
 
-use crate::children::expose::{HttpRoute, Route};
+use crate::children::expose::{Exposed, HttpRoute, Route};
 use crate::children::Desired;
 use crate::context::{Context, Stores};
-use crate::error::Result;
-
-/// Delete options that remove exactly the object that was read: its UID and, with
-/// `unchanged`, its resourceVersion too, so an object made again under the name, or changed
-/// since the read (a claim, an activity stamp), fails the delete (409) instead of going.
-pub fn delete_exactly<K: Resource>(obj: &K, unchanged: bool) -> DeleteParams {
-    DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: obj.meta().uid.clone(),
-            resource_version: if unchanged {
-                obj.meta().resource_version.clone()
-            } else {
-                None
-            },
-        }),
-        ..Default::default()
-    }
-}
+use crate::error::{Error, Result};
 
 /// Cache key of an object: `Kind/namespace/name`.
 pub fn cache_key<K: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &str) -> String {
@@ -74,7 +57,11 @@ pub async fn apply<K: Child>(
 ) -> Result<bool> {
     let name = desired.name_any();
     let ns = desired.namespace();
-    let hash = hex::encode(Sha256::digest(serde_json::to_vec(desired)?));
+    let json = serde_json::to_vec(desired).map_err(|source| Error::Json {
+        what: format!("{} {name}", K::kind(&())),
+        source,
+    })?;
+    let hash = hex::encode(Sha256::digest(json));
     let key = cache_key::<K>(ns.as_deref(), &name);
     let mut oref = ObjectRef::<K>::new(&name);
     if let Some(ns) = &ns {
@@ -87,7 +74,14 @@ pub async fn apply<K: Child>(
     }
 
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = api.patch(&name, &params, &Patch::Apply(desired)).await?;
+    let applied = api
+        .patch(&name, &params, &Patch::Apply(desired))
+        .await
+        .map_err(|source| Error::Apply {
+            kind: K::kind(&()).into_owned(),
+            name: name.clone(),
+            source,
+        })?;
     ctx.metrics.api_write(K::kind(&()).as_ref(), "apply");
     if let Some(rv) = applied.resource_version() {
         let owner = desired
@@ -163,13 +157,57 @@ impl<K: Owned> Applicable for K {
     }
 }
 
+/// The apply order lives here, with the applying: the pure builders in [`crate::children`]
+/// know nothing of it.
+impl Desired {
+    /// The children in apply order: the Deployment last, so its pods find their
+    /// ServiceAccount, permissions and Secrets in place.
+    pub fn children(&self) -> Vec<&dyn Applicable> {
+        let mut out: Vec<&dyn Applicable> = vec![
+            &self.server_service_account,
+            &self.sandbox_service_account,
+            &self.server_role,
+            &self.server_role_binding,
+            &self.auth_delegator_binding,
+            &self.client_service_account,
+            &self.client_role,
+            &self.client_role_binding,
+            &self.service,
+            &self.network_policy,
+        ];
+        if let Some(cm) = &self.service_ca_config_map {
+            out.push(cm);
+        }
+        if let Some(cm) = &self.ca_config_map {
+            out.push(cm);
+        }
+        // Before the server: a sandbox it creates finds its proxy in place.
+        if let Some(p) = &self.proxy {
+            out.push(&p.service_account);
+            out.push(&p.config_map);
+            out.push(&p.service);
+            out.push(&p.network_policy);
+            out.push(&p.pod_disruption_budget);
+            out.push(&p.deployment);
+        }
+        match &self.expose {
+            Some(Exposed::Ingress(i)) => out.push(i),
+            Some(Exposed::HttpRoute(r)) => out.push(r),
+            Some(Exposed::Route(r)) => out.push(r),
+            None => {}
+        }
+        out.push(&self.deployment);
+        out
+    }
+}
+
 /// Applies every desired child in order. A failure does not stop the others; the first one
-/// is returned as `Kind name: error` for the status.
+/// is returned (`applying Kind name: error`) for the status.
 pub async fn apply_all(ctx: &Context, namespace: &str, desired: &Desired) -> Option<String> {
     let mut first = None;
     for child in desired.children() {
         if let Err(e) = child.apply(ctx, namespace).await {
-            first.get_or_insert_with(|| format!("{}: {e}", child.describe()));
+            first.get_or_insert_with(|| e.to_string());
         }
     }
     first

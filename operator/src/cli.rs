@@ -112,6 +112,24 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// Runs a one-shot command (no cluster, no runtime).
+    pub fn run(&self) -> anyhow::Result<()> {
+        match self {
+            Command::Crdgen => {
+                print!("{}", crate::crdgen::crd_yaml()?);
+                Ok(())
+            }
+            Command::OlmBundle {
+                rendered,
+                samples,
+                root,
+                check,
+            } => crate::olm::generate(rendered, samples, root, *check),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("no server image: set RELATED_IMAGE_SERVER (or --server-image)")]
 pub struct NoServerImage;

@@ -1,6 +1,6 @@
 //! Shared state of one controller: client, configuration, caches, expectations.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -334,6 +334,30 @@ impl PoolState {
     }
 }
 
+/// The instances (by uid) a once-per-process step has been done for, such as the check for
+/// the Go operator's leftovers ([`crate::migrate`]). An entry goes with its instance.
+#[derive(Default)]
+pub struct InstanceSet(Mutex<HashSet<String>>);
+
+impl InstanceSet {
+    pub fn contains(&self, uid: &str) -> bool {
+        self.0.lock().is_ok_and(|s| s.contains(uid))
+    }
+
+    pub fn insert(&self, uid: &str) {
+        if let Ok(mut s) = self.0.lock() {
+            s.insert(uid.to_string());
+        }
+    }
+
+    /// The instance `uid` is gone (its teardown is complete).
+    pub fn forget(&self, uid: &str) {
+        if let Ok(mut s) = self.0.lock() {
+            s.remove(uid);
+        }
+    }
+}
+
 /// Everything a reconcile needs.
 pub struct Context {
     pub client: Client,
@@ -346,7 +370,7 @@ pub struct Context {
     /// Where the API server is (for the sandbox NetworkPolicy), refreshed now and then.
     pub api_peers: Mutex<Option<(Instant, crate::children::ApiServerPeers)>>,
     /// Instances already checked for the Go operator's leftovers.
-    pub migrated: crate::migrate::Migrated,
+    pub migrated: InstanceSet,
     /// Consecutive failed reconciles of each failing instance, for their retry backoff.
     pub retries: crate::retry::RetryBackoff,
     /// Whether NetworkPolicy and Pod Security are in force for each instance.

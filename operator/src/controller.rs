@@ -1,16 +1,25 @@
 //! The one reconcile entry: [`reconcile`] runs the finalizer helper, which calls
 //! [`apply_instance`] for live instances and [`crate::teardown::cleanup`] for deleted ones.
 //!
-//! [`apply_instance`] is a pipeline of named steps:
+//! [`apply_instance`] is one call per step; each step's comment says whether it talks to
+//! the API server (client) or only reads the caches and computes (no client):
 //! 1. read the CR once ([`Spec::read`]); an unusable spec only gets an `InvalidSpec` status;
-//! 2. resolve what the children need from the cluster ([`resolve::resolve`]: the
-//!    generate-once Secrets, the admin's Secrets, the API server's addresses);
-//! 3. build the whole desired set from the complete [`Inputs`] ([`children::build_all`], pure);
-//! 4. apply it ([`apply::apply_all`], server-side apply);
-//! 5. the sandboxes: warm pool ([`pool::reconcile`]) and idle GC ([`idle::collect`]);
-//! 6. status computed from what was observed ([`status::compute`]), written only when it
-//!    changed;
-//! 7. requeue at the soonest deadline (idle expiry, pool backoff) or the resync period.
+//! 2. remove a Go-era predecessor's leftovers, once per instance ([`migrate::go_leftovers`]);
+//! 3. resolve what the children need from the cluster ([`resolve::resolve`]: the
+//!    generate-once Secrets, the admin's Secrets, the API server's addresses, whether the
+//!    cluster serves the expose kind);
+//! 4. build the whole desired set from the complete [`Inputs`] ([`children::build_all`],
+//!    pure; nothing changes it afterwards);
+//! 5. apply it ([`apply::apply_all`], server-side apply);
+//! 6. pass a rotated kubeconfig on to the proxy pods ([`rotation::nudge_proxy_pods`]);
+//! 7. delete the expose kinds no longer desired ([`sweep::expose_orphans`], by label);
+//! 8. fail closed: no sandbox starts while the credential proxy is not serving;
+//! 9. the sandboxes: warm pool ([`pool::reconcile`]) and idle GC ([`idle::collect`]);
+//! 10. whether NetworkPolicy and Pod Security are in force ([`crate::isolation`]);
+//! 11. what the status is computed from ([`Observed`]), built once;
+//! 12. the status ([`status::compute`]), written only when it changed;
+//! 13. requeue at the soonest deadline (idle expiry, pool backoff, renewal) or the resync
+//!     period.
 //!
 //! A reconcile that fails is retried after a backoff of its own instance ([`error_policy`],
 //! [`crate::retry`]), which a successful reconcile resets.
@@ -27,17 +36,17 @@ use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::{Api, Resource, ResourceExt};
 
 use cli_mcp_api::crd::{CliMcpInstance, CliMcpInstanceStatus, CrdError};
-use cli_mcp_api::names::{FIELD_MANAGER, FINALIZER};
+use cli_mcp_api::names::{label, FIELD_MANAGER, FINALIZER};
 
 use crate::children::{self, Inputs, Spec};
 use crate::context::{cached, Context};
 use crate::error::{Error, Result};
 use crate::idle::IdlePlan;
+use crate::isolation::{Findings, ProbeTarget};
 use crate::pool::{self, PoolOutcome};
 use crate::resolve::{self, Resolved};
-use crate::retry;
 use crate::status::{self, DeploymentState, Observed};
-use crate::{apply, idle, teardown};
+use crate::{apply, idle, migrate, retry, rotation, sweep, teardown};
 
 /// Re-check period while a required Secret is missing (its watch usually wakes us first).
 const MISSING_SECRET_RECHECK: Duration = Duration::from_secs(60);
@@ -126,96 +135,147 @@ fn failed_again(
     delay
 }
 
-/// Reconciles a live instance.
+/// Reconciles a live instance, one call per step (see the module docs).
 pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
+    // 1. Read the CR once (no client).
     let ns = cr
         .namespace()
         .ok_or_else(|| Error::NoNamespace(cr.name_any()))?;
-    let cfg = &ctx.config;
-    let spec = match Spec::read(
-        &cr,
-        &cfg.server_image,
-        cfg.sandbox_image.as_deref(),
-        cfg.proxy_image.as_deref(),
-    ) {
+    let spec = match read_spec(ctx, &cr) {
         Ok(spec) => spec,
         Err(e) => return invalid_spec(ctx, &cr, e).await,
     };
-    let mut spec = spec;
+    // 2. Before anything is applied: a Go-era server Deployment must go, not be merged
+    //    into (client, once per instance).
+    migrate::go_leftovers(ctx, &cr, &spec.name, &ns).await?;
+    // 3. What the children need from the cluster (client).
+    let resolved = resolve::resolve(ctx, &cr, &spec).await?;
+    let inputs = resolved.inputs(spec);
+    // 4. The whole desired set (no client).
+    let desired = children::build_all(&inputs);
+    // 5. Apply it; a refused write is recorded for the status, not returned (client).
+    let apply_error = apply::apply_all(ctx, &ns, &desired).await;
+    // 6. Pass a rotated kubeconfig on to the running proxy pods (client).
+    rotation::nudge_proxy_pods(ctx, &inputs).await;
+    // 7. Delete the Ingress, HTTPRoute or Route no longer desired (client).
+    sweep::expose_orphans(ctx, &inputs.spec, &desired).await;
+    // 8. Fail closed: whether sandboxes may start (no client).
+    let proxy_unavailable = proxy_gate(ctx, &inputs);
+    // 9. The warm pool and the idle GC (client).
+    let sandboxes = sandboxes(ctx, &inputs, &resolved, proxy_unavailable.clone()).await;
+    // 10. Whether NetworkPolicy and Pod Security are in force (client, results cached).
+    let isolation = probe_isolation(ctx, &inputs.spec, proxy_unavailable.is_none()).await;
+    // 11. What the status is computed from, built once (no client).
+    let found = Found {
+        apply_error,
+        proxy_unavailable,
+        pool: sandboxes.pool,
+        active_sessions: sandboxes.idle.active,
+        isolation,
+    };
+    let obs = observe(&cr, ctx, &inputs, &resolved, found);
+    // 12. The status, written only when it changed (client).
+    write_status(ctx, &cr, &obs).await?;
+    // A failed call of the pool or the idle GC is returned once the status says so.
+    if let Some(e) = sandboxes.error {
+        return Err(e);
+    }
+    // 13. When to look again (no client).
+    let next = requeue(ctx, &cr, &obs, &sandboxes.idle, resolved.tls_renew_in);
+    Ok(Action::requeue(next))
+}
+
+/// The spec as the builders read it, with what the platform decides (no client).
+fn read_spec(ctx: &Context, cr: &CliMcpInstance) -> std::result::Result<Spec, CrdError> {
+    let cfg = &ctx.config;
+    let mut spec = Spec::read(
+        cr,
+        &cfg.server_image,
+        cfg.sandbox_image.as_deref(),
+        cfg.proxy_image.as_deref(),
+    )?;
     // One place for both the pool's pods and the server's (it gets this config as a flag).
     spec.sandbox.platform_assigns_uid = cfg.platform.assigns_uid();
     if cfg.platform.has_service_ca() {
         spec.use_service_ca();
     }
-    // Before anything is applied: a Go-era server Deployment must go, not be merged into.
-    crate::migrate::go_leftovers(ctx, &cr, &spec.name, &ns).await?;
-    let resolved = resolve::resolve(ctx, &cr, &spec).await?;
-    let inputs = resolved.inputs(spec);
-    let mut desired = children::build_all(&inputs);
-    let expose_problem = expose_gate(ctx, &mut desired).await;
-    let apply_error = apply::apply_all(ctx, &ns, &desired).await;
+    Ok(spec)
+}
 
+/// What the pool and the idle GC did, and the first failed API call of either.
+struct Sandboxes {
+    pool: PoolOutcome,
+    idle: IdlePlan,
+    error: Option<Error>,
+}
+
+/// The warm pool, then the idle GC. A failed API call in one does not skip the other, nor
+/// the status: its error is returned after the status says so.
+async fn sandboxes(
+    ctx: &Context,
+    inputs: &Inputs,
+    resolved: &Resolved,
+    proxy_unavailable: Option<String>,
+) -> Sandboxes {
     let spec = &inputs.spec;
-    if let Some(p) = &inputs.proxy {
-        crate::rotation::nudge_proxy_pods(ctx, spec, p).await;
-    }
-    teardown::remove_expose(ctx, spec).await;
-    let proxy_unavailable = proxy_gate(ctx, &inputs);
     let key = resolved.key.as_ref();
-    // A failed API call in the pool or the idle GC does not skip the other, nor the status:
-    // its error is returned after the status says so.
     let (pool, pool_error) = pool::reconcile(
         ctx,
         &spec.owner.uid,
         &spec.sandbox,
         spec.warm_pool_size,
         key,
-        resolved.blocked().or_else(|| proxy_unavailable.clone()),
+        resolved.blocked().or(proxy_unavailable),
     )
     .await;
-    let pods = pool::instance_pods(&ctx.stores.pods.state(), &ns, &spec.name);
-    let (idle, idle_error) = idle::collect(ctx, &pods, &ns, spec.idle_timeout, key).await;
+    let pods = pool::instance_pods(&ctx.stores.pods.state(), &spec.namespace, &spec.name);
+    let (idle, idle_error) =
+        idle::collect(ctx, &pods, &spec.namespace, spec.idle_timeout, key).await;
+    Sandboxes {
+        pool,
+        idle,
+        error: pool_error.or(idle_error),
+    }
+}
 
-    let mut obs = observe(&cr, ctx, &inputs, &resolved, apply_error, pool, &idle);
-    let (host, expose_problem) = match expose_problem {
-        Some(p) => (None, Some(p)),
-        None => published(ctx, spec),
-    };
-    obs.external_endpoint = host.map(|h| format!("https://{h}/mcp"));
-    obs.expose_problem = expose_problem;
-    obs.isolation = ctx
-        .isolation
-        .observe(crate::isolation::ProbeTarget {
+/// Whether NetworkPolicy and Pod Security are in force where the instance runs: each
+/// finding cached while fresh, else probed anew.
+async fn probe_isolation(ctx: &Context, spec: &Spec, proxy_ready: bool) -> Findings {
+    ctx.isolation
+        .observe(ProbeTarget {
             uid: &spec.owner.uid,
-            proxy_ready: proxy_unavailable.is_none(),
+            proxy_ready,
             proxy_selector: format!(
                 "{}={},{}={}",
-                cli_mcp_api::names::label::INSTANCE,
+                label::INSTANCE,
                 spec.name,
-                cli_mcp_api::names::label::COMPONENT,
-                cli_mcp_api::names::label::COMPONENT_PROXY
+                label::COMPONENT,
+                label::COMPONENT_PROXY
             ),
             sandbox: &spec.sandbox,
-            pods: Api::namespaced(ctx.client.clone(), &ns),
+            pods: Api::namespaced(ctx.client.clone(), &spec.namespace),
         })
-        .await;
-    // Ready names KubeconfigInvalid first when both hold: that one says what to fix.
-    obs.proxy_unavailable = proxy_unavailable;
-    write_status(ctx, &cr, &obs).await?;
-    if let Some(e) = pool_error.or(idle_error) {
-        return Err(e);
-    }
+        .await
+}
+
+/// When to look again: the soonest deadline, a refused apply's backoff, or the serving
+/// certificate's renewal.
+fn requeue(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    obs: &Observed,
+    idle: &IdlePlan,
+    tls_renew_in: Option<Duration>,
+) -> Duration {
     // Renewal due: back when it is, a little late so it has passed.
-    let renew = resolved
-        .tls_renew_in
-        .map(|d| d + Duration::from_millis(500));
+    let renew = tls_renew_in.map(|d| d + Duration::from_millis(500));
     let next = after_apply(
         ctx,
-        &cr,
+        cr,
         obs.apply_error.as_deref(),
-        next_check(ctx, &obs, &idle),
+        next_check(ctx, obs, idle),
     );
-    Ok(Action::requeue(renew.map_or(next, |r| next.min(r))))
+    renew.map_or(next, |r| next.min(r))
 }
 
 /// Fail closed: why no sandbox may start now — the credential proxy's inputs are not
@@ -249,8 +309,6 @@ fn proxy_gate(ctx: &Context, inputs: &Inputs) -> Option<String> {
     }
 }
 
-/// How long a reconcile waits for the HTTPRoute watch's first answer (right after start).
-const HTTP_ROUTE_DISCOVERY: Duration = Duration::from_secs(10);
 /// Re-check period while an asked-for HTTPRoute cannot be stored (the watch notices the
 /// Gateway API CRDs being installed, but has no object of this instance to wake it with).
 const EXPOSE_RECHECK: Duration = Duration::from_secs(30);
@@ -278,37 +336,6 @@ fn published(ctx: &Context, spec: &Spec) -> (Option<String>, Option<String>) {
     }
 }
 
-/// Leaves out an HTTPRoute or Route the cluster cannot store (no Gateway API CRDs, not
-/// OpenShift) and says why, for the status; applying it would only fail with a bare 404.
-async fn expose_gate(ctx: &Context, desired: &mut children::Desired) -> Option<String> {
-    if matches!(desired.expose, Some(children::expose::Exposed::Route(_))) {
-        let why = match ctx.stores.routes_served(HTTP_ROUTE_DISCOVERY).await {
-            Some(true) => return None,
-            Some(false) => "this cluster serves no route.openshift.io/v1 Route (it is not OpenShift)",
-            None => "the operator could not find out yet whether this cluster serves route.openshift.io/v1 Routes",
-        };
-        desired.expose = None;
-        return Some(format!(
-            "spec.server.expose.route is not published: {why}; use expose.ingress or expose.httpRoute here"
-        ));
-    }
-    if !matches!(
-        desired.expose,
-        Some(children::expose::Exposed::HttpRoute(_))
-    ) {
-        return None;
-    }
-    let why = match ctx.stores.http_routes_served(HTTP_ROUTE_DISCOVERY).await {
-        Some(true) => return None,
-        Some(false) => "this cluster serves no gateway.networking.k8s.io/v1 HTTPRoute (the Gateway API CRDs are not installed)",
-        None => "the operator could not find out yet whether this cluster serves gateway.networking.k8s.io/v1 HTTPRoutes",
-    };
-    desired.expose = None;
-    Some(format!(
-        "spec.server.expose.httpRoute is not published: {why}; install the Gateway API CRDs (picked up without an operator restart) or use expose.ingress"
-    ))
-}
-
 /// Only objects that bypassed admission (or a missing default image) land here.
 async fn invalid_spec(ctx: &Context, cr: &CliMcpInstance, e: CrdError) -> Result<Action> {
     let obs = Observed {
@@ -320,17 +347,30 @@ async fn invalid_spec(ctx: &Context, cr: &CliMcpInstance, e: CrdError) -> Result
     Ok(Action::requeue(ctx.config.resync))
 }
 
-/// What the status is computed from, after the children, the pool and the idle GC ran.
+/// What the steps after the build found, for the status.
+struct Found {
+    apply_error: Option<String>,
+    /// Why no sandbox may start (the credential proxy is not serving).
+    proxy_unavailable: Option<String>,
+    pool: PoolOutcome,
+    active_sessions: i32,
+    isolation: Findings,
+}
+
+/// What the status is computed from, after the children, the pool and the idle GC ran;
+/// the rest is read from the caches.
 fn observe(
     cr: &CliMcpInstance,
     ctx: &Context,
     inputs: &Inputs,
     resolved: &Resolved,
-    apply_error: Option<String>,
-    pool: PoolOutcome,
-    idle: &IdlePlan,
+    found: Found,
 ) -> Observed {
     let spec = &inputs.spec;
+    let (host, expose_problem) = match &inputs.expose_unavailable {
+        Some(p) => (None, Some(p.clone())),
+        None => published(ctx, spec),
+    };
     Observed {
         generation: cr.meta().generation,
         spec_error: None,
@@ -338,25 +378,26 @@ fn observe(
         invalid_secrets: resolved.invalid.clone(),
         kubeconfig_invalid: resolved.kubeconfig_invalid.clone(),
         proxy_ca_invalid: resolved.proxy_ca_invalid.clone(),
-        proxy_unavailable: None,
-        apply_error,
+        // Ready names KubeconfigInvalid first when both hold: that one says what to fix.
+        proxy_unavailable: found.proxy_unavailable,
+        apply_error: found.apply_error,
         deployment: cached(
             &ctx.stores.deployments,
             &spec.namespace,
             &spec.name.server(),
         )
         .map(|d| deployment_state(&d)),
-        pool,
-        active_sessions: idle.active,
+        pool: found.pool,
+        active_sessions: found.active_sessions,
         image: Some(spec.sandbox.image.clone()),
         endpoint: Some(spec.endpoint()),
         ca_config_map: inputs.ca_config_map_name(),
         selector: Some(spec.name.server_selector()),
         api_server_problem: inputs.api_server.problem.clone(),
-        external_endpoint: None,
-        expose_problem: None,
+        external_endpoint: host.map(|h| format!("https://{h}/mcp")),
+        expose_problem,
         serving_cert_pending: resolved.serving_cert_pending.clone(),
-        isolation: Default::default(),
+        isolation: found.isolation,
     }
 }
 
@@ -383,7 +424,7 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
         consider(Some(EXPOSE_RECHECK));
     }
     if obs.api_server_problem.is_some() {
-        consider(Some(crate::resolve::API_PEERS_RETRY));
+        consider(Some(resolve::API_PEERS_RETRY));
     }
     next
 }
@@ -439,7 +480,11 @@ async fn write_status(ctx: &Context, cr: &CliMcpInstance, obs: &Observed) -> Res
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&patch),
     )
-    .await?;
+    .await
+    .map_err(|source| Error::Status {
+        name: format!("{ns}/{}", cr.name_any()),
+        source,
+    })?;
     ctx.metrics.api_write("CliMcpInstance", "apply-status");
     for t in status::transitions(prev, &next) {
         let type_ = if t.healthy {

@@ -21,9 +21,9 @@ use cli_mcp_api::sandbox::session_token_of_meta;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
+use crate::api_call::is_status;
 use crate::context::Context;
 use crate::error::Error;
-use crate::pool::is_status;
 use crate::sandbox_pod::SandboxPod;
 
 /// Why an assigned sandbox is collected.
@@ -119,7 +119,7 @@ pub async fn collect(
     for (pod, reason) in &p.collect {
         // The cached resourceVersion is the precondition: a last-activity patch that landed
         // after our read makes the delete fail (409) and the session lives on.
-        let dp = crate::apply::delete_exactly(pod.as_ref(), true);
+        let dp = crate::api_call::delete_exactly(pod.as_ref(), true);
         match api.delete(&pod.name_any(), &dp).await {
             Ok(_) => {
                 ctx.metrics.api_write("Pod", "delete");
@@ -139,7 +139,8 @@ pub async fn collect(
             Err(e) if is_status(&e, 404) => {}
             Err(e) => {
                 kept += 1;
-                first_err.get_or_insert(e.into());
+                let what = format!("deleting sandbox {namespace}/{}", pod.name_any());
+                first_err.get_or_insert(Error::idle(what)(e));
             }
         }
     }

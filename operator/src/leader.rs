@@ -11,8 +11,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::context::OperatorConfig;
+use crate::controllers::{mark_leader, run_controllers, Ended};
 use crate::metrics::Metrics;
-use crate::run::{mark_leader, run_controllers, signalled, Ended};
+use crate::signals::signalled;
 
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {

@@ -14,11 +14,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api_call;
 pub mod apply;
 pub mod children;
 pub mod cli;
 pub mod context;
 pub mod controller;
+pub mod controllers;
 pub mod crdgen;
 pub mod error;
 pub mod http;
@@ -35,7 +37,9 @@ pub mod retry;
 pub mod rotation;
 pub mod run;
 pub mod sandbox_pod;
+pub mod signals;
 pub mod status;
+pub mod sweep;
 pub mod teardown;
 pub mod telemetry;
 pub mod watch;

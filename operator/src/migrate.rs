@@ -21,9 +21,6 @@
 //! ConfigMap and one LIST of the instance's sandbox pods, then never again for that instance
 //! in this process.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
-
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{DeleteParams, ListParams};
@@ -33,37 +30,15 @@ use kube::{Api, ResourceExt};
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{label, InstanceName};
 
+use crate::api_call::{delete_exactly, is_status};
+use crate::children::deployment::CONTAINER;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pool::is_status;
 
 /// The name the Go operator gave every sandbox pod, of any instance.
 pub const GO_SANDBOX_PREFIX: &str = "cli-mcp-sandbox-";
 /// The Go operator's kube-rbac-proxy sidecar ConfigMap suffix.
 pub const GO_KRP_SUFFIX: &str = "-krp";
-
-/// Instance UIDs already checked by this process.
-#[derive(Default)]
-pub struct Migrated(Mutex<HashSet<String>>);
-
-impl Migrated {
-    fn done(&self, uid: &str) -> bool {
-        self.0.lock().is_ok_and(|s| s.contains(uid))
-    }
-
-    fn mark(&self, uid: &str) {
-        if let Ok(mut s) = self.0.lock() {
-            s.insert(uid.to_string());
-        }
-    }
-
-    /// The instance `uid` is gone (its teardown is complete).
-    pub fn forget(&self, uid: &str) {
-        if let Ok(mut s) = self.0.lock() {
-            s.remove(uid);
-        }
-    }
-}
 
 /// Whether `d` is not the Deployment this operator makes: a container it does not make (the
 /// Go operator's `kube-rbac-proxy` sidecar). `ours` names the operator's containers.
@@ -92,50 +67,18 @@ pub async fn go_leftovers(
     ns: &str,
 ) -> Result<()> {
     let uid = cr.uid().unwrap_or_default();
-    if ctx.migrated.done(&uid) {
+    if ctx.migrated.contains(&uid) {
         return Ok(());
     }
-    let mut removed = Vec::new();
-
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    if let Some(d) = deployments
-        .get_opt(&name.server())
-        .await
-        .map_err(Error::Kube)?
-    {
-        if is_foreign_deployment(&d, &[crate::children::deployment::CONTAINER]) {
-            delete_exact(&deployments, &d).await?;
-            removed.push(format!(
-                "Deployment {} (kube-rbac-proxy sidecar)",
-                d.name_any()
-            ));
-        }
-    }
-
-    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    let krp = format!("{}{GO_KRP_SUFFIX}", name.server());
-    if let Some(cm) = config_maps.get_opt(&krp).await.map_err(Error::Kube)? {
-        delete_exact(&config_maps, &cm).await?;
-        removed.push(format!("ConfigMap {krp}"));
-    }
-
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = ListParams::default().labels(&name.sandbox_selector());
-    let go_pods: Vec<Pod> = pods
-        .list(&lp)
-        .await
-        .map_err(Error::Kube)?
-        .items
-        .into_iter()
-        .filter(is_go_sandbox)
-        .collect();
-    for p in &go_pods {
-        delete_exact(&pods, p).await?;
-    }
-    if !go_pods.is_empty() {
-        removed.push(format!("{} Go-era sandbox pod(s)", go_pods.len()));
-    }
-
+    // One call per leftover, each asking the API server (these are not in the caches).
+    let removed: Vec<String> = [
+        go_server_deployment(ctx, name, ns).await?,
+        go_sidecar_config_map(ctx, name, ns).await?,
+        go_sandbox_pods(ctx, name, ns).await?,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     if !removed.is_empty() {
         let note = format!(
             "took over from the Go operator: deleted {}; delete its per-session Secrets \
@@ -147,24 +90,86 @@ pub async fn go_leftovers(
         ctx.publish(cr, EventType::Normal, "MigratedFromGoOperator", note)
             .await;
     }
-    ctx.migrated.mark(&uid);
+    ctx.migrated.insert(&uid);
     Ok(())
+}
+
+/// The Go-era server Deployment (with the kube-rbac-proxy sidecar), deleted; what went.
+async fn go_server_deployment(
+    ctx: &Context,
+    name: &InstanceName,
+    ns: &str,
+) -> Result<Option<String>> {
+    let what = format!("Deployment {ns}/{}", name.server());
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let found = deployments
+        .get_opt(&name.server())
+        .await
+        .map_err(Error::migrating(&what))?;
+    let Some(d) = found.filter(|d| is_foreign_deployment(d, &[CONTAINER])) else {
+        return Ok(None);
+    };
+    delete_exact(&deployments, &d, &what).await?;
+    Ok(Some(format!(
+        "Deployment {} (kube-rbac-proxy sidecar)",
+        d.name_any()
+    )))
+}
+
+/// The sidecar's ConfigMap `cli-mcp-<n>-krp`, deleted; what went.
+async fn go_sidecar_config_map(
+    ctx: &Context,
+    name: &InstanceName,
+    ns: &str,
+) -> Result<Option<String>> {
+    let krp = format!("{}{GO_KRP_SUFFIX}", name.server());
+    let what = format!("ConfigMap {ns}/{krp}");
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(cm) = config_maps
+        .get_opt(&krp)
+        .await
+        .map_err(Error::migrating(&what))?
+    else {
+        return Ok(None);
+    };
+    delete_exact(&config_maps, &cm, &what).await?;
+    Ok(Some(format!("ConfigMap {krp}")))
+}
+
+/// The Go-era sandbox pods of the instance, deleted; how many went.
+async fn go_sandbox_pods(ctx: &Context, name: &InstanceName, ns: &str) -> Result<Option<String>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let lp = ListParams::default().labels(&name.sandbox_selector());
+    let go_pods: Vec<Pod> = pods
+        .list(&lp)
+        .await
+        .map_err(Error::migrating(format!(
+            "listing the sandbox pods of {ns}/{name}"
+        )))?
+        .items
+        .into_iter()
+        .filter(is_go_sandbox)
+        .collect();
+    for p in &go_pods {
+        delete_exact(&pods, p, &format!("Pod {ns}/{}", p.name_any())).await?;
+    }
+    Ok((!go_pods.is_empty()).then(|| format!("{} Go-era sandbox pod(s)", go_pods.len())))
 }
 
 /// Deletes exactly the object that was read (UID precondition), so a new object of the same
 /// name made in between is never removed. Gone already is fine.
-async fn delete_exact<K>(api: &Api<K>, obj: &K) -> Result<()>
+async fn delete_exact<K>(api: &Api<K>, obj: &K, what: &str) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let dp = DeleteParams {
         propagation_policy: DeleteParams::background().propagation_policy,
-        ..crate::apply::delete_exactly(obj, false)
+        ..delete_exactly(obj, false)
     };
     match api.delete(&obj.name_any(), &dp).await {
         Ok(_) => Ok(()),
         Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(Error::migrating(format!("deleting {what}"))(e)),
     }
 }
 

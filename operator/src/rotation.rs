@@ -14,7 +14,7 @@ use kube::{Api, ResourceExt};
 
 use cli_mcp_api::names::{label, FIELD_MANAGER};
 
-use crate::children::{ProxyInputs, Spec};
+use crate::children::Inputs;
 use crate::context::Context;
 
 /// Annotation on each proxy pod: the version of the kubeconfig it was last told about.
@@ -37,12 +37,15 @@ pub fn forget(namespace: &str, name: &str) {
     }
 }
 
-/// Annotates the proxy pods whose kubeconfig version is not `p`'s. Failures are logged and
-/// retried on the next reconcile: the kubelet's periodic sync refreshes the file anyway.
-pub async fn nudge_proxy_pods(ctx: &Context, spec: &Spec, p: &ProxyInputs) {
-    let Some(version) = &p.kubeconfig_version else {
+/// Annotates the proxy pods whose kubeconfig version is not the resolved one (nothing while
+/// the proxy's inputs are not usable). Failures are logged and retried on the next
+/// reconcile: the kubelet's periodic sync refreshes the file anyway.
+pub async fn nudge_proxy_pods(ctx: &Context, inputs: &Inputs) {
+    let proxy = inputs.proxy.as_ref();
+    let Some(version) = proxy.and_then(|p| p.kubeconfig_version.as_ref()) else {
         return;
     };
+    let spec = &inputs.spec;
     let key = nudged_key(&spec.namespace, spec.name.as_str());
     if NUDGED
         .lock()

@@ -1,142 +1,60 @@
-//! Runs one controller per watch scope until shutdown, and the process lifecycle around it
-//! when there is no leader election (see [`crate::leader::run_elected`] for the other case).
+//! The process's lifecycle: logs, signal handlers, the client, the health endpoints, the
+//! platform, then the controllers ([`crate::controllers`]) — under leader election
+//! ([`crate::leader::run_elected`]) or, without it, until a shutdown signal.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
+use anyhow::Context as _;
 use kube::Client;
 use tokio::sync::watch;
 
-use crate::context::{Context, OperatorConfig, Scope};
-use crate::controller::{error_policy, reconcile};
+use crate::cli::Args;
+use crate::context::OperatorConfig;
+use crate::controllers::{mark_leader, run_controllers, Ended};
 use crate::metrics::Metrics;
+use crate::{http, leader, platform, signals, telemetry};
 
-/// How long a shutdown waits for in-flight reconciles before dropping them. Well inside the
-/// Deployment's 30 s termination grace period, leaving room to release the lease; dropping a
-/// reconcile is safe because every step is idempotent and the next process repeats it.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Runs the controllers (one per namespace of `WATCH_NAMESPACE`, or one for the cluster)
-/// until `shutdown` turns true. Marks the process ready once every cache has synced.
-///
-/// After the shutdown signal the controllers get [`DRAIN_TIMEOUT`] to finish what is in
-/// flight — none at all while the caches have not synced: kube's controller holds its
-/// queue until the stores are ready, so with an unreachable API server it would never
-/// finish draining (and the process would ignore SIGTERM until SIGKILL).
-pub async fn run_controllers(
-    client: Client,
-    config: Arc<OperatorConfig>,
-    metrics: Arc<Metrics>,
-    shutdown: watch::Receiver<bool>,
-) {
-    let namespaces: Vec<Option<String>> = match &config.scope {
-        Scope::All => vec![None],
-        Scope::Namespaces(list) => list.iter().cloned().map(Some).collect(),
-    };
-    let mut runs = Vec::new();
-    let mut syncs = Vec::new();
-    for ns in namespaces {
-        let (controller, stores) = crate::watch::build(&client, ns.as_deref(), &config.scope);
-        let ctx = Arc::new(Context::new(
-            client.clone(),
-            config.clone(),
-            metrics.clone(),
-            stores.clone(),
-        ));
-        let mut stop = shutdown.clone();
-        let controller = controller.graceful_shutdown_on(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        });
-        syncs.push(async move { stores.synced().await });
-        let scope = ns.clone().unwrap_or_else(|| "<all>".into());
-        runs.push(
-            controller
-                .run(reconcile, error_policy, ctx)
-                .for_each(move |res| {
-                    let scope = scope.clone();
-                    async move {
-                        match res {
-                            Ok((obj, _)) => tracing::debug!(%scope, object = %obj, "reconciled"),
-                            Err(e) => tracing::debug!(%scope, "controller: {e}"),
-                        }
-                    }
-                }),
-        );
-    }
-    let ready = metrics.clone();
-    tokio::spawn(async move {
-        futures::future::join_all(syncs).await;
-        ready.set_ready(true);
-        tracing::info!("caches synced; reconciling");
-    });
+/// The operator's process: logs, signal handlers, the client, health endpoints, the
+/// platform, then the controllers — with leader election unless it is switched off.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    telemetry::init(args.log_json);
+    // First, so a signal at any later point (even while the API server is unreachable)
+    // stops the process.
+    let shutdown = signals::shutdown_signals().context("installing the SIGTERM/SIGINT handlers")?;
+    let mut config = args.operator_config()?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+    let metrics = Arc::new(Metrics::new());
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let health = tokio::spawn(http::serve(args.health_listen, metrics.clone(), leader_rx));
+    // Before any pod is built; a signal still stops a start-up that waits for the API.
     let mut stop = shutdown.clone();
-    let synced = metrics.clone();
-    let deadline = async move {
-        let _ = stop.wait_for(|s| *s).await;
-        if !synced.is_ready() {
-            tracing::info!("stopping before the caches synced: nothing is in flight");
-            return;
+    config.platform = tokio::select! {
+        p = platform::resolve(args.platform, &client) => p,
+        () = signals::signalled(&mut stop) => {
+            health.abort();
+            tracing::info!("stopped");
+            return Ok(());
         }
-        tokio::time::sleep(DRAIN_TIMEOUT).await;
-        tracing::warn!(
-            "reconciles still running {}s after the shutdown signal; dropping them (they are idempotent)",
-            DRAIN_TIMEOUT.as_secs()
-        );
     };
-    tokio::select! {
-        _ = futures::future::join_all(runs) => {}
-        _ = deadline => {}
+    let config = Arc::new(config);
+    tracing::info!(scope = ?config.scope, identity = %config.identity, "starting");
+
+    let ended = if args.leader_elect {
+        let lease = args.lease_config(client.default_namespace());
+        leader::run_elected(client, config, metrics, &leader_tx, &lease, shutdown).await
+    } else {
+        run_until_signal(client, config, metrics, &leader_tx, shutdown).await
+    };
+    health.abort();
+    if ended == Ended::LostLease {
+        // Never keep reconciling without the lease: exit and let the Deployment restart us.
+        tracing::error!("lost the leader lease; exiting");
+        std::process::exit(1);
     }
-    metrics.set_ready(false);
-}
-
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
-    /// Shut down by a signal (or the controllers ended).
-    Stopped,
-    /// Another process holds the lease now: this one must not reconcile any more.
-    LostLease,
-}
-
-/// Listens for SIGINT and SIGTERM for the whole life of the process: the receiver turns
-/// true at the first one. A second one exits at once. Installed once, before anything can
-/// block, because a signal that arrives while no tokio listener exists is lost — tokio's
-/// handler stays installed, so the default action (exit) no longer applies either.
-pub fn shutdown_signals() -> std::io::Result<watch::Receiver<bool>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let mut seen = false;
-        loop {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            };
-            if seen {
-                tracing::warn!("{name} again; exiting now without draining");
-                std::process::exit(1);
-            }
-            seen = true;
-            tracing::info!("{name} received; shutting down");
-            let _ = tx.send(true);
-        }
-    });
-    Ok(rx)
-}
-
-/// Resolves once `shutdown` has turned true (or its sender is gone).
-pub async fn signalled(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
-
-/// Reports this process as the one that reconciles (`/readyz`, the `leader` gauge).
-pub fn mark_leader(leader: &watch::Sender<bool>, metrics: &Metrics) {
-    let _ = leader.send(true);
-    metrics.leader.set(1);
+    tracing::info!("stopped");
+    Ok(())
 }
 
 /// Without leader election: runs the controllers until a shutdown signal.

@@ -651,7 +651,7 @@ mod tests {
             );
         }
         assert!(session_token_of_meta(m, &sid, &k).is_some());
-        let dp = crate::apply::delete_exactly(&cached, true);
+        let dp = crate::api_call::delete_exactly(&cached, true);
         let pre = dp.preconditions.expect("preconditions");
         assert_eq!(
             (pre.uid, pre.resource_version),

@@ -19,11 +19,11 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_api::names::{label, FIELD_MANAGER};
+use cli_mcp_api::names::{label, InstanceName, FIELD_MANAGER};
 
+use crate::api_call::is_status;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pool::is_status;
 
 /// True once the teardown has run longer than allowed: remaining pods are left to the
 /// garbage collector (they carry owner references) rather than blocking deletion forever.
@@ -35,6 +35,8 @@ fn timed_out(cr: &CliMcpInstance, ctx: &Context) -> bool {
     std::time::Duration::try_from(age).is_ok_and(|d| d > ctx.config.teardown_timeout)
 }
 
+/// The finalizer's cleanup, one call per step (each idempotent). A step that waits returns
+/// [`Error::Waiting`] unless the teardown timed out.
 pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
     let ns = cr
         .namespace()
@@ -44,155 +46,229 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
         // A name that never passed admission never got children.
         Err(_) => return Ok(Action::await_change()),
     };
-    let give_up = timed_out(&cr, ctx);
-    let oref = cr.object_ref(&());
+    let t = Teardown {
+        ctx,
+        cr: &cr,
+        ns: &ns,
+        name: &name,
+        give_up: timed_out(&cr, ctx),
+    };
+    // 1. Scale the server to zero and wait for its pods (client).
+    t.quiesce_server().await?;
+    // 2. Delete every sandbox and wait for them (client).
+    t.remove_sandboxes().await?;
+    // 3. Delete the credential proxy and wait for its pods (client).
+    t.remove_proxy().await?;
+    // 3b. Delete the session slots no pod owns (client).
+    t.remove_slots().await?;
+    // 4. Delete the cluster-scoped binding (client).
+    t.remove_cluster_binding().await?;
+    // 5. Release: what this process kept about the instance goes (client for the Event).
+    t.release().await;
+    Ok(Action::await_change())
+}
 
-    // 1. Scale the server to zero so nobody claims or creates sandboxes any more.
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    if let Some(d) = deployments.get_opt(&name.server()).await? {
-        if d.spec.replicas != Some(0) {
+/// One teardown of one instance: what its steps share.
+struct Teardown<'a> {
+    ctx: &'a Context,
+    cr: &'a CliMcpInstance,
+    ns: &'a str,
+    name: &'a InstanceName,
+    /// The teardown ran longer than allowed: steps stop waiting.
+    give_up: bool,
+}
+
+impl Teardown<'_> {
+    /// Waits (retried shortly) for what `waiting` says, unless the teardown timed out.
+    fn wait(&self, waiting: String) -> Result<()> {
+        if self.give_up {
+            return Ok(());
+        }
+        Err(Error::Waiting(waiting))
+    }
+
+    /// Publishes a teardown Event; best effort.
+    async fn publish(&self, type_: EventType, reason: &str, note: &str) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: "Teardown".into(),
+            secondary: None,
+        };
+        let _ = self
+            .ctx
+            .recorder
+            .publish(&ev, &self.cr.object_ref(&()))
+            .await;
+    }
+
+    /// Scales the server to zero so nobody claims or creates sandboxes any more, and waits
+    /// until none of its pods is left.
+    async fn quiesce_server(&self) -> Result<()> {
+        let (ctx, ns, name) = (self.ctx, self.ns, self.name);
+        let what = format!("Deployment {ns}/{}", name.server());
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+        let found = deployments
+            .get_opt(&name.server())
+            .await
+            .map_err(Error::teardown(&what))?;
+        if found.is_some_and(|d| d.spec.replicas != Some(0)) {
             let pp = PatchParams {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..Default::default()
             };
+            let zero = Patch::Merge(serde_json::json!({"spec": {"replicas": 0}}));
             deployments
-                .patch(
-                    &name.server(),
-                    &pp,
-                    &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
-                )
-                .await?;
+                .patch(&name.server(), &pp, &zero)
+                .await
+                .map_err(Error::teardown(format!("scaling {what} to 0")))?;
             ctx.metrics.api_write("Deployment", "patch");
-            let _ = ctx
-                .recorder
-                .publish(
-                    &Event {
-                        type_: EventType::Normal,
-                        reason: "TeardownStarted".into(),
-                        note: Some(
-                            "scaled the server to 0; sandboxes are deleted once its pods are gone"
-                                .into(),
-                        ),
-                        action: "Teardown".into(),
-                        secondary: None,
-                    },
-                    &oref,
-                )
-                .await;
+            self.publish(
+                EventType::Normal,
+                "TeardownStarted",
+                "scaled the server to 0; sandboxes are deleted once its pods are gone",
+            )
+            .await;
         }
-    }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let server_pods = pods
-        .list_metadata(&ListParams::default().labels(&name.server_selector()))
-        .await?;
-    if !server_pods.items.is_empty() && !give_up {
-        return Err(Error::Waiting(format!(
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        let server_pods = pods
+            .list_metadata(&ListParams::default().labels(&name.server_selector()))
+            .await
+            .map_err(Error::teardown(format!(
+                "listing the server pods of {ns}/{name}"
+            )))?;
+        if server_pods.items.is_empty() {
+            return Ok(());
+        }
+        self.wait(format!(
             "{} server pod(s) of {ns}/{name} to stop",
             server_pods.items.len()
-        )));
+        ))
     }
 
-    // 2. Delete every sandbox of the instance (pool and sessions) and wait for them.
-    let sandbox = ListParams::default().labels(&name.sandbox_selector());
-    let left = pods.list_metadata(&sandbox).await?;
-    if !left.items.is_empty() {
+    /// Deletes every sandbox of the instance (pool and sessions) and waits for them.
+    async fn remove_sandboxes(&self) -> Result<()> {
+        let (ctx, ns, name) = (self.ctx, self.ns, self.name);
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        let sandbox = ListParams::default().labels(&name.sandbox_selector());
+        let left = pods
+            .list_metadata(&sandbox)
+            .await
+            .map_err(Error::teardown(format!(
+                "listing the sandboxes of {ns}/{name}"
+            )))?;
+        if left.items.is_empty() {
+            return Ok(());
+        }
         if left
             .items
             .iter()
             .any(|p| p.metadata.deletion_timestamp.is_none())
         {
             pods.delete_collection(&DeleteParams::default(), &sandbox)
-                .await?;
+                .await
+                .map_err(Error::teardown(format!(
+                    "deleting the sandboxes of {ns}/{name}"
+                )))?;
             ctx.metrics.api_write("Pod", "deletecollection");
         }
-        if !give_up {
-            return Err(Error::Waiting(format!(
-                "{} sandbox pod(s) of {ns}/{name} to terminate",
-                left.items.len()
-            )));
-        }
+        self.wait(format!(
+            "{} sandbox pod(s) of {ns}/{name} to terminate",
+            left.items.len()
+        ))
     }
 
-    // 3. The credential proxy: its pods hold the admin's token and match the Service a
-    //    re-created instance of the same name gets, so they must be gone before the CR is
-    //    released (garbage collection would remove them only afterwards, at its own pace).
-    if let Some(left) = remove_proxy_pods(ctx, &ns, &name).await? {
-        if !give_up {
-            return Err(Error::Waiting(format!(
+    /// The credential proxy: its pods hold the admin's token and match the Service a
+    /// re-created instance of the same name gets, so they must be gone before the CR is
+    /// released (garbage collection would remove them only afterwards, at its own pace).
+    async fn remove_proxy(&self) -> Result<()> {
+        let (ns, name) = (self.ns, self.name);
+        match remove_proxy_pods(self.ctx, ns, name).await? {
+            Some(left) => self.wait(format!(
                 "{left} credential proxy pod(s) of {ns}/{name} to terminate"
-            )));
+            )),
+            None => Ok(()),
         }
     }
 
-    // 3b. Session slots (Leases). Those owned by a pod went with it; a slot a server made
-    //     and crashed before binding has no owner, and with no server left to reclaim it,
-    //     it would outlive the instance.
-    //     One delete each: the operator holds `delete` on Leases, not `deletecollection`.
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-    let slots = ListParams::default().labels(&name.slot_selector());
-    for slot in leases.list_metadata(&slots).await?.items {
-        match leases
-            .delete(&slot.name_any(), &DeleteParams::default())
+    /// Session slots (Leases). Those owned by a pod went with it; a slot a server made and
+    /// crashed before binding has no owner, and with no server left to reclaim it, it would
+    /// outlive the instance.
+    /// One delete each: the operator holds `delete` on Leases, not `deletecollection`.
+    async fn remove_slots(&self) -> Result<()> {
+        let (ctx, ns, name) = (self.ctx, self.ns, self.name);
+        let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+        let slots = ListParams::default().labels(&name.slot_selector());
+        let listed = leases
+            .list_metadata(&slots)
             .await
-        {
-            Ok(_) => ctx.metrics.api_write("Lease", "delete"),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(e.into()),
+            .map_err(Error::teardown(format!(
+                "listing the session slots of {ns}/{name}"
+            )))?;
+        for slot in listed.items {
+            match leases
+                .delete(&slot.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => ctx.metrics.api_write("Lease", "delete"),
+                Err(e) if is_status(&e, 404) => {}
+                Err(e) => {
+                    let what = format!("deleting Lease {ns}/{}", slot.name_any());
+                    return Err(Error::teardown(what)(e));
+                }
+            }
         }
+        Ok(())
     }
 
-    // 4. The cluster-scoped binding has no owner reference: remove it explicitly.
-    let crbs: Api<ClusterRoleBinding> = Api::all(ctx.client.clone());
-    match crbs
-        .delete(&name.auth_delegator_binding(&ns), &DeleteParams::default())
-        .await
-    {
-        Ok(_) => ctx.metrics.api_write("ClusterRoleBinding", "delete"),
-        Err(e) if is_status(&e, 404) => {}
-        Err(e) => return Err(e.into()),
+    /// The cluster-scoped binding has no owner reference: removed explicitly.
+    async fn remove_cluster_binding(&self) -> Result<()> {
+        let binding = self.name.auth_delegator_binding(self.ns);
+        let crbs: Api<ClusterRoleBinding> = Api::all(self.ctx.client.clone());
+        match crbs.delete(&binding, &DeleteParams::default()).await {
+            Ok(_) => self.ctx.metrics.api_write("ClusterRoleBinding", "delete"),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => {
+                let what = format!("deleting ClusterRoleBinding {binding}");
+                return Err(Error::teardown(what)(e));
+            }
+        }
+        Ok(())
     }
 
-    if give_up {
-        let _ = ctx
-            .recorder
-            .publish(
-                &Event {
-                    type_: EventType::Warning,
-                    reason: "TeardownTimedOut".into(),
-                    note: Some("pods did not terminate in time; released the instance and left them to garbage collection".into()),
-                    action: "Teardown".into(),
-                    secondary: None,
-                },
-                &oref,
+    /// Says so when the teardown timed out, and forgets what this process kept about the
+    /// instance: entries of deleted instances otherwise stayed for the process's life.
+    async fn release(&self) {
+        let (ctx, ns, name) = (self.ctx, self.ns, self.name);
+        if self.give_up {
+            self.publish(
+                EventType::Warning,
+                "TeardownTimedOut",
+                "pods did not terminate in time; released the instance and left them to garbage collection",
             )
             .await;
+        }
+        if let Some(uid) = self.cr.uid() {
+            ctx.pool.forget(&uid);
+            ctx.applied.forget_owner(&uid);
+            ctx.migrated.forget(&uid);
+            ctx.retries.reset(&uid);
+            ctx.isolation.forget(&uid);
+        }
+        crate::rotation::forget(ns, name.as_str());
+        ctx.applied.forget_prefix(&format!(
+            "ClusterRoleBinding//{}",
+            name.auth_delegator_binding(ns)
+        ));
+        tracing::info!(namespace = %ns, instance = %name, "teardown complete; releasing the finalizer");
     }
-    // What this process kept about the instance goes with it: entries of deleted instances
-    // otherwise stayed for the process's life.
-    if let Some(uid) = cr.uid() {
-        ctx.pool.forget(&uid);
-        ctx.applied.forget_owner(&uid);
-        ctx.migrated.forget(&uid);
-        ctx.retries.reset(&uid);
-        ctx.isolation.forget(&uid);
-    }
-    crate::rotation::forget(&ns, name.as_str());
-    ctx.applied.forget_prefix(&format!(
-        "ClusterRoleBinding//{}",
-        name.auth_delegator_binding(&ns)
-    ));
-    tracing::info!(namespace = %ns, instance = %name, "teardown complete; releasing the finalizer");
-    Ok(Action::await_change())
 }
 
 /// Deletes the proxy Deployment (if any) and reports how many of its pods still exist
 /// (`None`: none). The pods are found by label, so a Deployment already gone does not hide
 /// pods still terminating.
-async fn remove_proxy_pods(
-    ctx: &Context,
-    ns: &str,
-    name: &cli_mcp_api::names::InstanceName,
-) -> Result<Option<usize>> {
+async fn remove_proxy_pods(ctx: &Context, ns: &str, name: &InstanceName) -> Result<Option<usize>> {
     let live = crate::context::cached(&ctx.stores.deployments, ns, &name.proxy())
         .is_some_and(|d| d.metadata.deletion_timestamp.is_none());
     if live {
@@ -203,7 +279,10 @@ async fn remove_proxy_pods(
         {
             Ok(_) => ctx.metrics.api_write("Deployment", "delete"),
             Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                let what = format!("deleting Deployment {ns}/{}", name.proxy());
+                return Err(Error::teardown(what)(e));
+            }
         }
     }
     let selector = format!(
@@ -217,50 +296,12 @@ async fn remove_proxy_pods(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let left = pods
         .list_metadata(&ListParams::default().labels(&selector))
-        .await?;
+        .await
+        .map_err(Error::teardown(format!(
+            "listing the credential proxy pods of {ns}/{name}"
+        )))?;
     if left.items.is_empty() {
         return Ok(None);
     }
     Ok(Some(left.items.len()))
-}
-
-/// Deletes the child `name` of kind `K` when the store shows it (no request otherwise);
-/// failures are logged and retried on the next reconcile. `why` names the spec field whose
-/// removal made it unwanted.
-async fn delete_cached<K: crate::apply::Owned>(ctx: &Context, ns: &str, name: &str, why: &str) {
-    if crate::context::cached(K::store(&ctx.stores), ns, name).is_none() {
-        return;
-    }
-    let api = K::api(ctx.client.clone(), ns);
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => ctx.metrics.api_write(K::kind(&()).as_ref(), "delete"),
-        Err(e) if is_status(&e, 404) => {}
-        Err(e) => tracing::warn!(
-            "deleting {} {ns}/{name} of a removed {why}: {e}; retrying on the next reconcile",
-            K::kind(&())
-        ),
-    }
-}
-
-/// The Ingress, HTTPRoute or Route an instance no longer asks for (`spec.server.expose`
-/// removed or switched to another kind), so the endpoint stops being published.
-pub async fn remove_expose(ctx: &Context, spec: &crate::children::Spec) {
-    use crate::children::expose::{HttpRoute, Route};
-    use k8s_openapi::api::networking::v1::Ingress;
-
-    let (ns, name, why) = (
-        spec.namespace.as_str(),
-        spec.name.server(),
-        "spec.server.expose",
-    );
-    let expose = spec.expose.as_ref();
-    if expose.and_then(|e| e.ingress.as_ref()).is_none() {
-        delete_cached::<Ingress>(ctx, ns, &name, why).await;
-    }
-    if expose.and_then(|e| e.http_route.as_ref()).is_none() {
-        delete_cached::<HttpRoute>(ctx, ns, &name, why).await;
-    }
-    if expose.and_then(|e| e.route.as_ref()).is_none() {
-        delete_cached::<Route>(ctx, ns, &name, why).await;
-    }
 }

@@ -235,13 +235,7 @@ fn optional_kind<K>(
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let (reader, writer) = reflector::store();
     let mut last: Option<bool> = None;
@@ -317,136 +311,73 @@ fn root_fingerprint(o: &CliMcpInstance) -> Option<u64> {
     Some(h.finish())
 }
 
-/// Builds the controller for one watch scope (`ns = None`: the whole cluster).
-pub fn build(
-    client: &Client,
-    ns: Option<&str>,
-    scope: &Scope,
-) -> (Controller<CliMcpInstance>, Stores) {
-    let (cr_reader, cr_writer) = reflector::store();
-    let root = watcher(
-        api::<CliMcpInstance>(client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(cr_writer)
-    .applied_objects()
-    .predicate_filter(root_fingerprint, Default::default());
+/// The controller being built: every watch is added to it in turn.
+type Ctl = Controller<CliMcpInstance>;
 
-    let (deployments, deployment_s) = reflect(api::<Deployment>(client, ns), managed());
-    let (services, service_s) = reflect(api::<Service>(client, ns), managed());
-    let (service_accounts, sa_s) = reflect(api::<ServiceAccount>(client, ns), managed());
-    let (roles, role_s) = reflect(api::<Role>(client, ns), managed());
-    let (role_bindings, rb_s) = reflect(api::<RoleBinding>(client, ns), managed());
-    let (network_policies, np_s) = reflect(api::<NetworkPolicy>(client, ns), managed());
-    let (pod_disruption_budgets, pdb_s) =
-        reflect(api::<PodDisruptionBudget>(client, ns), managed());
-    let (config_maps, cm_s) = reflect(api::<ConfigMap>(client, ns), managed());
-    let (secrets, secret_s) = reflect(api::<Secret>(client, ns), managed());
-    let (cluster_role_bindings, crb_s) =
-        reflect(Api::<ClusterRoleBinding>::all(client.clone()), managed());
-    let (pods, pod_s) = sandbox_pods(client, ns);
-    let (ingresses, ingress_s) = reflect(api::<Ingress>(client, ns), managed());
-    let (served_tx, http_routes_served) = tokio::sync::watch::channel(None);
-    let (http_routes, http_route_s) = optional_kind::<HttpRoute>(
+/// The bounds of a namespaced kind the operator watches.
+trait Watched:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Debug
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+impl<K> Watched for K where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Builds the controller for one watch scope (`ns = None`: the whole cluster): the root
+/// watch, then one call per watch, each adding its trigger and giving back its store.
+pub fn build(client: &Client, ns: Option<&str>, scope: &Scope) -> (Ctl, Stores) {
+    let (instances, root) = root_watch(client, ns);
+    let c = Controller::for_stream(root, instances.clone());
+    let (c, deployments) = own::<Deployment>(c, client, ns);
+    let (c, services) = own::<Service>(c, client, ns);
+    let (c, service_accounts) = own::<ServiceAccount>(c, client, ns);
+    let (c, roles) = own::<Role>(c, client, ns);
+    let (c, role_bindings) = own::<RoleBinding>(c, client, ns);
+    let (c, network_policies) = own::<NetworkPolicy>(c, client, ns);
+    let (c, pod_disruption_budgets) = own::<PodDisruptionBudget>(c, client, ns);
+    let (c, config_maps) = own::<ConfigMap>(c, client, ns);
+    let (c, secrets) = own::<Secret>(c, client, ns);
+    let (c, ingresses) = own::<Ingress>(c, client, ns);
+    let (c, http_routes, http_routes_served) = own_optional::<HttpRoute>(
+        c,
         client,
         ns,
-        served_tx,
         (
             "watching Gateway API HTTPRoutes",
             "this cluster serves no gateway.networking.k8s.io/v1 HTTPRoute (the Gateway API CRDs are not installed); instances with spec.server.expose.httpRoute wait for them",
         ),
     );
-    let (routes_tx, routes_served) = tokio::sync::watch::channel(None);
-    let (routes, route_s) = optional_kind::<Route>(
+    let (c, routes, routes_served) = own_optional::<Route>(
+        c,
         client,
         ns,
-        routes_tx,
         (
             "watching OpenShift Routes",
             "this cluster serves no route.openshift.io/v1 Route; instances with spec.server.expose.route wait for it",
         ),
     );
-
-    // Admin Secrets (kubeconfig, custom TLS) and the certificates OpenShift's service CA
-    // issues (renewed by it) are not labelled by us: watch only their metadata and map them
-    // to the instances that name them or would get them.
-    let admin_secrets = watcher(
-        api::<PartialObjectMeta<Secret>>(client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
-    let secret_refs = cr_reader.clone();
-    // Likewise the ConfigMaps holding allow-list targets' CAs.
-    let admin_config_maps = watcher(
-        api::<PartialObjectMeta<ConfigMap>>(client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
-    let config_map_refs = cr_reader.clone();
-
-    let scope_for_crb = scope.clone();
-    let controller = Controller::for_stream(root, cr_reader.clone())
-        .owns_stream(deployment_s)
-        .owns_stream(service_s)
-        .owns_stream(sa_s)
-        .owns_stream(role_s)
-        .owns_stream(rb_s)
-        .owns_stream(np_s)
-        .owns_stream(pdb_s)
-        .owns_stream(cm_s)
-        .owns_stream(secret_s)
-        .owns_stream(ingress_s)
-        .owns_stream(http_route_s)
-        .owns_stream(route_s)
-        .watches_stream(crb_s, move |crb: ClusterRoleBinding| {
-            let l = crb.labels();
-            match (l.get(label::INSTANCE), l.get(INSTANCE_NAMESPACE_LABEL)) {
-                (Some(n), Some(ns)) if scope_for_crb.contains(ns) => Some(instance_ref(n, ns)),
-                _ => None,
-            }
-        })
-        .watches_stream(pod_s, |p: SandboxPod| {
-            let ns = p.namespace()?;
-            p.labels()
-                .get(label::INSTANCE)
-                .map(|n| instance_ref(n, &ns))
-        })
-        .watches_stream(admin_secrets, move |s: PartialObjectMeta<Secret>| {
-            let ns = s.namespace().unwrap_or_default();
-            let name = s.name_any();
-            secret_refs
-                .state()
-                .into_iter()
-                .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
-                .filter(|cr| uses_secret(cr, &name))
-                .map(|cr| ObjectRef::from_obj(cr.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .watches_stream(admin_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
-            let ns = c.namespace().unwrap_or_default();
-            let name = c.name_any();
-            config_map_refs
-                .state()
-                .into_iter()
-                .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
-                .filter(|cr| {
-                    cr.spec.proxy.as_ref().is_some_and(|p| {
-                        p.targets
-                            .iter()
-                            .any(|t| t.ca_config_map.as_deref() == Some(name.as_str()))
-                    })
-                })
-                .map(|cr| ObjectRef::from_obj(cr.as_ref()))
-                .collect::<Vec<_>>()
-        })
+    let (c, cluster_role_bindings) = watch_cluster_role_bindings(c, client, scope);
+    let (c, pods) = watch_sandbox_pods(c, client, ns);
+    let c = watch_admin_secrets(c, client, ns, &instances);
+    let c = watch_admin_config_maps(c, client, ns, &instances);
+    let controller = c
         .trigger_backoff(PerWatchBackoffOnly)
         .with_config(controller::Config::default().debounce(Duration::from_millis(100)));
-
     let stores = Stores {
-        instances: cr_reader,
+        instances,
         pods,
         secrets,
         config_maps,
@@ -466,6 +397,138 @@ pub fn build(
         synced: Arc::default(),
     };
     (controller, stores)
+}
+
+/// The instances: reflected, and passed on only when the root predicate changes.
+fn root_watch(
+    client: &Client,
+    ns: Option<&str>,
+) -> (
+    Store<CliMcpInstance>,
+    impl Stream<Item = Result<CliMcpInstance, watcher::Error>> + Send + 'static,
+) {
+    let (reader, writer) = reflector::store();
+    let root = watcher(
+        api::<CliMcpInstance>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(root_fingerprint, Default::default());
+    (reader, root)
+}
+
+/// A kind the operator owns: its managed objects reflected, each change waking its owner.
+fn own<K: Watched>(c: Ctl, client: &Client, ns: Option<&str>) -> (Ctl, Store<K>) {
+    let (store, stream) = reflect(api::<K>(client, ns), managed());
+    (c.owns_stream(stream), store)
+}
+
+/// A kind the cluster may not serve (see [`optional_kind`]): its store and whether it is
+/// served.
+fn own_optional<K: Watched>(
+    c: Ctl,
+    client: &Client,
+    ns: Option<&str>,
+    logs: (&'static str, &'static str),
+) -> (Ctl, Store<K>, tokio::sync::watch::Receiver<Option<bool>>) {
+    let (served_tx, served) = tokio::sync::watch::channel(None);
+    let (store, stream) = optional_kind::<K>(client, ns, served_tx, logs);
+    (c.owns_stream(stream), store, served)
+}
+
+/// The cluster-scoped bindings carry no owner reference: mapped back to their instance by
+/// the labels `instance` and `instance-namespace`.
+fn watch_cluster_role_bindings(
+    c: Ctl,
+    client: &Client,
+    scope: &Scope,
+) -> (Ctl, Store<ClusterRoleBinding>) {
+    let (store, stream) = reflect(Api::<ClusterRoleBinding>::all(client.clone()), managed());
+    let scope = scope.clone();
+    let c = c.watches_stream(stream, move |crb: ClusterRoleBinding| {
+        let l = crb.labels();
+        match (l.get(label::INSTANCE), l.get(INSTANCE_NAMESPACE_LABEL)) {
+            (Some(n), Some(ns)) if scope.contains(ns) => Some(instance_ref(n, ns)),
+            _ => None,
+        }
+    });
+    (c, store)
+}
+
+/// Sandbox pods wake the instance named by their label (see [`sandbox_pods`]).
+fn watch_sandbox_pods(c: Ctl, client: &Client, ns: Option<&str>) -> (Ctl, Store<SandboxPod>) {
+    let (store, stream) = sandbox_pods(client, ns);
+    let c = c.watches_stream(stream, |p: SandboxPod| {
+        let ns = p.namespace()?;
+        p.labels()
+            .get(label::INSTANCE)
+            .map(|n| instance_ref(n, &ns))
+    });
+    (c, store)
+}
+
+/// Admin Secrets (kubeconfig, custom TLS) and the certificates OpenShift's service CA
+/// issues (renewed by it) are not labelled by us: watch only their metadata and map them
+/// to the instances that name them or would get them.
+fn watch_admin_secrets(
+    c: Ctl,
+    client: &Client,
+    ns: Option<&str>,
+    instances: &Store<CliMcpInstance>,
+) -> Ctl {
+    let admin_secrets = watcher(
+        api::<PartialObjectMeta<Secret>>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let secret_refs = instances.clone();
+    c.watches_stream(admin_secrets, move |s: PartialObjectMeta<Secret>| {
+        let ns = s.namespace().unwrap_or_default();
+        let name = s.name_any();
+        secret_refs
+            .state()
+            .into_iter()
+            .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
+            .filter(|cr| uses_secret(cr, &name))
+            .map(|cr| ObjectRef::from_obj(cr.as_ref()))
+            .collect::<Vec<_>>()
+    })
+}
+
+/// Likewise the ConfigMaps holding allow-list targets' CAs.
+fn watch_admin_config_maps(
+    c: Ctl,
+    client: &Client,
+    ns: Option<&str>,
+    instances: &Store<CliMcpInstance>,
+) -> Ctl {
+    let admin_config_maps = watcher(
+        api::<PartialObjectMeta<ConfigMap>>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let config_map_refs = instances.clone();
+    c.watches_stream(admin_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
+        let ns = c.namespace().unwrap_or_default();
+        let name = c.name_any();
+        config_map_refs
+            .state()
+            .into_iter()
+            .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
+            .filter(|cr| {
+                cr.spec.proxy.as_ref().is_some_and(|p| {
+                    p.targets
+                        .iter()
+                        .any(|t| t.ca_config_map.as_deref() == Some(name.as_str()))
+                })
+            })
+            .map(|cr| ObjectRef::from_obj(cr.as_ref()))
+            .collect::<Vec<_>>()
+    })
 }
 
 #[cfg(test)]

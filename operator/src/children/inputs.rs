@@ -249,6 +249,9 @@ pub struct Inputs {
     /// What the proxy children are built from; `None` while its CA, kubeconfig or image is
     /// not usable (then no proxy children change and no sandbox starts).
     pub proxy: Option<ProxyInputs>,
+    /// Why the cluster cannot store the object `spec.server.expose` asks for (no Gateway API
+    /// CRDs, not OpenShift): it is then left out of the desired set, and the status says so.
+    pub expose_unavailable: Option<String>,
 }
 
 /// The resolved inputs of the credential proxy.

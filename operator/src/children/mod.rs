@@ -2,9 +2,10 @@
 //! desired object with only the fields the operator owns set, ready for server-side apply;
 //! [`build_all`] returns the whole desired set.
 //!
-//! A new child is one builder, one field in [`Desired`] (listed in [`Desired::children`]),
-//! and — for a new kind — an [`crate::apply::Owned`] entry, a store and watch in
-//! [`crate::watch`] and an RBAC rule in the packaging.
+//! A new child is one builder, one field in [`Desired`] (listed in apply order in
+//! [`Desired::children`], which `apply.rs` holds: these builders import nothing of the
+//! operator's steps), and — for a new kind — an [`crate::apply::Owned`] entry, a store and
+//! watch in [`crate::watch`] and an RBAC rule in the packaging.
 
 pub mod deployment;
 pub mod expose;
@@ -21,8 +22,6 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 
 use cli_mcp_api::names::label;
-
-use crate::apply::Applicable;
 
 pub use inputs::{ApiServerPeers, Inputs, ProxyInputs, Spec};
 
@@ -66,48 +65,6 @@ pub struct Desired {
     pub expose: Option<expose::Exposed>,
 }
 
-impl Desired {
-    /// The children in apply order: the Deployment last, so its pods find their
-    /// ServiceAccount, permissions and Secrets in place.
-    pub fn children(&self) -> Vec<&dyn Applicable> {
-        let mut out: Vec<&dyn Applicable> = vec![
-            &self.server_service_account,
-            &self.sandbox_service_account,
-            &self.server_role,
-            &self.server_role_binding,
-            &self.auth_delegator_binding,
-            &self.client_service_account,
-            &self.client_role,
-            &self.client_role_binding,
-            &self.service,
-            &self.network_policy,
-        ];
-        if let Some(cm) = &self.service_ca_config_map {
-            out.push(cm);
-        }
-        if let Some(cm) = &self.ca_config_map {
-            out.push(cm);
-        }
-        // Before the server: a sandbox it creates finds its proxy in place.
-        if let Some(p) = &self.proxy {
-            out.push(&p.service_account);
-            out.push(&p.config_map);
-            out.push(&p.service);
-            out.push(&p.network_policy);
-            out.push(&p.pod_disruption_budget);
-            out.push(&p.deployment);
-        }
-        match &self.expose {
-            Some(expose::Exposed::Ingress(i)) => out.push(i),
-            Some(expose::Exposed::HttpRoute(r)) => out.push(r),
-            Some(expose::Exposed::Route(r)) => out.push(r),
-            None => {}
-        }
-        out.push(&self.deployment);
-        out
-    }
-}
-
 /// The whole desired set of one instance. Pure.
 pub fn build_all(inp: &Inputs) -> Desired {
     Desired {
@@ -133,7 +90,8 @@ pub fn build_all(inp: &Inputs) -> Desired {
             }),
         deployment: deployment::deployment(inp),
         proxy: inp.proxy.as_ref().map(|p| proxy::build(inp, p)),
-        expose: expose::build(inp),
+        // One the cluster cannot store is left out; the status says why.
+        expose: expose::build(inp).filter(|_| inp.expose_unavailable.is_none()),
     }
 }
 
@@ -199,6 +157,7 @@ pub(crate) mod test_support {
                 ports: vec![6443],
                 problem: None,
             },
+            expose_unavailable: None,
         }
     }
 }
@@ -392,6 +351,26 @@ mod tests {
         assert_eq!(
             d.service.spec.and_then(|s| s.ports).map(|p| p[0].port),
             Some(8080)
+        );
+    }
+
+    /// An HTTPRoute or Route the cluster cannot store is not in the desired set; everything
+    /// else is built as when it can.
+    #[test]
+    fn an_expose_the_cluster_cannot_store_is_left_out() {
+        let spec = serde_json::json!({"server": {"expose": {"httpRoute": {
+            "host": "mcp.example.com",
+            "parentRefs": [{"name": "gw"}]
+        }}}});
+        let mut inp = inputs(spec);
+        let served = build_all(&inp);
+        assert!(matches!(served.expose, Some(expose::Exposed::HttpRoute(_))));
+        inp.expose_unavailable = Some("no Gateway API".into());
+        let unserved = build_all(&inp);
+        assert!(unserved.expose.is_none());
+        assert_eq!(
+            format!("{:?}", unserved.deployment),
+            format!("{:?}", served.deployment)
         );
     }
 }

@@ -29,6 +29,7 @@ use cli_mcp_api::sandbox::SandboxConfig;
 use cli_mcp_api::seal;
 use cli_mcp_api::token::HmacKey;
 
+use crate::api_call::{delete_exactly, is_status};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::sandbox_pod::SandboxPod;
@@ -58,7 +59,8 @@ pub struct PoolOutcome {
 /// Brings the pool of one instance towards the desired state. A failed API call does not
 /// stop the pass (the deletes run when the list failed, the creates when a delete did): what
 /// was done is the outcome, and the first error comes with it, for the caller to return
-/// once the instance's status says so. One call per step; only the plan is client-free.
+/// once the instance's status says so. One call per step; only the plan and the outcome
+/// are client-free.
 pub async fn reconcile(
     ctx: &Context,
     uid: &str,
@@ -67,16 +69,17 @@ pub async fn reconcile(
     key: Option<&HmacKey>,
     blocked: Option<String>,
 ) -> (PoolOutcome, Option<Error>) {
-    // From the cache and the expectations (no API call).
+    // 1. Plan from the cache and the expectations (no client).
     let mut pass = Pass::plan(ctx, uid, cfg, desired, key, blocked.is_none());
-    // A consistent list before any create (API).
+    // 2. A consistent list before any create (client).
     pass.recount_before_creating().await;
-    // Deletes first: they free slots and never race a claim (API).
+    // 3. Deletes first: they free slots and never race a claim (client).
     pass.delete().await;
-    // Creates, each sealed at once (API).
+    // 4. Creates, each sealed at once (client).
     pass.create().await;
-    // Why pods wait for their pod sandbox, from the kubelet's Events (API).
+    // 5. Why pods wait for their pod sandbox, from the kubelet's Events (client).
     let awaiting = pass.read_sandbox_failures().await;
+    // 6. The outcome for the status, and the first error (no client).
     pass.outcome(blocked, awaiting)
 }
 
@@ -139,7 +142,9 @@ pub async fn delete_unclaimed(
     pod: &SandboxPod,
     spare_sealed: Option<&HmacKey>,
 ) -> Result<Option<String>> {
-    let Some(fresh) = api.get_opt(&pod.name_any()).await? else {
+    let what = |verb: &str| format!("{verb} pool pod {}", pod.name_any());
+    let read = api.get_opt(&pod.name_any()).await;
+    let Some(fresh) = read.map_err(Error::pool(what("re-reading")))? else {
         return Ok(None);
     };
     if fresh.uid() != pod.uid() || is_assigned(&fresh) || is_deleting(&fresh) {
@@ -148,12 +153,12 @@ pub async fn delete_unclaimed(
     if spare_sealed.is_some_and(|key| seal::sealed(&fresh, key)) {
         return Ok(None);
     }
-    let dp = crate::apply::delete_exactly(&fresh, true);
+    let dp = delete_exactly(&fresh, true);
     match api.delete(&fresh.name_any(), &dp).await {
         Ok(_) => Ok(fresh.uid()),
         // 409: it changed (claimed) since the read; 404: gone. Either way: keep hands off.
         Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(None),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(Error::pool(what("deleting"))(e)),
     }
 }
 
@@ -167,10 +172,6 @@ fn admission_refusal(e: &kube::Error) -> Option<String> {
         }
         _ => None,
     }
-}
-
-pub fn is_status(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 #[cfg(test)]

@@ -19,10 +19,11 @@ use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
 use cli_mcp_api::token::HmacKey;
 
 use super::{
-    admission_refusal, delete_unclaimed, instance_pods, is_status, observe, plan, sandbox_failure,
+    admission_refusal, delete_unclaimed, instance_pods, observe, plan, sandbox_failure,
     seal_created, DeleteReason, FailingPod, Plan, PlanInputs, PoolOutcome, EXPECTATION_TTL,
     FAILED_SANDBOX_REASON, MAX_SANDBOX_EVENT_READS, SANDBOX_RECHECK,
 };
+use crate::api_call::is_status;
 use crate::context::Context;
 use crate::error::Error;
 use crate::sandbox_pod::SandboxPod;
@@ -136,7 +137,8 @@ impl<'a> Pass<'a> {
             }
             Err(e) => {
                 self.plan.create = 0;
-                self.first_err = Some(e.into());
+                let what = format!("listing the unassigned sandboxes ({selector})");
+                self.first_err = Some(Error::pool(what)(e));
             }
         }
     }
@@ -227,7 +229,8 @@ impl<'a> Pass<'a> {
                         Some(Err(e)) => {
                             tracing::warn!(pod = %name, error = %e,
                                 "cannot seal a pool pod just created; it is never claimed, and is replaced once the seal's grace is over");
-                            self.first_err.get_or_insert(e.into());
+                            let what = format!("sealing pool pod {name}");
+                            self.first_err.get_or_insert(Error::pool(what)(e));
                         }
                         None => {}
                     }
@@ -237,7 +240,7 @@ impl<'a> Pass<'a> {
                     if let Some(why) = admission_refusal(&e) {
                         newly_refused = Some(why);
                     } else if !is_status(&e, 409) {
-                        create_failed.get_or_insert(e);
+                        create_failed.get_or_insert((name, e));
                     }
                 }
             }
@@ -249,8 +252,9 @@ impl<'a> Pass<'a> {
             ctx.pool
                 .with(uid, |_, b| *backoff = Some(b.fail(Instant::now())));
         }
-        if let Some(e) = create_failed {
-            self.first_err.get_or_insert(e.into());
+        if let Some((name, e)) = create_failed {
+            let what = format!("creating pool pod {name}");
+            self.first_err.get_or_insert(Error::pool(what)(e));
         }
         // Retrying a refused pod unchanged is refused again: back off, and say why.
         if let Some(why) = newly_refused {

@@ -25,6 +25,10 @@ use base64::Engine as _;
 use serde::Deserialize as _;
 use serde_json::{json, Map, Value};
 
+mod install;
+
+use install::{install_strategy, rules};
+
 /// The package and channel the bundle publishes.
 pub const PACKAGE: &str = "cli-mcp-operator";
 pub const CHANNEL: &str = "alpha";
@@ -85,23 +89,6 @@ pub enum BundleError {
     Invalid(String),
 }
 
-/// Cluster-scoped resources the operator's rules may name. A rule on anything else is
-/// namespaced. An unknown cluster-scoped resource would only be granted in target
-/// namespaces, where it means nothing; the install test would show it missing.
-const CLUSTER_SCOPED: &[&str] = &[
-    "clusterroles",
-    "clusterrolebindings",
-    "namespaces",
-    "nodes",
-    "customresourcedefinitions",
-    "tokenreviews",
-    "subjectaccessreviews",
-    "validatingadmissionpolicies",
-    "validatingadmissionpolicybindings",
-    "runtimeclasses",
-    "priorityclasses",
-];
-
 /// Kinds OLM cannot install from a bundle; left for the admin to apply from `config/`.
 const NOT_CARRIED: &[&str] = &[
     "Namespace",
@@ -141,101 +128,6 @@ fn one<'v>(objs: &'v [Value], k: &'static str) -> Result<&'v Value, BundleError>
     Ok(first)
 }
 
-fn binds_sa(binding: &Value, sa: &str, sa_ns: &str) -> bool {
-    binding["subjects"].as_array().is_some_and(|subjects| {
-        subjects
-            .iter()
-            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == sa_ns)
-    })
-}
-
-/// Which list a rule goes to: `Ok(true)` for cluster-scoped.
-fn cluster_scoped(rule: &Value) -> Result<bool, BundleError> {
-    let resources: Vec<&str> = rule["resources"]
-        .as_array()
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let base = |r: &&str| r.split('/').next().unwrap_or(r).to_string();
-    let cluster = resources
-        .iter()
-        .filter(|r| CLUSTER_SCOPED.contains(&base(r).as_str()))
-        .count();
-    match cluster {
-        0 => Ok(false),
-        n if n == resources.len() => Ok(true),
-        _ => Err(BundleError::MixedScope(resources.join(", "))),
-    }
-}
-
-/// The operator's rules, split by scope, as bound to its ServiceAccount in the rendering.
-fn rules(objs: &[Value], sa: &str, sa_ns: &str) -> Result<(Vec<Value>, Vec<Value>), BundleError> {
-    let role = |k: &str, n: &str, ns: Option<&str>| {
-        objs.iter()
-            .find(|o| kind(o) == k && name(o) == n && ns.is_none_or(|ns| namespace(o) == ns))
-            .ok_or_else(|| {
-                BundleError::Invalid(format!(
-                    "a binding names {k} {n}, which config/default does not render"
-                ))
-            })
-    };
-    let (mut namespaced, mut cluster) = (Vec::new(), Vec::new());
-    for b in objs.iter().filter(|o| binds_sa(o, sa, sa_ns)) {
-        let role_name = b["roleRef"]["name"].as_str().unwrap_or_default();
-        let role_kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
-        let (source, elsewhere) = match (kind(b), role_kind) {
-            ("ClusterRoleBinding", "ClusterRole") => (role("ClusterRole", role_name, None)?, false),
-            ("RoleBinding", "Role") => {
-                let ns = namespace(b);
-                (role("Role", role_name, Some(ns))?, ns != sa_ns)
-            }
-            ("RoleBinding", "ClusterRole") => {
-                (role("ClusterRole", role_name, None)?, namespace(b) != sa_ns)
-            }
-            (k, r) => {
-                return Err(BundleError::Invalid(format!(
-                    "{k} {} binds the operator to a {r}, which the bundle cannot express",
-                    name(b)
-                )))
-            }
-        };
-        for rule in source["rules"].as_array().into_iter().flatten() {
-            // A Role in a namespace OLM will not create Roles in (see the module docs).
-            if elsewhere || cluster_scoped(rule)? {
-                cluster.push(rule.clone());
-            } else {
-                namespaced.push(rule.clone());
-            }
-        }
-    }
-    Ok((namespaced, cluster))
-}
-
-/// The Deployment's spec as OLM runs it: `WATCH_NAMESPACE` from the OperatorGroup.
-fn olm_deployment_spec(deployment: &Value) -> Result<Value, BundleError> {
-    let mut spec = deployment["spec"].clone();
-    let containers = spec["template"]["spec"]["containers"]
-        .as_array_mut()
-        .ok_or(BundleError::Missing("container in the operator Deployment"))?;
-    let mut found = false;
-    for c in containers.iter_mut() {
-        for e in c["env"].as_array_mut().into_iter().flatten() {
-            if e["name"] == "WATCH_NAMESPACE" {
-                *e = json!({
-                    "name": "WATCH_NAMESPACE",
-                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['olm.targetNamespaces']"}}
-                });
-                found = true;
-            }
-        }
-    }
-    if !found {
-        return Err(BundleError::Missing(
-            "WATCH_NAMESPACE variable in the operator Deployment",
-        ));
-    }
-    Ok(spec)
-}
-
 /// Every image the operator runs or makes others run: its own and the `RELATED_IMAGE_*`
 /// ones, so disconnected installs mirror them all.
 fn related_images(deployment: &Value) -> Vec<Value> {
@@ -273,6 +165,7 @@ fn yaml(v: &Value) -> Result<String, BundleError> {
 const HEADER: &str =
     "# Generated by hack/olm-bundle.sh from config/ (operator/src/olm.rs). Do not edit.\n";
 
+/// The bundle from its inputs, one call per part. Pure.
 pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
     let objs = docs(inp.rendered, "the config/default rendering")?;
     let samples = docs(inp.samples, "the config/samples rendering")?;
@@ -281,7 +174,44 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
             what: "the base ClusterServiceVersion",
             source,
         })?;
+    let not_carried = not_carried(&objs)?;
+    let deployment = one(&objs, "Deployment")?;
+    let sa_obj = one(&objs, "ServiceAccount")?;
+    let (sa, sa_ns) = (name(sa_obj), namespace(sa_obj));
+    let (namespaced, cluster) = rules(&objs, sa, sa_ns)?;
+    let crds: Vec<&Value> = objs
+        .iter()
+        .filter(|o| kind(o) == "CustomResourceDefinition")
+        .collect();
+    if crds.is_empty() {
+        return Err(BundleError::Missing("CustomResourceDefinition"));
+    }
+    let owned = owned_crds(&csv, &crds)?;
+    let alm_examples = alm_examples(&samples, &crds)?;
+    let suggested_ns = objs
+        .iter()
+        .find(|o| kind(o) == "Namespace")
+        .map(|o| name(o).to_string())
+        .unwrap_or_else(|| sa_ns.to_string());
+    csv_metadata(
+        &mut csv,
+        inp.version,
+        deployment,
+        alm_examples,
+        &suggested_ns,
+    )?;
+    let install = install_strategy(deployment, sa, namespaced, cluster)?;
+    csv_spec(&mut csv, inp, owned, install, deployment)?;
 
+    let mut files = vec![(CSV_PATH.to_string(), format!("{HEADER}{}", yaml(&csv)?))];
+    files.extend(crd_files(&crds)?);
+    files.extend(metadata_files(inp.version)?);
+    Ok(Bundle { files, not_carried })
+}
+
+/// `Kind/name` of the rendered objects a bundle cannot carry; any kind the bundle does not
+/// know is an error.
+fn not_carried(objs: &[Value]) -> Result<Vec<String>, BundleError> {
     let known = [
         "CustomResourceDefinition",
         "ServiceAccount",
@@ -292,35 +222,25 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
         "Deployment",
     ];
     let mut not_carried = Vec::new();
-    for o in &objs {
+    for o in objs {
         if NOT_CARRIED.contains(&kind(o)) {
             not_carried.push(format!("{}/{}", kind(o), name(o)));
         } else if !known.contains(&kind(o)) {
             return Err(BundleError::UnknownKind(format!("{} {}", kind(o), name(o))));
         }
     }
+    Ok(not_carried)
+}
 
-    let deployment = one(&objs, "Deployment")?;
-    let sa_obj = one(&objs, "ServiceAccount")?;
-    let sa = name(sa_obj);
-    let sa_ns = namespace(sa_obj);
-    let (namespaced, cluster) = rules(&objs, sa, sa_ns)?;
-    let crds: Vec<&Value> = objs
-        .iter()
-        .filter(|o| kind(o) == "CustomResourceDefinition")
-        .collect();
-    if crds.is_empty() {
-        return Err(BundleError::Missing("CustomResourceDefinition"));
-    }
-
-    // Owned CRDs: names, kinds and versions from the CRDs; display names and descriptions
-    // from the base CSV, which must describe every CRD and nothing else.
+/// Owned CRDs: names, kinds and versions from the CRDs; display names and descriptions
+/// from the base CSV, which must describe every CRD and nothing else.
+fn owned_crds(csv: &Value, crds: &[&Value]) -> Result<Vec<Value>, BundleError> {
     let described: Vec<Value> = csv["spec"]["customresourcedefinitions"]["owned"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     let mut owned = Vec::new();
-    for crd in &crds {
+    for crd in crds {
         let crd_name = name(crd);
         let mut entry = described
             .iter()
@@ -346,7 +266,11 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
             "config/manifests' base CSV describes a CRD that config/default does not render".into(),
         ));
     }
+    Ok(owned)
+}
 
+/// The CSV's `alm-examples`: the samples of the bundle's CRDs, as JSON text.
+fn alm_examples(samples: &[Value], crds: &[&Value]) -> Result<String, BundleError> {
     let examples: Vec<&Value> = samples
         .iter()
         .filter(|s| crds.iter().any(|c| c["spec"]["names"]["kind"] == s["kind"]))
@@ -354,24 +278,27 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
     if examples.is_empty() {
         return Err(BundleError::Missing("sample of the CRD in config/samples"));
     }
-    let alm_examples = serde_json::to_string_pretty(&examples)
-        .map_err(|e| BundleError::Invalid(format!("samples: {e}")))?;
+    serde_json::to_string_pretty(&examples)
+        .map_err(|e| BundleError::Invalid(format!("samples: {e}")))
+}
 
+/// The CSV's name and annotations: examples, operator image, suggested namespace.
+fn csv_metadata(
+    csv: &mut Value,
+    version: &str,
+    deployment: &Value,
+    alm_examples: String,
+    suggested_ns: &str,
+) -> Result<(), BundleError> {
     let operator_image = related_images(deployment)
         .into_iter()
         .find(|i| i["name"] == "operator")
         .map(|i| i["image"].clone())
         .ok_or(BundleError::Missing("operator image"))?;
-    let suggested_ns = objs
-        .iter()
-        .find(|o| kind(o) == "Namespace")
-        .map(|o| name(o).to_string())
-        .unwrap_or_else(|| sa_ns.to_string());
-
     let meta = csv["metadata"]
         .as_object_mut()
         .ok_or_else(|| BundleError::Invalid("the base CSV has no metadata".into()))?;
-    meta.insert("name".into(), json!(format!("{PACKAGE}.v{}", inp.version)));
+    meta.insert("name".into(), json!(format!("{PACKAGE}.v{version}")));
     meta.remove("namespace");
     let annotations = meta
         .entry("annotations")
@@ -380,7 +307,17 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
     annotations["containerImage"] = operator_image;
     annotations["operatorframework.io/suggested-namespace"] = json!(suggested_ns);
     annotations["operators.operatorframework.io/builder"] = json!("cli-mcp-operator olm-bundle");
+    Ok(())
+}
 
+/// The CSV's spec: version, icon, owned CRDs, install modes, install strategy, images.
+fn csv_spec(
+    csv: &mut Value,
+    inp: &Inputs<'_>,
+    owned: Vec<Value>,
+    install: Value,
+    deployment: &Value,
+) -> Result<(), BundleError> {
     let spec = csv["spec"]
         .as_object_mut()
         .ok_or_else(|| BundleError::Invalid("the base CSV has no spec".into()))?;
@@ -405,25 +342,18 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
         .map(|t| json!({"type": t, "supported": true}))
         .collect::<Vec<_>>()),
     );
-    let mut install = json!({
-        "deployments": [{
-            "name": name(deployment),
-            "label": deployment["metadata"]["labels"].clone(),
-            "spec": olm_deployment_spec(deployment)?,
-        }],
-        "permissions": [{"serviceAccountName": sa, "rules": namespaced}],
-    });
-    if !cluster.is_empty() {
-        install["clusterPermissions"] = json!([{"serviceAccountName": sa, "rules": cluster}]);
-    }
     spec.insert(
         "install".into(),
         json!({"strategy": "deployment", "spec": install}),
     );
     spec.insert("relatedImages".into(), json!(related_images(deployment)));
+    Ok(())
+}
 
-    let mut files = vec![(CSV_PATH.to_string(), format!("{HEADER}{}", yaml(&csv)?))];
-    for crd in &crds {
+/// One file per CRD, `bundle/manifests/<group>_<plural>.yaml`, without a namespace.
+fn crd_files(crds: &[&Value]) -> Result<Vec<(String, String)>, BundleError> {
+    let mut files = Vec::new();
+    for crd in crds {
         let mut crd = (*crd).clone();
         if let Some(m) = crd["metadata"].as_object_mut() {
             m.remove("namespace");
@@ -441,6 +371,11 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
             format!("{HEADER}{}", yaml(&crd)?),
         ));
     }
+    Ok(files)
+}
+
+/// `metadata/annotations.yaml` and the bundle image's Dockerfile, with the same labels.
+fn metadata_files(version: &str) -> Result<Vec<(String, String)>, BundleError> {
     let labels = [
         (
             "operators.operatorframework.io.bundle.mediatype.v1",
@@ -465,18 +400,18 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
-    files.push((
+    let mut files = vec![(
         ANNOTATIONS_PATH.to_string(),
         format!("{HEADER}{}", yaml(&json!({ "annotations": annotations }))?),
-    ));
+    )];
     // The bundle image: the same labels as annotations.yaml, as OLM's tools expect.
-    let mut dockerfile = format!("{HEADER}# Build from bundle/: docker build -f bundle.Dockerfile -t <registry>/cli-mcp-operator-bundle:v{} .\nFROM scratch\n", inp.version);
+    let mut dockerfile = format!("{HEADER}# Build from bundle/: docker build -f bundle.Dockerfile -t <registry>/cli-mcp-operator-bundle:v{version} .\nFROM scratch\n");
     for (k, v) in labels {
         dockerfile.push_str(&format!("LABEL {k}={v}\n"));
     }
     dockerfile.push_str("COPY manifests /manifests/\nCOPY metadata /metadata/\n");
     files.push((DOCKERFILE_PATH.to_string(), dockerfile));
-    Ok(Bundle { files, not_carried })
+    Ok(files)
 }
 
 /// The bundle of the checkout at `root`, given kustomize's two renderings (as text).
