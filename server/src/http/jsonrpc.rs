@@ -51,9 +51,12 @@ pub(super) async fn jsonrpc_guard(
         Ok(body) => body,
         Err(res) => return res,
     };
-    let message = match check_message(&s, &bytes) {
+    let message = match check_message(&bytes) {
         Ok(m) => m,
-        Err(res) => return res,
+        Err(Refusal { id, code, msg }) => {
+            s.metrics.error(ErrorKind::BadRequest);
+            return jsonrpc_error(StatusCode::BAD_REQUEST, id, code, msg);
+        }
     };
     if let Some(request_id) = message.cancelled {
         cancel_call(&s, &parts, &request_id);
@@ -153,12 +156,16 @@ async fn read_body(s: &AppState, req: Request) -> Result<(http::request::Parts, 
     Ok((parts, Bytes::from(buf)))
 }
 
+/// Why a body is not a message rmcp should see: the JSON-RPC error it is answered with.
+struct Refusal {
+    id: Value,
+    code: RpcCode,
+    msg: String,
+}
+
 /// Checks that `bytes` is one JSON-RPC 2.0 object and an MCP client message.
-fn check_message(s: &AppState, bytes: &Bytes) -> Result<Message, Response> {
-    let bad = |id: Value, code: RpcCode, msg: String| {
-        s.metrics.error(ErrorKind::BadRequest);
-        jsonrpc_error(StatusCode::BAD_REQUEST, id, code, msg)
-    };
+fn check_message(bytes: &Bytes) -> Result<Message, Refusal> {
+    let bad = |id: Value, code: RpcCode, msg: String| Refusal { id, code, msg };
     let value: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
