@@ -8,7 +8,7 @@
 //! - [`call`]: the envelope every tool call runs in (caller, session, cancel, progress,
 //!   audit and metrics);
 //! - [`session`]: which session a call runs in, and session handles;
-//! - [`instructions`]: the initialize result's instructions.
+//! - [`instructions`](mod@instructions): the initialize result's instructions.
 
 use std::sync::Arc;
 
@@ -47,7 +47,7 @@ pub struct McpState {
     pub limits: Limits,
     /// The session of the stdio transport.
     pub stdio_session: Option<SessionId>,
-    /// The `instructions` of the initialize result (see [`instructions`]).
+    /// The `instructions` of the initialize result (see [`instructions()`]).
     pub instructions: String,
     /// Running calls, for `notifications/cancelled` (see [`crate::cancel`]).
     pub calls: RunningCalls,

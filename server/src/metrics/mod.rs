@@ -3,7 +3,7 @@
 //!
 //! - [`labels`]: the label values and label sets;
 //! - `families`: the registration of every family, group by group;
-//! - [`format`]: the exposition formats a scraper may ask for;
+//! - [`format`](mod@format): the exposition formats a scraper may ask for;
 //! - `process`: the standard `process_*` metrics.
 
 use std::time::Duration;
