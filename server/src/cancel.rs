@@ -24,7 +24,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Caller;
-use crate::mcp::{MCP_SESSION_HEADER, SESSION_HEADER};
+use crate::mcp::session::{MCP_SESSION_HEADER, SESSION_HEADER};
 
 /// Which call a `notifications/cancelled` names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,8 +1,10 @@
 //! `cli-mcp-server`: the MCP server of cli-mcp: the `bash` tool over MCP, each session
 //! routed to its own sandbox (docs/server.md).
 //!
-//! - [`cli`]: flags and their resolution into [`cli::Settings`].
-//! - [`mcp`]: the `bash` tool handler; [`render`] turns an agent answer into a tool result;
+//! - [`cli`]: flags and their resolution into [`cli::Settings`]; [`limits`]: the limits of
+//!   every call, which the flags set and the handler and backends read.
+//! - [`mcp`]: the `bash` tool handler and the envelope every tool call runs in; [`render`]
+//!   turns an agent answer into a tool result;
 //!   [`cancel`]: the running calls a `notifications/cancelled` can stop; [`progress`]:
 //!   progress notifications of a running call; [`resources`]: a session's spill files
 //!   and workspace files as MCP resources.
@@ -28,6 +30,7 @@ pub mod cancel;
 pub mod cli;
 pub mod http;
 mod keyed;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
 pub mod origin;

@@ -12,9 +12,9 @@
 //! `{"offset", "length", "size", "next"}` (`next` absent at the end).
 //!
 //! Access is the `bash` tool's: the session's sandbox must belong to the caller (the same
-//! owner check, through [`Backend::existing`](crate::sessions::Backend::existing)), and a
-//! read never starts a sandbox, so a session that is gone (deleted, idle-collected, evicted)
-//! says so instead of showing a fresh, empty one. The agent reads through descriptors it
+//! owner check, through [`SessionManager::read_file`]), and a read never starts a sandbox,
+//! so a session that is gone (deleted, idle-collected, evicted) says so instead of showing a
+//! fresh, empty one. The agent reads through descriptors it
 //! holds and never follows a link out of the workspace (see `agent/src/files.rs`).
 
 use base64::Engine as _;
@@ -26,7 +26,7 @@ use cli_mcp_api::SessionId;
 
 use crate::agent_client::AgentError;
 use crate::auth::Caller;
-use crate::sessions::{SessionError, SessionManager};
+use crate::sessions::{FileError, SessionError, SessionManager};
 
 pub const SCHEME: &str = "sandbox://";
 
@@ -203,14 +203,6 @@ pub async fn read(
 ) -> Result<ReadResourceResult, McpError> {
     let parsed = parse(uri)?;
     let sid = &parsed.session;
-    let sandbox = match sessions.backend().existing(sid, caller).await {
-        Ok(Some(s)) => s,
-        Ok(None) => return Err(gone(sid)),
-        Err(e @ SessionError::Forbidden(_)) => {
-            return Err(McpError::invalid_params(e.to_string(), None))
-        }
-        Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
-    };
     let length = parsed.length.unwrap_or(max_read).min(max_read);
     let (kind, key, value) = match &parsed.target {
         Target::Spill(name) => ("spill", "name", name.clone()),
@@ -222,10 +214,9 @@ pub async fn read(
         ("length", length.to_string()),
     ];
     let (bytes, size) = sessions
-        .agent()
-        .file(&sandbox.endpoint, &sandbox.token, kind, &query)
+        .read_file(sid, caller, kind, &query)
         .await
-        .map_err(|e| agent_error(sid, e))?;
+        .map_err(|e| file_error(sid, e))?;
     let got = bytes.len() as u64;
     let end = parsed.offset.saturating_add(got);
     let mut meta = json!({"offset": parsed.offset, "length": got, "size": size});
@@ -261,6 +252,19 @@ fn gone(sid: &SessionId) -> McpError {
         ),
         None,
     )
+}
+
+/// The MCP error of a read that failed: a forbidden session is a bad request, a sandbox
+/// that is gone is a resource that is not found.
+fn file_error(sid: &SessionId, e: FileError) -> McpError {
+    match e {
+        FileError::Gone => gone(sid),
+        FileError::Session(e @ SessionError::Forbidden(_)) => {
+            McpError::invalid_params(e.to_string(), None)
+        }
+        FileError::Session(e) => McpError::internal_error(e.to_string(), None),
+        FileError::Agent(e) => agent_error(sid, e),
+    }
 }
 
 fn agent_error(sid: &SessionId, e: AgentError) -> McpError {

@@ -4,10 +4,14 @@
 //! instance; [`local`]: agent processes on loopback). [`SessionManager`] is the backend-neutral
 //! part of a call: send the command to the agent, rediscover once when a cached sandbox
 //! stopped answering, and work out whether the session's state was reset.
+//! It also reads a session's files beside its commands (`files`).
 
+mod files;
 pub mod kubernetes;
 pub mod local;
 pub mod locks;
+
+pub use files::FileError;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -274,11 +278,6 @@ impl SessionManager {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-
-    /// The agent client, for reads beside commands (a session's files).
-    pub fn agent(&self) -> &AgentClient {
-        &self.agent
     }
 
     /// Runs `command` in the session's sandbox. On a transport error or a 401/503 from the

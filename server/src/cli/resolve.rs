@@ -1,288 +1,99 @@
-//! Command-line flags (each also settable through an environment variable) and their
-//! resolution into [`Settings`]: defaults that depend on other flags or on the environment,
-//! and every cross-flag rule, checked once at startup with an error that says what to do.
+//! The resolution of [`Flags`] into [`Settings`]: one step per group of settings, each
+//! returning its typed part, run in the order their rules are checked (so that, of several
+//! wrong flags, the same one is named first).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
-
-use clap::{Parser, ValueEnum};
 
 use cli_mcp_api::names::InstanceName;
 use cli_mcp_api::sandbox::SandboxConfig;
-use cli_mcp_api::wire::{DEFAULT_OUTPUT_BUDGET, FILE_READ_MAX, MAX_TIMEOUT_MS};
+use cli_mcp_api::wire::{FILE_READ_MAX, MAX_TIMEOUT_MS};
 use cli_mcp_api::SessionId;
 
-/// Set in every pod by Kubernetes; its presence makes `kubernetes` the default auth and backend.
-pub const IN_CLUSTER_ENV: &str = "KUBERNETES_SERVICE_HOST";
-/// Fallback for `--namespace` (the downward API usually provides it).
-pub const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
-pub const DEFAULT_HMAC_KEY_FILE: &str = "/var/run/cli-mcp/hmac/key";
+use super::{
+    err, AuthMode, BackendKind, FlagError, Flags, Limits, Settings, TlsFiles, Transport,
+    IN_CLUSTER_ENV, MAX_COMMAND_BYTES, POD_NAMESPACE_ENV,
+};
+use crate::auth::resource::ProtectedResource;
+use crate::auth::AuthOptions;
+use crate::limits::MAX_INSTRUCTIONS_BYTES;
+use crate::origin::AllowedOrigin;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Transport {
-    /// MCP Streamable HTTP on `POST /mcp` (stateless).
-    Http,
-    /// MCP over stdin/stdout for one session (`--session-id`).
-    Stdio,
+/// What serves whom: the auth mode, the backend and the MCP listen address, whose defaults
+/// depend on whether the server runs in a cluster.
+struct Modes {
+    auth: AuthMode,
+    backend: BackendKind,
+    listen: SocketAddr,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// Sandbox pods in the instance namespace.
-    Kubernetes,
-    /// One local `cli-mcp-agent` process per session (development; not isolated).
-    Local,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AuthMode {
-    /// Bearer tokens checked with TokenReview + SubjectAccessReview; TLS required.
-    Kubernetes,
-    /// No authentication (local use only).
-    None,
-}
-
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "cli-mcp-server",
-    version,
-    about = "MCP server of cli-mcp: one tool, `bash`, running commands in a sandbox per session",
-    after_help = "Without a cluster: cli-mcp-server --backend local --auth none --listen 127.0.0.1:8080"
-)]
-pub struct Flags {
-    /// MCP listen address (POST /mcp, DELETE /sessions/{id}, GET /sessions). Default
-    /// 0.0.0.0:8443 with --auth kubernetes, else 127.0.0.1:8080.
-    #[arg(long, env = "CLI_MCP_LISTEN")]
-    pub listen: Option<SocketAddr>,
-    /// Plain-HTTP address of /livez, /readyz and /metrics (never needs auth or TLS). Default
-    /// 127.0.0.1:8081 with --backend local, else 0.0.0.0:8081.
-    #[arg(long, env = "CLI_MCP_HEALTH_LISTEN")]
-    pub health_listen: Option<SocketAddr>,
-    #[arg(long, env = "CLI_MCP_TRANSPORT", value_enum, default_value_t = Transport::Http)]
-    pub transport: Transport,
-    /// Session of the stdio transport.
-    #[arg(long, env = "CLI_MCP_SESSION_ID")]
-    pub session_id: Option<String>,
-    /// Default: kubernetes when running in a cluster (KUBERNETES_SERVICE_HOST set), else local.
-    #[arg(long, env = "CLI_MCP_BACKEND", value_enum)]
-    pub backend: Option<BackendKind>,
-    /// Default: kubernetes when running in a cluster (KUBERNETES_SERVICE_HOST set), else none.
-    #[arg(long, env = "CLI_MCP_AUTH", value_enum)]
-    pub auth: Option<AuthMode>,
-    /// PEM certificate chain for TLS on --listen (required with --auth kubernetes).
-    #[arg(long, env = "CLI_MCP_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key for TLS on --listen (required with --auth kubernetes).
-    #[arg(long, env = "CLI_MCP_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// CliMcpInstance name (default: from --sandbox-config).
-    #[arg(long, env = "CLI_MCP_INSTANCE")]
-    pub instance: Option<String>,
-    /// Namespace of the instance (falls back to $POD_NAMESPACE, then --sandbox-config).
-    #[arg(long, env = "CLI_MCP_NAMESPACE")]
-    pub namespace: Option<String>,
-    /// File holding the instance HMAC key (64 hex characters).
-    #[arg(long, env = "CLI_MCP_HMAC_KEY_FILE", default_value = DEFAULT_HMAC_KEY_FILE)]
-    pub hmac_key_file: PathBuf,
-    /// JSON of cli_mcp_api::sandbox::SandboxConfig (camelCase), as rendered by the operator.
-    #[arg(long, env = "CLI_MCP_SANDBOX_CONFIG")]
-    pub sandbox_config: Option<String>,
-    /// Most sessions the instance may hold at once.
-    #[arg(long, env = "CLI_MCP_MAX_SESSIONS", default_value_t = 100)]
-    pub max_sessions: usize,
-    /// Most sessions one caller identity may hold at once, across every replica (kubernetes
-    /// backend; default: no per-client limit).
-    #[arg(long, env = "CLI_MCP_MAX_SESSIONS_PER_CLIENT")]
-    pub max_sessions_per_client: Option<usize>,
-    /// Most new sessions one caller identity may start per minute, on each replica
-    /// (kubernetes backend; default: no rate limit).
-    #[arg(long, env = "CLI_MCP_NEW_SESSIONS_PER_MINUTE_PER_CLIENT")]
-    pub new_sessions_per_minute_per_client: Option<u32>,
-    /// Command timeout (seconds) when a call does not set one.
-    #[arg(long, env = "CLI_MCP_DEFAULT_TIMEOUT", default_value_t = 60)]
-    pub default_timeout: u64,
-    /// Largest command timeout (seconds) a call may ask for (at most 300).
-    #[arg(long, env = "CLI_MCP_MAX_TIMEOUT", default_value_t = 300)]
-    pub max_timeout: u64,
-    /// Bytes of stdout and of stderr kept per call (head + tail).
-    #[arg(long, env = "CLI_MCP_OUTPUT_BUDGET", default_value_t = DEFAULT_OUTPUT_BUDGET)]
-    pub output_budget: usize,
-    /// Most bytes one `resources/read` of a spill or workspace file returns (1 KiB to 4 MiB).
-    #[arg(long, env = "CLI_MCP_MAX_RESOURCE_READ_BYTES", default_value_t = DEFAULT_RESOURCE_READ)]
-    pub max_resource_read_bytes: u64,
-    /// The cli-mcp-agent binary of the local backend (default: beside this binary, then PATH).
-    #[arg(long, env = "CLI_MCP_AGENT_BINARY")]
-    pub agent_binary: Option<PathBuf>,
-    /// Log JSON lines (the default the operator renders in a cluster).
-    #[arg(long, env = "CLI_MCP_LOG_JSON", default_value_t = false)]
-    pub log_json: bool,
-    /// Largest MCP request body (bytes).
-    #[arg(long, env = "CLI_MCP_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
-    pub max_body_bytes: usize,
-    /// Shortest time (seconds, 2 to 60) between two writes of a sandbox's `last-activity`
-    /// stamp (kubernetes backend): a burst of calls is one write. The operator sets it from
-    /// the instance's `idleTimeout` (a sixtieth of it), and its idle GC waits that much
-    /// longer than `idleTimeout`; run by hand, keep it at most a sixtieth of the idle timeout.
-    #[arg(long, env = "CLI_MCP_ACTIVITY_STAMP_GAP", default_value_t = 2)]
-    pub activity_stamp_gap: u64,
-    /// How long a new session may wait for its sandbox to become ready (seconds).
-    #[arg(long, env = "CLI_MCP_START_TIMEOUT", default_value_t = 120)]
-    pub start_timeout: u64,
-    /// After SIGTERM, seconds to keep serving while /readyz fails and every response closes
-    /// its connection, so the Service stops sending new connections here before the listener
-    /// closes (0: stop accepting at once). At most 5: the drain of open calls (20 s) follows,
-    /// and both must fit, with a margin, in the pod's 30 s termination grace period.
-    #[arg(long, env = "CLI_MCP_SHUTDOWN_DELAY", default_value_t = 5)]
-    pub shutdown_delay: u64,
-    /// With --auth kubernetes: an audience the callers' tokens must be bound to (repeat the
-    /// flag, or separate with commas in the env var). Sent as spec.audiences of each
-    /// TokenReview; the answer must name one of them. Default: none, so the API server's own
-    /// audiences apply. Callers then get tokens with `kubectl create token <sa> --audience <aud>`.
-    #[arg(
-        long = "token-audience",
-        env = "CLI_MCP_TOKEN_AUDIENCES",
-        value_delimiter = ','
-    )]
-    pub token_audiences: Vec<String>,
-    /// With --auth kubernetes: seconds an allow decision is reused (a refused token: half as
-    /// long, at least 1 s).
-    #[arg(long, env = "CLI_MCP_AUTH_CACHE_SECONDS", default_value_t = 10)]
-    pub auth_cache_seconds: u64,
-    /// A browser origin (`scheme://host[:port]`, port `*` for any) whose pages may call the MCP
-    /// listener (repeat the flag, or separate with commas in the env var). Requests without an
-    /// Origin header always pass; loopback origins pass when --listen is a loopback address;
-    /// any other Origin gets 403.
-    #[arg(
-        long = "allowed-origin",
-        env = "CLI_MCP_ALLOWED_ORIGINS",
-        value_delimiter = ','
-    )]
-    pub allowed_origins: Vec<String>,
-    /// Text for the MCP clients' models, sent after the server's own instructions in the
-    /// initialize result: which CLIs and kube contexts the sandbox has, what it is for.
-    #[arg(long, env = "CLI_MCP_INSTRUCTIONS")]
-    pub instructions: Option<String>,
-    /// With --auth kubernetes: the issuer URL (https, no query or fragment) of an OAuth
-    /// authorization server whose tokens the Kubernetes API accepts as a JWT issuer of its
-    /// AuthenticationConfiguration (repeat the flag, or separate with commas in the env var).
-    /// Listed in the protected resource metadata that MCP clients discover after a 401; a
-    /// token whose `iss` is one of them must name --token-audience or --resource-url in `aud`.
-    #[arg(
-        long = "authorization-server",
-        env = "CLI_MCP_AUTHORIZATION_SERVERS",
-        value_delimiter = ','
-    )]
-    pub authorization_servers: Vec<String>,
-    /// The public URL of the MCP endpoint (for example https://mcp.example.com/mcp): the
-    /// `resource` of the protected resource metadata and an audience authorization servers'
-    /// tokens may name. Default: https://<request Host>/mcp, right when nothing in front of
-    /// the server rewrites Host.
-    #[arg(long, env = "CLI_MCP_RESOURCE_URL")]
-    pub resource_url: Option<String>,
-    /// A scope MCP clients ask the authorization server for (`scopes_supported` of the
-    /// metadata; repeat the flag, or separate with commas in the env var). Advertised only:
-    /// access is decided by RBAC on climcpinstances/mcp.
-    #[arg(long = "scope", env = "CLI_MCP_SCOPES", value_delimiter = ',')]
-    pub scopes: Vec<String>,
-}
-
-/// Everything the server needs, validated.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub transport: Transport,
-    pub stdio_session: Option<SessionId>,
-    pub listen: SocketAddr,
-    pub health_listen: SocketAddr,
-    pub backend: BackendKind,
-    pub auth: AuthMode,
-    pub tls: Option<TlsFiles>,
-    pub instance: Option<InstanceName>,
-    pub namespace: Option<String>,
-    pub hmac_key_file: PathBuf,
-    pub sandbox: Option<SandboxConfig>,
-    /// How `--auth kubernetes` reviews tokens and caches decisions.
-    pub auth_options: crate::auth::AuthOptions,
-    pub limits: Limits,
-    pub agent_binary: Option<PathBuf>,
-    pub log_json: bool,
-    /// See `--shutdown-delay`.
-    pub shutdown_delay: Duration,
-    /// See `--allowed-origin`.
-    pub allowed_origins: Vec<crate::origin::AllowedOrigin>,
-    /// See `--instructions`.
-    pub instructions: Option<String>,
-    /// The protected resource metadata (`--authorization-server`, `--resource-url`,
-    /// `--scope`); `None` with `--auth none`.
-    pub protected_resource: Option<crate::auth::resource::ProtectedResource>,
-}
-
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-/// Limits applied to every call.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_sessions: usize,
-    /// Most sessions of one caller identity (`None`: no such limit).
-    pub max_sessions_per_client: Option<usize>,
-    /// Most new sessions of one caller identity per minute, per replica (`None`: no limit).
-    pub new_sessions_per_minute_per_client: Option<u32>,
-    pub default_timeout: Duration,
-    pub max_timeout: Duration,
-    pub output_budget: usize,
-    pub max_body_bytes: usize,
-    /// Longest command accepted (bytes); leaves room for JSON escaping under the agent's
-    /// 1 MiB body limit.
-    pub max_command_bytes: usize,
-    pub start_timeout: Duration,
-    /// Most bytes of one `resources/read`.
-    pub max_resource_read: u64,
-    /// Shortest time between two `last-activity` writes of one sandbox.
-    pub activity_stamp_gap: Duration,
-}
-
-/// Default of `--max-resource-read-bytes`.
-pub const DEFAULT_RESOURCE_READ: u64 = 1024 * 1024;
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_sessions: 100,
-            max_sessions_per_client: None,
-            new_sessions_per_minute_per_client: None,
-            default_timeout: Duration::from_secs(60),
-            max_timeout: Duration::from_secs(300),
-            output_budget: DEFAULT_OUTPUT_BUDGET,
-            max_body_bytes: 1024 * 1024,
-            max_command_bytes: MAX_COMMAND_BYTES,
-            start_timeout: Duration::from_secs(120),
-            max_resource_read: DEFAULT_RESOURCE_READ,
-            activity_stamp_gap: cli_mcp_api::activity::STAMP_GAP_MIN,
-        }
-    }
-}
-
-/// Longest command: half of the agent's default 1 MiB body limit, so JSON escaping of any
-/// text fits.
-pub const MAX_COMMAND_BYTES: usize = 512 * 1024;
-
-/// A startup error: what is wrong and how to fix it.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct FlagError(pub String);
-
-fn err(msg: impl Into<String>) -> FlagError {
-    FlagError(msg.into())
+/// The instance the server serves, from `--sandbox-config`, `--instance` and `--namespace`.
+struct Instance {
+    sandbox: Option<SandboxConfig>,
+    instance: Option<InstanceName>,
+    namespace: Option<String>,
 }
 
 impl Flags {
     /// Applies the defaults and rules. `env` reads an environment variable (injected so tests
     /// do not depend on the process environment).
     pub fn resolve(self, env: impl Fn(&str) -> Option<String>) -> Result<Settings, FlagError> {
+        let Modes {
+            auth,
+            backend,
+            listen,
+        } = self.modes(&env);
+        let tls = self.tls(auth)?;
+        let Instance {
+            sandbox,
+            instance,
+            namespace,
+        } = self.instance(&env, auth, backend)?;
+        let stdio_session = self.stdio_session(auth)?;
+        let limits = self.limits(backend)?;
+        let shutdown_delay = self.shutdown_delay()?;
+        self.check_token_review()?;
+        let allowed_origins = self.allowed_origins()?;
+        let instructions = self.instructions()?;
+        let protected_resource = protected_resource(
+            &self.authorization_servers,
+            self.resource_url.as_deref(),
+            &self.scopes,
+            &self.token_audiences,
+            auth,
+            tls.is_some(),
+        )?;
+        let auth_options = self.auth_options(protected_resource.as_ref());
+
+        Ok(Settings {
+            auth_options,
+            transport: self.transport,
+            stdio_session,
+            listen,
+            // A local server is for one user's machine: its metrics are nobody else's business.
+            health_listen: self.health_listen.unwrap_or(match backend {
+                BackendKind::Local => SocketAddr::from(([127, 0, 0, 1], 8081)),
+                BackendKind::Kubernetes => SocketAddr::from(([0, 0, 0, 0], 8081)),
+            }),
+            backend,
+            auth,
+            tls,
+            instance,
+            namespace,
+            hmac_key_file: self.hmac_key_file,
+            sandbox,
+            limits,
+            agent_binary: self.agent_binary,
+            log_json: self.log_json,
+            shutdown_delay,
+            allowed_origins,
+            instructions,
+            protected_resource,
+        })
+    }
+
+    /// `--auth`, `--backend` and `--listen`, with their in-cluster defaults.
+    fn modes(&self, env: &impl Fn(&str) -> Option<String>) -> Modes {
         let in_cluster = env(IN_CLUSTER_ENV).is_some_and(|v| !v.is_empty());
         let auth = self.auth.unwrap_or(if in_cluster {
             AuthMode::Kubernetes
@@ -303,9 +114,21 @@ impl Flags {
                 .parse()
                 .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080)))
         });
+        Modes {
+            auth,
+            backend,
+            listen,
+        }
+    }
 
-        let tls = match (self.tls_cert, self.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+    /// `--tls-cert` and `--tls-key`: both or neither, and both when bearer tokens come over
+    /// HTTP.
+    fn tls(&self, auth: AuthMode) -> Result<Option<TlsFiles>, FlagError> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
             (None, None) => None,
             (Some(_), None) => {
                 return Err(err(
@@ -324,7 +147,17 @@ impl Flags {
                  pass --tls-cert and --tls-key (or --auth none for local use)",
             ));
         }
+        Ok(tls)
+    }
 
+    /// `--sandbox-config`, `--instance` and `--namespace`, which must name one instance, and
+    /// what the backend and the auth mode need of them.
+    fn instance(
+        &self,
+        env: &impl Fn(&str) -> Option<String>,
+        auth: AuthMode,
+        backend: BackendKind,
+    ) -> Result<Instance, FlagError> {
         let sandbox = match &self.sandbox_config {
             None => None,
             Some(json) => Some(serde_json::from_str::<SandboxConfig>(json).map_err(|e| {
@@ -371,27 +204,57 @@ impl Flags {
                  pass --instance and --namespace (or --sandbox-config)",
             ));
         }
+        Ok(Instance {
+            sandbox,
+            instance,
+            namespace,
+        })
+    }
 
-        let stdio_session = match (self.transport, &self.session_id) {
-            (Transport::Stdio, None) => {
-                return Err(err(
-                    "--transport stdio needs --session-id (a DNS-1123 label such as `dev-1`)",
-                ))
-            }
-            (Transport::Stdio, Some(_)) if auth == AuthMode::Kubernetes => {
-                return Err(err(
-                    "--transport stdio has no caller token to check: use --auth none with it",
-                ))
-            }
-            (_, Some(s)) => {
-                Some(SessionId::parse(s).map_err(|e| err(format!("--session-id {s:?}: {e}")))?)
-            }
-            (Transport::Http, None) => None,
-        };
+    /// `--session-id`, which the stdio transport needs and only it may go without a token.
+    fn stdio_session(&self, auth: AuthMode) -> Result<Option<SessionId>, FlagError> {
+        match (self.transport, &self.session_id) {
+            (Transport::Stdio, None) => Err(err(
+                "--transport stdio needs --session-id (a DNS-1123 label such as `dev-1`)",
+            )),
+            (Transport::Stdio, Some(_)) if auth == AuthMode::Kubernetes => Err(err(
+                "--transport stdio has no caller token to check: use --auth none with it",
+            )),
+            (_, Some(s)) => Ok(Some(
+                SessionId::parse(s).map_err(|e| err(format!("--session-id {s:?}: {e}")))?,
+            )),
+            (Transport::Http, None) => Ok(None),
+        }
+    }
 
+    /// The limits of every call, each within its range.
+    fn limits(&self, backend: BackendKind) -> Result<Limits, FlagError> {
         if self.max_sessions == 0 {
             return Err(err("--max-sessions must be at least 1"));
         }
+        self.check_activity_stamp_gap()?;
+        self.check_per_client_limits(backend)?;
+        self.check_timeouts()?;
+        self.check_sizes()?;
+        if self.start_timeout == 0 {
+            return Err(err("--start-timeout must be at least 1 second"));
+        }
+        Ok(Limits {
+            max_sessions: self.max_sessions,
+            max_sessions_per_client: self.max_sessions_per_client,
+            new_sessions_per_minute_per_client: self.new_sessions_per_minute_per_client,
+            default_timeout: Duration::from_secs(self.default_timeout),
+            max_timeout: Duration::from_secs(self.max_timeout),
+            output_budget: self.output_budget,
+            max_body_bytes: self.max_body_bytes,
+            max_command_bytes: MAX_COMMAND_BYTES.min(self.max_body_bytes),
+            start_timeout: Duration::from_secs(self.start_timeout),
+            max_resource_read: self.max_resource_read_bytes,
+            activity_stamp_gap: Duration::from_secs(self.activity_stamp_gap),
+        })
+    }
+
+    fn check_activity_stamp_gap(&self) -> Result<(), FlagError> {
         let gaps = cli_mcp_api::activity::STAMP_GAP_MIN.as_secs()
             ..=cli_mcp_api::activity::STAMP_GAP_MAX.as_secs();
         if !gaps.contains(&self.activity_stamp_gap) {
@@ -402,6 +265,11 @@ impl Flags {
                 gaps.end()
             )));
         }
+        Ok(())
+    }
+
+    /// The per-client limits: at least 1, and only where there are several clients.
+    fn check_per_client_limits(&self, backend: BackendKind) -> Result<(), FlagError> {
         for (flag, set, ok) in [
             (
                 "--max-sessions-per-client",
@@ -426,6 +294,11 @@ impl Flags {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// `--max-timeout` within the agent's limit, `--default-timeout` within it.
+    fn check_timeouts(&self) -> Result<(), FlagError> {
         let agent_max_s = MAX_TIMEOUT_MS / 1000;
         if self.max_timeout == 0 || self.max_timeout > agent_max_s {
             return Err(err(format!(
@@ -439,6 +312,11 @@ impl Flags {
                 self.default_timeout, self.max_timeout
             )));
         }
+        Ok(())
+    }
+
+    /// The byte limits: output budget, resource reads and request bodies.
+    fn check_sizes(&self) -> Result<(), FlagError> {
         if self.output_budget < 1024 {
             return Err(err(format!(
                 "--output-budget {} is too small; use at least 1024 bytes",
@@ -458,9 +336,10 @@ impl Flags {
                 self.max_body_bytes
             )));
         }
-        if self.start_timeout == 0 {
-            return Err(err("--start-timeout must be at least 1 second"));
-        }
+        Ok(())
+    }
+
+    fn shutdown_delay(&self) -> Result<Duration, FlagError> {
         if self.shutdown_delay > 5 {
             return Err(err(format!(
                 "--shutdown-delay {} is too long; use 0 to 5 seconds (the 20 s drain that \
@@ -468,7 +347,11 @@ impl Flags {
                 self.shutdown_delay
             )));
         }
+        Ok(Duration::from_secs(self.shutdown_delay))
+    }
 
+    /// `--token-audience` and `--auth-cache-seconds`.
+    fn check_token_review(&self) -> Result<(), FlagError> {
         if self.token_audiences.iter().any(|a| a.trim().is_empty()) {
             return Err(err(
                 "--token-audience is empty; give the audience the callers' tokens are bound to \
@@ -481,17 +364,21 @@ impl Flags {
                 self.auth_cache_seconds
             )));
         }
-        let allowed_origins = self
-            .allowed_origins
+        Ok(())
+    }
+
+    fn allowed_origins(&self) -> Result<Vec<AllowedOrigin>, FlagError> {
+        self.allowed_origins
             .iter()
-            .map(|o| {
-                crate::origin::AllowedOrigin::parse(o)
-                    .map_err(|e| err(format!("--allowed-origin {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let instructions = self.instructions.filter(|t| !t.trim().is_empty());
+            .map(|o| AllowedOrigin::parse(o).map_err(|e| err(format!("--allowed-origin {e}"))))
+            .collect()
+    }
+
+    /// `--instructions`: blank is none, and it is sent on every connection, so it is bounded.
+    fn instructions(&self) -> Result<Option<String>, FlagError> {
+        let instructions = self.instructions.clone().filter(|t| !t.trim().is_empty());
         if let Some(t) = &instructions {
-            let max = crate::mcp::MAX_INSTRUCTIONS_BYTES;
+            let max = MAX_INSTRUCTIONS_BYTES;
             if t.len() > max {
                 return Err(err(format!(
                     "--instructions is {} bytes; the limit is {max}: keep it to what the model \
@@ -500,69 +387,25 @@ impl Flags {
                 )));
             }
         }
-        let protected_resource = protected_resource(
-            &self.authorization_servers,
-            self.resource_url.as_deref(),
-            &self.scopes,
-            &self.token_audiences,
-            auth,
-            tls.is_some(),
-        )?;
+        Ok(instructions)
+    }
+
+    /// How tokens are reviewed: ServiceAccount tokens against `--token-audience`, tokens of
+    /// the authorization servers against those and the resource URL too.
+    fn auth_options(&self, protected_resource: Option<&ProtectedResource>) -> AuthOptions {
         let mut oidc_audiences = self.token_audiences.clone();
-        if let Some(url) = protected_resource
-            .as_ref()
-            .and_then(|r| r.resource_url.as_ref())
-        {
+        if let Some(url) = protected_resource.and_then(|r| r.resource_url.as_ref()) {
             oidc_audiences.push(url.as_str().to_owned());
         }
-        let auth_options = crate::auth::AuthOptions {
+        AuthOptions {
             audiences: self.token_audiences.clone(),
             oidc_issuers: protected_resource
-                .as_ref()
                 .map(|r| r.authorization_servers.clone())
                 .unwrap_or_default(),
             oidc_audiences,
             allowed_ttl: Duration::from_secs(self.auth_cache_seconds),
             ..Default::default()
-        };
-
-        Ok(Settings {
-            auth_options,
-            transport: self.transport,
-            stdio_session,
-            listen,
-            // A local server is for one user's machine: its metrics are nobody else's business.
-            health_listen: self.health_listen.unwrap_or(match backend {
-                BackendKind::Local => SocketAddr::from(([127, 0, 0, 1], 8081)),
-                BackendKind::Kubernetes => SocketAddr::from(([0, 0, 0, 0], 8081)),
-            }),
-            backend,
-            auth,
-            tls,
-            instance,
-            namespace,
-            hmac_key_file: self.hmac_key_file,
-            sandbox,
-            limits: Limits {
-                max_sessions: self.max_sessions,
-                max_sessions_per_client: self.max_sessions_per_client,
-                new_sessions_per_minute_per_client: self.new_sessions_per_minute_per_client,
-                default_timeout: Duration::from_secs(self.default_timeout),
-                max_timeout: Duration::from_secs(self.max_timeout),
-                output_budget: self.output_budget,
-                max_body_bytes: self.max_body_bytes,
-                max_command_bytes: MAX_COMMAND_BYTES.min(self.max_body_bytes),
-                start_timeout: Duration::from_secs(self.start_timeout),
-                max_resource_read: self.max_resource_read_bytes,
-                activity_stamp_gap: Duration::from_secs(self.activity_stamp_gap),
-            },
-            agent_binary: self.agent_binary,
-            log_json: self.log_json,
-            shutdown_delay: Duration::from_secs(self.shutdown_delay),
-            allowed_origins,
-            instructions,
-            protected_resource,
-        })
+        }
     }
 }
 
@@ -630,6 +473,7 @@ fn protected_resource(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser as _;
     use std::collections::HashMap;
 
     fn parse(args: &[&str]) -> Flags {
@@ -795,7 +639,7 @@ mod tests {
 
     #[test]
     fn limits_are_checked() {
-        let huge = "x".repeat(crate::mcp::MAX_INSTRUCTIONS_BYTES + 1);
+        let huge = "x".repeat(MAX_INSTRUCTIONS_BYTES + 1);
         for (args, needle) in [
             (vec!["--max-timeout", "301"], "--max-timeout"),
             (
