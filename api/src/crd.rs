@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use expose::{
     ExposeSpec, GatewayParentRef, HttpRouteExpose, IngressExpose, InsecureEdgePolicy, RouteExpose,
 };
+pub use placement::PlacementSpec;
 pub use proxy::{
     ProxySpec, ProxyTarget, ProxyTargetType, MAX_ALLOWLIST_DOMAINS, MAX_PROXY_REPLICAS,
     MAX_PROXY_TARGETS,

@@ -1,16 +1,13 @@
 //! `spec.proxy`: the credential proxy between the sandboxes and every API they may call,
 //! its targets and its pods.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{
-    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
-};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::KubeSchema;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 
-use super::{placement as placement_rules, resources};
+use super::placement::{PlacementPart, PlacementSpec};
+use super::resources;
 
 /// Most proxy targets of one instance.
 pub const MAX_PROXY_TARGETS: usize = 8;
@@ -19,9 +16,35 @@ pub const MAX_ALLOWLIST_DOMAINS: usize = 16;
 /// Most proxy replicas.
 pub const MAX_PROXY_REPLICAS: i32 = 10;
 
+/// What the placement fields of `spec.proxy` say in the CRD.
+const PLACEMENT: PlacementPart = PlacementPart {
+    path: "spec.proxy",
+    runtime_class_name:
+        "RuntimeClass of the proxy pods (`runtimeClassName`). The RuntimeClass must exist \
+        (`kubectl get runtimeclass`), else the pods are refused. Default: the node's default \
+        runtime.",
+    node_selector: "Node labels the proxy pods must run on (`nodeSelector`). At most 32.",
+    tolerations: "Taints the proxy pods tolerate (standard pod `tolerations`). At most 32.",
+    affinity: "Node affinity and pod (anti-)affinity of the proxy pods (standard pod \
+        `affinity`). Without a `podAntiAffinity` here, the replicas prefer different nodes.",
+    priority_class_name:
+        "PriorityClass of the proxy pods (`priorityClassName`): every sandbox call needs the \
+        proxy, so give it at least the sandboxes' priority. It must exist (`kubectl get \
+        priorityclass`), else the pods are refused.",
+    image_pull_secrets:
+        "Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the \
+        kubelet pulls the proxy image with (`imagePullSecrets`). At most 16.",
+};
+
+/// Gives the placement fields of this part's schema their descriptions and CEL rules.
+fn placement_schema(schema: &mut Schema) {
+    PLACEMENT.apply(schema);
+}
+
 /// The credential proxy of an instance.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = placement_schema)]
 #[x_kube(
     validation = Rule::new("self.targets.filter(t, t.type == 'kubernetes').size() <= 1").message(
         "spec.proxy.targets: at most one target of type kubernetes (one kubeconfig Secret; it may hold several clusters)"
@@ -50,58 +73,11 @@ pub struct ProxySpec {
     ))]
     pub resources: ResourceRequirements,
 
-    /// RuntimeClass of the proxy pods (`runtimeClassName`). The RuntimeClass must exist
-    /// (`kubectl get runtimeclass`), else the pods are refused. Default: the node's default
-    /// runtime.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = placement_rules::class_name("spec.proxy.runtimeClassName", "RuntimeClass", "runtimeclass"))]
-    pub runtime_class_name: Option<String>,
-
-    /// Node labels the proxy pods must run on (`nodeSelector`). At most 32.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
-    #[x_kube(
-        validation = placement_rules::label_keys("spec.proxy.nodeSelector"),
-        validation = placement_rules::label_values("spec.proxy.nodeSelector")
-    )]
-    pub node_selector: BTreeMap<String, String>,
-
-    /// Taints the proxy pods tolerate (standard pod `tolerations`). At most 32.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
-    #[x_kube(
-        validation = placement_rules::toleration_operator("spec.proxy.tolerations"),
-        validation = placement_rules::toleration_effect("spec.proxy.tolerations"),
-        validation = placement_rules::toleration_exists("spec.proxy.tolerations"),
-        validation = placement_rules::toleration_keyless("spec.proxy.tolerations"),
-        validation = placement_rules::toleration_seconds("spec.proxy.tolerations")
-    )]
-    pub tolerations: Vec<Toleration>,
-
-    /// Node affinity and pod (anti-)affinity of the proxy pods (standard pod `affinity`).
-    /// Without a `podAntiAffinity` here, the replicas prefer different nodes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
-
-    /// PriorityClass of the proxy pods (`priorityClassName`): every sandbox call needs the
-    /// proxy, so give it at least the sandboxes' priority. It must exist
-    /// (`kubectl get priorityclass`), else the pods are refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = placement_rules::class_name("spec.proxy.priorityClassName", "PriorityClass", "priorityclass"))]
-    pub priority_class_name: Option<String>,
-
-    /// Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the
-    /// kubelet pulls the proxy image with (`imagePullSecrets`). At most 16.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    // Bounded item schema: see spec.sandbox.imagePullSecrets.
-    #[schemars(
-        length(max = 16),
-        extend("items" = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}})
-    )]
-    #[x_kube(validation = placement_rules::pull_secrets("spec.proxy.imagePullSecrets"))]
-    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Runtime, scheduling and pull Secrets of the proxy pods: `runtimeClassName`,
+    /// `nodeSelector`, `tolerations`, `affinity`, `priorityClassName` and
+    /// `imagePullSecrets`, beside the fields above (their descriptions in the CRD are `PLACEMENT`'s).
+    #[serde(flatten)]
+    pub placement: PlacementSpec,
 }
 
 pub(super) fn default_proxy_replicas() -> i32 {

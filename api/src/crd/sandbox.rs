@@ -1,19 +1,46 @@
 //! `spec.sandbox`: the sandbox pods' image, idle collection, warm pool, resources,
 //! environment, command timeouts and placement.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{
-    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
-};
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use kube::KubeSchema;
+use schemars::Schema;
 use serde::{Deserialize, Serialize};
 
-use super::{placement as placement_rules, resources, PullPolicy};
+use super::placement::{PlacementPart, PlacementSpec};
+use super::{resources, PullPolicy};
+
+/// What the placement fields of `spec.sandbox` say in the CRD.
+const PLACEMENT: PlacementPart = PlacementPart {
+    path: "spec.sandbox",
+    runtime_class_name:
+        "RuntimeClass of sandbox pods (`runtimeClassName`), such as `gvisor` or `kata`: a \
+        stronger boundary around untrusted commands than the default runtime. The \
+        RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused. \
+        Default: the node's default runtime.",
+    node_selector:
+        "Node labels sandbox pods must run on (`nodeSelector`), such as `kubernetes.io/arch: \
+        amd64`. At most 32.",
+    tolerations: "Taints sandbox pods tolerate (standard pod `tolerations`). At most 32.",
+    affinity: "Node affinity and pod (anti-)affinity of sandbox pods (standard pod \
+        `affinity`).",
+    priority_class_name:
+        "PriorityClass of sandbox pods (`priorityClassName`), so sandboxes preempt or yield \
+        to other workloads as the cluster decides. It must exist (`kubectl get \
+        priorityclass`), else the pods are refused.",
+    image_pull_secrets:
+        "Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the \
+        kubelet pulls the image of sandbox pods with (`imagePullSecrets`). At most 16.",
+};
+
+/// Gives the placement fields of this part's schema their descriptions and CEL rules.
+fn placement_schema(schema: &mut Schema) {
+    PLACEMENT.apply(schema);
+}
 
 /// Sandbox pods of this instance.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = placement_schema)]
 pub struct SandboxSpec {
     /// Sandbox image (the agent plus bash, kubectl, jq, curl). Defaults to the operator's
     /// RELATED_IMAGE_SANDBOX. Changing it replaces unassigned warm pods; live sessions keep
@@ -121,58 +148,11 @@ pub struct SandboxSpec {
     #[schemars(range(min = 1024, max = 16777216))]
     pub output_budget_bytes: i64,
 
-    /// RuntimeClass of sandbox pods (`runtimeClassName`), such as `gvisor` or `kata`: a stronger boundary around untrusted commands than the default runtime. The
-    /// RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused.
-    /// Default: the node's default runtime.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = placement_rules::class_name("spec.sandbox.runtimeClassName", "RuntimeClass", "runtimeclass"))]
-    pub runtime_class_name: Option<String>,
-
-    /// Node labels sandbox pods must run on (`nodeSelector`), such as
-    /// `kubernetes.io/arch: amd64`. At most 32.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
-    #[x_kube(
-        validation = placement_rules::label_keys("spec.sandbox.nodeSelector"),
-        validation = placement_rules::label_values("spec.sandbox.nodeSelector")
-    )]
-    pub node_selector: BTreeMap<String, String>,
-
-    /// Taints sandbox pods tolerate (standard pod `tolerations`). At most 32.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
-    #[x_kube(
-        validation = placement_rules::toleration_operator("spec.sandbox.tolerations"),
-        validation = placement_rules::toleration_effect("spec.sandbox.tolerations"),
-        validation = placement_rules::toleration_exists("spec.sandbox.tolerations"),
-        validation = placement_rules::toleration_keyless("spec.sandbox.tolerations"),
-        validation = placement_rules::toleration_seconds("spec.sandbox.tolerations")
-    )]
-    pub tolerations: Vec<Toleration>,
-
-    /// Node affinity and pod (anti-)affinity of sandbox pods (standard pod `affinity`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
-
-    /// PriorityClass of sandbox pods (`priorityClassName`), so sandboxes preempt or yield to other workloads as the cluster decides. It must exist
-    /// (`kubectl get priorityclass`), else the pods are refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = placement_rules::class_name("spec.sandbox.priorityClassName", "PriorityClass", "priorityclass"))]
-    pub priority_class_name: Option<String>,
-
-    /// Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the
-    /// kubelet pulls the image of sandbox pods with (`imagePullSecrets`). At most 16.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    // The item schema is LocalObjectReference's with the name bounded: CEL's cost estimate
-    // of an unbounded name does not fit the CRD's budget.
-    #[schemars(
-        length(max = 16),
-        extend("items" = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}})
-    )]
-    #[x_kube(validation = placement_rules::pull_secrets("spec.sandbox.imagePullSecrets"))]
-    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Runtime, scheduling and pull Secrets of sandbox pods: `runtimeClassName`,
+    /// `nodeSelector`, `tolerations`, `affinity`, `priorityClassName` and
+    /// `imagePullSecrets`, beside the fields above (their descriptions in the CRD are `PLACEMENT`'s).
+    #[serde(flatten)]
+    pub placement: PlacementSpec,
 }
 
 fn default_idle_timeout() -> String {
@@ -202,12 +182,7 @@ impl Default for SandboxSpec {
             max_sessions: default_max_sessions(),
             command_timeout: CommandTimeout::default(),
             output_budget_bytes: default_output_budget(),
-            runtime_class_name: None,
-            node_selector: BTreeMap::new(),
-            tolerations: Vec::new(),
-            affinity: None,
-            priority_class_name: None,
-            image_pull_secrets: Vec::new(),
+            placement: PlacementSpec::default(),
         }
     }
 }

@@ -1,16 +1,13 @@
 //! `spec.server`: the MCP server Deployment, how clients authenticate and who they are, and
 //! the Go operator's older `spec.serverContainer`.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{
-    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
-};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::KubeSchema;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 
-use super::{placement as placement_rules, resources, ExposeSpec, PullPolicy};
+use super::placement::{PlacementPart, PlacementSpec};
+use super::{resources, ExposeSpec, PullPolicy};
 
 /// The Go operator's `spec.serverContainer`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -57,9 +54,36 @@ pub const MAX_ALLOWED_ORIGINS: usize = 16;
 /// port number or `*`. No comma may pass: the server splits its values on commas.
 const ALLOWED_ORIGIN_RULE: &str = r"self.all(o, o.matches('^(?i:https?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9._-]+)(:(\\*|6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?$'))";
 
+/// What the placement fields of `spec.server` say in the CRD.
+const PLACEMENT: PlacementPart = PlacementPart {
+    path: "spec.server",
+    runtime_class_name:
+        "RuntimeClass of the server pods (`runtimeClassName`), such as `gvisor` or `kata` \
+        (the server runs no untrusted code; this is for clusters that require one). The \
+        RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused. \
+        Default: the node's default runtime.",
+    node_selector: "Node labels the server pods must run on (`nodeSelector`), such as \
+        `kubernetes.io/arch: amd64`. At most 32.",
+    tolerations: "Taints the server pods tolerate (standard pod `tolerations`). At most 32.",
+    affinity: "Node affinity and pod (anti-)affinity of the server pods (standard pod \
+        `affinity`).",
+    priority_class_name:
+        "PriorityClass of the server pods (`priorityClassName`). It must exist (`kubectl get \
+        priorityclass`), else the pods are refused.",
+    image_pull_secrets:
+        "Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the \
+        kubelet pulls the image of the server pods with (`imagePullSecrets`). At most 16.",
+};
+
+/// Gives the placement fields of this part's schema their descriptions and CEL rules.
+fn placement_schema(schema: &mut Schema) {
+    PLACEMENT.apply(schema);
+}
+
 /// The MCP server Deployment.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = placement_schema)]
 #[x_kube(
     validation = Rule::new("!has(self.authorization) || !has(self.auth) || self.auth == 'Kubernetes'").message(
         "spec.server.authorization needs auth: Kubernetes (with auth None the server checks no token); remove authorization or set auth: Kubernetes"
@@ -166,58 +190,11 @@ pub struct ServerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expose: Option<ExposeSpec>,
 
-    /// RuntimeClass of the server pods (`runtimeClassName`), such as `gvisor` or `kata` (the server runs no untrusted code; this is for clusters that require one). The
-    /// RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused.
-    /// Default: the node's default runtime.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = placement_rules::class_name("spec.server.runtimeClassName", "RuntimeClass", "runtimeclass"))]
-    pub runtime_class_name: Option<String>,
-
-    /// Node labels the server pods must run on (`nodeSelector`), such as
-    /// `kubernetes.io/arch: amd64`. At most 32.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
-    #[x_kube(
-        validation = placement_rules::label_keys("spec.server.nodeSelector"),
-        validation = placement_rules::label_values("spec.server.nodeSelector")
-    )]
-    pub node_selector: BTreeMap<String, String>,
-
-    /// Taints the server pods tolerate (standard pod `tolerations`). At most 32.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
-    #[x_kube(
-        validation = placement_rules::toleration_operator("spec.server.tolerations"),
-        validation = placement_rules::toleration_effect("spec.server.tolerations"),
-        validation = placement_rules::toleration_exists("spec.server.tolerations"),
-        validation = placement_rules::toleration_keyless("spec.server.tolerations"),
-        validation = placement_rules::toleration_seconds("spec.server.tolerations")
-    )]
-    pub tolerations: Vec<Toleration>,
-
-    /// Node affinity and pod (anti-)affinity of the server pods (standard pod `affinity`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
-
-    /// PriorityClass of the server pods (`priorityClassName`). It must exist
-    /// (`kubectl get priorityclass`), else the pods are refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = placement_rules::class_name("spec.server.priorityClassName", "PriorityClass", "priorityclass"))]
-    pub priority_class_name: Option<String>,
-
-    /// Secrets (type kubernetes.io/dockerconfigjson, in the instance's namespace) the
-    /// kubelet pulls the image of the server pods with (`imagePullSecrets`). At most 16.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    // The item schema is LocalObjectReference's with the name bounded: CEL's cost estimate
-    // of an unbounded name does not fit the CRD's budget.
-    #[schemars(
-        length(max = 16),
-        extend("items" = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}})
-    )]
-    #[x_kube(validation = placement_rules::pull_secrets("spec.server.imagePullSecrets"))]
-    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Runtime, scheduling and pull Secrets of the server pods: `runtimeClassName`,
+    /// `nodeSelector`, `tolerations`, `affinity`, `priorityClassName` and
+    /// `imagePullSecrets`, beside the fields above (their descriptions in the CRD are `PLACEMENT`'s).
+    #[serde(flatten)]
+    pub placement: PlacementSpec,
 }
 
 fn default_server_resources() -> ResourceRequirements {
@@ -238,12 +215,7 @@ impl Default for ServerSpec {
             allowed_origins: Vec::new(),
             authorization: None,
             expose: None,
-            runtime_class_name: None,
-            node_selector: BTreeMap::new(),
-            tolerations: Vec::new(),
-            affinity: None,
-            priority_class_name: None,
-            image_pull_secrets: Vec::new(),
+            placement: PlacementSpec::default(),
         }
     }
 }

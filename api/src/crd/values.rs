@@ -9,7 +9,9 @@ use kube::{Resource, ResourceExt};
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use super::{CliMcpInstance, ProxySpec, ProxyTarget, ProxyTargetType, SandboxSpec, ServerSpec};
+use super::{
+    CliMcpInstance, PlacementSpec, ProxySpec, ProxyTarget, ProxyTargetType, SandboxSpec, ServerSpec,
+};
 use crate::names::{InstanceName, InstanceNameError};
 use crate::proxy::{Domain, RouteError};
 use crate::sandbox::{allowed_sandbox_env, Placement, SandboxConfig, SandboxProxy};
@@ -91,14 +93,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 impl SandboxSpec {
     /// Runtime, scheduling and pull Secrets of the sandbox pods.
     pub fn placement(&self) -> Placement {
-        Placement {
-            runtime_class_name: self.runtime_class_name.clone(),
-            node_selector: self.node_selector.clone(),
-            tolerations: self.tolerations.clone(),
-            affinity: self.affinity.clone(),
-            priority_class_name: self.priority_class_name.clone(),
-            image_pull_secrets: self.image_pull_secrets.clone(),
-        }
+        Placement::from(&self.placement)
     }
 
     /// The idle timeout as a `Duration`.
@@ -143,39 +138,20 @@ impl ProxySpec {
             }],
             replicas: super::proxy::default_proxy_replicas(),
             resources: super::proxy::default_proxy_resources(),
-            runtime_class_name: None,
-            node_selector: BTreeMap::new(),
-            tolerations: Vec::new(),
-            affinity: None,
-            priority_class_name: None,
-            image_pull_secrets: Vec::new(),
+            placement: PlacementSpec::default(),
         }
     }
 
     /// Runtime, scheduling and pull Secrets of the proxy pods.
     pub fn placement(&self) -> Placement {
-        Placement {
-            runtime_class_name: self.runtime_class_name.clone(),
-            node_selector: self.node_selector.clone(),
-            tolerations: self.tolerations.clone(),
-            affinity: self.affinity.clone(),
-            priority_class_name: self.priority_class_name.clone(),
-            image_pull_secrets: self.image_pull_secrets.clone(),
-        }
+        Placement::from(&self.placement)
     }
 }
 
 impl ServerSpec {
     /// Runtime, scheduling and pull Secrets of the server pods.
     pub fn placement(&self) -> Placement {
-        Placement {
-            runtime_class_name: self.runtime_class_name.clone(),
-            node_selector: self.node_selector.clone(),
-            tolerations: self.tolerations.clone(),
-            affinity: self.affinity.clone(),
-            priority_class_name: self.priority_class_name.clone(),
-            image_pull_secrets: self.image_pull_secrets.clone(),
-        }
+        Placement::from(&self.placement)
     }
 }
 
@@ -459,53 +435,6 @@ mod tests {
             no_uid.sandbox_config(Some("x")),
             Err(CrdError::Missing("metadata.uid"))
         );
-    }
-
-    #[test]
-    fn each_part_gets_its_own_placement() {
-        let o = cr(serde_json::json!({
-            "sandbox": {"runtimeClassName": "gvisor", "nodeSelector": {"pool": "sandboxes"},
-                        "imagePullSecrets": [{"name": "sandbox-pull"}]},
-            "server": {"priorityClassName": "critical", "tolerations": [{"operator": "Exists"}]}
-        }));
-        let cfg = o.sandbox_config(Some("i")).expect("config");
-        assert_eq!(cfg.placement, o.spec.sandbox.placement());
-        assert_eq!(cfg.placement.runtime_class_name.as_deref(), Some("gvisor"));
-        assert_eq!(cfg.placement.node_selector["pool"], "sandboxes");
-        assert_eq!(cfg.placement.image_pull_secrets[0].name, "sandbox-pull");
-        assert_eq!(
-            cfg.placement.priority_class_name, None,
-            "the server's PriorityClass is not the sandboxes'"
-        );
-        assert!(cfg.placement.tolerations.is_empty());
-        let server = o.spec.server.placement();
-        assert_eq!(server.priority_class_name.as_deref(), Some("critical"));
-        assert_eq!(server.tolerations.len(), 1);
-        assert_eq!(server.runtime_class_name, None);
-
-        let proxied = cr(serde_json::json!({"proxy": {
-            "targets": [{"type": "kubernetes"}],
-            "runtimeClassName": "kata", "tolerations": [{"operator": "Exists"}]
-        }}));
-        let plan = proxied.proxy_plan().expect("plan");
-        assert_eq!(plan.placement.runtime_class_name.as_deref(), Some("kata"));
-        assert_eq!(plan.placement.tolerations.len(), 1);
-        assert!(
-            proxied
-                .sandbox_config(Some("i"))
-                .expect("config")
-                .placement
-                .is_empty(),
-            "the proxy's placement is not the sandboxes'"
-        );
-
-        let plain = cr(serde_json::json!({}));
-        assert!(plain
-            .sandbox_config(Some("i"))
-            .expect("config")
-            .placement
-            .is_empty());
-        assert!(plain.spec.server.placement().is_empty());
     }
 
     #[test]
