@@ -150,7 +150,8 @@ pub struct SandboxSpec {
 
     /// Runtime, scheduling and pull Secrets of sandbox pods: `runtimeClassName`,
     /// `nodeSelector`, `tolerations`, `affinity`, `priorityClassName` and
-    /// `imagePullSecrets`, beside the fields above (their descriptions in the CRD are `PLACEMENT`'s).
+    /// `imagePullSecrets`, beside the fields above. Their descriptions in the CRD are
+    /// `PLACEMENT`'s.
     #[serde(flatten)]
     pub placement: PlacementSpec,
 }

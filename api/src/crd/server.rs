@@ -192,7 +192,8 @@ pub struct ServerSpec {
 
     /// Runtime, scheduling and pull Secrets of the server pods: `runtimeClassName`,
     /// `nodeSelector`, `tolerations`, `affinity`, `priorityClassName` and
-    /// `imagePullSecrets`, beside the fields above (their descriptions in the CRD are `PLACEMENT`'s).
+    /// `imagePullSecrets`, beside the fields above. Their descriptions in the CRD are
+    /// `PLACEMENT`'s.
     #[serde(flatten)]
     pub placement: PlacementSpec,
 }
