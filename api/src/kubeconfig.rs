@@ -214,44 +214,123 @@ pub fn validate(yaml: &str) -> Result<Kubeconfig, KubeconfigError> {
     if clusters.is_empty() {
         return Err(KubeconfigError::NoClusters);
     }
+    let clusters = Clusters::read(&clusters)?;
+    let tokens = user_tokens(&users)?;
+    let servers = clusters.servers(&contexts, &tokens)?;
+    Ok(Kubeconfig { doc, servers })
+}
 
-    let mut cluster_domain = BTreeMap::new();
-    let mut cas: BTreeMap<Domain, Option<String>> = BTreeMap::new();
-    for (name, m) in &clusters {
-        let server = field(m, "server")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| KubeconfigError::NoServer(name.clone()))?;
-        let domain = server_domain(name, server)?;
-        if truthy(field(m, "insecure-skip-tls-verify")) {
-            return Err(KubeconfigError::Insecure(name.clone()));
-        }
-        if field(m, "certificate-authority").is_some() {
-            return Err(KubeconfigError::CaFile(name.clone()));
-        }
-        if let Some(f) = CLUSTER_FIELDS_REFUSED
-            .iter()
-            .find(|f| field(m, f).is_some())
-        {
-            return Err(KubeconfigError::UnsupportedClusterField {
-                cluster: name.clone(),
-                field: (*f).to_owned(),
-            });
-        }
-        let ca = ca_pem(name, m)?;
-        match cas.get(&domain) {
-            Some(existing) if *existing != ca => {
-                return Err(KubeconfigError::CaConflict(domain.to_string()))
+/// What the clusters of a kubeconfig say: the server each cluster names, and the CA each
+/// server is verified against (`None`: the system roots).
+struct Clusters {
+    domain: BTreeMap<String, Domain>,
+    cas: BTreeMap<Domain, Option<String>>,
+}
+
+impl Clusters {
+    /// Reads every cluster; several clusters may name one server, with the same CA.
+    fn read(clusters: &BTreeMap<String, &Mapping>) -> Result<Self, KubeconfigError> {
+        let mut domain = BTreeMap::new();
+        let mut cas: BTreeMap<Domain, Option<String>> = BTreeMap::new();
+        for (name, m) in clusters {
+            let server = cluster_server(name, m)?;
+            let ca = ca_pem(name, m)?;
+            match cas.get(&server) {
+                Some(existing) if *existing != ca => {
+                    return Err(KubeconfigError::CaConflict(server.to_string()))
+                }
+                _ => {
+                    cas.insert(server.clone(), ca);
+                }
             }
-            _ => {
-                cas.insert(domain.clone(), ca);
-            }
+            domain.insert(name.clone(), server);
         }
-        cluster_domain.insert(name.clone(), domain);
+        Ok(Clusters { domain, cas })
     }
 
+    /// The token and CA of each server, from the contexts that pair a cluster with a user.
+    /// Every cluster must be used by a context, and a server reached by several contexts
+    /// must get the same token from each.
+    fn servers(
+        &self,
+        contexts: &BTreeMap<String, &Mapping>,
+        tokens: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<Domain, Server>, KubeconfigError> {
+        let mut servers: BTreeMap<Domain, Server> = BTreeMap::new();
+        let mut used = std::collections::BTreeSet::new();
+        for (ctx, m) in contexts {
+            let get = |kind: &'static str| -> Result<String, KubeconfigError> {
+                let name = field(m, kind).and_then(Value::as_str).unwrap_or_default();
+                Ok(name.to_owned())
+            };
+            let cluster = get("cluster")?;
+            let user = get("user")?;
+            let domain = self
+                .domain
+                .get(&cluster)
+                .ok_or_else(|| KubeconfigError::Dangling {
+                    context: ctx.clone(),
+                    kind: "cluster",
+                    name: cluster.clone(),
+                })?;
+            let token = tokens.get(&user).ok_or_else(|| KubeconfigError::Dangling {
+                context: ctx.clone(),
+                kind: "user",
+                name: user.clone(),
+            })?;
+            used.insert(cluster);
+            let entry = Server {
+                ca_pem: self.cas.get(domain).cloned().flatten(),
+                token: token.clone(),
+            };
+            match servers.get(domain) {
+                Some(s) if s.token != entry.token => {
+                    return Err(KubeconfigError::TokenConflict(domain.to_string()))
+                }
+                _ => {
+                    servers.insert(domain.clone(), entry);
+                }
+            }
+        }
+        if let Some(unused) = self.domain.keys().find(|c| !used.contains(*c)) {
+            return Err(KubeconfigError::Unused(unused.clone()));
+        }
+        Ok(servers)
+    }
+}
+
+/// The https server of cluster `name`, which must be verified (no `insecure-skip-tls-verify`)
+/// against an embedded CA or the system roots, and need nothing the proxy does not do.
+fn cluster_server(name: &str, m: &Mapping) -> Result<Domain, KubeconfigError> {
+    let server = field(m, "server")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| KubeconfigError::NoServer(name.to_owned()))?;
+    let domain = server_domain(name, server)?;
+    if truthy(field(m, "insecure-skip-tls-verify")) {
+        return Err(KubeconfigError::Insecure(name.to_owned()));
+    }
+    if field(m, "certificate-authority").is_some() {
+        return Err(KubeconfigError::CaFile(name.to_owned()));
+    }
+    if let Some(f) = CLUSTER_FIELDS_REFUSED
+        .iter()
+        .find(|f| field(m, f).is_some())
+    {
+        return Err(KubeconfigError::UnsupportedClusterField {
+            cluster: name.to_owned(),
+            field: (*f).to_owned(),
+        });
+    }
+    Ok(domain)
+}
+
+/// Each user's bearer token; a user must have one and nothing else that authenticates.
+fn user_tokens(
+    users: &BTreeMap<String, &Mapping>,
+) -> Result<BTreeMap<String, String>, KubeconfigError> {
     let mut tokens = BTreeMap::new();
-    for (name, m) in &users {
+    for (name, m) in users {
         if let Some(f) = USER_FIELDS_REFUSED.iter().find(|f| field(m, f).is_some()) {
             return Err(KubeconfigError::NotTokenOnly {
                 user: name.clone(),
@@ -265,46 +344,7 @@ pub fn validate(yaml: &str) -> Result<Kubeconfig, KubeconfigError> {
             .ok_or_else(|| KubeconfigError::NoToken(name.clone()))?;
         tokens.insert(name.clone(), token.to_owned());
     }
-
-    let mut servers: BTreeMap<Domain, Server> = BTreeMap::new();
-    let mut used = std::collections::BTreeSet::new();
-    for (ctx, m) in &contexts {
-        let get = |kind: &'static str| -> Result<String, KubeconfigError> {
-            let name = field(m, kind).and_then(Value::as_str).unwrap_or_default();
-            Ok(name.to_owned())
-        };
-        let cluster = get("cluster")?;
-        let user = get("user")?;
-        let domain = cluster_domain
-            .get(&cluster)
-            .ok_or_else(|| KubeconfigError::Dangling {
-                context: ctx.clone(),
-                kind: "cluster",
-                name: cluster.clone(),
-            })?;
-        let token = tokens.get(&user).ok_or_else(|| KubeconfigError::Dangling {
-            context: ctx.clone(),
-            kind: "user",
-            name: user.clone(),
-        })?;
-        used.insert(cluster);
-        let entry = Server {
-            ca_pem: cas.get(domain).cloned().flatten(),
-            token: token.clone(),
-        };
-        match servers.get(domain) {
-            Some(s) if s.token != entry.token => {
-                return Err(KubeconfigError::TokenConflict(domain.to_string()))
-            }
-            _ => {
-                servers.insert(domain.clone(), entry);
-            }
-        }
-    }
-    if let Some(unused) = cluster_domain.keys().find(|c| !used.contains(*c)) {
-        return Err(KubeconfigError::Unused(unused.clone()));
-    }
-    Ok(Kubeconfig { doc, servers })
+    Ok(tokens)
 }
 
 impl Kubeconfig {

@@ -2,28 +2,28 @@
 //! pool pods, the server for on-demand session pods), so a warm pod and a cold pod of the
 //! same instance can never differ except in their role.
 //!
-//! It is pure: everything it needs (config, role, clock) comes in as arguments. What bounds a
-//! sandbox's processes, disk and termination log on its node is in [`limits`].
+//! It is pure: everything it needs (config, role, clock) comes in as arguments. This file
+//! holds what the builder is given ([`SandboxConfig`], [`SandboxRole`]) and what a built pod
+//! is read back for (its key, nonce and token); the building itself is in `sandbox/pod.rs`.
+//! What bounds a sandbox's processes, disk and termination log on its node is in [`limits`].
 
 pub mod limits;
+mod pod;
+
+pub use pod::build_sandbox_pod;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
-    DownwardAPIVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, LocalObjectReference,
-    ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements, Toleration, Volume,
-    VolumeMount,
+    Affinity, EnvVar, LocalObjectReference, Pod, PodSpec, ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::names::{annotation, label, InstanceName, PoolSuffix};
+use crate::names::{annotation, InstanceName, PoolSuffix};
 use crate::token::{Commitment, HmacKey, SandboxNonce, Token};
-use crate::wire::AGENT_PORT;
 use crate::SessionId;
 
 pub use crate::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256, PODINFO_ANNOTATIONS, PODINFO_DIR};
@@ -243,16 +243,6 @@ impl SandboxConfig {
     }
 }
 
-/// The agent's command line in a sandbox pod.
-fn agent_args(cfg: &SandboxConfig) -> Vec<String> {
-    let mut args = vec!["--listen".into(), format!("0.0.0.0:{AGENT_PORT}")];
-    args.extend(limits::agent_process_args());
-    if let Some(budget) = cfg.output_budget {
-        args.extend(["--output-budget".into(), budget.to_string()]);
-    }
-    args
-}
-
 /// What a sandbox pod is for.
 #[derive(Debug, Clone)]
 pub enum SandboxRole {
@@ -289,247 +279,6 @@ impl SandboxRole {
             token,
             owner,
         }
-    }
-}
-
-/// Builds the sandbox pod for `role`. `now` is the RFC 3339 creation time stamped into the
-/// `created-at` (and, for sessions, `last-activity`) annotations.
-pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> Pod {
-    let n = &cfg.instance;
-    let mut labels = BTreeMap::from([
-        (label::INSTANCE.to_owned(), n.to_string()),
-        (
-            label::COMPONENT.to_owned(),
-            label::COMPONENT_SANDBOX.to_owned(),
-        ),
-        (label::APP_NAME.to_owned(), "cli-mcp-sandbox".to_owned()),
-        (label::APP_INSTANCE.to_owned(), n.to_string()),
-        (
-            label::APP_COMPONENT.to_owned(),
-            label::COMPONENT_SANDBOX.to_owned(),
-        ),
-        (label::APP_PART_OF.to_owned(), label::PART_OF.to_owned()),
-        (
-            label::APP_MANAGED_BY.to_owned(),
-            label::MANAGED_BY.to_owned(),
-        ),
-    ]);
-    let mut annotations = BTreeMap::from([
-        (annotation::CREATED_AT.to_owned(), now.to_owned()),
-        (annotation::SANDBOX_HASH.to_owned(), cfg.hash()),
-    ]);
-    let (name, auth_env) = match role {
-        SandboxRole::Pool { suffix, assign } => (
-            n.pool_pod(suffix),
-            plain_env(ENV_ASSIGN_SHA256, &assign.to_hex()),
-        ),
-        SandboxRole::Session {
-            sid,
-            nonce,
-            token,
-            owner,
-        } => {
-            labels.insert(label::SESSION_ID.to_owned(), sid.to_string());
-            labels.insert(label::LAUNCH.to_owned(), label::LAUNCH_COLD.to_owned());
-            annotations.insert(annotation::LAST_ACTIVITY.to_owned(), now.to_owned());
-            annotations.insert(annotation::TOKEN_SHA256.to_owned(), token.to_hex());
-            annotations.insert(annotation::SANDBOX_NONCE.to_owned(), nonce.to_hex());
-            if let Some(owner) = owner {
-                annotations.insert(annotation::OWNER.to_owned(), owner.clone());
-            }
-            (
-                n.session_pod(sid),
-                plain_env(ENV_TOKEN_SHA256, &token.to_hex()),
-            )
-        }
-    };
-
-    let mut env = vec![
-        auth_env,
-        plain_env("HOME", WORKSPACE_DIR),
-        field_env("POD_NAME", "metadata.name"),
-        field_env("POD_NAMESPACE", "metadata.namespace"),
-    ];
-    let [workspace, tmp] = limits::scratch_volumes(cfg);
-    let mut volumes = vec![
-        workspace,
-        tmp,
-        Volume {
-            name: "podinfo".into(),
-            downward_api: Some(DownwardAPIVolumeSource {
-                items: Some(vec![DownwardAPIVolumeFile {
-                    path: "annotations".into(),
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.annotations".into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    ];
-    let mut mounts = vec![
-        mount("workspace", WORKSPACE_DIR),
-        mount("tmp", "/tmp"),
-        VolumeMount {
-            read_only: Some(true),
-            ..mount("podinfo", PODINFO_DIR)
-        },
-    ];
-    if let Some(proxy) = &cfg.proxy {
-        let mut items = vec![key_to_path(PROXY_CA_KEY)];
-        if proxy.kubeconfig {
-            env.push(plain_env(
-                "KUBECONFIG",
-                &format!("{PROXY_CLIENT_DIR}/{KUBECONFIG_KEY}"),
-            ));
-            items.push(key_to_path(KUBECONFIG_KEY));
-        }
-        for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
-            env.push(plain_env(name, &proxy.url));
-        }
-        for name in ["NO_PROXY", "no_proxy"] {
-            env.push(plain_env(name, SANDBOX_NO_PROXY));
-        }
-        for name in PROXY_CA_ENV {
-            env.push(plain_env(
-                name,
-                &format!("{PROXY_CLIENT_DIR}/{PROXY_CA_KEY}"),
-            ));
-        }
-        volumes.push(Volume {
-            name: "proxy-client".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: proxy.config_map.clone(),
-                items: Some(items),
-                default_mode: Some(0o444),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            read_only: Some(true),
-            ..mount("proxy-client", PROXY_CLIENT_DIR)
-        });
-    }
-    // With a proxy, its variables are ours: an instance's env cannot route around it.
-    let proxied = cfg.proxy.is_some();
-    env.extend(
-        cfg.env
-            .iter()
-            .filter(|e| allowed_sandbox_env(e) && !(proxied && is_proxy_env(&e.name)))
-            .cloned(),
-    );
-
-    let agent = Container {
-        name: CONTAINER_NAME.into(),
-        image: Some(cfg.image.clone()),
-        image_pull_policy: cfg.image_pull_policy.clone(),
-        args: Some(agent_args(cfg)),
-        ports: Some(vec![ContainerPort {
-            name: Some("agent".into()),
-            container_port: i32::from(AGENT_PORT),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        env: Some(env),
-        resources: Some(limits::container_resources(cfg)),
-        volume_mounts: Some(mounts),
-        working_dir: Some(WORKSPACE_DIR.into()),
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".into()),
-                port: IntOrString::Int(i32::from(AGENT_PORT)),
-                ..Default::default()
-            }),
-            period_seconds: Some(1),
-            timeout_seconds: Some(1),
-            failure_threshold: Some(3),
-            ..Default::default()
-        }),
-        liveness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".into()),
-                port: IntOrString::Int(i32::from(AGENT_PORT)),
-                ..Default::default()
-            }),
-            period_seconds: Some(10),
-            timeout_seconds: Some(2),
-            failure_threshold: Some(3),
-            ..Default::default()
-        }),
-        security_context: Some(crate::pod_security::restricted_container()),
-        termination_message_path: Some(limits::TERMINATION_MESSAGE_PATH.into()),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        ..Default::default()
-    };
-
-    let mut spec = PodSpec {
-        containers: vec![agent],
-        volumes: Some(volumes),
-        service_account_name: Some(n.sandbox()),
-        automount_service_account_token: Some(false),
-        enable_service_links: Some(false),
-        restart_policy: Some("Always".into()),
-        termination_grace_period_seconds: Some(cfg.termination_grace_period_seconds),
-        security_context: Some(crate::pod_security::restricted_pod(
-            (!cfg.platform_assigns_uid).then_some(SANDBOX_UID),
-        )),
-        ..Default::default()
-    };
-    cfg.placement.apply_to(&mut spec);
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(cfg.namespace.clone()),
-            labels: Some(labels),
-            annotations: Some(annotations),
-            owner_references: cfg.owner.clone().map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        ..Default::default()
-    }
-}
-
-fn plain_env(name: &str, value: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value: Some(value.into()),
-        ..Default::default()
-    }
-}
-
-fn field_env(name: &str, path: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn key_to_path(key: &str) -> KeyToPath {
-    KeyToPath {
-        key: key.into(),
-        path: key.into(),
-        mode: None,
-        user: None,
-    }
-}
-
-fn mount(name: &str, path: &str) -> VolumeMount {
-    VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        ..Default::default()
     }
 }
 
@@ -584,8 +333,11 @@ pub fn session_token_of_meta(m: &ObjectMeta, sid: &SessionId, key: &HmacKey) -> 
 
 #[cfg(test)]
 mod tests {
+    use super::pod::plain_env;
     use super::*;
+    use crate::names::label;
     use crate::token::HmacKey;
+    use k8s_openapi::api::core::v1::{EnvVarSource, ObjectFieldSelector};
 
     fn cfg() -> SandboxConfig {
         SandboxConfig::new(

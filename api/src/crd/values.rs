@@ -9,7 +9,9 @@ use kube::{Resource, ResourceExt};
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use super::{CliMcpInstance, ProxySpec, ProxyTarget, ProxyTargetType, SandboxSpec, ServerSpec};
+use super::{
+    CliMcpInstance, PlacementSpec, ProxySpec, ProxyTarget, ProxyTargetType, SandboxSpec, ServerSpec,
+};
 use crate::names::{InstanceName, InstanceNameError};
 use crate::proxy::{Domain, RouteError};
 use crate::sandbox::{allowed_sandbox_env, Placement, SandboxConfig, SandboxProxy};
@@ -91,14 +93,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 impl SandboxSpec {
     /// Runtime, scheduling and pull Secrets of the sandbox pods.
     pub fn placement(&self) -> Placement {
-        Placement {
-            runtime_class_name: self.runtime_class_name.clone(),
-            node_selector: self.node_selector.clone(),
-            tolerations: self.tolerations.clone(),
-            affinity: self.affinity.clone(),
-            priority_class_name: self.priority_class_name.clone(),
-            image_pull_secrets: self.image_pull_secrets.clone(),
-        }
+        Placement::from(&self.placement)
     }
 
     /// The idle timeout as a `Duration`.
@@ -141,41 +136,22 @@ impl ProxySpec {
                 domains: None,
                 ca_config_map: None,
             }],
-            replicas: super::default_proxy_replicas(),
-            resources: super::default_proxy_resources(),
-            runtime_class_name: None,
-            node_selector: BTreeMap::new(),
-            tolerations: Vec::new(),
-            affinity: None,
-            priority_class_name: None,
-            image_pull_secrets: Vec::new(),
+            replicas: super::proxy::default_proxy_replicas(),
+            resources: super::proxy::default_proxy_resources(),
+            placement: PlacementSpec::default(),
         }
     }
 
     /// Runtime, scheduling and pull Secrets of the proxy pods.
     pub fn placement(&self) -> Placement {
-        Placement {
-            runtime_class_name: self.runtime_class_name.clone(),
-            node_selector: self.node_selector.clone(),
-            tolerations: self.tolerations.clone(),
-            affinity: self.affinity.clone(),
-            priority_class_name: self.priority_class_name.clone(),
-            image_pull_secrets: self.image_pull_secrets.clone(),
-        }
+        Placement::from(&self.placement)
     }
 }
 
 impl ServerSpec {
     /// Runtime, scheduling and pull Secrets of the server pods.
     pub fn placement(&self) -> Placement {
-        Placement {
-            runtime_class_name: self.runtime_class_name.clone(),
-            node_selector: self.node_selector.clone(),
-            tolerations: self.tolerations.clone(),
-            affinity: self.affinity.clone(),
-            priority_class_name: self.priority_class_name.clone(),
-            image_pull_secrets: self.image_pull_secrets.clone(),
-        }
+        Placement::from(&self.placement)
     }
 }
 
@@ -304,5 +280,171 @@ impl CliMcpInstance {
             .ok()
             .filter(|b| *b != crate::wire::DEFAULT_OUTPUT_BUDGET);
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::proxy::default_proxy_resources;
+    use crate::crd::tests::cr;
+    use crate::crd::CrdError;
+
+    #[test]
+    fn a_proxy_is_planned_from_spec_proxy_or_the_older_kubeconfig_secret() {
+        use crate::crd::values::ProxyPlan;
+        // Without spec.proxy: the implied proxy, holding the older kubeconfigSecret (or
+        // the default name), with the proxy defaults; the sandbox uses it like any other.
+        for (spec, secret) in [
+            (serde_json::json!({}), "cli-mcp-demo-kubeconfig"),
+            (
+                serde_json::json!({"sandbox": {"kubeconfigSecret": "go-era-kubeconfig"}}),
+                "go-era-kubeconfig",
+            ),
+        ] {
+            let o = cr(spec);
+            let plan: ProxyPlan = o.proxy_plan().expect("plan");
+            assert_eq!(plan.kubeconfig_secret.as_deref(), Some(secret));
+            assert!(plan.allowlist.is_empty() && plan.allowlist_cas.is_empty());
+            assert_eq!(plan.replicas, 2);
+            assert_eq!(plan.resources, default_proxy_resources());
+            assert!(plan.placement.is_empty());
+            assert_eq!(
+                o.proxy_spec(),
+                ProxySpec::implied(o.spec.sandbox.kubeconfig_secret.clone())
+            );
+            let p = o
+                .sandbox_config(Some("img:1"))
+                .expect("config")
+                .proxy
+                .expect("every sandbox uses a proxy");
+            assert_eq!(p.url, "http://cli-mcp-demo-proxy.ns1.svc:8080");
+            assert_eq!(p.config_map, "cli-mcp-demo-proxy");
+            assert!(p.kubeconfig, "the sandbox gets the dummy kubeconfig");
+        }
+        // The implied proxy is exactly what spec.proxy with one kubernetes target says.
+        assert_eq!(
+            cr(serde_json::json!({"sandbox": {"kubeconfigSecret": "kc"}})).proxy_plan(),
+            cr(serde_json::json!({"proxy": {"targets": [{"type": "kubernetes", "secretName": "kc"}]}}))
+                .proxy_plan()
+        );
+
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "kubernetes"},
+            {"type": "allowlist", "domains": ["Example.com", "b.example:8443", "example.com:443"]}
+        ]}}));
+        let plan: ProxyPlan = o.proxy_plan().expect("plan");
+        assert_eq!(
+            plan.kubeconfig_secret.as_deref(),
+            Some("cli-mcp-demo-kubeconfig")
+        );
+        let domains: Vec<_> = plan.allowlist.iter().map(|d| d.as_str()).collect();
+        assert_eq!(domains, ["b.example:8443", "example.com:443"]);
+        assert_eq!(plan.replicas, 2, "two replicas unless told otherwise");
+        let cfg = o.sandbox_config(Some("img:1")).expect("config");
+        let p = cfg.proxy.expect("sandbox uses the proxy");
+        assert_eq!(p.url, "http://cli-mcp-demo-proxy.ns1.svc:8080");
+        assert_eq!(p.config_map, "cli-mcp-demo-proxy");
+        assert!(p.kubeconfig);
+
+        // An allow-list only: the proxy, but no kubeconfig.
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["pypi.org"]}
+        ]}}));
+        let plan = o.proxy_plan().expect("plan");
+        assert_eq!(plan.kubeconfig_secret, None);
+        assert!(
+            !o.sandbox_config(Some("i"))
+                .expect("config")
+                .proxy
+                .expect("proxy")
+                .kubeconfig
+        );
+
+        // A CA of its own for an allow-list target's domains.
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["web.example:8443", "a.example"], "caConfigMap": "web-ca"},
+            {"type": "allowlist", "domains": ["pypi.org", "a.example:443"]}
+        ]}}));
+        let e = o
+            .proxy_plan()
+            .expect_err("two CAs for one domain")
+            .to_string();
+        assert!(
+            e.contains("a.example:443") && e.contains("caConfigMap"),
+            "{e}"
+        );
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["web.example:8443"], "caConfigMap": "web-ca"},
+            {"type": "allowlist", "domains": ["pypi.org"]}
+        ]}}));
+        let plan = o.proxy_plan().expect("plan");
+        let pinned: Vec<_> = plan
+            .allowlist_cas
+            .iter()
+            .map(|(d, cm)| (d.as_str(), cm.as_str()))
+            .collect();
+        assert_eq!(pinned, [("web.example:8443", "web-ca")]);
+
+        // A domain admission would refuse, from an object stored before the rule.
+        let o = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["*.example.com"]}
+        ]}}));
+        let e = o.proxy_plan().expect_err("bad domain").to_string();
+        assert!(
+            e.contains("*.example.com") && e.contains("without '*'"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sandbox_config_is_built_from_the_cr() {
+        let o = cr(serde_json::json!({"sandbox": {
+            "image": "img:1", "imagePullPolicy": "Never",
+            "env": [{"name": "FOO", "value": "bar"}, {"name": "HOME", "value": "/evil"}]
+        }}));
+        let cfg = o.sandbox_config(Some("default:1")).expect("config");
+        assert_eq!(cfg.image, "img:1");
+        assert_eq!(cfg.image_pull_policy.as_deref(), Some("Never"));
+        assert_eq!(cfg.namespace, "ns1");
+        assert!(cfg.proxy.is_some(), "a proxy even when not asked for");
+        assert_eq!(cfg.env.len(), 1);
+        let owner = cfg.owner.expect("owner");
+        assert_eq!(owner.uid, "u-1");
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(owner.kind, "CliMcpInstance");
+
+        assert_eq!(cfg.output_budget, None, "the agent's default budget");
+        let big = cr(serde_json::json!({"sandbox": {"outputBudgetBytes": 1048576}}));
+        let big = big.sandbox_config(Some("default:1")).expect("config");
+        assert_eq!(
+            big.output_budget,
+            Some(1 << 20),
+            "the agent is told the budget"
+        );
+
+        let d = cr(serde_json::json!({}));
+        assert_eq!(
+            d.sandbox_config(Some("default:1")).expect("config").image,
+            "default:1"
+        );
+        assert_eq!(d.sandbox_config(None), Err(CrdError::NoImage));
+        let mut no_uid = d.clone();
+        no_uid.metadata.uid = None;
+        assert_eq!(
+            no_uid.sandbox_config(Some("x")),
+            Err(CrdError::Missing("metadata.uid"))
+        );
+    }
+
+    #[test]
+    fn durations_parse_like_go() {
+        assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        for bad in ["", "banana", "10", "5d", "m", "1x", "-1s"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
     }
 }
