@@ -29,11 +29,8 @@ mod existing;
 mod feed;
 mod lookup;
 mod pods;
-mod rate;
 mod routes;
 mod seal;
-mod slot_feed;
-mod slots;
 mod start;
 mod steps;
 mod warm;
@@ -45,7 +42,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -59,20 +55,18 @@ use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
 use super::{
-    owner_allows, Activity, Backend, EndedSandboxes, Quota, Sandbox, SessionError, SessionSummary,
+    owner_allows, Activity, Backend, EndedSandboxes, Sandbox, SessionError, SessionSummary,
 };
 use crate::agent_client::{AgentClient, AgentError};
 use crate::auth::Caller;
 use crate::cli::Limits;
-use crate::metrics::{Admitted, Launch, Metrics};
+use crate::metrics::{Launch, Metrics};
 use activity::ActivityStamper;
-use admission::{Admission, LimitReached, Reservation};
+use admission::Admission;
 use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::Found;
-use pods::{annotation_of, endpoint_of, has_launch, pod_key};
-use rate::NewSessionRate;
+use pods::{annotation_of, endpoint_of, has_launch};
 use routes::{Route, RouteCache};
-use slots::{client_tag, Family, SlotHold, Slots};
 use steps::timed;
 use warm::WarmPool;
 
@@ -90,12 +84,6 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(15);
 
 pub struct KubeBackend {
     pods: Api<Pod>,
-    /// The instance's session slots (see [`slots`]).
-    leases: Api<Lease>,
-    /// This replica's view of the slots, fed by their watch.
-    slots: Slots,
-    /// `--new-sessions-per-minute-per-client`, when set.
-    rate: Option<NewSessionRate>,
     client: kube::Client,
     cfg: SandboxConfig,
     cfg_hash: String,
@@ -105,7 +93,8 @@ pub struct KubeBackend {
     cache: RouteCache,
     locks: SessionLocks,
     stamper: Arc<ActivityStamper>,
-    /// Admission of new sessions under `--max-sessions`, fed by the pod watch.
+    /// Admission of new sessions: the rate, `--max-sessions` (fed by the pod watch) and the
+    /// session slots.
     admission: Admission,
     /// The warm pool, fed by its watch: where claims find their candidates.
     pool: WarmPool,
@@ -128,26 +117,6 @@ impl std::fmt::Debug for KubeBackend {
 }
 
 impl KubeBackend {
-    /// A new session `sid` of `caller` that the views (synced) already show over a limit:
-    /// refused before any API call, so callers over a limit cost nothing. A pod or slot
-    /// another replica wrote within the watches' lag is missed: that caller is refused once,
-    /// and its next call finds it.
-    fn refuses_new(&self, sid: &SessionId, caller: &Caller) -> Option<Quota> {
-        if let Some(LimitReached { max }) = self.admission.refuses_new(sid) {
-            return Some(Quota::Instance { max });
-        }
-        let max = self.limits.max_sessions;
-        if self.admission.unknown(sid) && self.slots.full(&Family::Instance, max) {
-            return Some(Quota::Instance { max });
-        }
-        let per_client = self.limits.max_sessions_per_client?;
-        (self.admission.unknown(sid)
-            && self
-                .slots
-                .full(&Family::Client(client_tag(caller)), per_client))
-        .then_some(Quota::Client { max: per_client })
-    }
-
     pub fn new(
         client: kube::Client,
         cfg: SandboxConfig,
@@ -159,11 +128,13 @@ impl KubeBackend {
         let pods = Api::<Pod>::namespaced(client.clone(), &cfg.namespace);
         Arc::new(Self {
             pods,
-            leases: Api::namespaced(client.clone(), &cfg.namespace),
-            slots: Slots::new(cfg.instance.slot_prefix()),
-            rate: limits
-                .new_sessions_per_minute_per_client
-                .map(NewSessionRate::new),
+            admission: Admission::new(
+                client.clone(),
+                &cfg.namespace,
+                cfg.instance.clone(),
+                &limits,
+                metrics.clone(),
+            ),
             client,
             cfg_hash: cfg.hash(),
             instance: cfg.instance.clone(),
@@ -173,7 +144,6 @@ impl KubeBackend {
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
             stamper: ActivityStamper::new(limits.activity_stamp_gap),
-            admission: Admission::new(limits.max_sessions),
             pool: WarmPool::default(),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
             ended: EndedSandboxes::default(),
@@ -198,13 +168,13 @@ impl KubeBackend {
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                if let Err(e) = me.refresh_gauge().await {
+                if let Err(e) = me.admission.refresh_gauge().await {
                     tracing::debug!(error = %e, "cannot refresh sessions_active");
                 }
             }
         };
         let routes = self.clone().watch_routes(stop.clone());
-        let slots = self.clone().watch_slots(stop.clone());
+        let slots = self.admission.slots().clone().watch(stop.clone());
         let pool = self.clone().watch_pool(stop.clone());
         vec![
             tokio::spawn(stamper),
@@ -277,28 +247,6 @@ impl KubeBackend {
         }
     }
 
-    /// A new session of `caller`: charged to its rate (when set), admitted, its slots taken.
-    /// Everything it holds is given back when dropped unused.
-    async fn admit_new(
-        &self,
-        sid: &SessionId,
-        caller: &Caller,
-        t0: Instant,
-    ) -> Result<(Option<rate::Charge<'_>>, Reservation, SlotHold), SessionError> {
-        let charge = match &self.rate {
-            None => None,
-            Some(rate) => Some(rate.charge(&client_tag(caller)).map_err(|retry_after| {
-                self.metrics.admission(Admitted::Refused, t0.elapsed());
-                SessionError::SessionLimit(Quota::Rate {
-                    per_minute: rate.per_minute(),
-                    retry_after,
-                })
-            })?),
-        };
-        let (reservation, slots) = self.admit(sid, caller).await?;
-        Ok((charge, reservation, slots))
-    }
-
     /// The session's pod, found, adopted or started; what the route cache did not know.
     async fn acquire_slow(
         &self,
@@ -309,16 +257,13 @@ impl KubeBackend {
         // At the limit, a session the watch knows no pod of is refused before any API call:
         // callers over the limit cost nothing. (A pod another replica created within the
         // watch's lag is missed: that caller is refused once, and its next call finds it.)
-        if let Some(quota) = self.refuses_new(sid, caller) {
-            self.metrics.admission(Admitted::Refused, t0.elapsed());
-            return Err(SessionError::SessionLimit(quota));
-        }
+        self.admission.refuse_at_once(sid, caller, t0)?;
         let previous = self.cache.previous_uid(sid);
         // A session that neither the pod watch (synced) nor the route cache has ever seen is
         // new, but for a pod another replica wrote within the watch's lag: no label lookup
         // (a LIST) then. Should such a pod exist after all, the converge check after this
         // replica's own write sees both and every replica keeps the same one.
-        let found = if previous.is_none() && self.admission.unseen(sid) {
+        let found = if previous.is_none() && self.admission.view().unseen(sid) {
             Found::Nothing
         } else {
             timed("lookup", self.find(sid)).await?
@@ -334,10 +279,10 @@ impl KubeBackend {
             Found::Stale => true,
             Found::Nothing => false,
         };
-        let (charge, reservation, mut slots) = Box::pin(self.admit_new(sid, caller, t0)).await?;
-        let started = Box::pin(self.start_new(sid, caller, &reservation, &mut slots)).await;
+        let mut reservation = Box::pin(self.admission.admit(sid, caller, t0)).await?;
+        let started = Box::pin(self.start_new(sid, caller, &mut reservation)).await;
         // Slots still held here were not bound to a pod of this session: freed.
-        drop(slots);
+        reservation.free_unbound_slots();
         let (pod, launch) = match started {
             Ok(started) => started,
             // Another replica may have given the session its pod meanwhile (and deleted ours
@@ -362,9 +307,7 @@ impl KubeBackend {
         if !owner_allows(route.owner.as_deref(), caller) {
             return Err(SessionError::Forbidden(sid.clone()));
         }
-        if let Some(c) = charge {
-            c.keep();
-        }
+        reservation.keep_charge();
         self.metrics.started(launch, t0.elapsed());
         tracing::info!(session = %sid, pod = %route.pod, launch = launch.as_str(),
             took_ms = t0.elapsed().as_millis() as u64, steps = %steps::summary(),
@@ -452,13 +395,8 @@ impl Backend for KubeBackend {
             }
             tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
             self.retire_pod(pod, RETIRED_SESSION_ENDED).await;
-            // Its places are free when DELETE answers (the caller's next new session must not
-            // be refused for the session it just ended): gone from this replica's count, and
-            // its slots deleted, not left to the pod watch or the garbage collector.
-            self.admission.retired(&pod_key(pod));
-            if let Some(uid) = pod.uid() {
-                self.release_slots_of(sid, &uid).await;
-            }
+            // Its places are free when DELETE answers.
+            self.admission.session_ended(sid, pod).await;
         }
         self.cache.remove(sid);
         Ok(())

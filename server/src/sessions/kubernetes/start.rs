@@ -26,7 +26,6 @@ use super::pods::{
     agent_running, annotation_of, deleted_while_starting, endpoint_of, has_launch, pending_reason,
     pod_ip, pod_key, start_failure,
 };
-use super::slots::SlotHold;
 use super::steps::timed;
 use super::KubeBackend;
 use crate::auth::Caller;
@@ -51,10 +50,9 @@ impl KubeBackend {
         &self,
         sid: &SessionId,
         caller: &Caller,
-        reservation: &Reservation,
-        slots: &mut SlotHold,
+        reservation: &mut Reservation<'_>,
     ) -> Result<(Pod, Launch), SessionError> {
-        if let Some(p) = Box::pin(self.claim_warm(sid, caller, reservation, slots)).await? {
+        if let Some(p) = Box::pin(self.claim_warm(sid, caller, reservation)).await? {
             return Ok((p, Launch::Warm));
         }
         let (p, created) = Box::pin(timed("create", self.create_cold(sid, caller))).await?;
@@ -64,7 +62,7 @@ impl KubeBackend {
             // agent.
             let (seal_written, bound, ready) = tokio::join!(
                 Box::pin(timed("seal", self.seal(&p))),
-                Box::pin(timed("bind", self.bind_slots(slots, &p))),
+                Box::pin(timed("bind", reservation.slots().bind(&p))),
                 Box::pin(timed("ready", self.wait_ready(p.clone()))),
             );
             if let Err(e) = bound {
@@ -108,8 +106,7 @@ impl KubeBackend {
         &self,
         sid: &SessionId,
         caller: &Caller,
-        reservation: &Reservation,
-        slots: &mut SlotHold,
+        reservation: &mut Reservation<'_>,
     ) -> Result<Option<Pod>, SessionError> {
         let mut tried = HashSet::new();
         // From the view, only pods this replica could claim (what `claimable` keeps; its
@@ -135,7 +132,7 @@ impl KubeBackend {
                 if !tried.insert(pod.name_any()) {
                     continue;
                 }
-                let claim = Box::pin(self.try_claim(pod, sid, caller, reservation, slots));
+                let claim = Box::pin(self.try_claim(pod, sid, caller, reservation));
                 if let Some(claimed) = claim.await? {
                     return Ok(Some(claimed));
                 }
@@ -155,8 +152,7 @@ impl KubeBackend {
         mut pod: Pod,
         sid: &SessionId,
         caller: &Caller,
-        reservation: &Reservation,
-        slots: &mut SlotHold,
+        reservation: &mut Reservation<'_>,
     ) -> Result<Option<Pod>, SessionError> {
         let name = pod.name_any();
         // A fresh nonce per claim: the token opens this sandbox and no other of the session.
@@ -233,7 +229,7 @@ impl KubeBackend {
         // the converge check (a LIST, which must begin after the claim was written).
         let (assigned, bound, winner) = tokio::join!(
             Box::pin(timed("assign", self.assign(&claimed, sid, &token))),
-            Box::pin(timed("bind", self.bind_slots(slots, &claimed))),
+            Box::pin(timed("bind", reservation.slots().bind(&claimed))),
             Box::pin(timed("converge", self.other_winner(sid, &claimed))),
         );
         if let Ok(Some(winner)) = winner {
@@ -249,8 +245,8 @@ impl KubeBackend {
             // Bound to the pod just deleted, the slots would go with it: given back, and the
             // session takes new ones for the next candidate. A lost slot fails the start.
             let bound = bound?;
-            self.give_back_slots(bound).await;
-            *slots = self.take_slots(sid, caller).await?;
+            reservation.slots().give_back(bound).await;
+            reservation.slots().retake(sid, caller).await?;
             return Ok(None);
         }
         if let Err(e) = bound {
@@ -498,7 +494,7 @@ impl KubeBackend {
     /// the write, so of two replicas that wrote a pod each, at least the later one sees both;
     /// with two or more, the losers are retired and the winner is returned unless it is
     /// `ours`. Every replica picks the same winner. The pod watch's view answers as soon as it
-    /// has reported `ours` (see [`super::admission::Admission::pods_after_write`]); a LIST,
+    /// has reported `ours` (see [`super::admission::SessionView::pods_after_write`]); a LIST,
     /// which sees every pod written before it began, when the view cannot tell or shows a
     /// second pod.
     pub(super) async fn other_winner(
@@ -508,6 +504,7 @@ impl KubeBackend {
     ) -> Result<Option<Pod>, SessionError> {
         let in_view = self
             .admission
+            .view()
             .pods_after_write(sid, &pod_key(ours), CONVERGE_VIEW_WAIT)
             .await;
         if in_view == Some(1) {

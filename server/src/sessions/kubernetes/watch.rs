@@ -45,7 +45,7 @@ impl KubeBackend {
         // removes them after the pod is gone. A pod that terminated but still exists still
         // counts, as it does in the pod count.
         if is_deleting(pod) || !is_terminal(pod) {
-            self.free_slots_of(&uid);
+            self.admission.slots().free_of(&uid);
         }
         self.stamper.forget(&pod.name_any());
         let retired = pod.annotations().contains_key(annotation::RETIRED);
@@ -62,30 +62,30 @@ struct Routes<'a>(&'a KubeBackend);
 
 impl WatchFed<Pod> for Routes<'_> {
     fn relist_started(&self) {
-        self.0.admission.relist_started(Instant::now());
+        self.0.admission.view().relist_started(Instant::now());
     }
 
     fn relisted(&self, p: Pod) {
-        self.0.admission.relisted(pod_view(&p));
+        self.0.admission.view().relisted(pod_view(&p));
         self.0.note_if_going(&p);
     }
 
     fn relist_done(&self) {
-        self.0.admission.relist_done();
+        self.0.admission.view().relist_done();
     }
 
     fn applied(&self, p: Pod) {
-        self.0.admission.applied(pod_view(&p));
+        self.0.admission.view().applied(pod_view(&p));
         self.0.note_if_going(&p);
     }
 
     fn deleted(&self, p: Pod) {
-        self.0.admission.deleted(pod_view(&p));
+        self.0.admission.view().deleted(pod_view(&p));
         self.0.pod_going(&p);
     }
 
     fn failed(&self, error: watcher::Error) {
-        self.0.admission.watch_failed();
+        self.0.admission.view().watch_failed();
         tracing::debug!(%error, "sandbox pod watch error (retrying)");
     }
 }
