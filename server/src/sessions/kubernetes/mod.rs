@@ -25,14 +25,14 @@ mod activity;
 mod admission;
 mod agent_wait;
 mod api_health;
-mod existing;
 mod feed;
 mod lookup;
 mod pods;
 mod routes;
-mod seal;
 mod start;
 mod steps;
+#[cfg(test)]
+mod testing;
 mod warm;
 mod watch;
 
@@ -48,8 +48,7 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::{annotation, label, InstanceName};
-use cli_mcp_api::sandbox::{session_token_of, SandboxConfig};
-use cli_mcp_api::seal::sealed;
+use cli_mcp_api::sandbox::SandboxConfig;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
@@ -63,10 +62,11 @@ use crate::cli::Limits;
 use crate::metrics::{Launch, Metrics};
 use activity::ActivityStamper;
 use admission::Admission;
+use agent_wait::AgentWait;
 use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
-use lookup::Found;
-use pods::{annotation_of, endpoint_of, has_launch};
-use routes::{Route, RouteCache};
+use lookup::{Found, Lookup};
+use pods::{annotation_of, has_launch, SandboxPods};
+use routes::RouteCache;
 use steps::timed;
 use warm::WarmPool;
 
@@ -83,13 +83,16 @@ fn ended_on_purpose(pod: &Pod) -> bool {
 const GAUGE_REFRESH: Duration = Duration::from_secs(15);
 
 pub struct KubeBackend {
-    pods: Api<Pod>,
+    pods: SandboxPods,
+    /// Finding and adopting a session's pods.
+    lookup: Arc<Lookup>,
+    /// Waiting for a new pod's agent, and assigning a claimed one.
+    agent_wait: AgentWait,
     client: kube::Client,
     cfg: SandboxConfig,
     cfg_hash: String,
     instance: InstanceName,
     key: HmacKey,
-    agent: AgentClient,
     cache: RouteCache,
     locks: SessionLocks,
     stamper: Arc<ActivityStamper>,
@@ -125,9 +128,23 @@ impl KubeBackend {
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
-        let pods = Api::<Pod>::namespaced(client.clone(), &cfg.namespace);
+        let stamper = ActivityStamper::new(limits.activity_stamp_gap);
+        let pods = SandboxPods::new(
+            Api::namespaced(client.clone(), &cfg.namespace),
+            stamper.clone(),
+        );
+        let agent_wait = AgentWait::new(pods.clone(), agent, key.clone(), limits.start_timeout);
+        let lookup = Lookup::new(
+            pods.clone(),
+            key.clone(),
+            cfg.instance.clone(),
+            limits.start_timeout,
+            agent_wait.clone(),
+        );
         Arc::new(Self {
             pods,
+            lookup: Arc::new(lookup),
+            agent_wait,
             admission: Admission::new(
                 client.clone(),
                 &cfg.namespace,
@@ -140,10 +157,9 @@ impl KubeBackend {
             instance: cfg.instance.clone(),
             cfg,
             key,
-            agent,
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
-            stamper: ActivityStamper::new(limits.activity_stamp_gap),
+            stamper,
             pool: WarmPool::default(),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
             ended: EndedSandboxes::default(),
@@ -157,7 +173,10 @@ impl KubeBackend {
         self: &Arc<Self>,
         stop: CancellationToken,
     ) -> Vec<tokio::task::JoinHandle<()>> {
-        let stamper = self.stamper.clone().run(self.pods.clone(), stop.clone());
+        let stamper = self
+            .stamper
+            .clone()
+            .run(self.pods.api().clone(), stop.clone());
         let me = self.clone();
         let gauge_stop = stop.clone();
         let gauge = async move {
@@ -185,44 +204,14 @@ impl KubeBackend {
         ]
     }
 
-    fn sandbox(&self, route: &Route, started: Option<Launch>, replaced: bool) -> Sandbox {
-        Sandbox {
-            endpoint: route.endpoint.clone(),
-            token: route.token.clone(),
-            name: route.pod.clone(),
-            uid: route.uid.clone(),
-            started,
-            replaced,
-        }
-    }
-
-    fn route_of(&self, sid: &SessionId, pod: &Pod) -> Result<Route, SessionError> {
-        // The last gate before a pod is sent the session's token and commands.
-        if !sealed(pod, &self.key) {
-            return Err(SessionError::Sandbox(format!(
-                "pod {} has no valid seal of this instance for its uid, so it is not used; retry the call",
-                pod.name_any()
-            )));
-        }
-        let endpoint = endpoint_of(pod)
-            .ok_or_else(|| SessionError::Sandbox(format!("pod {} has no IP", pod.name_any())))?;
-        let token = session_token_of(pod, sid, &self.key).ok_or_else(|| {
-            SessionError::Sandbox(format!(
-                "pod {} was not made for session {sid} under this server's key; retry (it is replaced)",
-                pod.name_any()
-            ))
-        })?;
-        Ok(Route {
-            pod: pod.name_any(),
-            uid: pod.uid().unwrap_or_default(),
-            endpoint,
-            token,
-            owner: annotation_of(pod, annotation::OWNER).map(str::to_owned),
-            launch: match pod.labels().get(label::LAUNCH).map(String::as_str) {
-                Some(label::LAUNCH_WARM) => Some(Launch::Warm),
-                Some(label::LAUNCH_COLD) => Some(Launch::Cold),
-                _ => None,
-            },
+    /// The session's route in the cache, as the sandbox of a call by `caller` (refused when
+    /// the caller may not use it).
+    fn cached(&self, sid: &SessionId, caller: &Caller) -> Option<Result<Sandbox, SessionError>> {
+        let route = self.cache.get(sid)?;
+        Some(if owner_allows(route.owner.as_deref(), caller) {
+            Ok(route.sandbox(None, false))
+        } else {
+            Err(SessionError::Forbidden(sid.clone()))
         })
     }
 
@@ -235,7 +224,7 @@ impl KubeBackend {
         if self.ended.contains(&used.uid) {
             return true;
         }
-        match self.pods.get_opt(&used.name).await {
+        match self.pods.api().get_opt(&used.name).await {
             Ok(Some(pod)) if pod.uid().as_deref() == Some(used.uid.as_str()) => {
                 let ended = ended_on_purpose(&pod);
                 if ended {
@@ -266,15 +255,15 @@ impl KubeBackend {
         let found = if previous.is_none() && self.admission.view().unseen(sid) {
             Found::Nothing
         } else {
-            timed("lookup", self.find(sid)).await?
+            timed("lookup", self.lookup.find(sid)).await?
         };
         let stale = match found {
             Found::Pod(pod) => {
-                let pod = self.adopt(*pod, sid, caller).await?;
-                let route = self.route_of(sid, &pod)?;
+                let pod = self.lookup.adopt(*pod, sid, caller).await?;
+                let route = self.lookup.route(sid, &pod)?;
                 let replaced = previous.is_some_and(|p| p != route.uid);
                 self.cache.insert(sid.clone(), route.clone());
-                return Ok(self.sandbox(&route, None, replaced));
+                return Ok(route.sandbox(None, replaced));
             }
             Found::Stale => true,
             Found::Nothing => false,
@@ -287,7 +276,7 @@ impl KubeBackend {
             Ok(started) => started,
             // Another replica may have given the session its pod meanwhile (and deleted ours
             // as the loser): use that one.
-            Err(e) => match self.find(sid).await? {
+            Err(e) => match self.lookup.find(sid).await? {
                 Found::Pod(p) => {
                     tracing::info!(session = %sid, pod = %p.name_any(), error = %e,
                         "another replica started this session; using its pod");
@@ -296,12 +285,12 @@ impl KubeBackend {
                     } else {
                         Launch::Cold
                     };
-                    (self.adopt(*p, sid, caller).await?, launch)
+                    (self.lookup.adopt(*p, sid, caller).await?, launch)
                 }
                 _ => return Err(e),
             },
         };
-        let route = self.route_of(sid, &pod)?;
+        let route = self.lookup.route(sid, &pod)?;
         // The start's paths (claim, create, converge) each check the owner; checked once more
         // where they meet, so that no later path can hand a caller someone else's pod.
         if !owner_allows(route.owner.as_deref(), caller) {
@@ -313,7 +302,7 @@ impl KubeBackend {
             took_ms = t0.elapsed().as_millis() as u64, steps = %steps::summary(),
             "session sandbox started");
         self.cache.insert(sid.clone(), route.clone());
-        Ok(self.sandbox(&route, Some(launch), previous.is_some() || stale))
+        Ok(route.sandbox(Some(launch), previous.is_some() || stale))
     }
 }
 
@@ -330,15 +319,7 @@ impl Backend for KubeBackend {
                 return Err(SessionError::Deleted);
             }
         }
-        let cached = |this: &Self| -> Option<Result<Sandbox, SessionError>> {
-            let route = this.cache.get(sid)?;
-            Some(if owner_allows(route.owner.as_deref(), caller) {
-                Ok(this.sandbox(&route, None, false))
-            } else {
-                Err(SessionError::Forbidden(sid.clone()))
-            })
-        };
-        if let Some(hit) = cached(self) {
+        if let Some(hit) = self.cached(sid, caller) {
             return hit;
         }
         let _guard = self.locks.lock(sid).await;
@@ -346,7 +327,7 @@ impl Backend for KubeBackend {
         if after.is_some_and(|used| self.ended.contains(&used.uid)) {
             return Err(SessionError::Deleted);
         }
-        if let Some(hit) = cached(self) {
+        if let Some(hit) = self.cached(sid, caller) {
             return hit;
         }
         // Boxed: a start's future nests the lookup, admission, claim and converge steps side
@@ -359,7 +340,10 @@ impl Backend for KubeBackend {
         sid: &SessionId,
         caller: &Caller,
     ) -> Result<Option<Sandbox>, SessionError> {
-        self.existing_sandbox(sid, caller).await
+        if let Some(hit) = self.cached(sid, caller) {
+            return hit.map(Some);
+        }
+        self.lookup.existing(sid, caller).await
     }
 
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, _why: &AgentError) {
@@ -378,6 +362,7 @@ impl Backend for KubeBackend {
         let _guard = self.locks.lock(sid).await;
         let list = self
             .pods
+            .api()
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
         if list
@@ -394,7 +379,7 @@ impl Backend for KubeBackend {
                 self.ended.end(&uid);
             }
             tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
-            self.retire_pod(pod, RETIRED_SESSION_ENDED).await;
+            self.pods.retire(pod, RETIRED_SESSION_ENDED).await;
             // Its places are free when DELETE answers.
             self.admission.session_ended(sid, pod).await;
         }
@@ -405,6 +390,7 @@ impl Backend for KubeBackend {
     async fn list(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
         let list = self
             .pods
+            .api()
             .list(&ListParams::default().labels(&self.instance.assigned_selector()))
             .await?;
         let mut out: Vec<SessionSummary> = list

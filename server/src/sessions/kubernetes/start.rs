@@ -15,17 +15,13 @@ use serde_json::json;
 use cli_mcp_api::activity::stamp_now;
 use cli_mcp_api::names::{annotation, label};
 use cli_mcp_api::pod_state::{is_assigned, is_deleting, is_ready};
-use cli_mcp_api::sandbox::{build_sandbox_pod, session_token_of, SandboxRole};
-use cli_mcp_api::seal::sealed;
-use cli_mcp_api::token::SandboxNonce;
-use cli_mcp_api::wire::AssignRequest;
+use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
+use cli_mcp_api::seal::{self, sealed};
+use cli_mcp_api::token::{HmacKey, SandboxNonce};
 use cli_mcp_api::SessionId;
 
 use super::admission::Reservation;
-use super::pods::{
-    agent_running, annotation_of, deleted_while_starting, endpoint_of, has_launch, pending_reason,
-    pod_ip, pod_key, start_failure,
-};
+use super::pods::{annotation_of, deleted_while_starting, pod_key};
 use super::steps::timed;
 use super::KubeBackend;
 use crate::auth::Caller;
@@ -63,11 +59,11 @@ impl KubeBackend {
             let (seal_written, bound, ready) = tokio::join!(
                 Box::pin(timed("seal", self.seal(&p))),
                 Box::pin(timed("bind", reservation.slots().bind(&p))),
-                Box::pin(timed("ready", self.wait_ready(p.clone()))),
+                Box::pin(timed("ready", self.agent_wait.wait_ready(p.clone()))),
             );
             if let Err(e) = bound {
                 // No session runs without its place.
-                self.retire_pod(&p, "no-slot").await;
+                self.pods.retire(&p, "no-slot").await;
                 return Err(e);
             }
             match (seal_written, ready) {
@@ -76,7 +72,7 @@ impl KubeBackend {
                 (Err(e), Ok(_)) => {
                     // Unsealed, no replica would route to it: gone at once, not left for
                     // another replica to find and wait on.
-                    self.retire_pod(&p, "unsealed").await;
+                    self.pods.retire(&p, "unsealed").await;
                     return Err(e);
                 }
                 (Ok(seal), Ok(mut ready)) => {
@@ -91,7 +87,7 @@ impl KubeBackend {
                 }
             }
         } else {
-            Box::pin(timed("ready", self.wait_ready(p))).await?
+            Box::pin(timed("ready", self.agent_wait.wait_ready(p))).await?
         };
         let pod = Box::pin(timed("converge", self.converge(sid, ready, caller))).await?;
         Ok((pod, Launch::Cold))
@@ -119,7 +115,7 @@ impl KubeBackend {
                 None => {
                     timed(
                         "pool",
-                        self.pods.list(
+                        self.pods.api().list(
                             &ListParams::default().labels(&self.instance.unassigned_selector()),
                         ),
                     )
@@ -149,7 +145,7 @@ impl KubeBackend {
     /// the one another replica gave the session at the same time.
     pub(super) async fn try_claim(
         &self,
-        mut pod: Pod,
+        pod: Pod,
         sid: &SessionId,
         caller: &Caller,
         reservation: &mut Reservation<'_>,
@@ -158,37 +154,43 @@ impl KubeBackend {
         // A fresh nonce per claim: the token opens this sandbox and no other of the session.
         let nonce = SandboxNonce::from_bytes(rand::random());
         let token = self.key.session_token(sid, &nonce).commitment().to_hex();
-        let mut claimed = None;
+        let Some(claimed) = self.patch_claim(pod, sid, caller, &token, &nonce).await? else {
+            return Ok(None);
+        };
+        self.pool.taken(&name);
+        reservation.written(&pod_key(&claimed));
+        self.settle_claim(claimed, sid, caller, &token, reservation)
+            .await
+    }
+
+    /// The claim itself: a merge patch guarded by the pod's `resourceVersion`, tried again
+    /// (at most [`CLAIM_ATTEMPTS_PER_POD`] times) on a 409 while the pod, read again, is still
+    /// one to claim. `None` when the pod was lost to another claimer, changed, or went away.
+    async fn patch_claim(
+        &self,
+        mut pod: Pod,
+        sid: &SessionId,
+        caller: &Caller,
+        token: &str,
+        nonce: &SandboxNonce,
+    ) -> Result<Option<Pod>, SessionError> {
+        let name = pod.name_any();
         for attempt in 0..CLAIM_ATTEMPTS_PER_POD {
             // Without a resourceVersion the patch would not be guarded.
             let Some(rv) = pod.resource_version() else {
                 return Ok(None);
             };
-            let mut annotations = serde_json::Map::new();
-            annotations.insert(annotation::TOKEN_SHA256.into(), json!(token));
-            annotations.insert(annotation::SANDBOX_NONCE.into(), json!(nonce.to_hex()));
-            annotations.insert(annotation::LAST_ACTIVITY.into(), json!(stamp_now()));
-            if let Some(owner) = &caller.owner {
-                annotations.insert(annotation::OWNER.into(), json!(owner));
-            }
-            let patch = json!({
-                "metadata": {
-                    "resourceVersion": rv,
-                    "labels": { label::SESSION_ID: sid.as_str(), label::LAUNCH: label::LAUNCH_WARM },
-                    "annotations": annotations,
-                }
-            });
+            let owner = caller.owner.as_deref();
+            let patch = claim_patch(&rv, sid, token, nonce, owner, &stamp_now());
             match timed(
                 "claim",
                 self.pods
+                    .api()
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
             )
             .await
             {
-                Ok(p) => {
-                    claimed = Some(p);
-                    break;
-                }
+                Ok(p) => return Ok(Some(p)),
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
                     self.pool.taken(&name);
                     return Ok(None);
@@ -200,16 +202,9 @@ impl KubeBackend {
                     if attempt + 1 == CLAIM_ATTEMPTS_PER_POD {
                         return Ok(None);
                     }
-                    match self.pods.get_opt(&name).await? {
+                    match self.pods.api().get_opt(&name).await? {
                         // Another uid is another pod: only a sealed one is claimed.
-                        Some(p)
-                            if !is_deleting(&p)
-                                && is_ready(&p)
-                                && !is_assigned(&p)
-                                && sealed(&p, &self.key) =>
-                        {
-                            pod = p
-                        }
+                        Some(p) if still_claimable(&p, &self.key) => pod = p,
                         _ => {
                             self.pool.taken(&name);
                             return Ok(None);
@@ -219,16 +214,26 @@ impl KubeBackend {
                 Err(e) => return Err(e.into()),
             }
         }
-        let Some(claimed) = claimed else {
-            return Ok(None);
-        };
-        self.pool.taken(&name);
-        reservation.written(&pod_key(&claimed));
-        // Once the claim is written, three steps that do not depend on each other go out
-        // together: the agent's `/assign`, the bind of the session's slots to the pod, and
-        // the converge check (a LIST, which must begin after the claim was written).
+        Ok(None)
+    }
+
+    /// Once the claim is written, three steps that do not depend on each other go out
+    /// together: the agent's `/assign`, the bind of the session's slots to the pod, and the
+    /// converge check (a LIST, which must begin after the claim was written). Their outcomes
+    /// decide which pod the session gets, if any.
+    async fn settle_claim(
+        &self,
+        claimed: Pod,
+        sid: &SessionId,
+        caller: &Caller,
+        token: &str,
+        reservation: &mut Reservation<'_>,
+    ) -> Result<Option<Pod>, SessionError> {
         let (assigned, bound, winner) = tokio::join!(
-            Box::pin(timed("assign", self.assign(&claimed, sid, &token))),
+            Box::pin(timed(
+                "assign",
+                self.agent_wait.assign(&claimed, sid, token)
+            )),
             Box::pin(timed("bind", reservation.slots().bind(&claimed))),
             Box::pin(timed("converge", self.other_winner(sid, &claimed))),
         );
@@ -236,12 +241,12 @@ impl KubeBackend {
             // Another replica gave the session a pod at the same time and that one wins
             // (ours was retired by the check): use it. Our slots go with our pod, or are
             // freed unbound: that replica's are the session's.
-            return self.adopt(winner, sid, caller).await.map(Some);
+            return self.lookup.adopt(winner, sid, caller).await.map(Some);
         }
         if let Err(e) = assigned {
-            tracing::warn!(pod = %name, session = %sid, error = %e,
+            tracing::warn!(pod = %claimed.name_any(), session = %sid, error = %e,
                 "claimed warm pod did not accept /assign; deleting it and trying the next");
-            self.retire_pod(&claimed, "not-assigned").await;
+            self.pods.retire(&claimed, "not-assigned").await;
             // Bound to the pod just deleted, the slots would go with it: given back, and the
             // session takes new ones for the next candidate. A lost slot fails the start.
             let bound = bound?;
@@ -251,7 +256,7 @@ impl KubeBackend {
         }
         if let Err(e) = bound {
             // No session runs without its place.
-            self.retire_pod(&claimed, "no-slot").await;
+            self.pods.retire(&claimed, "no-slot").await;
             return Err(e);
         }
         // A failed check leaves the pod claimed, assigned and bound: the call fails, and the
@@ -260,24 +265,37 @@ impl KubeBackend {
         Ok(Some(claimed))
     }
 
-    /// `POST /assign` on a warm pod (idempotent in the agent: a repeat of the same
-    /// assignment succeeds).
-    pub(super) async fn assign(
-        &self,
-        pod: &Pod,
-        sid: &SessionId,
-        token_sha256: &str,
-    ) -> Result<(), String> {
-        let endpoint = endpoint_of(pod).ok_or("the pod has no IP")?;
-        let req = AssignRequest {
-            session_id: sid.clone(),
-            token_sha256: token_sha256.to_owned(),
-        };
-        self.agent
-            .assign(&endpoint, &self.key.assign_token(&pod.name_any()), &req)
+    /// Seals `pod`, which this replica has just created, and returns the seal written. The
+    /// uid in the patch is a precondition: a namesake created since is not sealed (409).
+    pub(super) async fn seal(&self, pod: &Pod) -> Result<String, SessionError> {
+        let name = pod.name_any();
+        let value = seal::seal_for(pod, &self.key).ok_or_else(|| {
+            SessionError::Sandbox(format!(
+                "the API server returned pod {name} without a namespace or uid, so it cannot be sealed"
+            ))
+        })?;
+        let patch =
+            json!({"metadata": {"uid": pod.uid(), "annotations": {annotation::SEAL: &value}}});
+        match self
+            .pods
+            .api()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        {
+            Ok(_) => Ok(value),
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {
+                Err(deleted_while_starting(&name))
+            }
+            Err(e) => Err(match SessionError::from(e) {
+                SessionError::Kubernetes(m) => {
+                    SessionError::Kubernetes(format!("sealing pod {name}: {m}"))
+                }
+                SessionError::KubernetesRefused(m) => {
+                    SessionError::KubernetesRefused(format!("sealing pod {name}: {m}"))
+                }
+                other => other,
+            }),
+        }
     }
 
     /// Fail closed: with a credential proxy, no sandbox is created while its Deployment has
@@ -329,10 +347,10 @@ impl KubeBackend {
         );
         let name = pod.name_any();
         for _ in 0..3 {
-            match self.pods.create(&PostParams::default(), &pod).await {
+            match self.pods.api().create(&PostParams::default(), &pod).await {
                 Ok(p) => return Ok((p, true)),
                 Err(kube::Error::Api(s)) if s.is_already_exists() => {
-                    match self.pods.get_opt(&name).await? {
+                    match self.pods.api().get_opt(&name).await? {
                         // Gone in between: create again.
                         None => continue,
                         // The previous pod of this session is still terminating: wait for it.
@@ -346,7 +364,8 @@ impl KubeBackend {
                         // ends here, and must not run in that pod. A look-alike planted under
                         // the session's name is deleted, and the create tried again.
                         Some(existing) => {
-                            let Some(existing) = self.sealed_or_removed(existing, sid).await?
+                            let Some(existing) =
+                                self.lookup.sealed_or_removed(existing, sid).await?
                             else {
                                 continue;
                             };
@@ -371,7 +390,7 @@ impl KubeBackend {
         let cond = move |p: Option<&Pod>| p.is_none_or(|p| p.uid() != uid);
         tokio::time::timeout(
             self.limits.start_timeout,
-            await_condition(self.pods.clone(), &name, cond),
+            await_condition(self.pods.api().clone(), &name, cond),
         )
         .await
         .map_err(|_| {
@@ -384,98 +403,6 @@ impl KubeBackend {
         Ok(())
     }
 
-    /// Waits until `pod`'s agent can be used: Ready with an IP (watched, not polled), or —
-    /// once its container runs with an IP — its agent answering `/healthz` to the server
-    /// directly. The kubelet probes readiness once a second, so without the direct check a
-    /// cold start would wait up to a second for a probe that asks the same question. A pod
-    /// that cannot start is deleted, so the next call starts a fresh one.
-    pub(super) async fn wait_ready(&self, pod: Pod) -> Result<Pod, SessionError> {
-        if is_ready(&pod) && pod_ip(&pod).is_some() {
-            return Ok(pod);
-        }
-        let name = pod.name_any();
-        let uid = pod.uid();
-        let settled = |want: Option<String>| {
-            move |p: Option<&Pod>| match p {
-                None => true,
-                Some(p) => {
-                    p.uid() != want
-                        || is_deleting(p)
-                        || (is_ready(p) && pod_ip(p).is_some())
-                        || start_failure(p).is_some()
-                }
-            }
-        };
-        let deadline = tokio::time::Instant::now() + self.limits.start_timeout;
-        let want = uid.clone();
-        let running = move |p: Option<&Pod>| {
-            settled(want.clone())(p) || p.is_some_and(|p| agent_running(p) && pod_ip(p).is_some())
-        };
-        let waited = match tokio::time::timeout_at(
-            deadline,
-            await_condition(self.pods.clone(), &name, running),
-        )
-        .await
-        {
-            Ok(Ok(Some(p))) if p.uid() == uid && !is_deleting(&p) && !is_ready(&p) => {
-                match (start_failure(&p), endpoint_of(&p)) {
-                    (None, Some(endpoint)) => {
-                        tokio::select! {
-                            () = self.until_healthy(&endpoint) => return Ok(p),
-                            w = tokio::time::timeout_at(
-                                deadline,
-                                await_condition(self.pods.clone(), &name, settled(uid.clone())),
-                            ) => w,
-                        }
-                    }
-                    _ => Ok(Ok(Some(p))),
-                }
-            }
-            other => other,
-        };
-        let outcome: Result<(), String> = match waited {
-            Err(_) => {
-                let why = self
-                    .pods
-                    .get_opt(&name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|p| pending_reason(&p))
-                    .unwrap_or_default();
-                Err(format!(
-                    "pod {name} did not become ready within {:?}{why}",
-                    self.limits.start_timeout
-                ))
-            }
-            Ok(Err(e)) => return Err(SessionError::Kubernetes(e.to_string())),
-            Ok(Ok(None)) => return Err(deleted_while_starting(&name)),
-            Ok(Ok(Some(p))) if p.uid() != uid || is_deleting(&p) => {
-                return Err(deleted_while_starting(&name))
-            }
-            Ok(Ok(Some(p))) => match start_failure(&p) {
-                Some(reason) => Err(format!("pod {name} cannot start: {reason}")),
-                None => return Ok(p),
-            },
-        };
-        let msg = outcome.err().unwrap_or_default();
-        self.retire_pod(&pod, "never-started").await;
-        Err(SessionError::Sandbox(format!(
-            "{msg}; it was deleted, and the next call starts a new sandbox (check the instance's sandbox image and resources)"
-        )))
-    }
-
-    /// Returns once the agent at `endpoint` answers `/healthz`; the caller bounds the wait.
-    /// Polls (the agent cannot announce itself), from 5 ms up to 100 ms apart: a container
-    /// that has just started usually answers within tens of milliseconds.
-    async fn until_healthy(&self, endpoint: &str) {
-        let mut pause = Duration::from_millis(5);
-        while !self.agent.healthy(endpoint).await {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(100));
-        }
-    }
-
     /// After a create: if another replica gave the session a second pod at the same time,
     /// every replica keeps the same one.
     pub(super) async fn converge(
@@ -486,7 +413,7 @@ impl KubeBackend {
     ) -> Result<Pod, SessionError> {
         match self.other_winner(sid, &ours).await? {
             None => Ok(ours),
-            Some(winner) => self.adopt(winner, sid, caller).await,
+            Some(winner) => self.lookup.adopt(winner, sid, caller).await,
         }
     }
 
@@ -512,6 +439,7 @@ impl KubeBackend {
         }
         let list = self
             .pods
+            .api()
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
         let live: Vec<Pod> = list.items.into_iter().filter(|p| !is_deleting(p)).collect();
@@ -519,35 +447,41 @@ impl KubeBackend {
             return Ok(None);
         }
         Ok(self
+            .lookup
             .resolve_duplicates(live, sid)
             .await
             .filter(|winner| winner.uid() != ours.uid()))
     }
+}
 
-    /// A claimed warm pod found by label may not have had its `/assign` yet (its claimer is
-    /// still on the way): assign it ourselves; the agent accepts a repeat of the same
-    /// assignment.
-    pub(super) async fn ensure_assigned(
-        &self,
-        pod: &Pod,
-        sid: &SessionId,
-    ) -> Result<(), SessionError> {
-        if !has_launch(pod, label::LAUNCH_WARM) || !is_ready(pod) {
-            return Ok(());
-        }
-        let token = session_token_of(pod, sid, &self.key).ok_or_else(|| {
-            SessionError::Sandbox(format!(
-                "pod {} was claimed for session {sid} without a token of this server's key",
-                pod.name_any()
-            ))
-        })?;
-        self.assign(pod, sid, &token.commitment().to_hex())
-            .await
-            .map_err(|e| {
-                SessionError::Sandbox(format!(
-                    "pod {} did not accept /assign: {e}",
-                    pod.name_any()
-                ))
-            })
+/// The claim's merge patch of a warm pod at `resource_version` (the guard): the session's
+/// label and launch, its token's hash and nonce, the first activity stamp, and the owner.
+fn claim_patch(
+    resource_version: &str,
+    sid: &SessionId,
+    token: &str,
+    nonce: &SandboxNonce,
+    owner: Option<&str>,
+    stamp: &str,
+) -> serde_json::Value {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(annotation::TOKEN_SHA256.into(), json!(token));
+    annotations.insert(annotation::SANDBOX_NONCE.into(), json!(nonce.to_hex()));
+    annotations.insert(annotation::LAST_ACTIVITY.into(), json!(stamp));
+    if let Some(owner) = owner {
+        annotations.insert(annotation::OWNER.into(), json!(owner));
     }
+    json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": { label::SESSION_ID: sid.as_str(), label::LAUNCH: label::LAUNCH_WARM },
+            "annotations": annotations,
+        }
+    })
+}
+
+/// Whether a warm pod read again after a 409 is still one to claim: not going, Ready, not
+/// assigned, and sealed (another uid is another pod).
+fn still_claimable(p: &Pod, key: &HmacKey) -> bool {
+    !is_deleting(p) && is_ready(p) && !is_assigned(p) && sealed(p, key)
 }

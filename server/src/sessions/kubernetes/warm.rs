@@ -124,7 +124,7 @@ impl KubeBackend {
     /// Keeps this replica's view of the warm pool (see [`WarmPool`]).
     pub(super) async fn watch_pool(self: Arc<Self>, stop: CancellationToken) {
         let cfg = watcher::Config::default().labels(&self.instance.unassigned_selector());
-        let events = watcher::watcher(self.pods.clone(), cfg).default_backoff();
+        let events = watcher::watcher(self.pods.api().clone(), cfg).default_backoff();
         feed(events, &self.pool, &stop).await;
     }
 }
@@ -185,6 +185,16 @@ impl KubeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use cli_mcp_api::names::PoolSuffix;
+    use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
+
+    use crate::agent_client::AgentClient;
+    use crate::cli::Limits;
+    use crate::metrics::Metrics;
+    use crate::sessions::kubernetes::testing::{
+        cfg, key, nowhere, planted_namesake, stored_and_sealed,
+    };
 
     fn pod(name: &str, uid: &str) -> Pod {
         let mut p = Pod::default();
@@ -251,5 +261,43 @@ mod tests {
             1,
             "only the pods the claim could take are copied"
         );
+    }
+
+    /// A backend whose client points nowhere: the rules tested here make no API call.
+    fn backend() -> Arc<KubeBackend> {
+        let agent = AgentClient::new(1 << 16).expect("agent client");
+        KubeBackend::new(
+            nowhere(),
+            cfg(),
+            key(),
+            agent,
+            Limits::default(),
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    fn warm_pod() -> Pod {
+        let suffix = PoolSuffix::from_random_bytes([4; PoolSuffix::LEN]);
+        let name = cfg().instance.pool_pod(&suffix);
+        let assign = key().assign_token(&name).commitment();
+        let p = build_sandbox_pod(&cfg(), &SandboxRole::Pool { suffix, assign }, "t");
+        stored_and_sealed(p, "uid-warm")
+    }
+
+    #[tokio::test]
+    async fn a_planted_warm_namesake_is_never_claimable() {
+        let b = backend();
+        let original = warm_pod();
+        let planted = planted_namesake(&original);
+        assert!(b.could_claim(&original));
+        assert!(!b.could_claim(&planted), "the view's filter");
+        let listed = b.claimable(vec![planted.clone()], true);
+        assert!(listed.is_empty(), "a listed pool");
+        let mut unsealed = original.clone();
+        unsealed.annotations_mut().remove(annotation::SEAL);
+        assert!(!b.could_claim(&unsealed));
+        let both = b.claimable(vec![planted, original.clone(), unsealed], false);
+        assert_eq!(both.len(), 1);
+        assert_eq!(both[0].uid(), original.uid());
     }
 }

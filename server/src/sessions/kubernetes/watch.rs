@@ -25,7 +25,7 @@ impl KubeBackend {
     /// call reports the reset whichever replica serves it.
     pub(super) async fn watch_routes(self: Arc<Self>, stop: CancellationToken) {
         let cfg = watcher::Config::default().labels(&self.instance.assigned_selector());
-        let events = watcher::watcher(self.pods.clone(), cfg).default_backoff();
+        let events = watcher::watcher(self.pods.api().clone(), cfg).default_backoff();
         feed(events, &Routes(&self), &stop).await;
     }
 

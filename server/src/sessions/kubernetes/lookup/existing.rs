@@ -1,6 +1,7 @@
-//! The session's sandbox as it is now, for reading its files: from the route cache, else the
-//! session's pods by label. Nothing is started, adopted, repaired or deleted here, so a read
-//! never brings a deleted session back or disturbs a start under way on another replica.
+//! The session's sandbox as it is now, for reading its files, when the route cache does not
+//! know it: the session's pods by label. Nothing is started, adopted, repaired or deleted
+//! here, so a read never brings a deleted session back or disturbs a start under way on
+//! another replica.
 
 use kube::api::ListParams;
 
@@ -9,28 +10,22 @@ use cli_mcp_api::pod_state::{is_deleting, is_ready, is_terminal};
 use cli_mcp_api::seal::sealed;
 use cli_mcp_api::SessionId;
 
-use super::lookup::winner_order;
-use super::pods::annotation_of;
-use super::KubeBackend;
+use super::{route_of, winner_order, Lookup};
 use crate::auth::Caller;
+use crate::sessions::kubernetes::pods::annotation_of;
 use crate::sessions::{owner_allows, Sandbox, SessionError};
 
-impl KubeBackend {
+impl Lookup {
     /// The pod the session's calls would use now, once the caller may use it; `None` when the
     /// session has no ready pod (never started, deleted, idle-collected, evicted, starting).
-    pub(super) async fn existing_sandbox(
+    pub async fn existing(
         &self,
         sid: &SessionId,
         caller: &Caller,
     ) -> Result<Option<Sandbox>, SessionError> {
-        if let Some(route) = self.cache.get(sid) {
-            if !owner_allows(route.owner.as_deref(), caller) {
-                return Err(SessionError::Forbidden(sid.clone()));
-            }
-            return Ok(Some(self.sandbox(&route, None, false)));
-        }
         let list = self
             .pods
+            .api()
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
         // Only a sealed pod is the session's: a look-alike with copied labels is as good as
@@ -51,8 +46,8 @@ impl KubeBackend {
             return Ok(None);
         }
         // A pod of another key has no token of this server's: it is as good as gone.
-        match self.route_of(sid, &pod) {
-            Ok(route) => Ok(Some(self.sandbox(&route, None, false))),
+        match route_of(sid, &pod, &self.key) {
+            Ok(route) => Ok(Some(route.sandbox(None, false))),
             Err(_) => Ok(None),
         }
     }
