@@ -33,7 +33,6 @@ mod start;
 mod steps;
 #[cfg(test)]
 mod testing;
-mod warm;
 mod watch;
 
 pub use api_health::{ApiHealth, API_OUTAGE_GRACE};
@@ -67,8 +66,8 @@ use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
 use lookup::{Found, Lookup};
 use pods::{annotation_of, has_launch, SandboxPods};
 use routes::RouteCache;
+use start::{Shared, Starter};
 use steps::timed;
-use warm::WarmPool;
 
 /// The `retired` reason of the pods `DELETE /sessions/{id}` removes.
 const RETIRED_SESSION_ENDED: &str = "session-ended";
@@ -86,22 +85,17 @@ pub struct KubeBackend {
     pods: SandboxPods,
     /// Finding and adopting a session's pods.
     lookup: Arc<Lookup>,
-    /// Waiting for a new pod's agent, and assigning a claimed one.
-    agent_wait: AgentWait,
+    /// Claiming or creating a new session's pod.
+    starter: Starter,
     client: kube::Client,
-    cfg: SandboxConfig,
-    cfg_hash: String,
+    namespace: String,
     instance: InstanceName,
-    key: HmacKey,
     cache: RouteCache,
     locks: SessionLocks,
     stamper: Arc<ActivityStamper>,
     /// Admission of new sessions: the rate, `--max-sessions` (fed by the pod watch) and the
     /// session slots.
     admission: Admission,
-    /// The warm pool, fed by its watch: where claims find their candidates.
-    pool: WarmPool,
-    limits: Limits,
     metrics: Arc<Metrics>,
     /// What readiness knows of the API (see [`ApiHealth`]).
     api_health: std::sync::Mutex<ApiHealth>,
@@ -114,7 +108,7 @@ impl std::fmt::Debug for KubeBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeBackend")
             .field("instance", &self.instance)
-            .field("namespace", &self.cfg.namespace)
+            .field("namespace", &self.namespace)
             .finish()
     }
 }
@@ -141,29 +135,36 @@ impl KubeBackend {
             limits.start_timeout,
             agent_wait.clone(),
         );
+        let lookup = Arc::new(lookup);
+        let admission = Admission::new(
+            client.clone(),
+            &cfg.namespace,
+            cfg.instance.clone(),
+            &limits,
+            metrics.clone(),
+        );
+        let shared = Shared {
+            pods: pods.clone(),
+            lookup: lookup.clone(),
+            agent_wait,
+            view: admission.view().clone(),
+            metrics: metrics.clone(),
+        };
+        let (instance, namespace) = (cfg.instance.clone(), cfg.namespace.clone());
+        let starter = Starter::new(client.clone(), cfg, key, limits.start_timeout, shared);
         Arc::new(Self {
             pods,
-            lookup: Arc::new(lookup),
-            agent_wait,
-            admission: Admission::new(
-                client.clone(),
-                &cfg.namespace,
-                cfg.instance.clone(),
-                &limits,
-                metrics.clone(),
-            ),
+            lookup,
+            starter,
+            admission,
             client,
-            cfg_hash: cfg.hash(),
-            instance: cfg.instance.clone(),
-            cfg,
-            key,
+            instance,
+            namespace,
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
             stamper,
-            pool: WarmPool::default(),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
             ended: EndedSandboxes::default(),
-            limits,
             metrics,
         })
     }
@@ -194,7 +195,7 @@ impl KubeBackend {
         };
         let routes = self.clone().watch_routes(stop.clone());
         let slots = self.admission.slots().clone().watch(stop.clone());
-        let pool = self.clone().watch_pool(stop.clone());
+        let pool = self.starter.watch_pool(stop.clone());
         vec![
             tokio::spawn(stamper),
             tokio::spawn(gauge),
@@ -269,7 +270,7 @@ impl KubeBackend {
             Found::Nothing => false,
         };
         let mut reservation = Box::pin(self.admission.admit(sid, caller, t0)).await?;
-        let started = Box::pin(self.start_new(sid, caller, &mut reservation)).await;
+        let started = Box::pin(self.starter.start(sid, caller, &mut reservation)).await;
         // Slots still held here were not bound to a pod of this session: freed.
         reservation.free_unbound_slots();
         let (pod, launch) = match started {
