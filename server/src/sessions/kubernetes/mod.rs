@@ -12,19 +12,23 @@
 //! - when a claim and a create race, both replicas see two pods for the session and pick the
 //!   same winner (oldest `creationTimestamp`, then name); the loser is deleted.
 //!
-//! A pod is trusted by its seal ([`seal`]), never by its name or labels: a pod that is not
-//! sealed for its uid under the instance key is never routed to.
+//! A pod is trusted by its seal (see `lookup/seal.rs`), never by its name or labels: a pod
+//! that is not sealed for its uid under the instance key is never routed to.
 //!
-//! The modules follow those steps: [`lookup`] (by label, and adopting a pod that exists),
-//! [`admission`] (`--max-sessions`, from the pod [`watch`]), [`start`] (warm claim, cold
-//! create, wait for Ready), [`agent_wait`] (an existing pod whose agent restarts),
-//! [`api_health`] (readiness through API outages), [`routes`] (the route cache) and
-//! [`activity`] (the idle clock's stamps).
+//! [`KubeBackend`] composes parts that own their state, one per step: [`lookup`] (by label,
+//! and adopting a pod that exists), [`admission`] (the rate, `--max-sessions` from the pod
+//! [`watch`], the session slots: a [`admission::Reservation`]), [`start`] (warm claim, cold
+//! create, converge) and [`ending`] (`DELETE /sessions/{id}`, and the sandboxes it ended).
+//! They share [`pods`] (the pods API, retiring a pod) and [`agent_wait`] (waiting for an
+//! agent, `/assign`). Around them: [`api_health`] (readiness through API outages),
+//! [`routes`] (the route cache), [`activity`] (the idle clock's stamps) and [`steps`] (where
+//! a start spends its time).
 
 mod activity;
 mod admission;
 mod agent_wait;
 mod api_health;
+mod ending;
 mod feed;
 mod lookup;
 mod pods;
@@ -38,23 +42,19 @@ mod watch;
 pub use api_health::{ApiHealth, API_OUTAGE_GRACE};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
-use kube::{Api, ResourceExt};
+use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-use cli_mcp_api::names::{annotation, label, InstanceName};
+use cli_mcp_api::names::InstanceName;
 use cli_mcp_api::sandbox::SandboxConfig;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
-use super::{
-    owner_allows, Activity, Backend, EndedSandboxes, Sandbox, SessionError, SessionSummary,
-};
+use super::{owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
 use crate::agent_client::{AgentClient, AgentError};
 use crate::auth::Caller;
 use crate::cli::Limits;
@@ -62,46 +62,28 @@ use crate::metrics::{Launch, Metrics};
 use activity::ActivityStamper;
 use admission::Admission;
 use agent_wait::AgentWait;
-use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
+use ending::Endings;
 use lookup::{Found, Lookup};
-use pods::{annotation_of, has_launch, SandboxPods};
-use routes::RouteCache;
+use pods::SandboxPods;
+use routes::{Route, RouteCache};
 use start::{Shared, Starter};
-use steps::timed;
-
-/// The `retired` reason of the pods `DELETE /sessions/{id}` removes.
-const RETIRED_SESSION_ENDED: &str = "session-ended";
-
-/// Whether `pod` was ended by `DELETE /sessions/{id}` (on any replica).
-fn ended_on_purpose(pod: &Pod) -> bool {
-    annotation_of(pod, annotation::RETIRED) == Some(RETIRED_SESSION_ENDED)
-}
-
-/// How often the `sessions_active` gauge is refreshed (from the pod watch's view, or a LIST
-/// while that view cannot be trusted).
-const GAUGE_REFRESH: Duration = Duration::from_secs(15);
+use watch::PodWatch;
 
 pub struct KubeBackend {
     pods: SandboxPods,
-    /// Finding and adopting a session's pods.
-    lookup: Arc<Lookup>,
-    /// Claiming or creating a new session's pod.
-    starter: Starter,
-    client: kube::Client,
-    namespace: String,
     instance: InstanceName,
+    namespace: String,
+    client: kube::Client,
     cache: RouteCache,
     locks: SessionLocks,
-    stamper: Arc<ActivityStamper>,
-    /// Admission of new sessions: the rate, `--max-sessions` (fed by the pod watch) and the
-    /// session slots.
+    lookup: Arc<Lookup>,
     admission: Admission,
+    starter: Starter,
+    endings: Endings,
+    stamper: Arc<ActivityStamper>,
     metrics: Arc<Metrics>,
     /// What readiness knows of the API (see [`ApiHealth`]).
     api_health: std::sync::Mutex<ApiHealth>,
-    /// Pods ended by `DELETE /sessions/{id}`, by this replica or (seen by the pod watch)
-    /// another: a call that was running in one must not start the session again.
-    ended: EndedSandboxes,
 }
 
 impl std::fmt::Debug for KubeBackend {
@@ -122,24 +104,21 @@ impl KubeBackend {
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
+        let (instance, namespace) = (cfg.instance.clone(), cfg.namespace.clone());
         let stamper = ActivityStamper::new(limits.activity_stamp_gap);
-        let pods = SandboxPods::new(
-            Api::namespaced(client.clone(), &cfg.namespace),
-            stamper.clone(),
-        );
+        let pods = SandboxPods::new(Api::namespaced(client.clone(), &namespace), stamper.clone());
         let agent_wait = AgentWait::new(pods.clone(), agent, key.clone(), limits.start_timeout);
-        let lookup = Lookup::new(
+        let lookup = Arc::new(Lookup::new(
             pods.clone(),
             key.clone(),
-            cfg.instance.clone(),
+            instance.clone(),
             limits.start_timeout,
             agent_wait.clone(),
-        );
-        let lookup = Arc::new(lookup);
+        ));
         let admission = Admission::new(
             client.clone(),
-            &cfg.namespace,
-            cfg.instance.clone(),
+            &namespace,
+            instance.clone(),
             &limits,
             metrics.clone(),
         );
@@ -150,26 +129,26 @@ impl KubeBackend {
             view: admission.view().clone(),
             metrics: metrics.clone(),
         };
-        let (instance, namespace) = (cfg.instance.clone(), cfg.namespace.clone());
         let starter = Starter::new(client.clone(), cfg, key, limits.start_timeout, shared);
         Arc::new(Self {
-            pods,
-            lookup,
-            starter,
-            admission,
-            client,
-            instance,
-            namespace,
+            endings: Endings::new(pods.clone(), instance.clone()),
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
-            stamper,
             api_health: std::sync::Mutex::new(ApiHealth::default()),
-            ended: EndedSandboxes::default(),
+            pods,
+            instance,
+            namespace,
+            client,
+            lookup,
+            admission,
+            starter,
+            stamper,
             metrics,
         })
     }
 
-    /// Background work: `last-activity` stamping and the `sessions_active` gauge.
+    /// Background work: `last-activity` stamping, the `sessions_active` gauge, and the
+    /// watches of the session pods, the slots and the warm pool.
     pub fn spawn_background(
         self: &Arc<Self>,
         stop: CancellationToken,
@@ -180,20 +159,8 @@ impl KubeBackend {
             .run(self.pods.api().clone(), stop.clone());
         let me = self.clone();
         let gauge_stop = stop.clone();
-        let gauge = async move {
-            let stop = gauge_stop;
-            let mut tick = tokio::time::interval(GAUGE_REFRESH);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tick.tick() => {}
-                }
-                if let Err(e) = me.admission.refresh_gauge().await {
-                    tracing::debug!(error = %e, "cannot refresh sessions_active");
-                }
-            }
-        };
-        let routes = self.clone().watch_routes(stop.clone());
+        let gauge = async move { me.admission.keep_gauge(gauge_stop).await };
+        let routes = self.clone().watch_pods(stop.clone());
         let slots = self.admission.slots().clone().watch(stop.clone());
         let pool = self.starter.watch_pool(stop.clone());
         vec![
@@ -205,6 +172,18 @@ impl KubeBackend {
         ]
     }
 
+    /// Feeds admission's view and the route cache from the watch of the assigned pods.
+    async fn watch_pods(self: Arc<Self>, stop: CancellationToken) {
+        let watch = PodWatch {
+            view: self.admission.view(),
+            slots: self.admission.slots(),
+            stamper: &self.stamper,
+            cache: &self.cache,
+        };
+        let selector = self.instance.assigned_selector();
+        watch.run(self.pods.api().clone(), selector, &stop).await;
+    }
+
     /// The session's route in the cache, as the sandbox of a call by `caller` (refused when
     /// the caller may not use it).
     fn cached(&self, sid: &SessionId, caller: &Caller) -> Option<Result<Sandbox, SessionError>> {
@@ -214,27 +193,6 @@ impl KubeBackend {
         } else {
             Err(SessionError::Forbidden(sid.clone()))
         })
-    }
-
-    /// Whether the pod behind `used` was ended by `DELETE /sessions/{id}`: known from this
-    /// replica's own deletions and the pod watch, else read from the pod itself (another
-    /// replica's deletion the watch has not delivered yet). A pod that is gone altogether
-    /// without the watch having seen why counts as not ended (its session starts again, and
-    /// the call says the sandbox was replaced).
-    async fn was_ended(&self, used: &Sandbox) -> bool {
-        if self.ended.contains(&used.uid) {
-            return true;
-        }
-        match self.pods.api().get_opt(&used.name).await {
-            Ok(Some(pod)) if pod.uid().as_deref() == Some(used.uid.as_str()) => {
-                let ended = ended_on_purpose(&pod);
-                if ended {
-                    self.ended.end(&used.uid);
-                }
-                ended
-            }
-            _ => self.ended.contains(&used.uid),
-        }
     }
 
     /// The session's pod, found, adopted or started; what the route cache did not know.
@@ -256,40 +214,38 @@ impl KubeBackend {
         let found = if previous.is_none() && self.admission.view().unseen(sid) {
             Found::Nothing
         } else {
-            timed("lookup", self.lookup.find(sid)).await?
+            steps::timed("lookup", self.lookup.find(sid)).await?
         };
         let stale = match found {
             Found::Pod(pod) => {
                 let pod = self.lookup.adopt(*pod, sid, caller).await?;
                 let route = self.lookup.route(sid, &pod)?;
                 let replaced = previous.is_some_and(|p| p != route.uid);
-                self.cache.insert(sid.clone(), route.clone());
-                return Ok(route.sandbox(None, replaced));
+                return Ok(self.bind(sid, route, None, replaced));
             }
             Found::Stale => true,
             Found::Nothing => false,
         };
+        let replaced = previous.is_some() || stale;
+        self.start_new(sid, caller, t0, replaced).await
+    }
+
+    /// A session with no pod: admitted, then started (or given the pod another replica
+    /// started for it meanwhile).
+    async fn start_new(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        t0: Instant,
+        replaced: bool,
+    ) -> Result<Sandbox, SessionError> {
         let mut reservation = Box::pin(self.admission.admit(sid, caller, t0)).await?;
         let started = Box::pin(self.starter.start(sid, caller, &mut reservation)).await;
         // Slots still held here were not bound to a pod of this session: freed.
         reservation.free_unbound_slots();
         let (pod, launch) = match started {
             Ok(started) => started,
-            // Another replica may have given the session its pod meanwhile (and deleted ours
-            // as the loser): use that one.
-            Err(e) => match self.lookup.find(sid).await? {
-                Found::Pod(p) => {
-                    tracing::info!(session = %sid, pod = %p.name_any(), error = %e,
-                        "another replica started this session; using its pod");
-                    let launch = if has_launch(&p, label::LAUNCH_WARM) {
-                        Launch::Warm
-                    } else {
-                        Launch::Cold
-                    };
-                    (self.lookup.adopt(*p, sid, caller).await?, launch)
-                }
-                _ => return Err(e),
-            },
+            Err(e) => self.lookup.started_elsewhere(sid, caller, e).await?,
         };
         let route = self.lookup.route(sid, &pod)?;
         // The start's paths (claim, create, converge) each check the owner; checked once more
@@ -302,8 +258,20 @@ impl KubeBackend {
         tracing::info!(session = %sid, pod = %route.pod, launch = launch.as_str(),
             took_ms = t0.elapsed().as_millis() as u64, steps = %steps::summary(),
             "session sandbox started");
-        self.cache.insert(sid.clone(), route.clone());
-        Ok(route.sandbox(Some(launch), previous.is_some() || stale))
+        Ok(self.bind(sid, route, Some(launch), replaced))
+    }
+
+    /// The session's calls go to `route` from now on: cached, and its sandbox returned.
+    fn bind(
+        &self,
+        sid: &SessionId,
+        route: Route,
+        started: Option<Launch>,
+        replaced: bool,
+    ) -> Sandbox {
+        let sandbox = route.sandbox(started, replaced);
+        self.cache.insert(sid.clone(), route);
+        sandbox
     }
 }
 
@@ -316,7 +284,7 @@ impl Backend for KubeBackend {
         after: Option<&Sandbox>,
     ) -> Result<Sandbox, SessionError> {
         if let Some(used) = after {
-            if self.was_ended(used).await {
+            if self.endings.was_ended(used).await {
                 return Err(SessionError::Deleted);
             }
         }
@@ -325,7 +293,7 @@ impl Backend for KubeBackend {
         }
         let _guard = self.locks.lock(sid).await;
         // A DELETE on this replica that held the lock until now has marked its pods first.
-        if after.is_some_and(|used| self.ended.contains(&used.uid)) {
+        if after.is_some_and(|used| self.endings.contains(&used.uid)) {
             return Err(SessionError::Deleted);
         }
         if let Some(hit) = self.cached(sid, caller) {
@@ -352,7 +320,7 @@ impl Backend for KubeBackend {
     }
 
     fn ended(&self, _sid: &SessionId, sandbox: &Sandbox) -> bool {
-        self.ended.contains(&sandbox.uid)
+        self.endings.contains(&sandbox.uid)
     }
 
     fn activity(&self, _sid: &SessionId, sandbox: &Sandbox, event: Activity) {
@@ -361,61 +329,13 @@ impl Backend for KubeBackend {
 
     async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError> {
         let _guard = self.locks.lock(sid).await;
-        let list = self
-            .pods
-            .api()
-            .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
-            .await?;
-        if list
-            .items
-            .iter()
-            .any(|p| !owner_allows(annotation_of(p, annotation::OWNER), caller))
-        {
-            return Err(SessionError::Forbidden(sid.clone()));
-        }
-        for pod in list.items.iter().filter(|p| !is_deleting(p)) {
-            // Marked before it goes, so the call running in it fails instead of starting the
-            // session again.
-            if let Some(uid) = pod.uid() {
-                self.ended.end(&uid);
-            }
-            tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
-            self.pods.retire(pod, RETIRED_SESSION_ENDED).await;
-            // Its places are free when DELETE answers.
-            self.admission.session_ended(sid, pod).await;
-        }
+        self.endings.end(sid, caller, &self.admission).await?;
         self.cache.remove(sid);
         Ok(())
     }
 
     async fn list(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
-        let list = self
-            .pods
-            .api()
-            .list(&ListParams::default().labels(&self.instance.assigned_selector()))
-            .await?;
-        let mut out: Vec<SessionSummary> = list
-            .items
-            .iter()
-            .filter(|p| !is_deleting(p))
-            .filter(|p| owner_allows(annotation_of(p, annotation::OWNER), caller))
-            .filter_map(|p| {
-                Some(SessionSummary {
-                    session_id: session_of(p)?.to_owned(),
-                    sandbox: p.name_any(),
-                    launch: p.labels().get(label::LAUNCH).cloned(),
-                    created_at: annotation_of(p, annotation::CREATED_AT).map(str::to_owned),
-                    last_activity: annotation_of(p, annotation::LAST_ACTIVITY).map(str::to_owned),
-                    ready: is_ready(p),
-                })
-            })
-            .collect();
-        out.sort_by(|a, b| {
-            a.session_id
-                .cmp(&b.session_id)
-                .then(a.sandbox.cmp(&b.sandbox))
-        });
-        Ok(out)
+        self.lookup.sessions(caller).await
     }
 
     /// See [`ApiHealth`]: an API blip must not take every replica out of the Service.

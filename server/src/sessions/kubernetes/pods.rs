@@ -13,7 +13,7 @@ use cli_mcp_api::wire::AGENT_PORT;
 use cli_mcp_api::SessionId;
 
 use super::activity::ActivityStamper;
-use crate::sessions::SessionError;
+use crate::sessions::{SessionError, SessionSummary};
 
 /// The instance's sandbox pods, and removing one; cheap to clone. Removing a pod also stops
 /// its activity stamps.
@@ -93,6 +93,19 @@ pub(super) fn deleted_while_starting(name: &str) -> SessionError {
     SessionError::Sandbox(format!(
         "pod {name} was deleted while it was starting (by the operator or an admin: while the instance's HMAC key or configuration changes, the operator removes sandboxes made by server replicas that are being replaced); retry the call"
     ))
+}
+
+/// The session a pod serves as `GET /sessions` lists it; `None` for a pod without a session
+/// id label.
+pub(super) fn summary_of(p: &Pod) -> Option<SessionSummary> {
+    Some(SessionSummary {
+        session_id: session_of(p)?.to_owned(),
+        sandbox: p.name_any(),
+        launch: p.labels().get(label::LAUNCH).cloned(),
+        created_at: annotation_of(p, annotation::CREATED_AT).map(str::to_owned),
+        last_activity: annotation_of(p, annotation::LAST_ACTIVITY).map(str::to_owned),
+        ready: is_ready(p),
+    })
 }
 
 /// Whether the pod's agent has been up before: Ready now, or its container has restarted or

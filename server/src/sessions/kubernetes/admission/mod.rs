@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
+use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::{label, InstanceName};
 use cli_mcp_api::SessionId;
@@ -43,6 +44,10 @@ use view::{LimitReached, Pending, Refusal};
 /// Longest a new session waits for the LIST that admission counts from while its pod watch
 /// cannot be trusted (see [`SessionView`]).
 const ADMISSION_LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the `sessions_active` gauge is refreshed (from the pod watch's view, or a LIST
+/// while that view cannot be trusted).
+const GAUGE_REFRESH: Duration = Duration::from_secs(15);
 
 /// The replica's admission of new sessions (see the module's doc).
 #[derive(Debug)]
@@ -242,9 +247,23 @@ impl Admission {
         Ok(live)
     }
 
+    /// Refreshes the `sessions_active` gauge every [`GAUGE_REFRESH`] until `stop`.
+    pub async fn keep_gauge(&self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(GAUGE_REFRESH);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.refresh_gauge().await {
+                tracing::debug!(error = %e, "cannot refresh sessions_active");
+            }
+        }
+    }
+
     /// Refreshes the `sessions_active` gauge: from the pod watch's view, or a LIST while that
     /// view cannot be trusted.
-    pub async fn refresh_gauge(&self) -> Result<(), SessionError> {
+    async fn refresh_gauge(&self) -> Result<(), SessionError> {
         match self.view.live_sessions() {
             Some(n) => {
                 self.metrics.sessions_active.set(n as i64);

@@ -1,7 +1,7 @@
-//! The session's sandbox as it is now, for reading its files, when the route cache does not
-//! know it: the session's pods by label. Nothing is started, adopted, repaired or deleted
-//! here, so a read never brings a deleted session back or disturbs a start under way on
-//! another replica.
+//! The sessions as they are now, read by label: a session's sandbox for reading its files
+//! (when the route cache does not know it), and a caller's sessions for `GET /sessions`.
+//! Nothing is started, adopted, repaired or deleted here, so a read never brings a deleted
+//! session back or disturbs a start under way on another replica.
 
 use kube::api::ListParams;
 
@@ -12,8 +12,8 @@ use cli_mcp_api::SessionId;
 
 use super::{route_of, winner_order, Lookup};
 use crate::auth::Caller;
-use crate::sessions::kubernetes::pods::annotation_of;
-use crate::sessions::{owner_allows, Sandbox, SessionError};
+use crate::sessions::kubernetes::pods::{annotation_of, summary_of};
+use crate::sessions::{owner_allows, Sandbox, SessionError, SessionSummary};
 
 impl Lookup {
     /// The pod the session's calls would use now, once the caller may use it; `None` when the
@@ -50,5 +50,27 @@ impl Lookup {
             Ok(route) => Ok(Some(route.sandbox(None, false))),
             Err(_) => Ok(None),
         }
+    }
+
+    /// The sessions of `caller` (its assigned, not-terminating pods), by session id.
+    pub async fn sessions(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
+        let list = self
+            .pods
+            .api()
+            .list(&ListParams::default().labels(&self.instance.assigned_selector()))
+            .await?;
+        let mut out: Vec<SessionSummary> = list
+            .items
+            .iter()
+            .filter(|p| !is_deleting(p))
+            .filter(|p| owner_allows(annotation_of(p, annotation::OWNER), caller))
+            .filter_map(summary_of)
+            .collect();
+        out.sort_by(|a, b| {
+            a.session_id
+                .cmp(&b.session_id)
+                .then(a.sandbox.cmp(&b.sandbox))
+        });
+        Ok(out)
     }
 }

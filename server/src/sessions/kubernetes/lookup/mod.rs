@@ -23,7 +23,7 @@ use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 use super::agent_wait::AgentWait;
-use super::pods::{annotation_of, endpoint_of, has_run, SandboxPods};
+use super::pods::{annotation_of, endpoint_of, has_launch, has_run, SandboxPods};
 use super::routes::Route;
 use crate::auth::Caller;
 use crate::metrics::Launch;
@@ -98,6 +98,27 @@ impl Lookup {
             self.agent.wait_ready(pod).await?
         };
         self.agent.await_agent(pod, sid).await
+    }
+
+    /// After a failed start (`failed`): another replica may have given the session its pod
+    /// meanwhile (and deleted ours as the loser): that one, adopted.
+    pub async fn started_elsewhere(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        failed: SessionError,
+    ) -> Result<(Pod, Launch), SessionError> {
+        let Found::Pod(p) = self.find(sid).await? else {
+            return Err(failed);
+        };
+        tracing::info!(session = %sid, pod = %p.name_any(), error = %failed,
+            "another replica started this session; using its pod");
+        let launch = if has_launch(&p, label::LAUNCH_WARM) {
+            Launch::Warm
+        } else {
+            Launch::Cold
+        };
+        Ok((self.adopt(*p, sid, caller).await?, launch))
     }
 
     /// Session pods by label, duplicates resolved, pods of an old key and unsealed pods
