@@ -29,7 +29,7 @@ use crate::sessions::SessionError;
 /// How long a call waits for the agent of an existing session pod to accept connections
 /// again after its container died (the kubelet restarts it, after a back-off from the second
 /// crash on).
-pub(super) const AGENT_RESTART_WAIT: Duration = Duration::from_secs(30);
+const AGENT_RESTART_WAIT: Duration = Duration::from_secs(30);
 
 /// Waits for sandbox agents, and assigns claimed warm pods; cheap to clone.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ impl AgentWait {
     }
 
     /// Whether something accepts TCP connections on the pod's agent port.
-    pub async fn agent_listens(&self, pod: &Pod) -> Result<(), String> {
+    async fn agent_listens(&self, pod: &Pod) -> Result<(), String> {
         let ip = pod_ip(pod).ok_or("the pod has no IP")?;
         let addr = match ip.parse::<std::net::IpAddr>() {
             Ok(ip) => std::net::SocketAddr::new(ip, AGENT_PORT),
@@ -233,7 +233,7 @@ impl AgentWait {
     /// A claimed warm pod found by label may not have had its `/assign` yet (its claimer is
     /// still on the way): assign it ourselves; the agent accepts a repeat of the same
     /// assignment.
-    pub async fn ensure_assigned(&self, pod: &Pod, sid: &SessionId) -> Result<(), SessionError> {
+    async fn ensure_assigned(&self, pod: &Pod, sid: &SessionId) -> Result<(), SessionError> {
         if !has_launch(pod, label::LAUNCH_WARM) || !is_ready(pod) {
             return Ok(());
         }

@@ -3,8 +3,8 @@
 //! and adopting a pod that already exists, found or started by another replica: the one place
 //! that checks the pod is sealed and the caller may use it. [`seal`] is the seal's part of
 //! that (waiting for a young pod's seal, removing pods that will never have one);
-//! [`existing`] is the read-only lookup of a session's files; [`route_of`] the last gate
-//! before a pod is routed to.
+//! [`existing`] the read-only lookups (a session's files, `GET /sessions`); [`route_of`] the
+//! last gate before a pod is routed to.
 
 mod existing;
 mod seal;

@@ -2,7 +2,8 @@
 //! or annotations: whoever may create pods in the namespace can copy all of those onto a pod
 //! of their own, but not the uid the API server gave the original, which the seal is bound to.
 //!
-//! This replica seals every pod it creates, right after the create. Every pod a session is
+//! This replica seals every pod it creates, right after the create (the start does, in
+//! `start/create.rs`); what is here is the checks. Every pod a session is
 //! routed to must be sealed: a pod found for a session, or offered by the warm pool, that is
 //! not sealed is never sent a command or a token. A pod that may still be sealed by its writer
 //! (younger than the seal's grace) is waited for; any other unsealed pod is deleted, so the
@@ -74,7 +75,7 @@ impl Lookup {
     /// Drops from `pods` (one session's) those that will never be sealed, deleting them. They
     /// must not take part in choosing the session's pod: a look-alike older than the real pod
     /// would win and have the real one deleted as the loser.
-    pub async fn without_unsealed(&self, pods: Vec<Pod>, sid: &SessionId) -> Vec<Pod> {
+    pub(super) async fn without_unsealed(&self, pods: Vec<Pod>, sid: &SessionId) -> Vec<Pod> {
         let now = Timestamp::now();
         let mut kept = Vec::with_capacity(pods.len());
         for pod in pods {

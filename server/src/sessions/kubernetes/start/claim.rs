@@ -34,7 +34,7 @@ impl Starter {
     /// (a pod that became Ready a moment ago): before a cold start, and while the view cannot
     /// be trusted, the pool is listed instead, so no start goes cold that a LIST would have
     /// made warm.
-    pub async fn claim_warm(
+    pub(super) async fn claim_warm(
         &self,
         sid: &SessionId,
         caller: &Caller,
@@ -79,7 +79,7 @@ impl Starter {
     /// and the converge check side by side. Deletes the pod on any failure after the patch,
     /// so it is never left half-assigned. `Some` is the session's pod: the one claimed, or
     /// the one another replica gave the session at the same time.
-    pub async fn try_claim(
+    async fn try_claim(
         &self,
         pod: Pod,
         sid: &SessionId,

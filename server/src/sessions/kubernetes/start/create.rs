@@ -69,7 +69,7 @@ impl Starter {
 
     /// Seals `pod`, which this replica has just created, and returns the seal written. The
     /// uid in the patch is a precondition: a namesake created since is not sealed (409).
-    pub async fn seal(&self, pod: &Pod) -> Result<String, SessionError> {
+    async fn seal(&self, pod: &Pod) -> Result<String, SessionError> {
         let name = pod.name_any();
         let value = seal::seal_for(pod, &self.key).ok_or_else(|| {
             SessionError::Sandbox(format!(
@@ -130,7 +130,7 @@ impl Starter {
 
     /// Creates the session's own pod, or adopts it when another replica created it first
     /// (then `false`).
-    pub async fn create_cold(
+    async fn create_cold(
         &self,
         sid: &SessionId,
         caller: &Caller,
@@ -185,7 +185,7 @@ impl Starter {
         )))
     }
 
-    pub async fn wait_gone(&self, pod: &Pod) -> Result<(), SessionError> {
+    async fn wait_gone(&self, pod: &Pod) -> Result<(), SessionError> {
         let name = pod.name_any();
         let uid = pod.uid();
         let cond = move |p: Option<&Pod>| p.is_none_or(|p| p.uid() != uid);

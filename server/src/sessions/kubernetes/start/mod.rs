@@ -132,7 +132,7 @@ impl Starter {
 
     /// After a create: if another replica gave the session a second pod at the same time,
     /// every replica keeps the same one.
-    pub async fn converge(
+    async fn converge(
         &self,
         sid: &SessionId,
         ours: Pod,
@@ -151,11 +151,7 @@ impl Starter {
     /// has reported `ours` (see [`super::admission::SessionView::pods_after_write`]); a LIST,
     /// which sees every pod written before it began, when the view cannot tell or shows a
     /// second pod.
-    pub async fn other_winner(
-        &self,
-        sid: &SessionId,
-        ours: &Pod,
-    ) -> Result<Option<Pod>, SessionError> {
+    async fn other_winner(&self, sid: &SessionId, ours: &Pod) -> Result<Option<Pod>, SessionError> {
         let in_view = self
             .view
             .pods_after_write(sid, &pod_key(ours), CONVERGE_VIEW_WAIT)
