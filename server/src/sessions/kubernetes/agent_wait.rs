@@ -101,11 +101,7 @@ impl AgentWait {
 
     /// Whether something accepts TCP connections on the pod's agent port.
     async fn agent_listens(&self, pod: &Pod) -> Result<(), String> {
-        let ip = pod_ip(pod).ok_or("the pod has no IP")?;
-        let addr = match ip.parse::<std::net::IpAddr>() {
-            Ok(ip) => std::net::SocketAddr::new(ip, AGENT_PORT),
-            Err(e) => return Err(format!("pod IP {ip}: {e}")),
-        };
+        let addr = agent_addr(pod)?;
         match tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
             .await
         {
@@ -251,5 +247,44 @@ impl AgentWait {
                     pod.name_any()
                 ))
             })
+    }
+}
+
+/// The address of the pod's agent: its IP, the agent's port.
+fn agent_addr(pod: &Pod) -> Result<std::net::SocketAddr, String> {
+    let ip = pod_ip(pod).ok_or("the pod has no IP")?;
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(ip) => Ok(std::net::SocketAddr::new(ip, AGENT_PORT)),
+        Err(e) => Err(format!("pod IP {ip}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_ip(ip: Option<&str>) -> Pod {
+        Pod {
+            status: Some(k8s_openapi::api::core::v1::PodStatus {
+                pod_ip: ip.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_agent_is_reached_on_its_port_at_the_pods_ip() {
+        let v4 = agent_addr(&with_ip(Some("10.244.1.7"))).expect("v4");
+        assert_eq!(v4.to_string(), format!("10.244.1.7:{AGENT_PORT}"));
+        let v6 = agent_addr(&with_ip(Some("fd00::5"))).expect("v6");
+        assert_eq!(v6.to_string(), format!("[fd00::5]:{AGENT_PORT}"));
+        assert!(agent_addr(&with_ip(None)).is_err(), "no IP yet");
+        assert!(
+            agent_addr(&with_ip(Some(""))).is_err(),
+            "an empty IP is none"
+        );
+        let bad = agent_addr(&with_ip(Some("not-an-ip"))).expect_err("bad IP");
+        assert!(bad.contains("not-an-ip"), "{bad}");
     }
 }

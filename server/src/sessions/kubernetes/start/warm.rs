@@ -294,4 +294,19 @@ mod tests {
         assert_eq!(both.len(), 1);
         assert_eq!(both[0].uid(), original.uid());
     }
+
+    #[test]
+    fn a_pod_of_another_config_or_key_is_not_claimed() {
+        let original = warm_pod();
+        let fit = PoolFit::new(cfg().hash(), key());
+        let mut other_config = original.clone();
+        other_config
+            .annotations_mut()
+            .insert(annotation::SANDBOX_HASH.into(), "another".into());
+        assert!(!fit.could_claim(&other_config));
+        assert!(fit.claimable(vec![other_config], true).is_empty());
+        let rotated = PoolFit::new(cfg().hash(), HmacKey::from_bytes([9; 32]));
+        assert!(!rotated.could_claim(&original), "made for the old key");
+        assert!(rotated.claimable(vec![original], true).is_empty());
+    }
 }
