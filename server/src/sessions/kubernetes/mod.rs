@@ -12,142 +12,90 @@
 //! - when a claim and a create race, both replicas see two pods for the session and pick the
 //!   same winner (oldest `creationTimestamp`, then name); the loser is deleted.
 //!
-//! A pod is trusted by its seal ([`seal`]), never by its name or labels: a pod that is not
-//! sealed for its uid under the instance key is never routed to.
+//! A pod is trusted by its seal (see `lookup/seal.rs`), never by its name or labels: a pod
+//! that is not sealed for its uid under the instance key is never routed to.
 //!
-//! The modules follow those steps: [`lookup`] (by label, and adopting a pod that exists),
-//! [`admission`] (`--max-sessions`, from the pod [`watch`]), [`start`] (warm claim, cold
-//! create, wait for Ready), [`agent_wait`] (an existing pod whose agent restarts),
-//! [`api_health`] (readiness through API outages), [`routes`] (the route cache) and
-//! [`activity`] (the idle clock's stamps).
+//! [`KubeBackend`] composes parts that own their state, one per step: [`lookup`] (by label,
+//! and adopting a pod that exists), [`admission`] (the rate, `--max-sessions` from the pod
+//! [`watch`], the session slots: a [`admission::Reservation`]), [`start`] (warm claim, cold
+//! create, converge) and [`ending`] (`DELETE /sessions/{id}`, and the sandboxes it ended).
+//! They share [`pods`] (the pods API, retiring a pod) and [`agent_wait`] (waiting for an
+//! agent, `/assign`). Around them: [`api_health`] (readiness through API outages),
+//! [`routes`] (the route cache), [`activity`] (the idle clock's stamps) and [`steps`] (where
+//! a start spends its time).
 
 mod activity;
 mod admission;
 mod agent_wait;
 mod api_health;
-mod existing;
+mod ending;
 mod feed;
 mod lookup;
 mod pods;
-mod rate;
 mod routes;
-mod seal;
-mod slot_feed;
-mod slots;
 mod start;
 mod steps;
-mod warm;
+#[cfg(test)]
+mod testing;
 mod watch;
 
 pub use api_health::{ApiHealth, API_OUTAGE_GRACE};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
-use kube::{Api, ResourceExt};
+use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-use cli_mcp_api::names::{annotation, label, InstanceName};
-use cli_mcp_api::sandbox::{session_token_of, SandboxConfig};
-use cli_mcp_api::seal::sealed;
+use cli_mcp_api::names::InstanceName;
+use cli_mcp_api::sandbox::SandboxConfig;
 use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
 use super::locks::SessionLocks;
-use super::{
-    owner_allows, Activity, Backend, EndedSandboxes, Quota, Sandbox, SessionError, SessionSummary,
-};
+use super::{owner_allows, Activity, Backend, Sandbox, SessionError, SessionSummary};
 use crate::agent_client::{AgentClient, AgentError};
 use crate::auth::Caller;
 use crate::cli::Limits;
-use crate::metrics::{Admitted, Launch, Metrics};
+use crate::metrics::{Launch, Metrics};
 use activity::ActivityStamper;
-use admission::{Admission, LimitReached, Reservation};
-use cli_mcp_api::pod_state::{is_deleting, is_ready, session_of};
-use lookup::Found;
-use pods::{annotation_of, endpoint_of, has_launch, pod_key};
-use rate::NewSessionRate;
+use admission::Admission;
+use agent_wait::AgentWait;
+use ending::Endings;
+use lookup::{Found, Lookup};
+use pods::SandboxPods;
 use routes::{Route, RouteCache};
-use slots::{client_tag, Family, SlotHold, Slots};
-use steps::timed;
-use warm::WarmPool;
-
-/// The `retired` reason of the pods `DELETE /sessions/{id}` removes.
-const RETIRED_SESSION_ENDED: &str = "session-ended";
-
-/// Whether `pod` was ended by `DELETE /sessions/{id}` (on any replica).
-fn ended_on_purpose(pod: &Pod) -> bool {
-    annotation_of(pod, annotation::RETIRED) == Some(RETIRED_SESSION_ENDED)
-}
-
-/// How often the `sessions_active` gauge is refreshed (from the pod watch's view, or a LIST
-/// while that view cannot be trusted).
-const GAUGE_REFRESH: Duration = Duration::from_secs(15);
+use start::{Shared, Starter};
+use watch::PodWatch;
 
 pub struct KubeBackend {
-    pods: Api<Pod>,
-    /// The instance's session slots (see [`slots`]).
-    leases: Api<Lease>,
-    /// This replica's view of the slots, fed by their watch.
-    slots: Slots,
-    /// `--new-sessions-per-minute-per-client`, when set.
-    rate: Option<NewSessionRate>,
-    client: kube::Client,
-    cfg: SandboxConfig,
-    cfg_hash: String,
+    pods: SandboxPods,
     instance: InstanceName,
-    key: HmacKey,
-    agent: AgentClient,
+    namespace: String,
+    client: kube::Client,
     cache: RouteCache,
     locks: SessionLocks,
-    stamper: Arc<ActivityStamper>,
-    /// Admission of new sessions under `--max-sessions`, fed by the pod watch.
+    lookup: Arc<Lookup>,
     admission: Admission,
-    /// The warm pool, fed by its watch: where claims find their candidates.
-    pool: WarmPool,
-    limits: Limits,
+    starter: Starter,
+    endings: Endings,
+    stamper: Arc<ActivityStamper>,
     metrics: Arc<Metrics>,
     /// What readiness knows of the API (see [`ApiHealth`]).
     api_health: std::sync::Mutex<ApiHealth>,
-    /// Pods ended by `DELETE /sessions/{id}`, by this replica or (seen by the pod watch)
-    /// another: a call that was running in one must not start the session again.
-    ended: EndedSandboxes,
 }
 
 impl std::fmt::Debug for KubeBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeBackend")
             .field("instance", &self.instance)
-            .field("namespace", &self.cfg.namespace)
+            .field("namespace", &self.namespace)
             .finish()
     }
 }
 
 impl KubeBackend {
-    /// A new session `sid` of `caller` that the views (synced) already show over a limit:
-    /// refused before any API call, so callers over a limit cost nothing. A pod or slot
-    /// another replica wrote within the watches' lag is missed: that caller is refused once,
-    /// and its next call finds it.
-    fn refuses_new(&self, sid: &SessionId, caller: &Caller) -> Option<Quota> {
-        if let Some(LimitReached { max }) = self.admission.refuses_new(sid) {
-            return Some(Quota::Instance { max });
-        }
-        let max = self.limits.max_sessions;
-        if self.admission.unknown(sid) && self.slots.full(&Family::Instance, max) {
-            return Some(Quota::Instance { max });
-        }
-        let per_client = self.limits.max_sessions_per_client?;
-        (self.admission.unknown(sid)
-            && self
-                .slots
-                .full(&Family::Client(client_tag(caller)), per_client))
-        .then_some(Quota::Client { max: per_client })
-    }
-
     pub fn new(
         client: kube::Client,
         cfg: SandboxConfig,
@@ -156,56 +104,65 @@ impl KubeBackend {
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
-        let pods = Api::<Pod>::namespaced(client.clone(), &cfg.namespace);
+        let (instance, namespace) = (cfg.instance.clone(), cfg.namespace.clone());
+        let stamper = ActivityStamper::new(limits.activity_stamp_gap);
+        let pods = SandboxPods::new(Api::namespaced(client.clone(), &namespace), stamper.clone());
+        let agent_wait = AgentWait::new(pods.clone(), agent, key.clone(), limits.start_timeout);
+        let lookup = Arc::new(Lookup::new(
+            pods.clone(),
+            key.clone(),
+            instance.clone(),
+            limits.start_timeout,
+            agent_wait.clone(),
+        ));
+        let admission = Admission::new(
+            client.clone(),
+            &namespace,
+            instance.clone(),
+            &limits,
+            metrics.clone(),
+        );
+        let shared = Shared {
+            pods: pods.clone(),
+            lookup: lookup.clone(),
+            agent_wait,
+            view: admission.view().clone(),
+            metrics: metrics.clone(),
+        };
+        let starter = Starter::new(client.clone(), cfg, key, limits.start_timeout, shared);
         Arc::new(Self {
-            pods,
-            leases: Api::namespaced(client.clone(), &cfg.namespace),
-            slots: Slots::new(cfg.instance.slot_prefix()),
-            rate: limits
-                .new_sessions_per_minute_per_client
-                .map(NewSessionRate::new),
-            client,
-            cfg_hash: cfg.hash(),
-            instance: cfg.instance.clone(),
-            cfg,
-            key,
-            agent,
+            endings: Endings::new(pods.clone(), instance.clone()),
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
-            stamper: ActivityStamper::new(limits.activity_stamp_gap),
-            admission: Admission::new(limits.max_sessions),
-            pool: WarmPool::default(),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
-            ended: EndedSandboxes::default(),
-            limits,
+            pods,
+            instance,
+            namespace,
+            client,
+            lookup,
+            admission,
+            starter,
+            stamper,
             metrics,
         })
     }
 
-    /// Background work: `last-activity` stamping and the `sessions_active` gauge.
+    /// Background work: `last-activity` stamping, the `sessions_active` gauge, and the
+    /// watches of the session pods, the slots and the warm pool.
     pub fn spawn_background(
         self: &Arc<Self>,
         stop: CancellationToken,
     ) -> Vec<tokio::task::JoinHandle<()>> {
-        let stamper = self.stamper.clone().run(self.pods.clone(), stop.clone());
+        let stamper = self
+            .stamper
+            .clone()
+            .run(self.pods.api().clone(), stop.clone());
         let me = self.clone();
         let gauge_stop = stop.clone();
-        let gauge = async move {
-            let stop = gauge_stop;
-            let mut tick = tokio::time::interval(GAUGE_REFRESH);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tick.tick() => {}
-                }
-                if let Err(e) = me.refresh_gauge().await {
-                    tracing::debug!(error = %e, "cannot refresh sessions_active");
-                }
-            }
-        };
-        let routes = self.clone().watch_routes(stop.clone());
-        let slots = self.clone().watch_slots(stop.clone());
-        let pool = self.clone().watch_pool(stop.clone());
+        let gauge = async move { me.admission.keep_gauge(gauge_stop).await };
+        let routes = self.clone().watch_pods(stop.clone());
+        let slots = self.admission.slots().clone().watch(stop.clone());
+        let pool = self.starter.watch_pool(stop.clone());
         vec![
             tokio::spawn(stamper),
             tokio::spawn(gauge),
@@ -215,88 +172,27 @@ impl KubeBackend {
         ]
     }
 
-    fn sandbox(&self, route: &Route, started: Option<Launch>, replaced: bool) -> Sandbox {
-        Sandbox {
-            endpoint: route.endpoint.clone(),
-            token: route.token.clone(),
-            name: route.pod.clone(),
-            uid: route.uid.clone(),
-            started,
-            replaced,
-        }
-    }
-
-    fn route_of(&self, sid: &SessionId, pod: &Pod) -> Result<Route, SessionError> {
-        // The last gate before a pod is sent the session's token and commands.
-        if !sealed(pod, &self.key) {
-            return Err(SessionError::Sandbox(format!(
-                "pod {} has no valid seal of this instance for its uid, so it is not used; retry the call",
-                pod.name_any()
-            )));
-        }
-        let endpoint = endpoint_of(pod)
-            .ok_or_else(|| SessionError::Sandbox(format!("pod {} has no IP", pod.name_any())))?;
-        let token = session_token_of(pod, sid, &self.key).ok_or_else(|| {
-            SessionError::Sandbox(format!(
-                "pod {} was not made for session {sid} under this server's key; retry (it is replaced)",
-                pod.name_any()
-            ))
-        })?;
-        Ok(Route {
-            pod: pod.name_any(),
-            uid: pod.uid().unwrap_or_default(),
-            endpoint,
-            token,
-            owner: annotation_of(pod, annotation::OWNER).map(str::to_owned),
-            launch: match pod.labels().get(label::LAUNCH).map(String::as_str) {
-                Some(label::LAUNCH_WARM) => Some(Launch::Warm),
-                Some(label::LAUNCH_COLD) => Some(Launch::Cold),
-                _ => None,
-            },
-        })
-    }
-
-    /// Whether the pod behind `used` was ended by `DELETE /sessions/{id}`: known from this
-    /// replica's own deletions and the pod watch, else read from the pod itself (another
-    /// replica's deletion the watch has not delivered yet). A pod that is gone altogether
-    /// without the watch having seen why counts as not ended (its session starts again, and
-    /// the call says the sandbox was replaced).
-    async fn was_ended(&self, used: &Sandbox) -> bool {
-        if self.ended.contains(&used.uid) {
-            return true;
-        }
-        match self.pods.get_opt(&used.name).await {
-            Ok(Some(pod)) if pod.uid().as_deref() == Some(used.uid.as_str()) => {
-                let ended = ended_on_purpose(&pod);
-                if ended {
-                    self.ended.end(&used.uid);
-                }
-                ended
-            }
-            _ => self.ended.contains(&used.uid),
-        }
-    }
-
-    /// A new session of `caller`: charged to its rate (when set), admitted, its slots taken.
-    /// Everything it holds is given back when dropped unused.
-    async fn admit_new(
-        &self,
-        sid: &SessionId,
-        caller: &Caller,
-        t0: Instant,
-    ) -> Result<(Option<rate::Charge<'_>>, Reservation, SlotHold), SessionError> {
-        let charge = match &self.rate {
-            None => None,
-            Some(rate) => Some(rate.charge(&client_tag(caller)).map_err(|retry_after| {
-                self.metrics.admission(Admitted::Refused, t0.elapsed());
-                SessionError::SessionLimit(Quota::Rate {
-                    per_minute: rate.per_minute(),
-                    retry_after,
-                })
-            })?),
+    /// Feeds admission's view and the route cache from the watch of the assigned pods.
+    async fn watch_pods(self: Arc<Self>, stop: CancellationToken) {
+        let watch = PodWatch {
+            view: self.admission.view(),
+            slots: self.admission.slots(),
+            stamper: &self.stamper,
+            cache: &self.cache,
         };
-        let (reservation, slots) = self.admit(sid, caller).await?;
-        Ok((charge, reservation, slots))
+        let selector = self.instance.assigned_selector();
+        watch.run(self.pods.api().clone(), selector, &stop).await;
+    }
+
+    /// The session's route in the cache, as the sandbox of a call by `caller` (refused when
+    /// the caller may not use it).
+    fn cached(&self, sid: &SessionId, caller: &Caller) -> Option<Result<Sandbox, SessionError>> {
+        let route = self.cache.get(sid)?;
+        Some(if owner_allows(route.owner.as_deref(), caller) {
+            Ok(route.sandbox(None, false))
+        } else {
+            Err(SessionError::Forbidden(sid.clone()))
+        })
     }
 
     /// The session's pod, found, adopted or started; what the route cache did not know.
@@ -309,68 +205,73 @@ impl KubeBackend {
         // At the limit, a session the watch knows no pod of is refused before any API call:
         // callers over the limit cost nothing. (A pod another replica created within the
         // watch's lag is missed: that caller is refused once, and its next call finds it.)
-        if let Some(quota) = self.refuses_new(sid, caller) {
-            self.metrics.admission(Admitted::Refused, t0.elapsed());
-            return Err(SessionError::SessionLimit(quota));
-        }
+        self.admission.refuse_at_once(sid, caller, t0)?;
         let previous = self.cache.previous_uid(sid);
         // A session that neither the pod watch (synced) nor the route cache has ever seen is
         // new, but for a pod another replica wrote within the watch's lag: no label lookup
         // (a LIST) then. Should such a pod exist after all, the converge check after this
         // replica's own write sees both and every replica keeps the same one.
-        let found = if previous.is_none() && self.admission.unseen(sid) {
+        let found = if previous.is_none() && self.admission.view().unseen(sid) {
             Found::Nothing
         } else {
-            timed("lookup", self.find(sid)).await?
+            steps::timed("lookup", self.lookup.find(sid)).await?
         };
         let stale = match found {
             Found::Pod(pod) => {
-                let pod = self.adopt(*pod, sid, caller).await?;
-                let route = self.route_of(sid, &pod)?;
+                let pod = self.lookup.adopt(*pod, sid, caller).await?;
+                let route = self.lookup.route(sid, &pod)?;
                 let replaced = previous.is_some_and(|p| p != route.uid);
-                self.cache.insert(sid.clone(), route.clone());
-                return Ok(self.sandbox(&route, None, replaced));
+                return Ok(self.bind(sid, route, None, replaced));
             }
             Found::Stale => true,
             Found::Nothing => false,
         };
-        let (charge, reservation, mut slots) = Box::pin(self.admit_new(sid, caller, t0)).await?;
-        let started = Box::pin(self.start_new(sid, caller, &reservation, &mut slots)).await;
+        let replaced = previous.is_some() || stale;
+        self.start_new(sid, caller, t0, replaced).await
+    }
+
+    /// A session with no pod: admitted, then started (or given the pod another replica
+    /// started for it meanwhile).
+    async fn start_new(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        t0: Instant,
+        replaced: bool,
+    ) -> Result<Sandbox, SessionError> {
+        let mut reservation = Box::pin(self.admission.admit(sid, caller, t0)).await?;
+        let started = Box::pin(self.starter.start(sid, caller, &mut reservation)).await;
         // Slots still held here were not bound to a pod of this session: freed.
-        drop(slots);
+        reservation.free_unbound_slots();
         let (pod, launch) = match started {
             Ok(started) => started,
-            // Another replica may have given the session its pod meanwhile (and deleted ours
-            // as the loser): use that one.
-            Err(e) => match self.find(sid).await? {
-                Found::Pod(p) => {
-                    tracing::info!(session = %sid, pod = %p.name_any(), error = %e,
-                        "another replica started this session; using its pod");
-                    let launch = if has_launch(&p, label::LAUNCH_WARM) {
-                        Launch::Warm
-                    } else {
-                        Launch::Cold
-                    };
-                    (self.adopt(*p, sid, caller).await?, launch)
-                }
-                _ => return Err(e),
-            },
+            Err(e) => self.lookup.started_elsewhere(sid, caller, e).await?,
         };
-        let route = self.route_of(sid, &pod)?;
+        let route = self.lookup.route(sid, &pod)?;
         // The start's paths (claim, create, converge) each check the owner; checked once more
         // where they meet, so that no later path can hand a caller someone else's pod.
         if !owner_allows(route.owner.as_deref(), caller) {
             return Err(SessionError::Forbidden(sid.clone()));
         }
-        if let Some(c) = charge {
-            c.keep();
-        }
+        reservation.keep_charge();
         self.metrics.started(launch, t0.elapsed());
         tracing::info!(session = %sid, pod = %route.pod, launch = launch.as_str(),
             took_ms = t0.elapsed().as_millis() as u64, steps = %steps::summary(),
             "session sandbox started");
-        self.cache.insert(sid.clone(), route.clone());
-        Ok(self.sandbox(&route, Some(launch), previous.is_some() || stale))
+        Ok(self.bind(sid, route, Some(launch), replaced))
+    }
+
+    /// The session's calls go to `route` from now on: cached, and its sandbox returned.
+    fn bind(
+        &self,
+        sid: &SessionId,
+        route: Route,
+        started: Option<Launch>,
+        replaced: bool,
+    ) -> Sandbox {
+        let sandbox = route.sandbox(started, replaced);
+        self.cache.insert(sid.clone(), route);
+        sandbox
     }
 }
 
@@ -383,27 +284,19 @@ impl Backend for KubeBackend {
         after: Option<&Sandbox>,
     ) -> Result<Sandbox, SessionError> {
         if let Some(used) = after {
-            if self.was_ended(used).await {
+            if self.endings.was_ended(used).await {
                 return Err(SessionError::Deleted);
             }
         }
-        let cached = |this: &Self| -> Option<Result<Sandbox, SessionError>> {
-            let route = this.cache.get(sid)?;
-            Some(if owner_allows(route.owner.as_deref(), caller) {
-                Ok(this.sandbox(&route, None, false))
-            } else {
-                Err(SessionError::Forbidden(sid.clone()))
-            })
-        };
-        if let Some(hit) = cached(self) {
+        if let Some(hit) = self.cached(sid, caller) {
             return hit;
         }
         let _guard = self.locks.lock(sid).await;
         // A DELETE on this replica that held the lock until now has marked its pods first.
-        if after.is_some_and(|used| self.ended.contains(&used.uid)) {
+        if after.is_some_and(|used| self.endings.contains(&used.uid)) {
             return Err(SessionError::Deleted);
         }
-        if let Some(hit) = cached(self) {
+        if let Some(hit) = self.cached(sid, caller) {
             return hit;
         }
         // Boxed: a start's future nests the lookup, admission, claim and converge steps side
@@ -416,7 +309,10 @@ impl Backend for KubeBackend {
         sid: &SessionId,
         caller: &Caller,
     ) -> Result<Option<Sandbox>, SessionError> {
-        self.existing_sandbox(sid, caller).await
+        if let Some(hit) = self.cached(sid, caller) {
+            return hit.map(Some);
+        }
+        self.lookup.existing(sid, caller).await
     }
 
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, _why: &AgentError) {
@@ -424,7 +320,7 @@ impl Backend for KubeBackend {
     }
 
     fn ended(&self, _sid: &SessionId, sandbox: &Sandbox) -> bool {
-        self.ended.contains(&sandbox.uid)
+        self.endings.contains(&sandbox.uid)
     }
 
     fn activity(&self, _sid: &SessionId, sandbox: &Sandbox, event: Activity) {
@@ -433,64 +329,13 @@ impl Backend for KubeBackend {
 
     async fn delete(&self, sid: &SessionId, caller: &Caller) -> Result<(), SessionError> {
         let _guard = self.locks.lock(sid).await;
-        let list = self
-            .pods
-            .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
-            .await?;
-        if list
-            .items
-            .iter()
-            .any(|p| !owner_allows(annotation_of(p, annotation::OWNER), caller))
-        {
-            return Err(SessionError::Forbidden(sid.clone()));
-        }
-        for pod in list.items.iter().filter(|p| !is_deleting(p)) {
-            // Marked before it goes, so the call running in it fails instead of starting the
-            // session again.
-            if let Some(uid) = pod.uid() {
-                self.ended.end(&uid);
-            }
-            tracing::info!(session = %sid, pod = %pod.name_any(), "deleting session sandbox");
-            self.retire_pod(pod, RETIRED_SESSION_ENDED).await;
-            // Its places are free when DELETE answers (the caller's next new session must not
-            // be refused for the session it just ended): gone from this replica's count, and
-            // its slots deleted, not left to the pod watch or the garbage collector.
-            self.admission.retired(&pod_key(pod));
-            if let Some(uid) = pod.uid() {
-                self.release_slots_of(sid, &uid).await;
-            }
-        }
+        self.endings.end(sid, caller, &self.admission).await?;
         self.cache.remove(sid);
         Ok(())
     }
 
     async fn list(&self, caller: &Caller) -> Result<Vec<SessionSummary>, SessionError> {
-        let list = self
-            .pods
-            .list(&ListParams::default().labels(&self.instance.assigned_selector()))
-            .await?;
-        let mut out: Vec<SessionSummary> = list
-            .items
-            .iter()
-            .filter(|p| !is_deleting(p))
-            .filter(|p| owner_allows(annotation_of(p, annotation::OWNER), caller))
-            .filter_map(|p| {
-                Some(SessionSummary {
-                    session_id: session_of(p)?.to_owned(),
-                    sandbox: p.name_any(),
-                    launch: p.labels().get(label::LAUNCH).cloned(),
-                    created_at: annotation_of(p, annotation::CREATED_AT).map(str::to_owned),
-                    last_activity: annotation_of(p, annotation::LAST_ACTIVITY).map(str::to_owned),
-                    ready: is_ready(p),
-                })
-            })
-            .collect();
-        out.sort_by(|a, b| {
-            a.session_id
-                .cmp(&b.session_id)
-                .then(a.sandbox.cmp(&b.sandbox))
-        });
-        Ok(out)
+        self.lookup.sessions(caller).await
     }
 
     /// See [`ApiHealth`]: an API blip must not take every replica out of the Service.

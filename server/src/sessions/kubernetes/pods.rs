@@ -1,8 +1,10 @@
 //! Small facts about sandbox pods that only this backend needs, and removing one.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use cli_mcp_api::names::{annotation, label};
@@ -10,16 +12,33 @@ use cli_mcp_api::pod_state::{cannot_start, is_ready, is_terminal, phase, session
 use cli_mcp_api::wire::AGENT_PORT;
 use cli_mcp_api::SessionId;
 
-use super::KubeBackend;
-use crate::sessions::SessionError;
+use super::activity::ActivityStamper;
+use crate::sessions::{SessionError, SessionSummary};
 
-impl KubeBackend {
+/// The instance's sandbox pods, and removing one; cheap to clone. Removing a pod also stops
+/// its activity stamps.
+#[derive(Debug, Clone)]
+pub struct SandboxPods {
+    api: Api<Pod>,
+    stamper: Arc<ActivityStamper>,
+}
+
+impl SandboxPods {
+    pub fn new(api: Api<Pod>, stamper: Arc<ActivityStamper>) -> Self {
+        Self { api, stamper }
+    }
+
+    /// The pods of the instance's namespace.
+    pub fn api(&self) -> &Api<Pod> {
+        &self.api
+    }
+
     /// Deletes a sandbox whose disappearance is not a reset of its session's state (see
     /// `annotation::RETIRED`): marked first, so every replica's pod watch sees why.
-    pub(super) async fn retire_pod(&self, pod: &Pod, why: &str) {
+    pub async fn retire(&self, pod: &Pod, why: &str) {
         let patch = json!({"metadata": {"annotations": {annotation::RETIRED: why}}});
         match self
-            .pods
+            .api
             .patch(
                 &pod.name_any(),
                 &PatchParams::default(),
@@ -34,10 +53,11 @@ impl KubeBackend {
                 tracing::warn!(pod = %pod.name_any(), error = %e, "cannot mark sandbox pod retired")
             }
         }
-        self.delete_pod(pod).await;
+        self.delete(pod).await;
     }
 
-    pub(super) async fn delete_pod(&self, pod: &Pod) {
+    /// Deletes exactly `pod` (uid precondition): gone or replaced is fine.
+    pub async fn delete(&self, pod: &Pod) {
         let name = pod.name_any();
         self.stamper.forget(&name);
         let mut dp = DeleteParams::default();
@@ -47,7 +67,7 @@ impl KubeBackend {
                 resource_version: None,
             });
         }
-        match self.pods.delete(&name, &dp).await {
+        match self.api.delete(&name, &dp).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
             Err(e) => tracing::warn!(pod = %name, error = %e, "cannot delete sandbox pod"),
@@ -55,9 +75,6 @@ impl KubeBackend {
     }
 }
 
-/// A pod this call was waiting for was deleted by someone else: the operator (an instance
-/// being deleted, or a sandbox made by a server replica whose HMAC key or config is outdated,
-/// as happens while one is replaced) or an admin. Nothing is wrong with the sandbox image.
 /// Which pod this is across its lifetime: its uid (its name when the API gave none), so two
 /// pods of one name at different times are different pods.
 pub(super) fn pod_key(p: &Pod) -> String {
@@ -69,10 +86,26 @@ pub(super) fn session(p: &Pod) -> Option<SessionId> {
     session_of(p).and_then(|s| SessionId::parse(s).ok())
 }
 
+/// A pod this call was waiting for was deleted by someone else: the operator (an instance
+/// being deleted, or a sandbox made by a server replica whose HMAC key or config is outdated,
+/// as happens while one is replaced) or an admin. Nothing is wrong with the sandbox image.
 pub(super) fn deleted_while_starting(name: &str) -> SessionError {
     SessionError::Sandbox(format!(
         "pod {name} was deleted while it was starting (by the operator or an admin: while the instance's HMAC key or configuration changes, the operator removes sandboxes made by server replicas that are being replaced); retry the call"
     ))
+}
+
+/// The session a pod serves as `GET /sessions` lists it; `None` for a pod without a session
+/// id label.
+pub(super) fn summary_of(p: &Pod) -> Option<SessionSummary> {
+    Some(SessionSummary {
+        session_id: session_of(p)?.to_owned(),
+        sandbox: p.name_any(),
+        launch: p.labels().get(label::LAUNCH).cloned(),
+        created_at: annotation_of(p, annotation::CREATED_AT).map(str::to_owned),
+        last_activity: annotation_of(p, annotation::LAST_ACTIVITY).map(str::to_owned),
+        ready: is_ready(p),
+    })
 }
 
 /// Whether the pod's agent has been up before: Ready now, or its container has restarted or

@@ -13,6 +13,7 @@ use cli_mcp_api::token::Token;
 use cli_mcp_api::SessionId;
 
 use crate::metrics::Launch;
+use crate::sessions::Sandbox;
 
 /// Where a session's agent is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,21 @@ pub struct Route {
     /// Owner hash stamped on the pod (None: auth was off when it was made).
     pub owner: Option<String>,
     pub launch: Option<Launch>,
+}
+
+impl Route {
+    /// The sandbox this route leads to, for a call (`started` when the call started it,
+    /// `replaced` when the session had another sandbox before).
+    pub fn sandbox(&self, started: Option<Launch>, replaced: bool) -> Sandbox {
+        Sandbox {
+            endpoint: self.endpoint.clone(),
+            token: self.token.clone(),
+            name: self.pod.clone(),
+            uid: self.uid.clone(),
+            started,
+            replaced,
+        }
+    }
 }
 
 #[derive(Debug)]

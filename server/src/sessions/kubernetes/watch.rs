@@ -1,32 +1,43 @@
 //! The replica's watch of the instance's assigned sandbox pods: it feeds admission's view of
 //! the sessions, and drops the route of a session as soon as its pod is going.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::{is_deleting, is_terminal};
 
-use super::admission::PodView;
+use super::activity::ActivityStamper;
+use super::admission::{PodView, SessionView, SlotLeases};
 use super::feed::{feed, WatchFed};
 use super::pods::{pod_key, session};
-use super::KubeBackend;
+use super::routes::RouteCache;
 
-impl KubeBackend {
-    /// Feeds admission's view of the instance's sessions (see [`Admission`]), and drops the
+/// The assigned pods, from the watch: admission's view of them, and the routes of the
+/// sessions whose pods are going.
+pub struct PodWatch<'a> {
+    pub view: &'a SessionView,
+    /// The session slots, freed as soon as their pod is going.
+    pub slots: &'a SlotLeases,
+    pub stamper: &'a ActivityStamper,
+    pub cache: &'a RouteCache,
+}
+
+impl PodWatch<'_> {
+    /// Feeds admission's view of the instance's sessions (see [`SessionView`]), and drops the
     /// route of a session as soon as its pod is being deleted (by the idle GC, an
     /// admin, another replica), so no call is sent to an address that is going away; and
     /// remembers the pod as gone also for sessions this replica never served, so the next
-    /// call reports the reset whichever replica serves it.
-    pub(super) async fn watch_routes(self: Arc<Self>, stop: CancellationToken) {
-        let cfg = watcher::Config::default().labels(&self.instance.assigned_selector());
-        let events = watcher::watcher(self.pods.clone(), cfg).default_backoff();
-        feed(events, &Routes(&self), &stop).await;
+    /// call reports the reset whichever replica serves it. `selector`: the instance's
+    /// assigned sandbox pods.
+    pub async fn run(&self, pods: Api<Pod>, selector: String, stop: &CancellationToken) {
+        let cfg = watcher::Config::default().labels(&selector);
+        let events = watcher::watcher(pods, cfg).default_backoff();
+        feed(events, self, stop).await;
     }
 
     /// A pod being deleted or terminated for good is going, as a deleted one is.
@@ -36,7 +47,7 @@ impl KubeBackend {
         }
     }
 
-    pub(super) fn pod_going(&self, pod: &Pod) {
+    fn pod_going(&self, pod: &Pod) {
         let (Some(sid), Some(uid)) = (session(pod), pod.uid()) else {
             return;
         };
@@ -45,7 +56,7 @@ impl KubeBackend {
         // removes them after the pod is gone. A pod that terminated but still exists still
         // counts, as it does in the pod count.
         if is_deleting(pod) || !is_terminal(pod) {
-            self.free_slots_of(&uid);
+            self.slots.free_of(&uid);
         }
         self.stamper.forget(&pod.name_any());
         let retired = pod.annotations().contains_key(annotation::RETIRED);
@@ -56,36 +67,32 @@ impl KubeBackend {
     }
 }
 
-/// The assigned pods, from the watch: admission's view of them, and the routes of the
-/// sessions whose pods are going.
-struct Routes<'a>(&'a KubeBackend);
-
-impl WatchFed<Pod> for Routes<'_> {
+impl WatchFed<Pod> for PodWatch<'_> {
     fn relist_started(&self) {
-        self.0.admission.relist_started(Instant::now());
+        self.view.relist_started(Instant::now());
     }
 
     fn relisted(&self, p: Pod) {
-        self.0.admission.relisted(pod_view(&p));
-        self.0.note_if_going(&p);
+        self.view.relisted(pod_view(&p));
+        self.note_if_going(&p);
     }
 
     fn relist_done(&self) {
-        self.0.admission.relist_done();
+        self.view.relist_done();
     }
 
     fn applied(&self, p: Pod) {
-        self.0.admission.applied(pod_view(&p));
-        self.0.note_if_going(&p);
+        self.view.applied(pod_view(&p));
+        self.note_if_going(&p);
     }
 
     fn deleted(&self, p: Pod) {
-        self.0.admission.deleted(pod_view(&p));
-        self.0.pod_going(&p);
+        self.view.deleted(pod_view(&p));
+        self.pod_going(&p);
     }
 
     fn failed(&self, error: watcher::Error) {
-        self.0.admission.watch_failed();
+        self.view.watch_failed();
         tracing::debug!(%error, "sandbox pod watch error (retrying)");
     }
 }

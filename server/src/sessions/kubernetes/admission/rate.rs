@@ -83,6 +83,7 @@ impl NewSessionRate {
 }
 
 /// One new session taken from a client's bucket; given back when dropped unless kept.
+#[derive(Debug)]
 pub struct Charge<'a> {
     rate: &'a NewSessionRate,
     who: String,

@@ -8,7 +8,7 @@
 //! view cannot be trusted (before its first list, after a watch error until the watch has
 //! listed again) the claim lists the pool as before.
 //!
-//! Which of its pods a claim may try is decided here too ([`KubeBackend::claimable`]): Ready,
+//! Which of its pods a claim may try is decided here too ([`PoolFit`]): Ready,
 //! this replica's config and key, and sealed by the operator for its uid (a look-alike
 //! planted under a warm pod's name has everything else).
 //!
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 use rand::seq::SliceRandom;
 use tokio_util::sync::CancellationToken;
 
@@ -30,10 +30,10 @@ use cli_mcp_api::names::annotation;
 use cli_mcp_api::pod_state::{is_deleting, is_ready};
 use cli_mcp_api::sandbox::made_for_key;
 use cli_mcp_api::seal::sealed;
+use cli_mcp_api::token::HmacKey;
 
-use super::feed::{feed, WatchFed};
-use super::pods::{annotation_of, pod_ip};
-use super::KubeBackend;
+use crate::sessions::kubernetes::feed::{feed, WatchFed};
+use crate::sessions::kubernetes::pods::{annotation_of, pod_ip};
 
 #[derive(Debug, Default)]
 struct State {
@@ -120,19 +120,31 @@ impl WatchFed<Pod> for WarmPool {
     }
 }
 
-impl KubeBackend {
-    /// Keeps this replica's view of the warm pool (see [`WarmPool`]).
-    pub(super) async fn watch_pool(self: Arc<Self>, stop: CancellationToken) {
-        let cfg = watcher::Config::default().labels(&self.instance.unassigned_selector());
-        let events = watcher::watcher(self.pods.clone(), cfg).default_backoff();
-        feed(events, &self.pool, &stop).await;
+impl WarmPool {
+    /// Keeps this view from the watch of the pool (`selector`: the instance's unassigned
+    /// sandbox pods).
+    pub async fn watch(self, pods: Api<Pod>, selector: String, stop: CancellationToken) {
+        let cfg = watcher::Config::default().labels(&selector);
+        let events = watcher::watcher(pods, cfg).default_backoff();
+        feed(events, &self, &stop).await;
     }
 }
 
-/// Which warm pods a claim may try.
-impl KubeBackend {
+/// Which warm pods a claim may try: those of this replica's sandbox config (`cfg_hash`),
+/// made for its key and sealed by the operator.
+#[derive(Debug, Clone)]
+pub struct PoolFit {
+    cfg_hash: String,
+    key: HmacKey,
+}
+
+impl PoolFit {
+    pub fn new(cfg_hash: String, key: HmacKey) -> Self {
+        Self { cfg_hash, key }
+    }
+
     /// Whether this replica could claim warm pod `p`: what [`Self::claimable`] keeps.
-    pub(super) fn could_claim(&self, p: &Pod) -> bool {
+    pub fn could_claim(&self, p: &Pod) -> bool {
         !is_deleting(p)
             && is_ready(p)
             && pod_ip(p).is_some()
@@ -144,7 +156,7 @@ impl KubeBackend {
     /// The pods of `pool` this replica can claim, in random order (concurrent claimers spread
     /// over the pool instead of all fighting for the first pod). `listed`: `pool` is what the
     /// API has, not the view, so a pool with none that fits is worth a warning.
-    pub(super) fn claimable(&self, pool: Vec<Pod>, listed: bool) -> Vec<Pod> {
+    pub fn claimable(&self, pool: Vec<Pod>, listed: bool) -> Vec<Pod> {
         let total = pool.len();
         let mut candidates: Vec<Pod> = pool
             .into_iter()
@@ -185,6 +197,11 @@ impl KubeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use cli_mcp_api::names::PoolSuffix;
+    use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
+
+    use crate::sessions::kubernetes::testing::{cfg, key, planted_namesake, stored_and_sealed};
 
     fn pod(name: &str, uid: &str) -> Pod {
         let mut p = Pod::default();
@@ -251,5 +268,45 @@ mod tests {
             1,
             "only the pods the claim could take are copied"
         );
+    }
+
+    fn warm_pod() -> Pod {
+        let suffix = PoolSuffix::from_random_bytes([4; PoolSuffix::LEN]);
+        let name = cfg().instance.pool_pod(&suffix);
+        let assign = key().assign_token(&name).commitment();
+        let p = build_sandbox_pod(&cfg(), &SandboxRole::Pool { suffix, assign }, "t");
+        stored_and_sealed(p, "uid-warm")
+    }
+
+    #[tokio::test]
+    async fn a_planted_warm_namesake_is_never_claimable() {
+        let b = PoolFit::new(cfg().hash(), key());
+        let original = warm_pod();
+        let planted = planted_namesake(&original);
+        assert!(b.could_claim(&original));
+        assert!(!b.could_claim(&planted), "the view's filter");
+        let listed = b.claimable(vec![planted.clone()], true);
+        assert!(listed.is_empty(), "a listed pool");
+        let mut unsealed = original.clone();
+        unsealed.annotations_mut().remove(annotation::SEAL);
+        assert!(!b.could_claim(&unsealed));
+        let both = b.claimable(vec![planted, original.clone(), unsealed], false);
+        assert_eq!(both.len(), 1);
+        assert_eq!(both[0].uid(), original.uid());
+    }
+
+    #[test]
+    fn a_pod_of_another_config_or_key_is_not_claimed() {
+        let original = warm_pod();
+        let fit = PoolFit::new(cfg().hash(), key());
+        let mut other_config = original.clone();
+        other_config
+            .annotations_mut()
+            .insert(annotation::SANDBOX_HASH.into(), "another".into());
+        assert!(!fit.could_claim(&other_config));
+        assert!(fit.claimable(vec![other_config], true).is_empty());
+        let rotated = PoolFit::new(cfg().hash(), HmacKey::from_bytes([9; 32]));
+        assert!(!rotated.could_claim(&original), "made for the old key");
+        assert!(rotated.claimable(vec![original], true).is_empty());
     }
 }

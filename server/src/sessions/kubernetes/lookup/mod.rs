@@ -1,36 +1,80 @@
 //! Finding a session's pod by label (duplicates resolved the same way by every replica; pods
 //! of an old HMAC key, pods that terminated for good and pods without a valid seal removed),
 //! and adopting a pod that already exists, found or started by another replica: the one place
-//! that checks the pod is sealed and the caller may use it.
+//! that checks the pod is sealed and the caller may use it. [`seal`] is the seal's part of
+//! that (waiting for a young pod's seal, removing pods that will never have one);
+//! [`existing`] the read-only lookups (a session's files, `GET /sessions`); [`route_of`] the
+//! last gate before a pod is routed to.
+
+mod existing;
+mod seal;
+
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::ResourceExt;
 
-use cli_mcp_api::names::annotation;
+use cli_mcp_api::names::{annotation, label, InstanceName};
 use cli_mcp_api::pod_state::{is_deleting, is_terminal};
 use cli_mcp_api::sandbox::session_token_of;
+use cli_mcp_api::seal::sealed;
+use cli_mcp_api::token::HmacKey;
 use cli_mcp_api::SessionId;
 
-use super::pods::{annotation_of, has_run};
-use super::KubeBackend;
+use super::agent_wait::AgentWait;
+use super::pods::{annotation_of, endpoint_of, has_launch, has_run, SandboxPods};
+use super::routes::Route;
 use crate::auth::Caller;
+use crate::metrics::Launch;
 use crate::sessions::{owner_allows, SessionError};
 
 /// What the label lookup found.
-pub(super) enum Found {
+pub enum Found {
     Pod(Box<Pod>),
     /// A pod made with another HMAC key (the instance key was rotated): deleted.
     Stale,
     Nothing,
 }
 
-impl KubeBackend {
+/// Finds and adopts the pods of sessions (see the module's doc).
+#[derive(Debug)]
+pub struct Lookup {
+    pods: SandboxPods,
+    key: HmacKey,
+    instance: InstanceName,
+    /// `--start-timeout`: the longest wait for the seal of a pod its writer may still seal.
+    start_timeout: Duration,
+    agent: AgentWait,
+}
+
+impl Lookup {
+    pub fn new(
+        pods: SandboxPods,
+        key: HmacKey,
+        instance: InstanceName,
+        start_timeout: Duration,
+        agent: AgentWait,
+    ) -> Self {
+        Self {
+            pods,
+            key,
+            instance,
+            start_timeout,
+            agent,
+        }
+    }
+
+    /// The route to `pod`, the session's, once it is sealed and holds a token of `sid`.
+    pub fn route(&self, sid: &SessionId, pod: &Pod) -> Result<Route, SessionError> {
+        route_of(sid, pod, &self.key)
+    }
+
     /// A pod that already exists for the session (found by label, or started by another
     /// replica at the same time as this one), once it is sealed, the caller may use it and
     /// its agent answers. The seal comes first: a look-alike's copied owner must not decide
     /// anything.
-    pub(super) async fn adopt(
+    pub async fn adopt(
         &self,
         pod: Pod,
         sid: &SessionId,
@@ -51,16 +95,38 @@ impl KubeBackend {
         let pod = if has_run(&pod) {
             pod
         } else {
-            self.wait_ready(pod).await?
+            self.agent.wait_ready(pod).await?
         };
-        self.await_agent(pod, sid).await
+        self.agent.await_agent(pod, sid).await
+    }
+
+    /// After a failed start (`failed`): another replica may have given the session its pod
+    /// meanwhile (and deleted ours as the loser): that one, adopted.
+    pub async fn started_elsewhere(
+        &self,
+        sid: &SessionId,
+        caller: &Caller,
+        failed: SessionError,
+    ) -> Result<(Pod, Launch), SessionError> {
+        let Found::Pod(p) = self.find(sid).await? else {
+            return Err(failed);
+        };
+        tracing::info!(session = %sid, pod = %p.name_any(), error = %failed,
+            "another replica started this session; using its pod");
+        let launch = if has_launch(&p, label::LAUNCH_WARM) {
+            Launch::Warm
+        } else {
+            Launch::Cold
+        };
+        Ok((self.adopt(*p, sid, caller).await?, launch))
     }
 
     /// Session pods by label, duplicates resolved, pods of an old key and unsealed pods
     /// removed.
-    pub(super) async fn find(&self, sid: &SessionId) -> Result<Found, SessionError> {
+    pub async fn find(&self, sid: &SessionId) -> Result<Found, SessionError> {
         let list = self
             .pods
+            .api()
             .list(&ListParams::default().labels(&self.instance.session_selector(sid)))
             .await?;
         let (dead, live): (Vec<Pod>, Vec<Pod>) = list
@@ -74,7 +140,7 @@ impl KubeBackend {
             tracing::warn!(session = %sid, pod = %pod.name_any(),
                 phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default(),
                 "session pod has terminated for good; deleting it and starting a new sandbox");
-            self.delete_pod(pod).await;
+            self.pods.delete(pod).await;
         }
         let Some(winner) = self.resolve_duplicates(live, sid).await else {
             return Ok(if dead.is_empty() {
@@ -86,7 +152,7 @@ impl KubeBackend {
         if session_token_of(&winner, sid, &self.key).is_none() {
             tracing::warn!(session = %sid, pod = %winner.name_any(),
                 "session pod holds no token of this session under this server's key (the instance key changed, or an older version made it without a sandbox nonce); replacing it");
-            self.delete_pod(&winner).await;
+            self.pods.delete(&winner).await;
             return Ok(Found::Stale);
         }
         // Its name, labels and annotations can all be copied; its seal cannot.
@@ -98,14 +164,14 @@ impl KubeBackend {
 
     /// Picks the winner among pods of one session and deletes the others. Pods that will
     /// never be sealed take no part (and are deleted).
-    pub(super) async fn resolve_duplicates(&self, pods: Vec<Pod>, sid: &SessionId) -> Option<Pod> {
+    pub async fn resolve_duplicates(&self, pods: Vec<Pod>, sid: &SessionId) -> Option<Pod> {
         let mut pods = self.without_unsealed(pods, sid).await;
         if pods.len() > 1 {
             pods.sort_by(winner_order);
             for loser in &pods[1..] {
                 tracing::info!(pod = %loser.name_any(), winner = %pods[0].name_any(),
                     "two sandboxes for one session; deleting the loser");
-                self.retire_pod(loser, "duplicate").await;
+                self.pods.retire(loser, "duplicate").await;
             }
         }
         pods.into_iter().next()
@@ -123,6 +189,38 @@ pub(super) fn winner_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
         (None, None) => std::cmp::Ordering::Equal,
     }
     .then_with(|| a.name_any().cmp(&b.name_any()))
+}
+
+/// The route of session `sid` to `pod`, once the pod is sealed and holds the session's
+/// token.
+fn route_of(sid: &SessionId, pod: &Pod, key: &HmacKey) -> Result<Route, SessionError> {
+    // The last gate before a pod is sent the session's token and commands.
+    if !sealed(pod, key) {
+        return Err(SessionError::Sandbox(format!(
+            "pod {} has no valid seal of this instance for its uid, so it is not used; retry the call",
+            pod.name_any()
+        )));
+    }
+    let endpoint = endpoint_of(pod)
+        .ok_or_else(|| SessionError::Sandbox(format!("pod {} has no IP", pod.name_any())))?;
+    let token = session_token_of(pod, sid, key).ok_or_else(|| {
+        SessionError::Sandbox(format!(
+            "pod {} was not made for session {sid} under this server's key; retry (it is replaced)",
+            pod.name_any()
+        ))
+    })?;
+    Ok(Route {
+        pod: pod.name_any(),
+        uid: pod.uid().unwrap_or_default(),
+        endpoint,
+        token,
+        owner: annotation_of(pod, annotation::OWNER).map(str::to_owned),
+        launch: match pod.labels().get(label::LAUNCH).map(String::as_str) {
+            Some(label::LAUNCH_WARM) => Some(Launch::Warm),
+            Some(label::LAUNCH_COLD) => Some(Launch::Cold),
+            _ => None,
+        },
+    })
 }
 
 #[cfg(test)]

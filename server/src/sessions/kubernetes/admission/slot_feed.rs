@@ -2,21 +2,19 @@
 //! view ([`super::slots::Slots`]), the sweep of abandoned slots, and the release of a
 //! session's slots when its pod goes.
 
-use std::sync::Arc;
-
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
-use super::feed::{feed, WatchFed};
 use cli_mcp_api::names::label;
 use cli_mcp_api::SessionId;
 
-use super::slots::{delete_slot, slot_ref, slot_view, Slots, SWEEP_EVERY};
-use super::KubeBackend;
+use super::slot_leases::SlotLeases;
+use super::slots::{slot_ref, slot_view, Slots, SWEEP_EVERY};
+use crate::sessions::kubernetes::feed::{feed, WatchFed};
 
 /// The slots, from the watch (metadata only); a lease that is no slot of this instance is
 /// not one the view keeps.
@@ -53,20 +51,18 @@ impl WatchFed<PartialObjectMeta<Lease>> for SlotsFed<'_> {
     }
 }
 
-impl KubeBackend {
+impl SlotLeases {
     /// Keeps this replica's view of the slots (see [`Slots`]) and, every [`SWEEP_EVERY`],
     /// deletes orphan and duplicate slots.
-    pub(super) async fn watch_slots(self: Arc<Self>, stop: CancellationToken) {
+    pub async fn watch(self, stop: CancellationToken) {
         let cfg = watcher::Config::default().labels(&self.instance.slot_selector());
         // Metadata only: owner, age and name are all the view needs.
-        let api: Api<PartialObjectMeta<Lease>> =
-            Api::namespaced(self.client.clone(), &self.cfg.namespace);
-        let events = watcher(api, cfg).default_backoff();
+        let events = watcher(self.meta.clone(), cfg).default_backoff();
         let sweeping = async {
             let mut sweep = tokio::time::interval(SWEEP_EVERY);
             loop {
                 sweep.tick().await;
-                self.sweep_slots().await;
+                self.sweep().await;
             }
         };
         let view = SlotsFed(&self.slots);
@@ -76,14 +72,14 @@ impl KubeBackend {
         }
     }
 
-    async fn sweep_slots(&self) {
+    async fn sweep(&self) {
         for s in self.slots.sweepable(k8s_openapi::jiff::Timestamp::now()) {
             // Exactly the object the view saw: a slot bound or replaced since is kept.
             let dp = DeleteParams::default().preconditions(Preconditions {
                 uid: Some(s.uid.clone()),
                 resource_version: Some(s.resource_version.clone()),
             });
-            match self.leases.delete(&s.name, &dp).await {
+            match self.api.delete(&s.name, &dp).await {
                 Ok(_) => {
                     tracing::info!(slot = %s.name, "deleted an abandoned or duplicate session slot");
                     self.slots.gone(&s.name);
@@ -100,14 +96,14 @@ impl KubeBackend {
     /// a LIST of the session's slots finds. The view alone can lag behind the API (under
     /// load the watch delivered one slot's binding to the pod and not yet the other's), and
     /// a slot left behind refused the caller's next session for the one it had just ended.
-    pub(super) async fn release_slots_of(&self, sid: &SessionId, pod_uid: &str) {
+    pub async fn release_of(&self, sid: &SessionId, pod_uid: &str) {
         let mut owned = self.slots.owned_by(pod_uid);
         let sel = format!(
             "{},{}={sid}",
             self.instance.slot_selector(),
             label::SESSION_ID
         );
-        match self.leases.list(&ListParams::default().labels(&sel)).await {
+        match self.api.list(&ListParams::default().labels(&sel)).await {
             Ok(list) => {
                 let listed = list
                     .items
@@ -125,20 +121,20 @@ impl KubeBackend {
                 "cannot list the session's slots (the pod watch or the garbage collector frees them)"),
         }
         for s in owned {
-            delete_slot(&self.leases, &self.slots, &s).await;
+            self.delete(&s).await;
         }
     }
 
     /// Frees the slots of a pod that is going (deleted, by anyone): spawned, never blocks.
-    pub(super) fn free_slots_of(&self, pod_uid: &str) {
+    pub fn free_of(&self, pod_uid: &str) {
         let owned = self.slots.owned_by(pod_uid);
         if owned.is_empty() {
             return;
         }
-        let (api, slots) = (self.leases.clone(), self.slots.clone());
+        let leases = self.clone();
         tokio::spawn(async move {
             for s in owned {
-                delete_slot(&api, &slots, &s).await;
+                leases.delete(&s).await;
             }
         });
     }

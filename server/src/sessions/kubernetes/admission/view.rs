@@ -1,5 +1,6 @@
-//! Admission of new sessions against `--max-sessions`: first exact within one replica,
-//! without an API round trip, then across replicas by a session slot ([`super::slots`]).
+//! The replica's view of the instance's sessions, which admission counts against
+//! `--max-sessions`: exact within one replica, without an API round trip (the session slot,
+//! [`super::slots`], makes the bound hold across replicas).
 //!
 //! The count is the union, by session id, of three sets:
 //! - `live`: the instance's assigned, not-terminating sandbox pods, as this replica's pod
@@ -16,7 +17,7 @@
 //! watch reports their pods; what other replicas are starting at the same moment is what the
 //! slot, taken next (one API round trip, outside any lock), accounts for.
 //!
-//! `DELETE /sessions/{id}` frees the session's place at once ([`Admission::retired`]), not
+//! `DELETE /sessions/{id}` frees the session's place at once ([`SessionView::retired`]), not
 //! when the watch reports the pod's deletion: the caller's next new session must not be
 //! refused for the one it just ended. Events of that pod from before its deletion may still
 //! be on their way (the retirement itself patches the pod first, and activity stamps patch
@@ -24,24 +25,15 @@
 //!
 //! Before the watch has listed the pods once, and after a watch error until the watch is seen
 //! working again, the view may be behind: admission then counts from a LIST instead
-//! ([`Admission::reserve_listed`]), still combined with `pending` and `written`, so an API
+//! ([`SessionView::reserve_listed`]), still combined with `pending` and `written`, so an API
 //! outage gives the caller a clear "retry shortly" and never a count made of stale data.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cli_mcp_api::names::label;
 use cli_mcp_api::SessionId;
-use kube::api::ListParams;
 use tokio::sync::Notify;
-
-use super::slots::SlotHold;
-use super::steps::timed;
-use super::KubeBackend;
-use crate::auth::Caller;
-use crate::metrics::Admitted;
-use crate::sessions::{Quota, SessionError};
 
 /// The instance already has `max` sessions.
 #[derive(Debug, PartialEq, Eq)]
@@ -60,7 +52,7 @@ pub enum Refusal {
 /// One assigned sandbox pod as the watch reports it.
 #[derive(Debug, Clone)]
 pub struct PodView {
-    /// The pod's [`pod_key`](super::pods::pod_key).
+    /// The pod's [`pod_key`](crate::sessions::kubernetes::pods::pod_key).
     pub key: String,
     /// The session the pod serves; `None` for a pod without a valid session id label.
     pub session: Option<SessionId>,
@@ -174,16 +166,16 @@ impl State {
     }
 }
 
-/// The replica's admission state; cheap to share (`Arc` inside).
+/// The replica's view of the sessions admission counts; cheap to share (`Arc` inside).
 #[derive(Debug, Clone)]
-pub struct Admission {
+pub struct SessionView {
     state: Arc<Mutex<State>>,
-    /// Woken after every change of the view (see [`Admission::pods_after_write`]).
+    /// Woken after every change of the view (see [`SessionView::pods_after_write`]).
     changed: Arc<Notify>,
     max: usize,
 }
 
-impl Admission {
+impl SessionView {
     pub fn new(max: usize) -> Self {
         Self {
             state: Arc::new(Mutex::new(State::default())),
@@ -197,7 +189,7 @@ impl Admission {
     }
 
     /// Admits `sid`, counting from the watch-fed view.
-    pub fn reserve(&self, sid: &SessionId) -> Result<Reservation, Refusal> {
+    pub fn reserve(&self, sid: &SessionId) -> Result<Pending, Refusal> {
         let mut st = self.lock();
         if !st.synced {
             return Err(Refusal::NotSynced);
@@ -244,7 +236,7 @@ impl Admission {
         &self,
         sid: &SessionId,
         listed: &HashSet<SessionId>,
-    ) -> Result<Reservation, LimitReached> {
+    ) -> Result<Pending, LimitReached> {
         let mut st = self.lock();
         let n = st.count_without(sid, listed.len(), |s| listed.contains(s));
         self.admit(&mut st, sid, n)
@@ -255,13 +247,13 @@ impl Admission {
         st: &mut State,
         sid: &SessionId,
         counted: usize,
-    ) -> Result<Reservation, LimitReached> {
+    ) -> Result<Pending, LimitReached> {
         if counted >= self.max {
             return Err(LimitReached { max: self.max });
         }
         st.pending.insert(sid.clone());
-        Ok(Reservation {
-            admission: self.clone(),
+        Ok(Pending {
+            view: self.clone(),
             sid: sid.clone(),
         })
     }
@@ -401,18 +393,18 @@ impl Admission {
 }
 
 /// A place among the sessions being started, given back when dropped (also when the call is
-/// dropped) unless [`Reservation::written`] handed it on.
+/// dropped) unless [`Pending::written`] handed it on.
 #[derive(Debug)]
-pub struct Reservation {
-    admission: Admission,
+pub struct Pending {
+    view: SessionView,
     sid: SessionId,
 }
 
-impl Reservation {
+impl Pending {
     /// The session's pod `pod` (its uid) was claimed or created: counted until the watch
     /// reports that pod.
     pub fn written(&self, pod: &str) {
-        let mut st = self.admission.lock();
+        let mut st = self.view.lock();
         st.pending.remove(&self.sid);
         if !st.view.pods.contains_key(pod) {
             let w = Written {
@@ -424,94 +416,11 @@ impl Reservation {
     }
 }
 
-impl Drop for Reservation {
+impl Drop for Pending {
     fn drop(&mut self) {
-        self.admission.lock().pending.remove(&self.sid);
+        self.view.lock().pending.remove(&self.sid);
     }
 }
-
-/// Longest a new session waits for the LIST that admission counts from while its pod watch
-/// cannot be trusted (see [`Admission`]).
-pub(super) const ADMISSION_LIST_TIMEOUT: Duration = Duration::from_secs(10);
-
-impl KubeBackend {
-    /// Admits one new session under `--max-sessions` (see [`Admission`]): from the pod
-    /// watch's view, or from a LIST while that view cannot be trusted; then takes its slots
-    /// (see [`super::slots`]), which makes the bound hold across replicas, with
-    /// `--max-sessions-per-client`. The reservation must be held until the session's pod is
-    /// written ([`Reservation::written`]) or the start gave up; the slots until they are bound
-    /// to that pod.
-    pub(super) async fn admit(
-        &self,
-        sid: &SessionId,
-        caller: &Caller,
-    ) -> Result<(Reservation, SlotHold), SessionError> {
-        let t0 = Instant::now();
-        let r = match timed("admit", self.decide(sid)).await {
-            Ok(reservation) => timed("slots", self.take_slots(sid, caller))
-                .await
-                .map(|slots| (reservation, slots)),
-            Err(e) => Err(e),
-        };
-        match &r {
-            Ok(_) => self.metrics.admission(Admitted::Admitted, t0.elapsed()),
-            Err(SessionError::SessionLimit { .. }) => {
-                self.metrics.admission(Admitted::Refused, t0.elapsed())
-            }
-            Err(_) => {}
-        }
-        r
-    }
-
-    async fn decide(&self, sid: &SessionId) -> Result<Reservation, SessionError> {
-        let limit = |LimitReached { max }| SessionError::SessionLimit(Quota::Instance { max });
-        match self.admission.reserve(sid) {
-            Ok(r) => return Ok(r),
-            Err(Refusal::Limit(l)) => return Err(limit(l)),
-            Err(Refusal::NotSynced) => {}
-        }
-        let listed = tokio::time::timeout(ADMISSION_LIST_TIMEOUT, self.live_sessions())
-            .await
-            .map_err(|_| {
-                SessionError::Kubernetes(format!(
-                    "counting the instance's sessions took over {}s; retry shortly",
-                    ADMISSION_LIST_TIMEOUT.as_secs()
-                ))
-            })??;
-        self.admission.reserve_listed(sid, &listed).map_err(limit)
-    }
-
-    /// Session ids of the assigned, not-terminating pods, from a LIST; updates the gauge.
-    pub(super) async fn live_sessions(&self) -> Result<HashSet<SessionId>, SessionError> {
-        let list = self
-            .pods
-            .list_metadata(&ListParams::default().labels(&self.instance.assigned_selector()))
-            .await?;
-        let live: HashSet<SessionId> = list
-            .items
-            .into_iter()
-            // A metadata-only list: no Pod to ask `pod_state` about.
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| p.metadata.labels?.remove(label::SESSION_ID))
-            .filter_map(|s| SessionId::parse(&s).ok())
-            .collect();
-        self.metrics.sessions_active.set(live.len() as i64);
-        Ok(live)
-    }
-
-    /// Refreshes the `sessions_active` gauge: from the pod watch's view, or a LIST while that
-    /// view cannot be trusted.
-    pub(super) async fn refresh_gauge(&self) -> Result<(), SessionError> {
-        match self.admission.live_sessions() {
-            Some(n) => {
-                self.metrics.sessions_active.set(n as i64);
-                Ok(())
-            }
-            None => self.live_sessions().await.map(drop),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,8 +438,8 @@ mod tests {
     }
 
     /// An admission whose watch has listed `pods`.
-    fn synced(max: usize, pods: &[(&str, &str)]) -> Admission {
-        let a = Admission::new(max);
+    fn synced(max: usize, pods: &[(&str, &str)]) -> SessionView {
+        let a = SessionView::new(max);
         a.relist_started(Instant::now());
         for (key, session) in pods {
             a.relisted(pod(key, session));
@@ -539,7 +448,7 @@ mod tests {
         a
     }
 
-    fn limit<E>(r: Result<Reservation, E>) -> E {
+    fn limit<E>(r: Result<Pending, E>) -> E {
         r.expect_err("refused")
     }
 
@@ -547,7 +456,7 @@ mod tests {
 
     #[test]
     fn nothing_is_admitted_from_a_view_that_was_never_listed() {
-        let a = Admission::new(10);
+        let a = SessionView::new(10);
         assert_eq!(limit(a.reserve(&sid("a"))), Refusal::NotSynced);
         a.applied(pod("p1", "x"));
         assert_eq!(
@@ -810,7 +719,7 @@ mod tests {
     #[tokio::test]
     async fn a_view_that_cannot_tell_sends_the_check_to_a_list() {
         // Never listed.
-        let a = Admission::new(10);
+        let a = SessionView::new(10);
         assert_eq!(a.pods_after_write(&sid("s"), "ours", WAIT).await, None);
         // The watch fails while we wait.
         let a = synced(10, &[]);

@@ -1,6 +1,6 @@
 //! Session slots: the cluster-wide, exact part of admission.
 //!
-//! Admission within a replica ([`super::admission`]) cannot see the sessions other replicas
+//! Admission within a replica ([`super::view`]) cannot see the sessions other replicas
 //! are starting at the same moment, so N replicas could each admit up to `--max-sessions`. A
 //! new session therefore also takes one of `--max-sessions` **slots**: Leases named
 //! `cli-mcp-<n>-slot-<k>`, `k` in `0..max`, created with a plain POST. The API server
@@ -26,25 +26,20 @@
 //! A slot whose start gave up is deleted by its replica. A slot left without an owner (its
 //! replica crashed between the slot and the pod) is deleted by any replica once it is older
 //! than [`ORPHAN_AFTER`]; so is a second slot of one family owned by the same pod.
+//!
+//! This module is the replica's view of the slots, which decides nothing by itself;
+//! [`super::slot_leases`] creates, binds and deletes the Leases, and [`super::slot_feed`]
+//! keeps the view from their watch and frees slots outside a start.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::{Api, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rand::seq::IndexedRandom;
-use serde_json::json;
 
-use cli_mcp_api::names::label;
-use cli_mcp_api::SessionId;
-
-use super::KubeBackend;
 use crate::auth::Caller;
-use crate::sessions::{Quota, SessionError};
+use crate::sessions::Quota;
 
 /// A slot with no owner older than this is an orphan (its replica crashed, or lost the API,
 /// between the slot and the session's pod): deleted by any replica. The owner is set right
@@ -252,6 +247,23 @@ impl Slots {
                 .is_some_and(|s| s.iter().filter(|&&k| k < bound).count() >= bound)
     }
 
+    /// The limit a new session of `caller` is over if the view (synced) shows every slot it
+    /// would need taken: one of the `max` of the instance, one of the `per_client` of its
+    /// client when set. It can then be refused without an API call.
+    pub fn full_for(
+        &self,
+        caller: &Caller,
+        max: usize,
+        per_client: Option<usize>,
+    ) -> Option<Quota> {
+        if self.full(&Family::Instance, max) {
+            return Some(Quota::Instance { max });
+        }
+        let per_client = per_client?;
+        self.full(&Family::Client(client_tag(caller)), per_client)
+            .then_some(Quota::Client { max: per_client })
+    }
+
     /// Slots owned by pod `uid`, as the view has them.
     pub fn owned_by(&self, uid: &str) -> Vec<SlotRef> {
         let st = self.lock();
@@ -384,211 +396,6 @@ pub(super) fn slot_view(slots: &Slots, meta: &ObjectMeta) -> Option<SlotView> {
         uid: meta.uid.clone(),
         resource_version: meta.resource_version.clone(),
     })
-}
-
-/// The slots one new session holds until its pod owns them; deleted when dropped unbound
-/// (the start gave up, failed, or adopted a pod another replica made).
-#[derive(Debug)]
-pub struct SlotHold {
-    held: Vec<SlotRef>,
-    api: Api<Lease>,
-    slots: Slots,
-}
-
-impl SlotHold {
-    fn release_all(&mut self) {
-        let held = std::mem::take(&mut self.held);
-        if held.is_empty() {
-            return;
-        }
-        let (api, slots) = (self.api.clone(), self.slots.clone());
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        rt.spawn(async move {
-            for s in held {
-                delete_slot(&api, &slots, &s).await;
-            }
-        });
-    }
-}
-
-impl Drop for SlotHold {
-    fn drop(&mut self) {
-        self.release_all();
-    }
-}
-
-/// Deletes slot `s`, exactly that object (uid precondition): gone or replaced is fine.
-pub(super) async fn delete_slot(api: &Api<Lease>, slots: &Slots, s: &SlotRef) {
-    let dp = DeleteParams::default().preconditions(Preconditions {
-        uid: Some(s.uid.clone()),
-        resource_version: None,
-    });
-    match api.delete(&s.name, &dp).await {
-        Ok(_) => slots.gone(&s.name),
-        Err(kube::Error::Api(e)) if e.is_not_found() || e.is_conflict() => {}
-        Err(e) => tracing::warn!(slot = %s.name, error = %e,
-            "cannot delete a session slot (the garbage collector or another replica frees it later)"),
-    }
-}
-
-impl KubeBackend {
-    /// Takes the slots a new session of `caller` needs: one of the instance's, and one of the
-    /// caller's with `--max-sessions-per-client`. Refused with the limit that is full.
-    pub(super) async fn take_slots(
-        &self,
-        sid: &SessionId,
-        caller: &Caller,
-    ) -> Result<SlotHold, SessionError> {
-        let mut hold = SlotHold {
-            held: Vec::new(),
-            api: self.leases.clone(),
-            slots: self.slots.clone(),
-        };
-        let instance = self.take_slot(sid, Family::Instance, self.limits.max_sessions);
-        match self.limits.max_sessions_per_client {
-            None => hold.held.push(instance.await?),
-            Some(per_client) => {
-                let client = self.take_slot(sid, Family::Client(client_tag(caller)), per_client);
-                let (i, c) = tokio::join!(instance, client);
-                // Whatever was taken is held, so the hold frees it if the other failed.
-                let (i, c) = (i.map(|s| hold.held.push(s)), c.map(|s| hold.held.push(s)));
-                i?;
-                c?;
-            }
-        }
-        Ok(hold)
-    }
-
-    /// Creates one free slot of `family` below `bound`, trying another on each 409.
-    async fn take_slot(
-        &self,
-        sid: &SessionId,
-        family: Family,
-        bound: usize,
-    ) -> Result<SlotRef, SessionError> {
-        let refused = || {
-            SessionError::SessionLimit(match &family {
-                Family::Instance => Quota::Instance { max: bound },
-                Family::Client(_) => Quota::Client { max: bound },
-            })
-        };
-        loop {
-            let Some(name) = self.slots.pick(&family, bound, Instant::now()) else {
-                return Err(refused());
-            };
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    labels: Some(
-                        [
-                            (label::INSTANCE.into(), self.instance.to_string()),
-                            (label::COMPONENT.into(), label::COMPONENT_SLOT.into()),
-                            (label::APP_PART_OF.into(), label::PART_OF.into()),
-                            (label::SESSION_ID.into(), sid.to_string()),
-                        ]
-                        .into(),
-                    ),
-                    ..Default::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(sid.to_string()),
-                    ..Default::default()
-                }),
-            };
-            match self.leases.create(&PostParams::default(), &lease).await {
-                Ok(l) => {
-                    let view = slot_view(&self.slots, &l.metadata);
-                    let r = view.as_ref().and_then(slot_ref);
-                    match (view, r) {
-                        (Some(v), Some(r)) => {
-                            self.slots.created(&name, Ok(v), Instant::now());
-                            return Ok(r);
-                        }
-                        _ => {
-                            self.slots.abandoned(&name);
-                            return Err(SessionError::Kubernetes(format!(
-                                "the API server created session slot {name} without a uid or \
-                                 resourceVersion"
-                            )));
-                        }
-                    }
-                }
-                Err(kube::Error::Api(s)) if s.is_already_exists() => {
-                    self.slots.created(&name, Err(()), Instant::now())
-                }
-                Err(e) => {
-                    self.slots.abandoned(&name);
-                    return Err(e.into());
-                }
-            }
-        }
-    }
-
-    /// The session's pod is written: its slots become owned by it (each patch guarded by the
-    /// slot's `resourceVersion`, so a slot that was taken away as an orphan and created again
-    /// by another session is never taken over). A slot lost that way fails the start. Returns
-    /// the slots now bound (no longer held).
-    pub(super) async fn bind_slots(
-        &self,
-        hold: &mut SlotHold,
-        pod: &Pod,
-    ) -> Result<Vec<SlotRef>, SessionError> {
-        let (Some(uid), name) = (pod.uid(), pod.name_any()) else {
-            return Err(SessionError::Sandbox(format!(
-                "pod {} has no uid to own its session slot",
-                pod.name_any()
-            )));
-        };
-        let owner = OwnerReference {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            name,
-            uid,
-            ..Default::default()
-        };
-        let binds = hold.held.iter().map(|s| {
-            let patch = json!({"metadata": {
-                "resourceVersion": s.resource_version,
-                "ownerReferences": [owner],
-            }});
-            let api = self.leases.clone();
-            async move {
-                api.patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-            }
-        });
-        let results = futures::future::join_all(binds).await;
-        let mut lost = None;
-        for (s, r) in hold.held.iter().zip(results) {
-            match r {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.is_not_found() || e.is_conflict() => {
-                    lost = Some(s.name.clone())
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if let Some(name) = lost {
-            return Err(SessionError::Sandbox(format!(
-                "its session slot {name} was taken back as abandoned while the sandbox was \
-                 started (the start took over {}s); retry the call",
-                ORPHAN_AFTER.as_secs()
-            )));
-        }
-        // Owned by the pod now: they go with it.
-        Ok(std::mem::take(&mut hold.held))
-    }
-
-    /// Deletes slots this start bound to a pod it then retired (exactly those objects: uid
-    /// precondition), so that it can take new ones without waiting for the pod's deletion to
-    /// free them.
-    pub(super) async fn give_back_slots(&self, bound: Vec<SlotRef>) {
-        for s in bound {
-            delete_slot(&self.leases, &self.slots, &s).await;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -748,6 +555,26 @@ mod tests {
         s.deleted(&s.name(&Family::Instance, 0));
         assert!(!s.full(&Family::Instance, 1), "a deleted slot is free");
         assert_eq!(s.count(&Family::Instance), 1);
+    }
+
+    #[test]
+    fn a_new_session_is_refused_with_the_family_that_is_full() {
+        let s = slots();
+        let caller = Caller::anonymous();
+        let mine = Family::Client(client_tag(&caller));
+        assert_eq!(s.full_for(&caller, 1, Some(1)), None, "not synced");
+        synced(&s, vec![view(&s, mine.clone(), 0, Some("p0"))]);
+        assert_eq!(s.full_for(&caller, 2, None), None, "no per-client limit");
+        assert_eq!(
+            s.full_for(&caller, 2, Some(1)),
+            Some(Quota::Client { max: 1 })
+        );
+        s.applied(view(&s, Family::Instance, 0, Some("p0")));
+        assert_eq!(
+            s.full_for(&caller, 1, Some(1)),
+            Some(Quota::Instance { max: 1 }),
+            "the instance's limit first"
+        );
     }
 
     #[test]
