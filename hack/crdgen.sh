@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate the CliMcpInstance CRD from the Rust types (api/src/crd.rs) into every
+# Regenerate the CliMcpInstance CRD from the Rust types (api/src/crd.rs and api/src/crd/) into every
 # checked-in copy. `operator/tests/crd_sync.rs` fails when a copy is stale; this fixes it.
 #   hack/crdgen.sh          # write the files
 #   hack/crdgen.sh --check  # exit 1 if a copy differs (what CI can run instead of the test)

@@ -1,5 +1,5 @@
 //! The OLM bundle (`bundle/`): generated from config/ and never edited by hand, so the
-//! checked-in copy must equal what `operator/src/olm.rs` makes of kustomize's renderings now;
+//! checked-in copy must equal what `operator/src/olm/` makes of kustomize's renderings now;
 //! it must pass `operator-sdk bundle validate` (built from the Go module proxy by
 //! `hack/build-operator-sdk.sh`, cached outside the repo); and it must install what the
 //! kustomize install does, at no wider scope. Fix staleness with `hack/olm-bundle.sh` (or
