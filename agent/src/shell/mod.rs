@@ -6,10 +6,10 @@
 //!   persist, the command cannot read the control channel, and its output goes to FIFOs the
 //!   agent reads (`streams`), within the output budget and the spill caps.
 //! - after the command, bash restores the builtins the line uses (a command may have
-//!   redefined or disabled them, see `framing`) and writes `<nonce> <status> <cwd>\0` to
-//!   fd 3, a pipe only the agent reads. Output can contain any marker text, NULs or invalid
-//!   UTF-8 without effect; completion is only ever signalled on that pipe, tagged with a
-//!   fresh nonce, and by bash closing the command's `done` FIFO.
+//!   redefined or disabled them, see `framing`) and writes `<nonce> <status> <flags>
+//!   <cwd>\0` to fd 3, a pipe only the agent reads. Output can contain any marker text,
+//!   NULs or invalid UTF-8 without effect; completion is only ever signalled on that pipe,
+//!   tagged with a fresh nonce, and by bash closing the command's `done` FIFO.
 //! - bash runs interactive (`-i`, in its own session, prompts off) with `set -m`, so every
 //!   job has its own process group and a timeout works like Ctrl-C in a terminal: SIGINT
 //!   to the command's groups and to bash makes bash abandon the rest of the command line
