@@ -147,15 +147,17 @@ wait_line "$run/forward.log" "$start_pid" 'CLI_MCP_FORWARD ' 30 || {
 }
 local_addr=$waited_line
 url="http://$local_addr/mcp"
+# curl has no chat, so its lines name a session; the clients' configurations do not, and the
+# server gives each of their chats a shell of its own.
 session=my-session-1
 auth="Authorization: Bearer $client_token"
 
 # The same configuration in the shapes clients read, also written to files to copy from.
-jq -n --arg url "$url" --arg auth "Bearer $client_token" --arg sid "$session" \
-    '{servers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' |
+jq -n --arg url "$url" --arg auth "Bearer $client_token" \
+    '{servers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth}}}}' |
     private "$run/vscode-mcp.json"
-jq -n --arg url "$url" --arg auth "Bearer $client_token" --arg sid "$session" \
-    '{mcpServers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth, "X-Session-ID": $sid}}}}' |
+jq -n --arg url "$url" --arg auth "Bearer $client_token" \
+    '{mcpServers: {"cli-mcp": {type: "http", url: $url, headers: {Authorization: $auth}}}}' |
     private "$run/mcp-servers.json"
 
 cat <<EOF
@@ -167,12 +169,13 @@ cli-mcp is running. The MCP endpoint of instance $ns/$name (Streamable HTTP):
 The forward on $local_addr speaks TLS to the instance and checks its certificate ($host,
 instance CA $run/ca.crt), so clients use plain HTTP on loopback: nothing to trust, no
 /etc/hosts entry. The token below is valid while this \`make run\` lives (a new cluster has
-new keys). Every configuration below uses one shell (X-Session-ID: $session); change the id
-for another.
+new keys). Each chat of a client configured below gets a shell of its own. To make chats
+share one shell, add the header X-Session-ID with an id of your choice (e.g.
+--header "X-Session-ID: shared-1" for Claude Code, "X-Session-ID": "shared-1" in the JSON).
 
 Claude Code:
 
-  claude mcp add --transport http cli-mcp $url --header "$auth" --header "X-Session-ID: $session"
+  claude mcp add --transport http cli-mcp $url --header "$auth"
 
 VS Code (.vscode/mcp.json; also in $run/vscode-mcp.json):
 $(cat "$run/vscode-mcp.json")
@@ -180,7 +183,7 @@ $(cat "$run/vscode-mcp.json")
 Cursor (~/.cursor/mcp.json) and other clients that read "mcpServers" (also in $run/mcp-servers.json):
 $(cat "$run/mcp-servers.json")
 
-Try it (runs \`kubectl get ns\` in your sandbox, read-only identity):
+Try it (runs \`kubectl get ns\` in the shell of session $session, read-only identity):
 
   curl -s $url -H '$auth' -H 'X-Session-ID: $session' -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bash","arguments":{"command":"kubectl get ns"}}}'
 

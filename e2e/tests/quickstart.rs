@@ -51,6 +51,117 @@ fn rpc_answer(body: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON-RPC ({e}): {body}"))
 }
 
+/// A chat of an MCP client configured as `make run` printed: the configuration's headers,
+/// and the MCP session the server hands out at `initialize` (handshake-era transport).
+struct Chat {
+    http: reqwest::Client,
+    url: String,
+    headers: Vec<(String, String)>,
+    handle: String,
+}
+
+impl Chat {
+    const PROTOCOL: &str = "2025-06-18";
+
+    async fn open(
+        http: &reqwest::Client,
+        url: &str,
+        config: &serde_json::Map<String, Value>,
+    ) -> Chat {
+        let headers: Vec<(String, String)> = config
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().expect("header value").to_owned()))
+            .collect();
+        let mut chat = Chat {
+            http: http.clone(),
+            url: url.to_owned(),
+            headers,
+            handle: String::new(),
+        };
+        let r = chat
+            .post(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": Self::PROTOCOL, "capabilities": {},
+                           "clientInfo": {"name": "quickstart", "version": "1"}}}))
+            .send()
+            .await
+            .expect("POST initialize");
+        assert_eq!(r.status(), 200, "initialize");
+        chat.handle = r
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .expect("initialize without X-Session-ID hands out an MCP session")
+            .to_owned();
+        let r = chat
+            .post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .send()
+            .await
+            .expect("POST notifications/initialized");
+        assert!(r.status().is_success(), "initialized: {}", r.status());
+        chat
+    }
+
+    fn post(&self, body: Value) -> reqwest::RequestBuilder {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", Self::PROTOCOL);
+        if !self.handle.is_empty() {
+            req = req.header("Mcp-Session-Id", &self.handle);
+        }
+        for (k, v) in &self.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        req.json(&body)
+    }
+
+    /// Runs `command` in this chat's shell; its stdout.
+    async fn bash(&self, command: &str) -> String {
+        let r = self
+            .post(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": command}}}))
+            .send()
+            .await
+            .expect("POST tools/call");
+        let answer = rpc_answer(&r.text().await.expect("body"));
+        let result = &answer["result"];
+        assert_eq!(result["isError"], false, "{answer}");
+        assert_eq!(
+            result["structuredContent"]["session_id"],
+            self.handle.as_str(),
+            "{answer}"
+        );
+        result["structuredContent"]["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Ends the chat's shell, as a client does when the chat is closed.
+    async fn end(&self) {
+        let r = self
+            .http
+            .delete(
+                self.url
+                    .replace("/mcp", &format!("/sessions/{}", self.handle)),
+            )
+            .header(
+                "Authorization",
+                self.headers
+                    .iter()
+                    .find(|(k, _)| k == "Authorization")
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or_default(),
+            )
+            .send()
+            .await
+            .expect("DELETE /sessions");
+        assert_eq!(r.status(), 204, "ending chat {}", self.handle);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn make_run_prints_an_endpoint_that_works_as_printed() {
     let base = workspace_root().join(".run/e2e-quickstart");
@@ -176,6 +287,34 @@ async fn make_run_prints_an_endpoint_that_works_as_printed() {
         answer["result"]["structuredContent"]["stdout"], "42\n",
         "{answer}"
     );
+
+    // One shell per chat out of the box: the configurations name no session, so each chat of
+    // a client (an MCP session, opened by `initialize`) gets a shell of its own, and keeps it.
+    let headers = server["headers"].as_object().expect("headers");
+    assert!(
+        !headers.contains_key("X-Session-ID"),
+        "the printed configuration pins no shared session: {config}"
+    );
+    let chat_a = Chat::open(&http, &url, headers).await;
+    let chat_b = Chat::open(&http, &url, headers).await;
+    assert_ne!(chat_a.handle, chat_b.handle, "two chats, two sessions");
+    assert_eq!(
+        chat_a.bash("export CHAT=a; echo \"[$CHAT]\"").await,
+        "[a]\n"
+    );
+    assert_eq!(
+        chat_b.bash("echo \"[$CHAT]\"").await,
+        "[]\n",
+        "chat b has its own shell"
+    );
+    assert_eq!(
+        chat_a.bash("echo \"[$CHAT]\"").await,
+        "[a]\n",
+        "chat a kept its shell"
+    );
+    for chat in [&chat_a, &chat_b] {
+        chat.end().await;
+    }
 
     // The DELETE line, as printed.
     let delete = printed
