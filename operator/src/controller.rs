@@ -158,7 +158,7 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     // 6. Pass a rotated kubeconfig on to the running proxy pods (client).
     rotation::nudge_proxy_pods(ctx, &inputs).await;
     // 7. Delete the Ingress, HTTPRoute or Route no longer desired (client).
-    sweep::expose_orphans(ctx, &inputs.spec, &desired).await;
+    sweep::expose_orphans(ctx, &inputs).await;
     // 8. Fail closed: whether sandboxes may start (no client).
     let proxy_unavailable = proxy_gate(ctx, &inputs);
     // 9. The warm pool and the idle GC (client).

@@ -229,8 +229,8 @@ impl<'a> Pass<'a> {
                         Some(Err(e)) => {
                             tracing::warn!(pod = %name, error = %e,
                                 "cannot seal a pool pod just created; it is never claimed, and is replaced once the seal's grace is over");
-                            let what = format!("sealing pool pod {name}");
-                            self.first_err.get_or_insert(Error::pool(what)(e));
+                            self.first_err
+                                .get_or_insert(Error::pool("sealing a pool pod")(e));
                         }
                         None => {}
                     }
@@ -252,9 +252,12 @@ impl<'a> Pass<'a> {
             ctx.pool
                 .with(uid, |_, b| *backoff = Some(b.fail(Instant::now())));
         }
+        // The log names the pod; the error, which becomes the status's message, does not: a
+        // new random name on every attempt would rewrite the status each time.
         if let Some((name, e)) = create_failed {
-            let what = format!("creating pool pod {name}");
-            self.first_err.get_or_insert(Error::pool(what)(e));
+            tracing::debug!(pod = %name, error = %e, "cannot create a pool pod");
+            self.first_err
+                .get_or_insert(Error::pool("creating a pool pod")(e));
         }
         // Retrying a refused pod unchanged is refused again: back off, and say why.
         if let Some(why) = newly_refused {
