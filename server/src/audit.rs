@@ -22,7 +22,8 @@ pub struct Record<'a> {
     pub timed_out: bool,
     pub bytes: u64,
     pub duration_ms: u64,
-    /// `ok`, `failed`, `timed_out`, or the error kind.
+    /// `ok`, `failed`, `timed_out`, the error kind, or `abandoned` (the call never returned:
+    /// its body panicked, or the server dropped it while stopping).
     pub outcome: &'a str,
 }
 

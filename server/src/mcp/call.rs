@@ -129,10 +129,29 @@ impl<'a> ToolCall<'a> {
             caller: self.caller.clone(),
             cancel,
         };
-        match progress::with_reporter(self.reporter(), body(scope)).await {
+        // A body that panics (or a future dropped at shutdown) never reaches `finished` or
+        // `failed`; the audit log must still hold the call.
+        let unfinished = Unfinished::arm(|| self.abandoned(&sid, command_sha256));
+        let end = progress::with_reporter(self.reporter(), body(scope)).await;
+        unfinished.disarm();
+        match end {
             Ok(done) => self.finished(&sid, source, command_sha256, done),
             Err(e) => self.failed(&sid, command_sha256, e),
         }
+    }
+
+    /// Records a call whose body never returned.
+    fn abandoned(&self, sid: &SessionId, command_sha256: Option<&str>) {
+        self.metrics.exec(Outcome::Error, self.t0.elapsed());
+        audit::log(&audit::Record {
+            action: "tools/call",
+            session: Some(sid.as_str()),
+            caller: &self.caller.name,
+            command_sha256,
+            duration_ms: self.duration_ms(),
+            outcome: "abandoned",
+            ..Default::default()
+        });
     }
 
     /// The call's session: the stdio transport's own, else from the request's headers, the
@@ -231,5 +250,59 @@ impl<'a> ToolCall<'a> {
 
     fn duration_ms(&self) -> u64 {
         self.t0.elapsed().as_millis() as u64
+    }
+}
+
+/// Runs its closure when dropped still armed: on a panic's unwinding, or when the future
+/// holding it is dropped before it was disarmed.
+struct Unfinished<F: FnOnce()> {
+    on_drop: Option<F>,
+}
+
+impl<F: FnOnce()> Unfinished<F> {
+    fn arm(on_drop: F) -> Self {
+        Self {
+            on_drop: Some(on_drop),
+        }
+    }
+
+    fn disarm(mut self) {
+        self.on_drop = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for Unfinished<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unfinished_call_is_recorded_on_a_panic_and_a_finished_one_is_not() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let recorded = AtomicUsize::new(0);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _guard = Unfinished::arm(|| {
+                recorded.fetch_add(1, Ordering::SeqCst);
+            });
+            panic!("the tool's body");
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(recorded.load(Ordering::SeqCst), 1, "recorded on the panic");
+        Unfinished::arm(|| {
+            recorded.fetch_add(1, Ordering::SeqCst);
+        })
+        .disarm();
+        assert_eq!(
+            recorded.load(Ordering::SeqCst),
+            1,
+            "not recorded once disarmed"
+        );
     }
 }
