@@ -43,8 +43,13 @@ use crate::sessions::Quota;
 
 /// A slot with no owner older than this is an orphan (its replica crashed, or lost the API,
 /// between the slot and the session's pod): deleted by any replica. The owner is set right
-/// after the pod is claimed or created, a few API calls after the slot.
-pub(super) const ORPHAN_AFTER: Duration = Duration::from_secs(30);
+/// after the pod is claimed or created, a few API calls after the slot; but in a burst
+/// those calls queue: in 300 new sessions at once with the CPUs busy, a start cycling
+/// through contended warm pods reached its pod 41 s after its slot, and at 30 s another
+/// replica had swept the live start's slot. As long as the default `--start-timeout`, so
+/// that a start that is still within its own deadline keeps its place; a crashed replica's
+/// place stays taken that long.
+pub(super) const ORPHAN_AFTER: Duration = Duration::from_secs(120);
 
 /// A 409 on a slot counts it as taken for this long, unless the watch reports it first.
 const CONFLICT_MEMORY: Duration = Duration::from_secs(10);
@@ -583,8 +588,9 @@ mod tests {
         let mut orphan = view(&s, Family::Instance, 1, None);
         let mut young = view(&s, Family::Instance, 2, None);
         let now = k8s_openapi::jiff::Timestamp::now();
-        orphan.created = Some(now - k8s_openapi::jiff::SignedDuration::from_secs(31));
-        young.created = Some(now - k8s_openapi::jiff::SignedDuration::from_secs(5));
+        orphan.created = Some(now - k8s_openapi::jiff::SignedDuration::from_secs(121));
+        // A live start in a burst reached its pod 41 s after its slot: it keeps the slot.
+        young.created = Some(now - k8s_openapi::jiff::SignedDuration::from_secs(41));
         synced(
             &s,
             vec![
