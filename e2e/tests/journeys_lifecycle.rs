@@ -1,5 +1,5 @@
-//! Lifecycle journeys end to end (docs/e2e.md): idle collection (journey 4), scale
-//! and a rolling restart under load (journey 5), and a GitOps image change (journey 7b).
+//! Lifecycle journeys end to end (docs/e2e.md): idle collection, scale and a rolling
+//! restart under load, and a GitOps image change.
 //! Same setup as `journeys.rs`: the operator installed from `config/default` into the test's
 //! namespace, the CR applied as the user, MCP over TLS through a loopback Service forward.
 
@@ -247,8 +247,8 @@ async fn idle_session_is_collected_and_an_active_one_is_not() {
     env.finish(Some("i")).await;
 }
 
-/// One caller of journey 5: calls its session in a loop until `stop`, recording every
-/// call's unique command and every failure.
+/// One caller of the scale and rolling-restart journey: calls its session in a loop until
+/// `stop`, recording every call's unique command and every failure.
 struct Caller {
     sid: String,
     /// Its own client: a connection pool of its own, so the forward (an endpoint per
