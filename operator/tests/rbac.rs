@@ -961,6 +961,11 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
     let tenant = format!("{}-tenant", ns.name);
     let workload_tenant = format!("{}-workload-tenant", ns.name);
     let pods_rule = rule("", &["pods"], &["create", "get", "delete"]);
+    let workloads_rule = rule(
+        "apps",
+        &["deployments", "replicasets"],
+        &["create", "get", "delete"],
+    );
     grant(&c, &ns.name, "tenant", &tenant, vec![pods_rule.clone()]).await;
     grant(
         &c,
@@ -968,14 +973,21 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
         "workload-tenant",
         &workload_tenant,
         vec![
-            pods_rule,
+            pods_rule.clone(),
             rule("", &["pods/ephemeralcontainers"], &["patch"]),
-            rule(
-                "apps",
-                &["deployments", "replicasets"],
-                &["create", "get", "delete"],
-            ),
+            workloads_rule.clone(),
         ],
+    )
+    .await;
+    // Someone who may deploy into the namespace and named a ServiceAccount of their own
+    // namespace like the operator's: a name proves nothing, only what RBAC grants does.
+    let namesake = service_account(&other.name, "cli-mcp-operator");
+    grant(
+        &c,
+        &ns.name,
+        "operator-namesake",
+        &namesake,
+        vec![pods_rule, workloads_rule],
     )
     .await;
 
@@ -1076,6 +1088,7 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
             ("namespace admin", ns_admin),
             ("tenant", tenant),
             ("workload tenant", workload_tenant),
+            ("the operator's namesake", namesake),
             (
                 "ReplicaSet controller",
                 service_account("kube-system", "replicaset-controller"),
