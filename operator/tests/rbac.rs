@@ -987,7 +987,18 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
         &ns.name,
         "operator-namesake",
         &namesake,
-        vec![pods_rule, workloads_rule],
+        vec![pods_rule.clone(), workloads_rule],
+    )
+    .await;
+    // The server of an instance named `operator` is ServiceAccount cli-mcp-operator of the
+    // namespace, with a server's rights on pods: a server like any other, not an operator.
+    let operator_instance_server = service_account(&ns.name, "cli-mcp-operator");
+    grant(
+        &c,
+        &ns.name,
+        "operator-instance-server",
+        &operator_instance_server,
+        vec![rule("", &["pods"], &["create", "get", "delete", "patch"])],
     )
     .await;
 
@@ -1089,6 +1100,10 @@ async fn every_identity_may_do_what_the_operations_doc_says_and_no_more() {
             ("tenant", tenant),
             ("workload tenant", workload_tenant),
             ("the operator's namesake", namesake),
+            (
+                "server of an instance named operator",
+                operator_instance_server,
+            ),
             (
                 "ReplicaSet controller",
                 service_account("kube-system", "replicaset-controller"),
