@@ -426,6 +426,12 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
     if obs.api_server_problem.is_some() {
         consider(Some(resolve::API_PEERS_RETRY));
     }
+    // A proxy pod just became ready: probe it once an enforcer has had time to program it.
+    if matches!(&obs.isolation.network_policy,
+        crate::isolation::Finding::Unknown { reason, .. } if *reason == crate::isolation::SETTLING)
+    {
+        consider(Some(crate::isolation::SETTLE));
+    }
     next
 }
 

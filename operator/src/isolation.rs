@@ -37,6 +37,14 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(300);
 /// A refused connection under kube-router is answered at once (REJECT); enforcers that drop
 /// instead leave the connect hanging, which counts as refused after this long.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a proxy pod must have been Ready before it is probed: an enforcer programs a
+/// new pod's rules after it sees the pod, and a probe of a pod it has not programmed yet
+/// opens a connection and would report "not enforced" (and keep saying so until the next
+/// probe) where policies are enforced. Until then the finding is `Settling`, and the
+/// reconcile looks again after this long.
+pub const SETTLE: Duration = Duration::from_secs(15);
+/// The reason of a finding that waits for [`SETTLE`].
+pub const SETTLING: &str = "Settling";
 
 pub const NETWORK_POLICY_ENFORCED: &str = "NetworkPolicyEnforced";
 pub const POD_SECURITY_ENFORCED: &str = "PodSecurityEnforced";
@@ -153,16 +161,14 @@ impl IsolationProbes {
             async {
                 match np {
                     Some(f) => f,
-                    None if !self.in_cluster => network_policy(false, None).await,
+                    None if !self.in_cluster => network_policy(false, ProxyPod::None).await,
                     None => {
-                        let proxy = t
-                            .proxy_ready
-                            .then(|| ready_pod_address(&t.pods, &t.proxy_selector));
-                        let addr = match proxy {
-                            Some(lookup) => lookup.await,
-                            None => None,
+                        let proxy = if t.proxy_ready {
+                            ready_pod_address(&t.pods, &t.proxy_selector).await
+                        } else {
+                            ProxyPod::None
                         };
-                        network_policy(true, addr).await
+                        network_policy(true, proxy).await
                     }
                 }
             },
@@ -194,20 +200,61 @@ impl IsolationProbes {
     }
 }
 
-/// The address (pod IP, proxy port) of a ready proxy pod, if one is listed.
-async fn ready_pod_address(pods: &Api<Pod>, selector: &str) -> Option<SocketAddr> {
-    let list = pods
-        .list(&kube::api::ListParams::default().labels(selector))
-        .await
-        .ok()?;
-    list.items.iter().find_map(|p| {
-        let ready = cli_mcp_api::pod_state::is_ready(p) && !cli_mcp_api::pod_state::is_deleting(p);
-        let ip: std::net::IpAddr = p.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
-        ready.then(|| SocketAddr::new(ip, cli_mcp_api::proxy::PROXY_PORT))
-    })
+/// Which proxy pod to probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProxyPod {
+    /// A pod Ready for at least [`SETTLE`]: its address (pod IP, proxy port).
+    Settled(SocketAddr),
+    /// Ready pods, all of them for less than [`SETTLE`].
+    Settling,
+    None,
 }
 
-async fn network_policy(in_cluster: bool, proxy: Option<SocketAddr>) -> Finding {
+/// A proxy pod to probe, if one is listed.
+async fn ready_pod_address(pods: &Api<Pod>, selector: &str) -> ProxyPod {
+    let Ok(list) = pods
+        .list(&kube::api::ListParams::default().labels(selector))
+        .await
+    else {
+        return ProxyPod::None;
+    };
+    pick_proxy_pod(&list.items, k8s_openapi::jiff::Timestamp::now())
+}
+
+/// The first pod Ready for at least [`SETTLE`] at `now`, else whether any is Ready at all.
+fn pick_proxy_pod(pods: &[Pod], now: k8s_openapi::jiff::Timestamp) -> ProxyPod {
+    let mut settling = false;
+    for p in pods {
+        if !cli_mcp_api::pod_state::is_ready(p) || cli_mcp_api::pod_state::is_deleting(p) {
+            continue;
+        }
+        let status = p.status.as_ref();
+        let Some(ip) = status
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+        else {
+            continue;
+        };
+        let ready_since = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0);
+        let settled =
+            ready_since.is_some_and(|t| now.duration_since(t).unsigned_abs() >= SETTLE && t <= now);
+        if settled {
+            return ProxyPod::Settled(SocketAddr::new(ip, cli_mcp_api::proxy::PROXY_PORT));
+        }
+        settling = true;
+    }
+    if settling {
+        ProxyPod::Settling
+    } else {
+        ProxyPod::None
+    }
+}
+
+async fn network_policy(in_cluster: bool, proxy: ProxyPod) -> Finding {
     if !in_cluster {
         return Finding::unknown(
             "NotProbed",
@@ -215,8 +262,21 @@ async fn network_policy(in_cluster: bool, proxy: Option<SocketAddr>) -> Finding 
              NetworkPolicy never restricts, so it cannot tell whether policies are enforced",
         );
     }
-    let Some(addr) = proxy else {
-        return Finding::unknown("NotProbed", "the credential proxy has no ready pod yet");
+    let addr = match proxy {
+        ProxyPod::Settled(addr) => addr,
+        ProxyPod::Settling => {
+            return Finding::unknown(
+                SETTLING,
+                format!(
+                    "the credential proxy's pods became ready less than {}s ago; probed once \
+                     an enforcer has had time to program them",
+                    SETTLE.as_secs()
+                ),
+            )
+        }
+        ProxyPod::None => {
+            return Finding::unknown("NotProbed", "the credential proxy has no ready pod yet")
+        }
     };
     match connect_outcome(addr).await {
         Connect::Opened => Finding::NotEnforced(format!(
@@ -365,17 +425,71 @@ mod tests {
             .await
             .expect("bind");
         let open = listener.local_addr().expect("addr");
-        let f = network_policy(true, Some(open)).await;
+        let f = network_policy(true, ProxyPod::Settled(open)).await;
         assert!(matches!(f, Finding::NotEnforced(_)), "{f:?}");
         drop(listener);
         // Nothing listens there any more: refused at once, as a REJECT rule answers.
-        let f = network_policy(true, Some(open)).await;
+        let f = network_policy(true, ProxyPod::Settled(open)).await;
         assert!(matches!(f, Finding::Enforced(_)), "{f:?}");
         // Outside the cluster, or without a proxy endpoint, nothing is claimed.
-        let f = network_policy(false, Some(open)).await;
+        let f = network_policy(false, ProxyPod::Settled(open)).await;
         assert_eq!(f.condition().0, "Unknown");
-        let f = network_policy(true, None).await;
+        let f = network_policy(true, ProxyPod::None).await;
         assert_eq!(f.condition().0, "Unknown");
+    }
+
+    fn proxy_pod(ip: &str, ready_since: Option<k8s_openapi::jiff::Timestamp>) -> Pod {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        Pod {
+            status: Some(PodStatus {
+                pod_ip: Some(ip.into()),
+                phase: Some("Running".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready_since.is_some() {
+                        "True"
+                    } else {
+                        "False"
+                    }
+                    .into(),
+                    last_transition_time: ready_since.map(Time),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_proxy_pod_ready_long_enough_for_an_enforcer_is_probed() {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let ago = |s: i64| Some(now - k8s_openapi::jiff::SignedDuration::from_secs(s));
+        // Just ready: an enforcer may not have programmed it; probing it would read "open".
+        assert_eq!(
+            pick_proxy_pod(&[proxy_pod("10.0.0.1", ago(2))], now),
+            ProxyPod::Settling
+        );
+        let settled = pick_proxy_pod(
+            &[
+                proxy_pod("10.0.0.1", ago(2)),
+                proxy_pod("10.0.0.2", ago(30)),
+            ],
+            now,
+        );
+        assert_eq!(
+            settled,
+            ProxyPod::Settled(SocketAddr::new(
+                "10.0.0.2".parse().expect("ip"),
+                cli_mcp_api::proxy::PROXY_PORT
+            ))
+        );
+        assert_eq!(
+            pick_proxy_pod(&[proxy_pod("10.0.0.1", None)], now),
+            ProxyPod::None
+        );
+        assert_eq!(pick_proxy_pod(&[], now), ProxyPod::None);
     }
 
     #[test]
