@@ -478,24 +478,7 @@ fn watch_admin_secrets(
     ns: Option<&str>,
     instances: &Store<CliMcpInstance>,
 ) -> Ctl {
-    let admin_secrets = watcher(
-        api::<PartialObjectMeta<Secret>>(client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
-    let secret_refs = instances.clone();
-    c.watches_stream(admin_secrets, move |s: PartialObjectMeta<Secret>| {
-        let ns = s.namespace().unwrap_or_default();
-        let name = s.name_any();
-        secret_refs
-            .state()
-            .into_iter()
-            .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
-            .filter(|cr| uses_secret(cr, &name))
-            .map(|cr| ObjectRef::from_obj(cr.as_ref()))
-            .collect::<Vec<_>>()
-    })
+    watch_named_by::<Secret>(c, client, ns, instances, uses_secret)
 }
 
 /// Likewise the ConfigMaps holding allow-list targets' CAs.
@@ -505,27 +488,45 @@ fn watch_admin_config_maps(
     ns: Option<&str>,
     instances: &Store<CliMcpInstance>,
 ) -> Ctl {
-    let admin_config_maps = watcher(
-        api::<PartialObjectMeta<ConfigMap>>(client, ns),
+    watch_named_by::<ConfigMap>(c, client, ns, instances, uses_ca_config_map)
+}
+
+fn uses_ca_config_map(cr: &CliMcpInstance, name: &str) -> bool {
+    cr.spec.proxy.as_ref().is_some_and(|p| {
+        p.targets
+            .iter()
+            .any(|t| t.ca_config_map.as_deref() == Some(name))
+    })
+}
+
+/// Watches the metadata of every `K` and wakes the instances of its namespace that
+/// `names(instance, object name)` says use it.
+fn watch_named_by<K>(
+    c: Ctl,
+    client: &Client,
+    ns: Option<&str>,
+    instances: &Store<CliMcpInstance>,
+    names: fn(&CliMcpInstance, &str) -> bool,
+) -> Ctl
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    let objects = watcher(
+        api::<PartialObjectMeta<K>>(client, ns),
         watcher::Config::default(),
     )
     .default_backoff()
     .touched_objects();
-    let config_map_refs = instances.clone();
-    c.watches_stream(admin_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
-        let ns = c.namespace().unwrap_or_default();
-        let name = c.name_any();
-        config_map_refs
-            .state()
+    let refs = instances.clone();
+    c.watches_stream(objects, move |o: PartialObjectMeta<K>| {
+        let ns = o.namespace().unwrap_or_default();
+        let name = o.name_any();
+        refs.state()
             .into_iter()
             .filter(|cr| cr.namespace().as_deref() == Some(ns.as_str()))
-            .filter(|cr| {
-                cr.spec.proxy.as_ref().is_some_and(|p| {
-                    p.targets
-                        .iter()
-                        .any(|t| t.ca_config_map.as_deref() == Some(name.as_str()))
-                })
-            })
+            .filter(|cr| names(cr, &name))
             .map(|cr| ObjectRef::from_obj(cr.as_ref()))
             .collect::<Vec<_>>()
     })
@@ -554,6 +555,15 @@ mod tests {
         let own = cr(serde_json::json!({"server": {"tlsSecretName": "mine"}}));
         assert!(uses_secret(&own, "mine"));
         assert!(!uses_secret(&own, "cli-mcp-demo-service-tls"));
+    }
+
+    #[test]
+    fn an_instance_uses_the_ca_config_maps_its_allowlist_targets_name() {
+        let proxied = cr(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "hosts": ["api.example.com"], "caConfigMap": "corp-ca"}]}}));
+        assert!(uses_ca_config_map(&proxied, "corp-ca"));
+        assert!(!uses_ca_config_map(&proxied, "other"));
+        assert!(!uses_ca_config_map(&cr(serde_json::json!({})), "corp-ca"));
     }
 
     fn not_found() -> watcher::Error {
