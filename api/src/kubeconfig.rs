@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde_yaml::{Mapping, Value};
 
-use crate::proxy::{Domain, Injector, Route, PLACEHOLDER_TOKEN};
+use crate::proxy::{Domain, Injector, Route, RouteIdentity, PLACEHOLDER_TOKEN};
 
 /// Largest kubeconfig accepted (a Secret holds at most 1 MiB anyway).
 pub const MAX_KUBECONFIG_BYTES: usize = 1 << 20;
@@ -357,6 +357,7 @@ impl Kubeconfig {
                 domain: d.clone(),
                 injector: Injector::Kubernetes,
                 ca_cert: s.ca_pem.clone(),
+                identity: RouteIdentity::Shared,
             })
             .collect()
     }

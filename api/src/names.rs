@@ -78,6 +78,11 @@ pub mod annotation {
     /// `token::SandboxNonce`).
     pub const SANDBOX_NONCE: &str = "cli-mcp.redhat.com/sandbox-nonce";
     pub const OWNER: &str = "cli-mcp.redhat.com/owner";
+    /// Who the session's pod serves: `{"user": …, "groups": [...]}` of the MCP caller that
+    /// started or claimed it, as the server's TokenReview saw them. The credential proxy
+    /// names them in its audit log and impersonates them on `impersonateCaller` targets;
+    /// only cli-mcp's own identities may write a sandbox pod (the tenant pod policy).
+    pub const CALLER: &str = "cli-mcp.redhat.com/caller";
     /// Set by the server just before it deletes a sandbox that holds no session state worth
     /// reporting (ended by `DELETE /sessions/{id}`, a duplicate that lost, a pod that never
     /// started or never accepted its session), so other replicas do not report its

@@ -27,9 +27,49 @@ pub const ADMIN_KUBECONFIG_DIR: &str = "/etc/cli-mcp/admin-kubeconfig";
 /// The token every user of a sandbox's kubeconfig carries: it authenticates nothing, the
 /// proxy strips it and injects the real one.
 pub const PLACEHOLDER_TOKEN: &str = "cli-mcp-proxy-managed";
+/// Where a sandbox's agent takes its clients' proxy connections (`HTTPS_PROXY` points here):
+/// it forwards each to the instance's proxy with the sandbox's proof of identity added as
+/// `Proxy-Authorization`, so the tools in the sandbox need no credential of their own.
+pub const RELAY_LISTEN: &str = "127.0.0.1:3128";
+/// Where a sandbox pod's projected ServiceAccount token for the proxy is mounted, and its key.
+pub const SANDBOX_TOKEN_DIR: &str = "/var/run/secrets/cli-mcp/proxy";
+pub const SANDBOX_TOKEN_KEY: &str = "token";
+/// The projected token's lifetime: the shortest the API server allows. The kubelet renews it
+/// at 80% of that, and it dies with the pod whatever its expiry.
+pub const SANDBOX_TOKEN_EXPIRATION_SECONDS: i64 = 600;
+/// The name of the sandbox pod's projected token volume.
+pub const SANDBOX_TOKEN_VOLUME: &str = "proxy-token";
+
+/// The audience of a sandbox's proxy token: only the proxy of this one instance accepts it,
+/// and the API server (whose audience it is not) refuses it.
+pub fn sandbox_token_audience(namespace: &str, instance: &str) -> String {
+    format!("cli-mcp-proxy:{namespace}:{instance}")
+}
+
 /// Most routes one table may hold (one kubernetes target with a few servers plus allow-list
 /// domains); bounds the ConfigMap and the proxy's lookup table.
 pub const MAX_ROUTES: usize = 64;
+
+/// The MCP caller a session's pod serves, as the server records it on the pod
+/// (annotation `cli-mcp.redhat.com/caller`) and the proxy reads it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCaller {
+    pub user: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl SessionCaller {
+    /// The annotation's value.
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The annotation read back; `None` when it is not one.
+    pub fn from_annotation(s: &str) -> Option<Self> {
+        serde_json::from_str(s).ok()
+    }
+}
 
 /// Why a domain or a route table is unusable. Messages say what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -210,6 +250,29 @@ pub struct Route {
     /// PEM of the only CA the proxy trusts for this upstream; `None`: the system roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_cert: Option<String>,
+    /// Whose identity a kubernetes route's requests carry (absent: `shared`).
+    #[serde(default, skip_serializing_if = "RouteIdentity::is_shared")]
+    pub identity: RouteIdentity,
+}
+
+/// Whose identity a kubernetes route's requests reach the API server with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RouteIdentity {
+    /// The admin kubeconfig's user, for every session alike.
+    #[default]
+    Shared,
+    /// The kubeconfig's user impersonates the session's MCP caller (user and groups) and
+    /// names the session in an extra, so the cluster's RBAC decides per person and its audit
+    /// log names person and session. A session without a caller is refused, never served
+    /// as the shared identity.
+    ImpersonateCaller,
+}
+
+impl RouteIdentity {
+    pub fn is_shared(&self) -> bool {
+        *self == RouteIdentity::Shared
+    }
 }
 
 /// The routes, sorted by domain, each domain once.
@@ -337,6 +400,7 @@ mod tests {
             domain: Domain::parse(s).expect("domain"),
             injector: i,
             ca_cert: None,
+            identity: RouteIdentity::Shared,
         };
         let t = RouteTable::new(vec![
             r("b.example:443", Injector::None),

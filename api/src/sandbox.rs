@@ -26,7 +26,10 @@ use crate::names::{annotation, InstanceName, PoolSuffix};
 use crate::token::{Commitment, HmacKey, SandboxNonce, Token};
 use crate::SessionId;
 
-pub use crate::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256, PODINFO_ANNOTATIONS, PODINFO_DIR};
+pub use crate::wire::{
+    ENV_ASSIGN_SHA256, ENV_RELAY_LISTEN, ENV_RELAY_TOKEN_FILE, ENV_RELAY_UPSTREAM,
+    ENV_TOKEN_SHA256, PODINFO_ANNOTATIONS, PODINFO_DIR,
+};
 pub const WORKSPACE_DIR: &str = "/workspace";
 /// Key of the kubeconfig in the admin's Secret and in the proxy ConfigMap (the dummy).
 pub const KUBECONFIG_KEY: &str = "kubeconfig";
@@ -577,9 +580,16 @@ mod tests {
             found[0].value.clone().unwrap_or_default()
         };
         assert_eq!(one("KUBECONFIG"), "/etc/cli-mcp/proxy-client/kubeconfig");
+        // Clients go through the agent's relay; the agent alone dials the proxy.
         for n in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
-            assert_eq!(one(n), "http://cli-mcp-demo-proxy.ns1.svc:8080");
+            assert_eq!(one(n), "http://127.0.0.1:3128");
         }
+        assert_eq!(one(ENV_RELAY_LISTEN), "127.0.0.1:3128");
+        assert_eq!(one(ENV_RELAY_UPSTREAM), "cli-mcp-demo-proxy.ns1.svc:8080");
+        assert_eq!(
+            one(ENV_RELAY_TOKEN_FILE),
+            "/var/run/secrets/cli-mcp/proxy/token"
+        );
         assert_eq!(one("NO_PROXY"), SANDBOX_NO_PROXY);
         assert_eq!(one("no_proxy"), SANDBOX_NO_PROXY);
         assert_eq!(one("SSL_CERT_FILE"), "/etc/cli-mcp/proxy-client/ca.crt");
@@ -588,11 +598,24 @@ mod tests {
         let spec = pod.spec.as_ref().expect("spec");
         let volumes = spec.volumes.as_ref().expect("volumes");
         assert!(
-            volumes
-                .iter()
-                .all(|v| v.secret.is_none() && v.projected.is_none()),
+            volumes.iter().all(|v| v.secret.is_none()),
             "a sandbox mounts no Secret: {volumes:?}"
         );
+        // The one projected volume: a token for this instance's proxy alone, bound to the pod.
+        let projected: Vec<_> = volumes
+            .iter()
+            .filter_map(|v| v.projected.as_ref())
+            .collect();
+        assert_eq!(projected.len(), 1, "{volumes:?}");
+        let sources = projected[0].sources.as_deref().unwrap_or_default();
+        assert_eq!(sources.len(), 1);
+        let token = sources[0]
+            .service_account_token
+            .as_ref()
+            .expect("a SA token");
+        assert_eq!(token.audience.as_deref(), Some("cli-mcp-proxy:ns1:demo"));
+        assert_eq!(token.expiration_seconds, Some(600));
+        assert!(sources[0].secret.is_none() && sources[0].config_map.is_none());
         let cm = volumes
             .iter()
             .find_map(|v| v.config_map.as_ref())

@@ -18,6 +18,11 @@ pub const AGENT_PORT: u16 = 8090;
 pub const ENV_TOKEN_SHA256: &str = "TOKEN_SHA256";
 /// Env var that carries the assign-token commitment of a warm pod.
 pub const ENV_ASSIGN_SHA256: &str = "ASSIGN_SHA256";
+/// The agent's proxy relay: where it listens, the instance proxy it forwards to
+/// (`host:port`), and the file holding the token it proves the pod with. All three or none.
+pub const ENV_RELAY_LISTEN: &str = "CLI_MCP_AGENT_PROXY_RELAY_LISTEN";
+pub const ENV_RELAY_UPSTREAM: &str = "CLI_MCP_AGENT_PROXY_UPSTREAM";
+pub const ENV_RELAY_TOKEN_FILE: &str = "CLI_MCP_AGENT_PROXY_TOKEN_FILE";
 /// Where the downward API puts the pod's annotations, so a restarted agent finds its
 /// assignment (`token-sha256`) again.
 pub const PODINFO_DIR: &str = "/etc/cli-mcp/pod";

@@ -480,6 +480,7 @@ async fn an_sni_other_than_the_connect_host_gets_no_tls() {
         domain: Domain::parse("localhost:9").unwrap(),
         injector: Injector::None,
         ca_cert: None,
+        identity: Default::default(),
     }]);
     let mut config = inputs.config();
     config.kubeconfig = None;
@@ -712,6 +713,7 @@ async fn an_upstream_that_does_not_present_the_pinned_ca_gets_no_request() {
         domain: up.domain(),
         injector: Injector::None,
         ca_cert: Some(wrong.cert_pem.clone()),
+        identity: Default::default(),
     }]);
     let mut config = inputs.config();
     config.kubeconfig = None;

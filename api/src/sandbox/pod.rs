@@ -7,17 +7,23 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
     DownwardAPIVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
-    Pod, PodSpec, Probe, Volume, VolumeMount,
+    Pod, PodSpec, Probe, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
     allowed_sandbox_env, is_proxy_env, limits, SandboxConfig, SandboxProxy, SandboxRole,
-    CONTAINER_NAME, ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256, KUBECONFIG_KEY, PODINFO_DIR, PROXY_CA_ENV,
-    PROXY_CA_KEY, PROXY_CLIENT_DIR, SANDBOX_NO_PROXY, SANDBOX_UID, WORKSPACE_DIR,
+    CONTAINER_NAME, ENV_ASSIGN_SHA256, ENV_RELAY_LISTEN, ENV_RELAY_TOKEN_FILE, ENV_RELAY_UPSTREAM,
+    ENV_TOKEN_SHA256, KUBECONFIG_KEY, PODINFO_DIR, PROXY_CA_ENV, PROXY_CA_KEY, PROXY_CLIENT_DIR,
+    SANDBOX_NO_PROXY, SANDBOX_UID, WORKSPACE_DIR,
 };
 use crate::names::{annotation, label, InstanceName};
+use crate::proxy::{
+    sandbox_token_audience, RELAY_LISTEN, SANDBOX_TOKEN_DIR, SANDBOX_TOKEN_EXPIRATION_SECONDS,
+    SANDBOX_TOKEN_KEY, SANDBOX_TOKEN_VOLUME,
+};
 use crate::wire::AGENT_PORT;
 
 /// Builds the sandbox pod for `role`. `now` is the RFC 3339 creation time stamped into the
@@ -26,7 +32,7 @@ pub fn build_sandbox_pod(cfg: &SandboxConfig, role: &SandboxRole, now: &str) -> 
     let identity = Identity::of(cfg, role, now);
     let mut files = AgentFiles::new(cfg, identity.auth_env);
     if let Some(proxy) = &cfg.proxy {
-        files.use_proxy(proxy);
+        files.use_proxy(cfg, proxy);
     }
     files.add_instance_env(cfg);
     let agent = agent_container(cfg, files.env, files.mounts);
@@ -170,7 +176,8 @@ impl AgentFiles {
     /// Points every client at the credential proxy: the dummy kubeconfig (with a kubernetes
     /// target), the proxy variables, and the proxy CA for the TLS clients, from the proxy's
     /// ConfigMap.
-    fn use_proxy(&mut self, proxy: &SandboxProxy) {
+    fn use_proxy(&mut self, cfg: &SandboxConfig, proxy: &SandboxProxy) {
+        self.use_relay(cfg, proxy);
         let mut items = vec![key_to_path(PROXY_CA_KEY)];
         if proxy.kubeconfig {
             self.env.push(plain_env(
@@ -179,8 +186,11 @@ impl AgentFiles {
             ));
             items.push(key_to_path(KUBECONFIG_KEY));
         }
+        // The clients reach the proxy through the agent's relay, which adds the pod's proof
+        // of identity to each CONNECT.
+        let relay = format!("http://{RELAY_LISTEN}");
         for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
-            self.env.push(plain_env(name, &proxy.url));
+            self.env.push(plain_env(name, &relay));
         }
         for name in ["NO_PROXY", "no_proxy"] {
             self.env.push(plain_env(name, SANDBOX_NO_PROXY));
@@ -204,6 +214,48 @@ impl AgentFiles {
         self.mounts.push(VolumeMount {
             read_only: Some(true),
             ..mount("proxy-client", PROXY_CLIENT_DIR)
+        });
+    }
+
+    /// The agent's relay to the proxy, and the projected ServiceAccount token it proves the
+    /// pod with: audience this instance's proxy alone, the shortest lifetime, bound to the
+    /// pod (a TokenReview fails once the pod is gone).
+    fn use_relay(&mut self, cfg: &SandboxConfig, proxy: &SandboxProxy) {
+        let upstream = proxy
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches('/');
+        self.env.extend([
+            plain_env(ENV_RELAY_LISTEN, RELAY_LISTEN),
+            plain_env(ENV_RELAY_UPSTREAM, upstream),
+            plain_env(
+                ENV_RELAY_TOKEN_FILE,
+                &format!("{SANDBOX_TOKEN_DIR}/{SANDBOX_TOKEN_KEY}"),
+            ),
+        ]);
+        self.volumes.push(Volume {
+            name: SANDBOX_TOKEN_VOLUME.into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some(sandbox_token_audience(
+                            &cfg.namespace,
+                            cfg.instance.as_str(),
+                        )),
+                        expiration_seconds: Some(SANDBOX_TOKEN_EXPIRATION_SECONDS),
+                        path: SANDBOX_TOKEN_KEY.into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                default_mode: Some(0o444),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        self.mounts.push(VolumeMount {
+            read_only: Some(true),
+            ..mount(SANDBOX_TOKEN_VOLUME, SANDBOX_TOKEN_DIR)
         });
     }
 

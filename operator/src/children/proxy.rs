@@ -142,6 +142,7 @@ pub fn proxy_inputs(
             domain: d.clone(),
             injector: Injector::None,
             ca_cert,
+            identity: Default::default(),
         });
     }
     let routes = RouteTable::new(routes).map_err(|e| format!("spec.proxy.targets: {e}"))?;

@@ -182,6 +182,7 @@ impl Upstream {
             domain: self.domain(),
             injector,
             ca_cert: Some(self.ca.cert_pem.clone()),
+            identity: Default::default(),
         }
     }
 }
