@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use cli_mcp_api::names::InstanceName;
 use cli_mcp_api::proxy::{
     CA_CERT_KEY, CA_DIR, CA_KEY_KEY, PROXY_HEALTH_PORT, PROXY_PORT, ROUTES_DIR, ROUTES_KEY,
 };
 
 use crate::upstream::Timeouts;
-use crate::{Config, Limits};
+use crate::{Config, Limits, SandboxCheck};
+
+/// Where the operator mounts the instance HMAC Secret's key (as for the server).
+pub const DEFAULT_HMAC_KEY_FILE: &str = "/var/run/cli-mcp/hmac/key";
 
 /// hyper refuses a read buffer below this (it must hold one request head).
 const MIN_HEADER_BYTES: usize = 8192;
@@ -26,6 +30,22 @@ const MIN_HEADER_BYTES: usize = 8192;
              terminated with the instance CA, the real credential injected upstream"
 )]
 pub struct Flags {
+    /// The CliMcpInstance this proxy serves: only its sandboxes are admitted.
+    #[arg(long, env = "CLI_MCP_PROXY_INSTANCE", value_parser = parse_instance)]
+    pub instance: InstanceName,
+    /// The instance's namespace.
+    #[arg(long, env = "CLI_MCP_PROXY_NAMESPACE")]
+    pub namespace: String,
+    /// The instance HMAC key (64 hex characters): a sandbox pod is trusted only when sealed
+    /// with it.
+    #[arg(long, env = "CLI_MCP_PROXY_HMAC_KEY_FILE", default_value = DEFAULT_HMAC_KEY_FILE)]
+    pub hmac_key_file: PathBuf,
+    /// Where the audit lines go: `-` for standard output, else a file appended to.
+    #[arg(long, env = "CLI_MCP_PROXY_AUDIT_LOG", default_value = "-")]
+    pub audit_log: String,
+    /// Connections one client (one sandbox pod) may hold at once; one more gets 429.
+    #[arg(long, env = "CLI_MCP_PROXY_MAX_CONNECTIONS_PER_CLIENT", default_value_t = NonZeroUsize::new(Limits::default().max_connections_per_client).unwrap_or(NonZeroUsize::MIN))]
+    pub max_connections_per_client: NonZeroUsize,
     /// Route table (JSON).
     #[arg(long, env = "CLI_MCP_PROXY_ROUTES", default_value_t = default_routes())]
     pub routes: String,
@@ -85,6 +105,10 @@ pub struct Flags {
     /// Leaf certificates kept in memory.
     #[arg(long, env = "CLI_MCP_PROXY_LEAF_CACHE", default_value_t = NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN))]
     pub leaf_cache: NonZeroUsize,
+}
+
+fn parse_instance(s: &str) -> Result<InstanceName, String> {
+    InstanceName::parse(s).map_err(|e| e.to_string())
 }
 
 fn default_routes() -> String {
@@ -156,8 +180,15 @@ impl Flags {
             kubeconfig: self.kubeconfig.clone(),
             listen: self.listen,
             health_listen: self.health_listen,
+            sandboxes: SandboxCheck::Verified {
+                namespace: self.namespace.clone(),
+                instance: self.instance.clone(),
+                hmac_key_file: self.hmac_key_file.clone(),
+            },
+            audit_log: (self.audit_log != "-").then(|| PathBuf::from(&self.audit_log)),
             limits: Limits {
                 max_connections: self.max_connections.get(),
+                max_connections_per_client: self.max_connections_per_client.get(),
                 max_header_bytes: self.max_header_bytes,
                 max_headers: self.max_headers,
                 header_read_timeout: self.header_read_timeout,
@@ -182,8 +213,19 @@ mod tests {
 
     #[test]
     fn defaults_are_the_contract_paths_and_ports() {
-        let f = Flags::try_parse_from(["cli-mcp-proxy"]).unwrap();
+        assert!(
+            Flags::try_parse_from(["cli-mcp-proxy"]).is_err(),
+            "the instance and namespace are required"
+        );
+        let f = Flags::try_parse_from(["p", "--instance", "demo", "--namespace", "ns"]).unwrap();
         let c = f.config().unwrap();
+        assert!(matches!(
+            c.sandboxes,
+            SandboxCheck::Verified { ref hmac_key_file, .. }
+                if hmac_key_file == &PathBuf::from("/var/run/cli-mcp/hmac/key")
+        ));
+        assert_eq!(c.audit_log, None);
+        assert_eq!(c.limits.max_connections_per_client, 128);
         assert_eq!(c.routes, PathBuf::from("/etc/cli-mcp/proxy/routes.json"));
         assert_eq!(c.ca_cert, PathBuf::from("/etc/cli-mcp/proxy-ca/ca.crt"));
         assert_eq!(c.ca_key, PathBuf::from("/etc/cli-mcp/proxy-ca/ca.key"));
@@ -197,10 +239,17 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_with_a_reason() {
+        let p = |args: &[&str]| {
+            let mut all = vec!["p", "--instance", "demo", "--namespace", "ns"];
+            all.extend_from_slice(args);
+            Flags::try_parse_from(all)
+        };
+        assert!(p(&["--instance", "Not_A_Name"]).is_err());
+        assert!(p(&["--max-connections-per-client", "0"]).is_err());
         assert!(Flags::try_parse_from(["p", "--idle-timeout", "10"]).is_err());
         assert!(Flags::try_parse_from(["p", "--idle-timeout", "0s"]).is_err());
         assert!(Flags::try_parse_from(["p", "--max-connections", "0"]).is_err());
-        let f = Flags::try_parse_from(["p", "--max-header-bytes", "100"]).unwrap();
+        let f = p(&["--max-header-bytes", "100"]).unwrap();
         assert!(f.config().unwrap_err().contains("8192"));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
@@ -209,7 +258,7 @@ mod tests {
         assert_eq!(parse_delay("0s"), Ok(Duration::ZERO));
         assert_eq!(parse_delay("3s"), Ok(Duration::from_secs(3)));
         assert!(parse_delay("s").is_err());
-        let f = Flags::try_parse_from(["p", "--shutdown-delay", "10s", "--grace", "20s"]).unwrap();
+        let f = p(&["--shutdown-delay", "10s", "--grace", "20s"]).unwrap();
         let e = f.config().unwrap_err();
         assert!(e.contains("--shutdown-delay") && e.contains("25s"), "{e}");
     }

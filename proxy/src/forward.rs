@@ -20,23 +20,28 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 
-use cli_mcp_api::proxy::{Domain, Injector};
+use cli_mcp_api::proxy::{Domain, Injector, Route, RouteIdentity};
 
+use crate::audit::{Audited, Record};
 use crate::credentials::CredentialError;
-use crate::headers::{is_upgrade, strip_credentials, strip_hop_by_hop};
+use crate::headers::{impersonate, is_upgrade, strip_credentials, strip_hop_by_hop};
+use crate::identity::Sandbox;
 use crate::k8s_path;
 use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
 use crate::websocket;
 use crate::Shared;
 
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<Audited<Incoming>, Full<Bytes>>;
 
 /// The state of one tunnel: its route and its one upstream connection, opened on the first
 /// request and reused for the next ones (HTTP/1.1 requests on a tunnel come one at a time).
 pub struct Tunnel {
     domain: Domain,
     injector: Injector,
+    identity: RouteIdentity,
+    /// The sandbox that opened the tunnel (`None` from an unverifying proxy).
+    sandbox: Option<Arc<Sandbox>>,
     shared: Arc<Shared>,
     upstream: tokio::sync::Mutex<Option<SendRequest<Incoming>>>,
     /// A WebSocket accepted on this tunnel, for [`crate::tunnel`] to run once hyper has
@@ -45,10 +50,12 @@ pub struct Tunnel {
 }
 
 impl Tunnel {
-    pub fn new(domain: Domain, injector: Injector, shared: Arc<Shared>) -> Self {
+    pub fn new(route: Route, sandbox: Option<Arc<Sandbox>>, shared: Arc<Shared>) -> Self {
         Self {
-            domain,
-            injector,
+            domain: route.domain,
+            injector: route.injector,
+            identity: route.identity,
+            sandbox,
             shared,
             upstream: tokio::sync::Mutex::new(None),
             upgrade: std::sync::Mutex::new(None),
@@ -67,7 +74,13 @@ impl Tunnel {
         self.injector == Injector::Kubernetes
     }
 
-    fn refuse(&self, method: &Method, path: &str, r: Refusal) -> Response<Body> {
+    fn refuse(&self, record: &Record, method: &Method, path: &str, r: Refusal) -> Response<Body> {
+        let outcome = if r.reason == "upstream_error" {
+            "upstream_error"
+        } else {
+            "refused"
+        };
+        record.finish(r.status.as_u16(), outcome, Some(r.reason), 0);
         tracing::info!(
             domain = %self.domain,
             %method,
@@ -88,6 +101,13 @@ impl Tunnel {
 
     /// The checks and rewrites; `Err` is what the client gets instead.
     fn prepare(&self, req: Request<Incoming>) -> Result<Request<Incoming>, Refusal> {
+        if self.sandbox.as_ref().is_some_and(|s| s.is_revoked()) {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "session_ended",
+                "the sandbox's session has ended; the proxy serves it no more",
+            ));
+        }
         if req.method() == Method::CONNECT {
             return Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -142,8 +162,36 @@ impl Tunnel {
                 .authorization(&self.domain)
                 .map_err(credential_refusal)?;
             parts.headers.insert(header::AUTHORIZATION, value);
+            if self.identity == RouteIdentity::ImpersonateCaller {
+                self.impersonate(&mut parts.headers)?;
+            }
         }
         Ok(Request::from_parts(parts, body))
+    }
+
+    /// The session's caller as the identity of the request, or a refusal: never the shared
+    /// identity in its place.
+    fn impersonate(&self, headers: &mut http::HeaderMap) -> Result<(), Refusal> {
+        let refuse = |why: &str| {
+            Refusal::new(
+                StatusCode::FORBIDDEN,
+                "no_caller",
+                format!(
+                    "this target acts as each session's MCP caller (identity \
+                     impersonateCaller), and {why}; the proxy never falls back to its shared \
+                     identity"
+                ),
+            )
+        };
+        let sandbox = self
+            .sandbox
+            .as_ref()
+            .ok_or_else(|| refuse("this proxy does not verify sandboxes"))?;
+        let caller = sandbox.caller.as_ref().ok_or_else(|| {
+            refuse("this session has no caller (its server runs without --auth kubernetes)")
+        })?;
+        impersonate(headers, caller, &sandbox.session)
+            .map_err(|e| refuse(&format!("its caller cannot be named in a header: {e}")))
     }
 
     fn check_authority(&self, req: &Request<Incoming>) -> Result<(), Refusal> {
@@ -224,11 +272,18 @@ pub async fn handle(
     let method = req.method().clone();
     let uri = req.uri().clone();
     let path = uri.path();
+    let record = Record::new(
+        tunnel.shared.clone(),
+        tunnel.sandbox.clone(),
+        tunnel.domain.as_str(),
+        &method,
+        &uri,
+    );
     let mut req = match tunnel.prepare(req) {
         Ok(r) => r,
         Err(r) => {
             tunnel.shared.metrics.request("refused");
-            return Ok(tunnel.refuse(&method, path, r));
+            return Ok(tunnel.refuse(&record, &method, path, r));
         }
     };
     // Taken before the request goes upstream: hyper hands the client's connection over
@@ -247,7 +302,7 @@ pub async fn handle(
                     "the upstream switched protocols without a WebSocket upgrade being asked \
                      for and answered",
                 );
-                return Ok(tunnel.refuse(&method, path, r));
+                return Ok(tunnel.refuse(&record, &method, path, r));
             };
             let upstream = hyper::upgrade::on(&mut resp);
             tunnel.shared.metrics.request("forwarded");
@@ -260,6 +315,7 @@ pub async fn handle(
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             websocket::mark(&mut parts.headers, protocol);
+            let body = Audited::new(body, record, parts.status.as_u16());
             Ok(Response::from_parts(parts, Either::Left(body)))
         }
         Ok(resp) => {
@@ -267,6 +323,7 @@ pub async fn handle(
             tracing::debug!(domain = %tunnel.domain, %method, path, status = resp.status().as_u16(), "forwarded");
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            let body = Audited::new(body, record, parts.status.as_u16());
             Ok(Response::from_parts(parts, Either::Left(body)))
         }
         Err(e) => {
@@ -278,7 +335,7 @@ pub async fn handle(
                 _ => StatusCode::BAD_GATEWAY,
             };
             let r = Refusal::new(status, "upstream_error", format!("upstream {e}"));
-            Ok(tunnel.refuse(&method, path, r))
+            Ok(tunnel.refuse(&record, &method, path, r))
         }
     }
 }

@@ -6,7 +6,9 @@
 //! never forwarded (RFC 9110 section 7.6.1): the fixed set, plus every header the `Connection`
 //! header names.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use cli_mcp_api::proxy::SessionCaller;
 
 /// Connection-specific headers, never forwarded in either direction. `Transfer-Encoding` and
 /// `Content-Length` framing is redone by the HTTP library on each side. `Keep-Alive` and
@@ -85,6 +87,36 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|o| o.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// The extra naming the session in an impersonated request: the API server's audit log
+/// shows it under `user.extra["cli-mcp.redhat.com/session"]`. The key is percent-encoded in
+/// the header name (`/` is not allowed there).
+pub const SESSION_EXTRA_HEADER: &str = "impersonate-extra-cli-mcp.redhat.com%2fsession";
+
+/// Sets the impersonation headers for `caller` in `session` (after [`strip_credentials`]
+/// removed whatever the sandbox sent): `Impersonate-User`, one `Impersonate-Group` per
+/// group and the session extra. `Err` when a value cannot be a header value.
+pub fn impersonate(
+    headers: &mut HeaderMap,
+    caller: &SessionCaller,
+    session: &str,
+) -> Result<(), http::header::InvalidHeaderValue> {
+    headers.insert(
+        HeaderName::from_static("impersonate-user"),
+        HeaderValue::from_str(&caller.user)?,
+    );
+    for group in &caller.groups {
+        headers.append(
+            HeaderName::from_static("impersonate-group"),
+            HeaderValue::from_str(group)?,
+        );
+    }
+    headers.insert(
+        HeaderName::from_static(SESSION_EXTRA_HEADER),
+        HeaderValue::from_str(session)?,
+    );
+    Ok(())
+}
+
 /// A header map from literal pairs, for unit tests of header handling.
 #[cfg(test)]
 pub(crate) fn test_map(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -151,6 +183,27 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut h);
         assert_eq!(names(&h), ["accept", "content-length"]);
+    }
+
+    #[test]
+    fn a_caller_is_impersonated_with_its_groups_and_the_session() {
+        let mut h = test_map(&[("impersonate-user", "evil"), ("accept", "x")]);
+        strip_credentials(&mut h);
+        let caller = SessionCaller {
+            user: "alice".into(),
+            groups: vec!["dev".into(), "system:authenticated".into()],
+        };
+        impersonate(&mut h, &caller, "s-1").unwrap();
+        let all =
+            |n: &str| -> Vec<&str> { h.get_all(n).iter().map(|v| v.to_str().unwrap()).collect() };
+        assert_eq!(all("impersonate-user"), ["alice"]);
+        assert_eq!(all("impersonate-group"), ["dev", "system:authenticated"]);
+        assert_eq!(all(SESSION_EXTRA_HEADER), ["s-1"]);
+        let bad = SessionCaller {
+            user: "a\nb".into(),
+            groups: vec![],
+        };
+        assert!(impersonate(&mut h, &bad, "s").is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `GET /healthz` (the process serves), `/readyz` (it can do its job: routes and CA loaded —
-//! they are, or it would not have started — and the kubeconfig readable with a token for every
-//! kubernetes route) and `/metrics`.
+//! they are, or it would not have started —, the sandbox pods listed once, and the
+//! kubeconfig readable with a token for every kubernetes route) and `/metrics`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -27,6 +27,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
 pub fn not_ready(shared: &Shared) -> Option<String> {
     if shared.shutting_down.load(Ordering::Relaxed) {
         return Some("shutting down".into());
+    }
+    if let Some(why) = shared.identity.as_ref().and_then(|i| i.not_ready()) {
+        return Some(why.into());
     }
     for route in shared.routes.routes() {
         if route.injector == Injector::Kubernetes {

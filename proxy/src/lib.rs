@@ -9,14 +9,17 @@
 
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod ca;
 pub mod cli;
 pub mod credentials;
 pub mod forward;
 pub mod headers;
 pub mod health;
+pub mod identity;
 pub mod k8s_path;
 pub mod metrics;
+pub mod peers;
 pub mod refusal;
 pub mod run;
 pub mod server;
@@ -38,11 +41,16 @@ use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use cli_mcp_api::names::InstanceName;
 use cli_mcp_api::proxy::{Injector, RouteError, RouteTable};
+use cli_mcp_api::token::HmacKey;
 
+use crate::audit::AuditLog;
 use crate::ca::{CaError, CertAuthority};
 use crate::credentials::Credentials;
+use crate::identity::Identity;
 use crate::metrics::Metrics;
+use crate::peers::PeerSlots;
 use crate::upstream::{Timeouts, UpstreamError, Upstreams};
 
 /// Bounds on what one client can make the proxy hold.
@@ -50,6 +58,9 @@ use crate::upstream::{Timeouts, UpstreamError, Upstreams};
 pub struct Limits {
     /// Client connections at once (idle, CONNECT pending, or tunnels).
     pub max_connections: usize,
+    /// Of those, from one client address (one sandbox pod) at once: one sandbox flooding the
+    /// proxy leaves room for the others.
+    pub max_connections_per_client: usize,
     /// Largest request head (request line and headers); beyond it: 431.
     pub max_header_bytes: usize,
     /// Most header fields in one request.
@@ -66,6 +77,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_connections_per_client: 128,
             max_header_bytes: 32 * 1024,
             max_headers: 100,
             header_read_timeout: Duration::from_secs(10),
@@ -113,6 +125,25 @@ pub struct Config {
     pub grace: Duration,
     /// Leaf certificates kept.
     pub leaf_cache: NonZeroUsize,
+    /// Who may use the proxy.
+    pub sandboxes: SandboxCheck,
+    /// Where audit lines go; `None`: standard output.
+    pub audit_log: Option<PathBuf>,
+}
+
+/// Who may use the proxy.
+#[derive(Debug, Clone)]
+pub enum SandboxCheck {
+    /// Every CONNECT must prove a serving sandbox pod of this instance ([`identity`]), with
+    /// the proxy's own in-cluster identity for the TokenReviews and the pod watch.
+    Verified {
+        namespace: String,
+        instance: InstanceName,
+        hmac_key_file: PathBuf,
+    },
+    /// Whoever reaches the listener is served, and requests are audited without a session.
+    /// For the library's tests of what comes after admission; the binary always verifies.
+    Unverified,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +168,15 @@ pub enum ProxyError {
     },
     #[error("health server: {0}")]
     Health(std::io::Error),
+    #[error("the instance HMAC key {path}: {why}")]
+    HmacKey { path: String, why: String },
+    #[error("the proxy's own Kubernetes client (for TokenReviews and the sandbox pod watch): {0}")]
+    Client(String),
+    #[error("the audit log {path}: {source}")]
+    Audit {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// State shared by every connection.
@@ -149,6 +189,12 @@ pub struct Shared {
     pub limits: Limits,
     /// Set once the stop signal came: `/readyz` fails from then on.
     pub shutting_down: AtomicBool,
+    /// The sandbox identity check; `None`: unverified (tests).
+    pub identity: Option<Identity>,
+    /// `(namespace, instance)` of a verifying proxy, for the audit lines.
+    pub scope: Option<(String, String)>,
+    pub audit: AuditLog,
+    pub peers: Arc<PeerSlots>,
 }
 
 fn read(path: &std::path::Path) -> Result<String, ProxyError> {
@@ -159,8 +205,9 @@ fn read(path: &std::path::Path) -> Result<String, ProxyError> {
 }
 
 impl Shared {
-    /// Loads and checks the route table, the CA and the upstream TLS settings.
-    pub fn load(config: &Config) -> Result<Self, ProxyError> {
+    /// Loads and checks the route table, the CA and the upstream TLS settings; with
+    /// [`SandboxCheck::Verified`], starts the pod watch with `client`.
+    pub fn load(config: &Config, client: Option<kube::Client>) -> Result<Self, ProxyError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let routes_path = config.routes.display().to_string();
         let routes =
@@ -182,6 +229,38 @@ impl Shared {
             provider.clone(),
         )?;
         let upstreams = Upstreams::new(&routes, provider, config.upstream)?;
+        let (identity, scope) = match (&config.sandboxes, client) {
+            (SandboxCheck::Unverified, _) => (None, None),
+            (SandboxCheck::Verified { .. }, None) => {
+                return Err(ProxyError::Client("no client was given".into()))
+            }
+            (
+                SandboxCheck::Verified {
+                    namespace,
+                    instance,
+                    hmac_key_file,
+                },
+                Some(client),
+            ) => {
+                let key =
+                    HmacKey::from_hex(&read(hmac_key_file)?).map_err(|e| ProxyError::HmacKey {
+                        path: hmac_key_file.display().to_string(),
+                        why: e.to_string(),
+                    })?;
+                let identity = Identity::start(client, namespace, instance.clone(), key);
+                (
+                    Some(identity),
+                    Some((namespace.clone(), instance.to_string())),
+                )
+            }
+        };
+        let audit = match &config.audit_log {
+            None => AuditLog::stdout(),
+            Some(path) => AuditLog::file(path).map_err(|source| ProxyError::Audit {
+                path: path.display().to_string(),
+                source,
+            })?,
+        };
         Ok(Self {
             routes,
             ca,
@@ -190,6 +269,10 @@ impl Shared {
             metrics: Metrics::default(),
             limits: config.limits,
             shutting_down: AtomicBool::new(false),
+            identity,
+            scope,
+            audit,
+            peers: Arc::new(PeerSlots::new(config.limits.max_connections_per_client)),
         })
     }
 }
@@ -204,8 +287,25 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// Binds with the in-cluster client (or `KUBECONFIG`'s) when sandboxes are verified.
     pub async fn bind(config: &Config) -> Result<Self, ProxyError> {
-        let shared = Arc::new(Shared::load(config)?);
+        let client = match config.sandboxes {
+            SandboxCheck::Unverified => None,
+            SandboxCheck::Verified { .. } => Some(
+                kube::Client::try_default()
+                    .await
+                    .map_err(|e| ProxyError::Client(e.to_string()))?,
+            ),
+        };
+        Self::bind_with(config, client).await
+    }
+
+    /// Binds; `client` is the proxy's own identity for a verifying proxy.
+    pub async fn bind_with(
+        config: &Config,
+        client: Option<kube::Client>,
+    ) -> Result<Self, ProxyError> {
+        let shared = Arc::new(Shared::load(config, client)?);
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await

@@ -29,6 +29,9 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Tunnels open (CONNECT accepted, TLS terminated or being terminated).
     pub tunnels: Gauge,
+    /// Audit lines written, and those that could not be.
+    pub audit_lines: Counter,
+    pub audit_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -54,12 +57,22 @@ impl Default for Metrics {
             connections.clone(),
         );
         registry.register("tunnels", "CONNECT tunnels open", tunnels.clone());
+        let audit_lines = Counter::default();
+        let audit_failures = Counter::default();
+        registry.register("audit_lines", "Audit lines written", audit_lines.clone());
+        registry.register(
+            "audit_failures",
+            "Audit lines that could not be written",
+            audit_failures.clone(),
+        );
         Self {
             registry,
             requests,
             refusals,
             connections,
             tunnels,
+            audit_lines,
+            audit_failures,
         }
     }
 }

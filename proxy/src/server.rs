@@ -1,6 +1,7 @@
 //! The client-facing listener: connection admission, the CONNECT request and the route check.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,7 +17,9 @@ use tokio_util::task::TaskTracker;
 
 use cli_mcp_api::proxy::Domain;
 
+use crate::identity::Sandbox;
 use crate::metrics::GaugeGuard;
+use crate::peers::PeerSlot;
 use crate::refusal::Refusal;
 use crate::slow_head::Watched;
 use crate::{tunnel, Shared};
@@ -32,6 +35,7 @@ pub async fn serve(
 ) {
     let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
     let full = too_many_connections(shared.limits.max_connections);
+    let client_full = too_many_from_one_client(shared.limits.max_connections_per_client);
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -54,10 +58,17 @@ pub async fn serve(
             let _ = stream.try_write(&full);
             continue;
         };
+        let Some(slot) = shared.peers.try_take(peer.ip()) else {
+            shared.metrics.refused("client_connection_limit");
+            tracing::info!(%peer, reason = "client_connection_limit", "connection refused");
+            let _ = stream.try_write(&client_full);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         tracker.spawn(connection(
             stream,
-            permit,
+            peer,
+            (permit, slot),
             shared.clone(),
             shutdown.clone(),
             tracker.clone(),
@@ -66,20 +77,41 @@ pub async fn serve(
 }
 
 fn too_many_connections(limit: usize) -> Vec<u8> {
-    let body = format!(
-        "the proxy is at its limit of {limit} connections (--max-connections); retry later\n"
-    );
+    close_with(
+        "503 Service Unavailable",
+        &format!(
+            "the proxy is at its limit of {limit} connections (--max-connections); retry later\n"
+        ),
+    )
+}
+
+fn too_many_from_one_client(limit: usize) -> Vec<u8> {
+    close_with(
+        "429 Too Many Requests",
+        &format!(
+            "this sandbox holds {limit} connections to the proxy already, its share \
+             (--max-connections-per-client); close some and retry\n"
+        ),
+    )
+}
+
+fn close_with(status: &str, body: &str) -> Vec<u8> {
     format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
 }
 
+/// What a connection holds until it closes: its place under `--max-connections` and its
+/// client's under `--max-connections-per-client`.
+type Slots = (OwnedSemaphorePermit, PeerSlot);
+
 async fn connection(
     stream: TcpStream,
-    permit: OwnedSemaphorePermit,
+    peer: SocketAddr,
+    permit: Slots,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
@@ -93,6 +125,7 @@ async fn connection(
     let service = service_fn(move |req| {
         connect(
             req,
+            peer,
             svc_shared.clone(),
             permit.clone(),
             svc_shutdown.clone(),
@@ -142,8 +175,9 @@ async fn connection(
 
 async fn connect(
     req: Request<Incoming>,
+    peer: SocketAddr,
     shared: Arc<Shared>,
-    permit: Arc<OwnedSemaphorePermit>,
+    permit: Arc<Slots>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) -> Result<Response<Body>, Infallible> {
@@ -169,23 +203,41 @@ async fn connect(
             ))
         }
     };
-    let Some(injector) = shared.routes.get(&domain).map(|r| r.injector) else {
+    // Who asks comes first: a client that proves no sandbox learns nothing of the routes.
+    let sandbox = match admit(&shared, peer, &req).await {
+        Ok(s) => s,
+        Err(r) => return Ok(refuse(&shared, r, target)),
+    };
+    let Some(route) = shared.routes.get(&domain).cloned() else {
         return Ok(refuse(
             &shared,
             Refusal::domain_not_allowed(&domain),
             target,
         ));
     };
-    tracing::debug!(domain = %domain, "tunnel opened");
+    tracing::debug!(domain = %domain, session = sandbox.as_ref().map(|s| s.session.as_str()), "tunnel opened");
     let upgrade = hyper::upgrade::on(req);
     tracker.spawn(async move {
         match upgrade.await {
-            Ok(upgraded) => tunnel::run(upgraded, domain, injector, shared, shutdown).await,
+            Ok(upgraded) => tunnel::run(upgraded, route, sandbox, shared, shutdown).await,
             Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
         }
         drop(permit);
     });
     Ok(Response::new(Body::Left(Empty::new())))
+}
+
+/// The sandbox the CONNECT proves (`None` from an unverifying proxy).
+async fn admit(
+    shared: &Shared,
+    peer: SocketAddr,
+    req: &Request<Incoming>,
+) -> Result<Option<Arc<Sandbox>>, Refusal> {
+    let Some(identity) = &shared.identity else {
+        return Ok(None);
+    };
+    let authorization = req.headers().get(header::PROXY_AUTHORIZATION);
+    identity.admit(peer.ip(), authorization).await.map(Some)
 }
 
 fn refuse(shared: &Shared, r: Refusal, target: String) -> Response<Body> {
@@ -198,6 +250,12 @@ fn refuse(shared: &Shared, r: Refusal, target: String) -> Response<Body> {
     );
     shared.metrics.refused(r.reason);
     let mut resp = r.text().map(Body::Right);
+    if r.status == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        resp.headers_mut().insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"cli-mcp-proxy\""),
+        );
+    }
     // A refused client gets no second try on this connection.
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -10,23 +10,25 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio_rustls::rustls::server::Acceptor;
 use tokio_rustls::LazyConfigAcceptor;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-use cli_mcp_api::proxy::{Domain, Injector};
+use cli_mcp_api::proxy::Route;
 
 use crate::forward::{self, Tunnel};
+use crate::identity::Sandbox;
 use crate::metrics::GaugeGuard;
 use crate::slow_head::Watched;
 use crate::Shared;
 
 pub async fn run(
     upgraded: Upgraded,
-    domain: Domain,
-    injector: Injector,
+    route: Route,
+    sandbox: Option<Arc<Sandbox>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
     let _open = GaugeGuard::new(&shared.metrics.tunnels);
+    let domain = route.domain.clone();
     let limits = shared.limits;
     let refuse = |reason: &'static str, detail: String| {
         tracing::info!(domain = %domain, reason, detail, "tunnel refused");
@@ -62,7 +64,12 @@ pub async fn run(
         Ok(tls) => tls,
         Err((reason, detail)) => return refuse(reason, detail),
     };
-    let tunnel = Arc::new(Tunnel::new(domain.clone(), injector, shared.clone()));
+    let Revocation {
+        revoked,
+        stop,
+        _done,
+    } = Revocation::of(sandbox.as_ref(), &shutdown);
+    let tunnel = Arc::new(Tunnel::new(route, sandbox.clone(), shared.clone()));
     let svc_tunnel = tunnel.clone();
     let service = service_fn(move |req| forward::handle(svc_tunnel.clone(), req));
     // The idle limit between requests: hyper starts the head timer whenever it waits for one.
@@ -74,6 +81,9 @@ pub async fn run(
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,
+        () = revoked.cancelled() => {
+            return refuse("session_ended", "the sandbox's session ended; tunnel cut".into());
+        }
         () = shutdown.cancelled() => {
             // Finish the request in flight, take no new one.
             conn.as_mut().graceful_shutdown();
@@ -86,7 +96,7 @@ pub async fn run(
             &domain,
             limits.handshake_timeout,
             limits.idle_timeout,
-            &shutdown,
+            &stop,
         )
         .await;
     }
@@ -101,6 +111,41 @@ pub async fn run(
             .await;
         } else {
             tracing::debug!(domain = %domain, error = %e, "tunnel ended");
+        }
+    }
+}
+
+/// When the sandbox's session ends its tunnels are cut at once, an open watch or WebSocket
+/// included, not merely refused their next request.
+struct Revocation {
+    /// Cancelled when the session ends.
+    revoked: CancellationToken,
+    /// Cancelled when the session ends or the proxy stops (what a WebSocket watches).
+    stop: CancellationToken,
+    /// Ends the task that watches the session, with the tunnel.
+    _done: DropGuard,
+}
+
+impl Revocation {
+    fn of(sandbox: Option<&Arc<Sandbox>>, shutdown: &CancellationToken) -> Self {
+        let revoked = CancellationToken::new();
+        let stop = shutdown.child_token();
+        if let Some(sandbox) = sandbox.cloned() {
+            let (revoked, stop) = (revoked.clone(), stop.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = sandbox.revoked() => {
+                        revoked.cancel();
+                        stop.cancel();
+                    }
+                    () = revoked.cancelled() => {}
+                }
+            });
+        }
+        Self {
+            _done: revoked.clone().drop_guard(),
+            revoked,
+            stop,
         }
     }
 }

@@ -7,20 +7,18 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use base64::Engine as _;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader, Lines};
 
 use cli_mcp_api::kubeconfig;
 use cli_mcp_e2e::testing::{self, TestCluster, TestNamespace};
+use support::cluster::{admin_kubeconfig, admin_token, cluster_ca};
 use support::*;
 
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -39,79 +37,6 @@ fn kubectl_bin() -> PathBuf {
     std::env::var_os("KUBECTL")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("kubectl"))
-}
-
-/// A ServiceAccount bound to `cluster-admin` in the test namespace, and a token of it.
-async fn admin_token(ns: &TestNamespace, name: &str) -> String {
-    let sa = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let _ = ns
-        .api::<ServiceAccount>()
-        .create(&PostParams::default(), &sa)
-        .await;
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: name.into(),
-            namespace: Some(ns.name.clone()),
-            ..Default::default()
-        }]),
-    };
-    let _ = ns
-        .api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await;
-    let tr = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    ns.api::<ServiceAccount>()
-        .create_token_request(name, &PostParams::default(), &tr)
-        .await
-        .expect("TokenRequest")
-        .status
-        .expect("token status")
-        .token
-        .expect("a token")
-}
-
-fn admin_kubeconfig(apiserver: &str, ca_pem: &str, token: &str, ns: &str) -> String {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {apiserver}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: admin\n  context: {{cluster: test, user: admin, namespace: {ns}}}\ncurrent-context: admin\n"
-    )
-}
-
-/// The cluster CA, from the run's admin kubeconfig.
-fn cluster_ca(kubeconfig: &Path) -> String {
-    let text = std::fs::read_to_string(kubeconfig).expect("the cluster kubeconfig");
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
-    let data = doc["clusters"][0]["cluster"]["certificate-authority-data"]
-        .as_str()
-        .expect("certificate-authority-data");
-    String::from_utf8(
-        base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .expect("base64"),
-    )
-    .expect("PEM")
 }
 
 async fn world(prefix: &str) -> World {

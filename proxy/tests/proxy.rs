@@ -626,6 +626,68 @@ async fn a_slowloris_client_gets_408_at_the_header_read_timeout() {
     );
 }
 
+/// One client (one sandbox pod, one address) holding its share of connections gets 429 for
+/// more, and another client still gets through: a flooding sandbox cannot starve the rest.
+#[tokio::test]
+async fn one_client_cannot_take_the_connections_of_the_others() {
+    let (up, _inputs, mut config) = allow_list_setup().await;
+    config.limits.max_connections_per_client = 3;
+    let proxy = Running::start(config).await;
+    let from = |ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        let addr = proxy.addr;
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind((ip, 0).into()).unwrap();
+            socket.connect(addr).await.unwrap()
+        }
+    };
+    let mut flood = Vec::new();
+    for _ in 0..3 {
+        flood.push(from("127.0.0.1").await);
+    }
+    for _ in 0..20 {
+        let mut extra = from("127.0.0.1").await;
+        let reply = read_to_close(&mut extra).await;
+        assert!(reply.starts_with("HTTP/1.1 429"), "{reply}");
+        assert!(reply.contains("--max-connections-per-client"), "{reply}");
+    }
+    // Another sandbox, at another address: served as if nothing happened.
+    let mut other = from("127.0.0.2").await;
+    let host = up.addr.to_string();
+    other
+        .write_all(format!("CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut other).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // A closed connection gives its slot back.
+    drop(flood.pop());
+    let mut again = None;
+    for _ in 0..100 {
+        let mut tcp = from("127.0.0.1").await;
+        tcp.write_all(format!("CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let head = read_head(&mut tcp).await;
+        if head.starts_with("HTTP/1.1 200") {
+            again = Some(tcp);
+            break;
+        }
+        // The proxy may not have seen the close yet.
+        tokio::task::yield_now().await;
+    }
+    assert!(again.is_some(), "the slot came back");
+    let m = proxy.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "cli_mcp_proxy_refusals_total{reason=\"client_connection_limit\"}"
+        ) >= 20.0,
+        "{m}"
+    );
+}
+
 /// Idle connections beyond `--max-connections` are turned away at once: the proxy holds at
 /// most that many, whatever a client opens.
 #[tokio::test]

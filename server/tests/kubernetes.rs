@@ -267,6 +267,11 @@ async fn claims_a_premade_warm_pod() {
     assert_eq!(labels(&pod)[label::LAUNCH], "warm");
     assert_eq!(labels(&pod)[label::SESSION_ID], "warm-1");
     assert!(ann(&pod, annotation::LAST_ACTIVITY).is_some());
+    assert_eq!(
+        ann(&pod, annotation::CALLER),
+        None,
+        "no caller with --auth none"
+    );
     let sid = cli_mcp_api::SessionId::parse("warm-1").expect("valid");
     assert!(
         cli_mcp_api::sandbox::session_token_of(&pod, &sid, &w.key).is_some(),
@@ -1248,6 +1253,18 @@ async fn auth_allows_bound_identities_and_denies_others() {
         ann(&pod, annotation::OWNER),
         Some(hex::encode(Sha256::digest(user.as_bytes())))
     );
+    // ... and the caller as TokenReview named it, for the credential proxy.
+    let caller = ann(&pod, annotation::CALLER)
+        .and_then(|a| cli_mcp_api::proxy::SessionCaller::from_annotation(&a))
+        .expect("the caller annotation");
+    assert_eq!(caller.user, user);
+    for g in [
+        "system:serviceaccounts".to_owned(),
+        format!("system:serviceaccounts:{}", w.ns.name),
+        "system:authenticated".to_owned(),
+    ] {
+        assert!(caller.groups.contains(&g), "{g} in {:?}", caller.groups);
+    }
 
     // Verbs are checked per method: carol may call tools but not DELETE.
     let r = authed(&server, &http, &carol, "c-1").bash("true").await;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -30,7 +32,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use cli_mcp_api::proxy::{Domain, Injector, Route, RouteTable};
 use cli_mcp_proxy::upstream::Timeouts;
-use cli_mcp_proxy::{Config, Limits, Proxy, Shared};
+use cli_mcp_proxy::{Config, Limits, Proxy, SandboxCheck, Shared};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -325,7 +327,19 @@ impl Inputs {
             shutdown_delay: Duration::ZERO,
             grace: Duration::from_secs(10),
             leaf_cache: NonZeroUsize::new(16).unwrap(),
+            // The tests of everything after admission; tests/identity.rs verifies sandboxes.
+            sandboxes: SandboxCheck::Unverified,
+            audit_log: Some(p("audit.log")),
         }
+    }
+
+    /// The audit lines written so far, parsed.
+    pub fn audit_lines(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("an audit line is JSON"))
+            .collect()
     }
 }
 
@@ -340,7 +354,14 @@ pub struct Running {
 
 impl Running {
     pub async fn start(config: Config) -> Self {
-        let proxy = Proxy::bind(&config).await.expect("the proxy starts");
+        Self::start_with(config, None).await
+    }
+
+    /// With `client` as the proxy's own identity (a verifying proxy).
+    pub async fn start_with(config: Config, client: Option<kube::Client>) -> Self {
+        let proxy = Proxy::bind_with(&config, client)
+            .await
+            .expect("the proxy starts");
         let addr = proxy.local_addr().unwrap();
         let health = proxy.health_addr().unwrap();
         let shared = proxy.shared();
@@ -466,8 +487,19 @@ pub async fn tunnel(
     sni: Option<&str>,
     proxy_ca: &TestCa,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    tunnel_as(proxy, target, sni, proxy_ca, "").await
+}
+
+/// [`tunnel`] with `extra` header lines (each ending in CRLF) on the CONNECT.
+pub async fn tunnel_as(
+    proxy: SocketAddr,
+    target: &str,
+    sni: Option<&str>,
+    proxy_ca: &TestCa,
+    extra: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut tcp = TcpStream::connect(proxy).await?;
-    tcp.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+    tcp.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n").as_bytes())
         .await?;
     let head = read_head(&mut tcp).await;
     assert!(head.starts_with("HTTP/1.1 200"), "CONNECT {target}: {head}");

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -335,6 +335,7 @@ impl Authenticator {
             None => check_audiences(&self.options.audiences, status.audiences.as_deref())?,
         }
         let username = user.username.clone().unwrap_or_default();
+        let caller = caller_of(&user);
 
         let sar = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
@@ -365,7 +366,7 @@ impl Authenticator {
         .map_err(|e| AuthError::Unavailable(format!("SubjectAccessReview failed: {e}")))?;
         let status = reviewed.status.unwrap_or_default();
         if status.allowed {
-            return Ok(Caller::identified(&username));
+            return Ok(caller);
         }
         let reason = status
             .reason
@@ -382,6 +383,13 @@ impl Authenticator {
             ns = self.namespace,
         )))
     }
+}
+
+/// The caller an authenticated TokenReview names: its username and groups (bounded, see
+/// [`Caller::with_groups`]), recorded on the pods of its sessions.
+fn caller_of(user: &UserInfo) -> Caller {
+    Caller::identified(user.username.as_deref().unwrap_or_default())
+        .with_groups(user.groups.clone().unwrap_or_default())
 }
 
 /// Counts a review in `token_reviews_in_flight` (and its high-water mark) while it lives.
@@ -504,12 +512,13 @@ mod tests {
         let t0 = Instant::now();
         let mut c = DecisionCache::new(4096, Duration::from_secs(10), Duration::from_secs(5));
         let alice = key(u32::MAX, Verb::Create);
-        c.put(alice, Ok(Caller::identified("alice")), t0);
+        let caller = Caller::identified("alice").with_groups(vec!["dev".into()]);
+        c.put(alice, Ok(caller.clone()), t0);
         for n in 0..4200 {
             c.put(key(n, Verb::Create), junk(), t0);
         }
         assert_eq!(c.len(), (1, 4096), "refusals are bounded on their own");
-        assert_eq!(c.get(&alice, t0), Some(Ok(Caller::identified("alice"))));
+        assert_eq!(c.get(&alice, t0), Some(Ok(caller)), "with its groups");
         // The most recent junk is still known (reviewed once per TTL), the oldest went first.
         assert_eq!(c.get(&key(4199, Verb::Create), t0), Some(junk()));
         assert_eq!(c.get(&key(0, Verb::Create), t0), None);
@@ -604,11 +613,57 @@ mod tests {
     }
 
     #[test]
+    fn an_authenticated_review_names_the_callers_groups() {
+        // A TokenReview status as the API server answers it for a ServiceAccount token.
+        let reviewed: TokenReview = serde_json::from_value(serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {},
+            "status": {
+                "authenticated": true,
+                "user": {
+                    "username": "system:serviceaccount:ns:alice",
+                    "uid": "u-1",
+                    "groups": ["system:serviceaccounts", "system:serviceaccounts:ns",
+                               "system:authenticated"]
+                }
+            }
+        }))
+        .expect("a TokenReview");
+        let user = reviewed.status.and_then(|s| s.user).expect("user");
+        let c = caller_of(&user);
+        assert_eq!(c.name, "system:serviceaccount:ns:alice");
+        assert_eq!(
+            c.groups,
+            [
+                "system:serviceaccounts",
+                "system:serviceaccounts:ns",
+                "system:authenticated"
+            ]
+        );
+        assert_eq!(c.owner, Caller::identified(&c.name).owner);
+        // No groups in the review: none on the caller.
+        let bare = UserInfo {
+            username: Some("bob".into()),
+            ..Default::default()
+        };
+        assert!(caller_of(&bare).groups.is_empty());
+    }
+
+    #[test]
     fn memory_of_full_caches() {
         // Printed for docs/server.md: both caches full, refusals with a realistic message.
         let t0 = Instant::now();
         let mut c = DecisionCache::new(CACHE_CAPACITY, DECISION_TTL, DECISION_TTL / 2);
         let msg = not_accepted(Some("[invalid bearer token, square/go-jose: error in cryptographic primitive, token lookup failed]"), &[]);
+        // A ServiceAccount's groups.
+        let groups: Vec<String> = [
+            "system:serviceaccounts",
+            "system:serviceaccounts:team-a",
+            "system:authenticated",
+        ]
+        .map(String::from)
+        .to_vec();
         for n in 0..CACHE_CAPACITY as u32 {
             c.put(
                 key(n, Verb::Create),
@@ -617,15 +672,20 @@ mod tests {
             );
             c.put(
                 key(n + 1_000_000, Verb::Create),
-                Ok(Caller::identified(
-                    "system:serviceaccount:team-a:agent-1234",
-                )),
+                Ok(
+                    Caller::identified("system:serviceaccount:team-a:agent-1234")
+                        .with_groups(groups.clone()),
+                ),
                 t0,
             );
         }
         let entry = std::mem::size_of::<(Key, Cached)>() + 3 * std::mem::size_of::<usize>();
         let refused = CACHE_CAPACITY * (entry + msg.len());
-        let allowed = CACHE_CAPACITY * (entry + 2 * 64 + 40);
+        let group_bytes: usize = groups
+            .iter()
+            .map(|g| std::mem::size_of::<String>() + g.len())
+            .sum();
+        let allowed = CACHE_CAPACITY * (entry + 2 * 64 + 40 + group_bytes);
         eprintln!(
             "decision cache at its bound: ~{} KiB refused + ~{} KiB allowed",
             refused / 1024,

@@ -116,8 +116,7 @@ impl Starter {
             let Some(rv) = pod.resource_version() else {
                 return Ok(None);
             };
-            let owner = caller.owner.as_deref();
-            let patch = claim_patch(&rv, sid, token, nonce, owner, &stamp_now());
+            let patch = claim_patch(&rv, sid, token, nonce, caller, &stamp_now());
             match timed(
                 "claim",
                 self.pods
@@ -203,21 +202,25 @@ impl Starter {
 }
 
 /// The claim's merge patch of a warm pod at `resource_version` (the guard): the session's
-/// label and launch, its token's hash and nonce, the first activity stamp, and the owner.
+/// label and launch, its token's hash and nonce, the first activity stamp, and with auth the
+/// owner and the caller (user and groups, for the credential proxy's audit and impersonation).
 fn claim_patch(
     resource_version: &str,
     sid: &SessionId,
     token: &str,
     nonce: &SandboxNonce,
-    owner: Option<&str>,
+    caller: &Caller,
     stamp: &str,
 ) -> serde_json::Value {
     let mut annotations = serde_json::Map::new();
     annotations.insert(annotation::TOKEN_SHA256.into(), json!(token));
     annotations.insert(annotation::SANDBOX_NONCE.into(), json!(nonce.to_hex()));
     annotations.insert(annotation::LAST_ACTIVITY.into(), json!(stamp));
-    if let Some(owner) = owner {
+    if let Some(owner) = &caller.owner {
         annotations.insert(annotation::OWNER.into(), json!(owner));
+    }
+    if let Some(who) = caller.annotation() {
+        annotations.insert(annotation::CALLER.into(), json!(who));
     }
     json!({
         "metadata": {
@@ -239,6 +242,7 @@ mod tests {
     use super::*;
 
     use cli_mcp_api::names::PoolSuffix;
+    use cli_mcp_api::proxy::SessionCaller;
     use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxRole};
 
     use crate::sessions::kubernetes::testing::{cfg, key, planted_namesake, stored_and_sealed};
@@ -250,14 +254,8 @@ mod tests {
     #[test]
     fn the_claim_is_guarded_and_carries_the_session_its_token_and_its_owner() {
         let nonce = SandboxNonce::from_bytes([3; 16]);
-        let p = claim_patch(
-            "42",
-            &sid(),
-            "abc",
-            &nonce,
-            Some("o1"),
-            "2026-12-06T00:00:00Z",
-        );
+        let alice = Caller::identified("alice").with_groups(vec!["dev".into(), "ops".into()]);
+        let p = claim_patch("42", &sid(), "abc", &nonce, &alice, "2026-12-06T00:00:00Z");
         let meta = &p["metadata"];
         assert_eq!(
             meta["resourceVersion"], "42",
@@ -269,11 +267,45 @@ mod tests {
         assert_eq!(a[annotation::TOKEN_SHA256], "abc");
         assert_eq!(a[annotation::SANDBOX_NONCE], nonce.to_hex());
         assert_eq!(a[annotation::LAST_ACTIVITY], "2026-12-06T00:00:00Z");
-        assert_eq!(a[annotation::OWNER], "o1");
-        let anonymous = claim_patch("42", &sid(), "abc", &nonce, None, "t");
-        assert!(anonymous["metadata"]["annotations"]
-            .get(annotation::OWNER)
-            .is_none());
+        assert_eq!(a[annotation::OWNER], crate::auth::owner_hash("alice"));
+        let who = a[annotation::CALLER].as_str().expect("a string annotation");
+        assert_eq!(
+            SessionCaller::from_annotation(who),
+            Some(SessionCaller {
+                user: "alice".into(),
+                groups: vec!["dev".into(), "ops".into()],
+            })
+        );
+        // --auth none: no owner, no caller (the proxy knows none).
+        let anonymous = claim_patch("42", &sid(), "abc", &nonce, &Caller::anonymous(), "t");
+        let a = &anonymous["metadata"]["annotations"];
+        assert!(a.get(annotation::OWNER).is_none());
+        assert!(a.get(annotation::CALLER).is_none());
+    }
+
+    #[test]
+    fn the_claims_caller_annotation_is_bounded() {
+        let groups: Vec<String> = (0..500)
+            .map(|n| format!("group-{n:04}-{}", "x".repeat(40)))
+            .collect();
+        let many = Caller::identified("alice").with_groups(groups);
+        let nonce = SandboxNonce::from_bytes([3; 16]);
+        let p = claim_patch("42", &sid(), "abc", &nonce, &many, "t");
+        let who = p["metadata"]["annotations"][annotation::CALLER]
+            .as_str()
+            .expect("a string annotation");
+        assert!(
+            who.len() <= crate::auth::MAX_CALLER_ANNOTATION,
+            "{}",
+            who.len()
+        );
+        let back = SessionCaller::from_annotation(who).expect("valid");
+        assert_eq!(back.user, "alice");
+        assert!(!back.groups.is_empty() && back.groups.len() <= crate::auth::MAX_CALLER_GROUPS);
+        assert!(
+            back.groups[0].starts_with("group-0000-"),
+            "the first ones are kept"
+        );
     }
 
     #[test]

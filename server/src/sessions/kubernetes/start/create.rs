@@ -136,7 +136,7 @@ impl Starter {
         caller: &Caller,
     ) -> Result<(Pod, bool), SessionError> {
         self.proxy_serves().await?;
-        let pod = build_sandbox_pod(
+        let mut pod = build_sandbox_pod(
             &self.cfg,
             &SandboxRole::session(
                 &self.key,
@@ -146,6 +146,7 @@ impl Starter {
             ),
             &stamp_now(),
         );
+        record_caller(&mut pod, caller);
         let name = pod.name_any();
         for _ in 0..3 {
             match self.pods.api().create(&PostParams::default(), &pod).await {
@@ -205,6 +206,14 @@ impl Starter {
     }
 }
 
+/// With auth, who the session's pod serves (annotation `caller`: user and groups), for the
+/// credential proxy's audit and impersonation; with auth off, nothing.
+fn record_caller(pod: &mut Pod, caller: &Caller) {
+    if let Some(who) = caller.annotation() {
+        pod.annotations_mut().insert(annotation::CALLER.into(), who);
+    }
+}
+
 /// What the created pod `p` comes to, given its seal (`seal_written`), the bind of its
 /// slots (`bound`) and the wait for its agent (`ready`).
 fn after_create(
@@ -248,6 +257,24 @@ mod tests {
 
     fn err(m: &str) -> SessionError {
         SessionError::Sandbox(m.into())
+    }
+
+    #[test]
+    fn a_created_pod_records_its_caller_only_with_auth() {
+        use cli_mcp_api::proxy::SessionCaller;
+        let mut p = pod("u1");
+        record_caller(&mut p, &Caller::anonymous());
+        assert!(p.annotations().get(annotation::CALLER).is_none());
+        let alice = Caller::identified("alice").with_groups(vec!["dev".into()]);
+        record_caller(&mut p, &alice);
+        let who = p.annotations().get(annotation::CALLER).expect("auth on");
+        assert_eq!(
+            SessionCaller::from_annotation(who),
+            Some(SessionCaller {
+                user: "alice".into(),
+                groups: vec!["dev".into()],
+            })
+        );
     }
 
     #[test]
