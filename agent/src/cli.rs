@@ -7,7 +7,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 
-use cli_mcp_api::wire::{DEFAULT_OUTPUT_BUDGET, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS};
+use cli_mcp_api::wire::{
+    DEFAULT_OUTPUT_BUDGET, DEFAULT_TIMEOUT_MS, ENV_RELAY_LISTEN, ENV_RELAY_TOKEN_FILE,
+    ENV_RELAY_UPSTREAM, MAX_TIMEOUT_MS,
+};
+
+use crate::relay::{check_upstream, Relay, RelayLimits};
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -100,6 +105,25 @@ pub struct Flags {
     /// on the pod's pids cgroup.
     #[arg(long, env = "CLI_MCP_AGENT_NPROC_RLIMIT", default_value_t = true, action = clap::ArgAction::Set)]
     pub nproc_rlimit: bool,
+    /// Where the proxy relay listens (the sandbox's `HTTPS_PROXY`; loopback, so only the pod
+    /// reaches it). The relay runs when this, `--proxy-upstream` and `--proxy-token-file` are
+    /// set, and not at all when none is.
+    #[arg(long, env = ENV_RELAY_LISTEN)]
+    pub proxy_relay_listen: Option<SocketAddr>,
+    /// The instance's credential proxy, `host:port`, that the relay forwards to.
+    #[arg(long, env = ENV_RELAY_UPSTREAM)]
+    pub proxy_upstream: Option<String>,
+    /// The file holding the pod's proof of identity for the proxy (its projected
+    /// ServiceAccount token), read again for every relayed connection.
+    #[arg(long, env = ENV_RELAY_TOKEN_FILE)]
+    pub proxy_token_file: Option<PathBuf>,
+    /// Connections the relay forwards at once; one more is answered 503.
+    #[arg(
+        long,
+        env = "CLI_MCP_AGENT_PROXY_RELAY_MAX_CONNECTIONS",
+        default_value_t = 256
+    )]
+    pub proxy_relay_max_connections: usize,
     /// Log as JSON lines (the default in a cluster).
     #[arg(long, env = "CLI_MCP_AGENT_LOG_JSON", default_value_t = false)]
     pub log_json: bool,
@@ -122,6 +146,57 @@ impl Flags {
         })
     }
 
+    /// The proxy relay's address and set-up, if the three relay flags are set; `None` if none
+    /// is (the server's local backend has no proxy). Only some of them is a mistake in the
+    /// pod spec, refused here rather than leaving the sandbox without its proxy.
+    pub fn relay(&self) -> anyhow::Result<Option<(SocketAddr, Relay)>> {
+        let upstream = self.proxy_upstream.as_deref().filter(|u| !u.is_empty());
+        let token_file = self
+            .proxy_token_file
+            .as_ref()
+            .filter(|f| !f.as_os_str().is_empty());
+        let (listen, upstream, token_file) = match (self.proxy_relay_listen, upstream, token_file) {
+            (None, None, None) => return Ok(None),
+            (Some(listen), Some(upstream), Some(token_file)) => (listen, upstream, token_file),
+            (listen, upstream, token_file) => {
+                let missing: Vec<String> = [
+                    ("--proxy-relay-listen", ENV_RELAY_LISTEN, listen.is_none()),
+                    ("--proxy-upstream", ENV_RELAY_UPSTREAM, upstream.is_none()),
+                    (
+                        "--proxy-token-file",
+                        ENV_RELAY_TOKEN_FILE,
+                        token_file.is_none(),
+                    ),
+                ]
+                .into_iter()
+                .filter(|(_, _, missing)| *missing)
+                .map(|(flag, env, _)| format!("{flag} ({env})"))
+                .collect();
+                anyhow::bail!(
+                    "the proxy relay needs --proxy-relay-listen, --proxy-upstream and \
+                     --proxy-token-file together, and {} is not set: set all three, or none \
+                     for no relay",
+                    missing.join(" and ")
+                );
+            }
+        };
+        check_upstream(upstream)
+            .map_err(|e| anyhow::anyhow!("--proxy-upstream: {e}; give the proxy as host:port"))?;
+        anyhow::ensure!(
+            self.proxy_relay_max_connections > 0,
+            "--proxy-relay-max-connections must be at least 1"
+        );
+        let relay = Relay {
+            upstream: upstream.to_owned(),
+            token_file: token_file.clone(),
+            limits: RelayLimits {
+                max_connections: self.proxy_relay_max_connections,
+                ..RelayLimits::default()
+            },
+        };
+        Ok(Some((listen, relay)))
+    }
+
     /// `--workdir` (made absolute, as it is reported as the shell's directory after a reset),
     /// else `$HOME` if it is a directory, else the current directory.
     pub fn resolve_workdir(&self) -> anyhow::Result<PathBuf> {
@@ -139,5 +214,61 @@ impl Flags {
             }
         }
         std::env::current_dir().context("cannot determine a working directory; pass --workdir")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        Flags::try_parse_from(std::iter::once("cli-mcp-agent").chain(args.iter().copied()))
+            .expect("flags parse")
+    }
+
+    #[test]
+    fn the_relay_takes_all_three_flags_or_none() {
+        // The environment of the test run must not set them.
+        if [ENV_RELAY_LISTEN, ENV_RELAY_UPSTREAM, ENV_RELAY_TOKEN_FILE]
+            .iter()
+            .any(|env| std::env::var_os(env).is_some())
+        {
+            return;
+        }
+        assert!(flags(&[]).relay().expect("no relay").is_none());
+        let (listen, relay) = flags(&[
+            "--proxy-relay-listen",
+            "127.0.0.1:3128",
+            "--proxy-upstream",
+            "p.ns.svc:8080",
+            "--proxy-token-file",
+            "/t/token",
+        ])
+        .relay()
+        .expect("valid")
+        .expect("a relay");
+        assert_eq!(listen.to_string(), "127.0.0.1:3128");
+        assert_eq!(relay.upstream, "p.ns.svc:8080");
+        assert_eq!(relay.limits.max_connections, 256);
+        let err = flags(&["--proxy-upstream", "p.ns.svc:8080"])
+            .relay()
+            .expect_err("incomplete")
+            .to_string();
+        assert!(
+            err.contains("--proxy-relay-listen (CLI_MCP_AGENT_PROXY_RELAY_LISTEN)")
+                && err.contains("--proxy-token-file (CLI_MCP_AGENT_PROXY_TOKEN_FILE)")
+                && !err.contains("--proxy-upstream (")
+        );
+        let err = flags(&[
+            "--proxy-relay-listen",
+            "127.0.0.1:3128",
+            "--proxy-upstream",
+            "http://p.ns.svc:8080",
+            "--proxy-token-file",
+            "/t/token",
+        ])
+        .relay()
+        .expect_err("a URL");
+        assert!(err.to_string().contains("host:port"), "{err}");
     }
 }

@@ -14,6 +14,8 @@
 //!   [`files`] reads spills and workspace files back in bounded chunks (`GET /files/…`).
 //! - [`http`] is the axum API: `/exec`, `/exec/progress`, `/files/…`, `/assign`,
 //!   `/healthz`; [`serve`] accepts and bounds connections.
+//! - [`relay`] is the sandbox's `HTTPS_PROXY`: it forwards each proxy connection to the
+//!   instance's credential proxy with the pod's token as `Proxy-Authorization`.
 //! - [`cli`] holds the flags; [`run`] starts, serves and shuts down the agent.
 
 // `unsafe` only where audited: the child's set-up before exec (`shell::bash::prepare_child`)
@@ -28,6 +30,7 @@ pub mod output;
 pub mod procs;
 pub mod progress;
 pub mod reaper;
+pub mod relay;
 pub mod replay;
 pub mod run;
 pub mod runner;

@@ -1,5 +1,5 @@
-//! The agent's life: start-up (assignment, shell, listener), serving, and a bounded,
-//! graceful shutdown on SIGTERM/SIGINT.
+//! The agent's life: start-up (assignment, shell, listener, proxy relay), serving, and a
+//! bounded, graceful shutdown on SIGTERM/SIGINT.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use cli_mcp_api::signals::Signals;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
 
@@ -15,11 +16,14 @@ use crate::cli::Flags;
 use crate::http::{router, AgentState, Limits};
 use crate::procs;
 use crate::reaper::Reaper;
+use crate::relay::{self, Relay};
 use crate::serve::{serve, ServeOptions};
 use crate::shell::{Shell, ShellOptions};
 
 /// Serves until SIGTERM/SIGINT, then drains and kills everything the shell started.
 pub async fn run(flags: Flags) -> anyhow::Result<()> {
+    // The relay's flags first: a pod spec with only some of them fails before anything starts.
+    let relay = flags.relay()?;
     let state = start(&flags)?;
     // Before anything is announced: a SIGTERM that arrives right after start must take the
     // graceful path, not the default action.
@@ -27,6 +31,10 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
     if let Some(parent) = flags.parent_pid {
         stop_with_parent(parent)?;
     }
+    let relay = match relay {
+        Some((listen, relay)) => Some(start_relay(listen, relay).await?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(flags.listen)
         .await
         .with_context(|| format!("cannot listen on {}", flags.listen))?;
@@ -58,7 +66,38 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
         } => tracing::warn!("connections still open after the drain; closing them"),
     }
     stop(&state, flags.kill_grace()).await;
+    if let Some((stop_relay, relay)) = relay {
+        stop_relay.send_replace(true);
+        let _ = relay.await;
+    }
     Ok(())
+}
+
+/// Listens for the proxy relay and serves it in a task, until told to stop. It outlives the
+/// HTTP server's drain on purpose: a command still running then may need the network.
+async fn start_relay(
+    listen: std::net::SocketAddr,
+    relay: Relay,
+) -> anyhow::Result<(watch::Sender<bool>, JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {listen} for the proxy relay (--proxy-relay-listen); is \
+                 another process on that port?"
+            )
+        })?;
+    if !listen.ip().is_loopback() {
+        tracing::warn!(%listen, "the proxy relay listens beyond loopback: whoever reaches it uses the pod's identity");
+    }
+    tracing::info!(
+        %listen,
+        upstream = %relay.upstream,
+        token_file = %relay.token_file.display(),
+        "proxy relay ready"
+    );
+    let (stop, stopped) = watch::channel(false);
+    Ok((stop, tokio::spawn(relay::serve(listener, relay, stopped))))
 }
 
 /// SIGTERM (the graceful path: the shell and everything it started are killed) when the
