@@ -836,7 +836,8 @@ async fn restarting_the_operator_during_pool_fill_and_teardown() {
     let at_kill = *seen_at_kill.lock().expect("lock");
     eprintln!("operator killed with {at_kill} pool pod(s) created; peak {peak}");
     assert!(peak <= 10, "never more than 10 pool pods, saw {peak}");
-    assert_eq!(env.cluster_bindings("o").await.len(), 1);
+    // The server's and the proxy's TokenReview bindings.
+    assert_eq!(env.cluster_bindings("o").await.len(), 2);
 
     // Teardown, with the operator killed once it has started.
     let op = new_op;

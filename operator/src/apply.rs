@@ -184,6 +184,9 @@ impl Desired {
         // Before the server: a sandbox it creates finds its proxy in place.
         if let Some(p) = &self.proxy {
             out.push(&p.service_account);
+            out.push(&p.role);
+            out.push(&p.role_binding);
+            out.push(&p.auth_delegator_binding);
             out.push(&p.config_map);
             out.push(&p.service);
             out.push(&p.network_policy);

@@ -1,6 +1,6 @@
 //! The finalizer's cleanup: quiesce the server, then remove every sandbox, then the
 //! credential proxy (Deployment and pods) and any session slot left without an owner, then
-//! the cluster-scoped binding, then release
+//! the cluster-scoped bindings (the server's and the proxy's), then release
 //! the CR. What is left to garbage collection is only what a re-created instance of the
 //! same name takes over by applying it again (Services, Roles, NetworkPolicies, ConfigMaps)
 //! or refuses to use (the generate-once Secrets carry their owner's UID). Each step is idempotent, so an operator
@@ -61,8 +61,8 @@ pub async fn cleanup(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Action> {
     t.remove_proxy().await?;
     // 3b. Delete the session slots no pod owns (client).
     t.remove_slots().await?;
-    // 4. Delete the cluster-scoped binding (client).
-    t.remove_cluster_binding().await?;
+    // 4. Delete the cluster-scoped bindings, the server's and the proxy's (client).
+    t.remove_cluster_bindings().await?;
     // 5. Release: what this process kept about the instance goes (client for the Event).
     t.release().await;
     Ok(Action::await_change())
@@ -222,16 +222,17 @@ impl Teardown<'_> {
         Ok(())
     }
 
-    /// The cluster-scoped binding has no owner reference: removed explicitly.
-    async fn remove_cluster_binding(&self) -> Result<()> {
-        let binding = self.name.auth_delegator_binding(self.ns);
+    /// The cluster-scoped bindings have no owner reference: removed explicitly.
+    async fn remove_cluster_bindings(&self) -> Result<()> {
         let crbs: Api<ClusterRoleBinding> = Api::all(self.ctx.client.clone());
-        match crbs.delete(&binding, &DeleteParams::default()).await {
-            Ok(_) => self.ctx.metrics.api_write("ClusterRoleBinding", "delete"),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => {
-                let what = format!("deleting ClusterRoleBinding {binding}");
-                return Err(Error::teardown(what)(e));
+        for binding in cluster_bindings(self.name, self.ns) {
+            match crbs.delete(&binding, &DeleteParams::default()).await {
+                Ok(_) => self.ctx.metrics.api_write("ClusterRoleBinding", "delete"),
+                Err(e) if is_status(&e, 404) => {}
+                Err(e) => {
+                    let what = format!("deleting ClusterRoleBinding {binding}");
+                    return Err(Error::teardown(what)(e));
+                }
             }
         }
         Ok(())
@@ -257,12 +258,21 @@ impl Teardown<'_> {
             ctx.isolation.forget(&uid);
         }
         crate::rotation::forget(ns, name.as_str());
-        ctx.applied.forget_prefix(&format!(
-            "ClusterRoleBinding//{}",
-            name.auth_delegator_binding(ns)
-        ));
+        for binding in cluster_bindings(name, ns) {
+            ctx.applied
+                .forget_prefix(&format!("ClusterRoleBinding//{binding}"));
+        }
         tracing::info!(namespace = %ns, instance = %name, "teardown complete; releasing the finalizer");
     }
+}
+
+/// The instance's cluster-scoped bindings to `system:auth-delegator`: the server's and the
+/// credential proxy's.
+fn cluster_bindings(name: &InstanceName, ns: &str) -> [String; 2] {
+    [
+        name.auth_delegator_binding(ns),
+        crate::children::rbac::proxy_auth_delegator_binding_name(name, ns),
+    ]
 }
 
 /// Deletes the proxy Deployment (if any) and reports how many of its pods still exist

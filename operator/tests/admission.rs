@@ -591,16 +591,23 @@ async fn client_as(c: &cli_mcp_e2e::testing::TestCluster, user: &str) -> kube::C
 /// No Secret ever reaches a sandbox: config/admission's sandbox pod policy (bound to this
 /// test's namespace only) refuses a sandbox pod with a Secret volume or a projected Secret,
 /// whichever Secret it names — the instance's HMAC key that forges session tokens, the
-/// kubeconfig the proxy holds — when a server (or the operator) makes it. The pod the
-/// builder makes passes. Requests are dry runs made as the server's ServiceAccount.
+/// kubeconfig the proxy holds — when a server (or the operator) makes it. The one token a
+/// sandbox holds is a projected ServiceAccount token for its own instance's proxy: one of
+/// another audience (another instance's proxy, the API server's, or none, which is the API
+/// server's too) is refused, and so is the right token projected together with anything
+/// else. The pod the builder makes, its proxy token included, passes. Requests are dry runs
+/// made as the server's ServiceAccount.
 #[tokio::test]
-async fn the_sandbox_pod_policy_refuses_any_secret_in_a_sandbox() {
+async fn the_sandbox_pod_policy_refuses_any_secret_or_foreign_token_in_a_sandbox() {
     use cli_mcp_api::names::{InstanceName, PoolSuffix};
+    use cli_mcp_api::proxy::{sandbox_token_audience, SANDBOX_TOKEN_VOLUME};
     use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, SandboxRole};
     use cli_mcp_api::token::Commitment;
     use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
     use k8s_openapi::api::core::v1::{
-        Pod, ProjectedVolumeSource, SecretProjection, SecretVolumeSource, Volume, VolumeProjection,
+        ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, ObjectFieldSelector,
+        Pod, ProjectedVolumeSource, SecretProjection, SecretVolumeSource,
+        ServiceAccountTokenProjection, Volume, VolumeProjection,
     };
     use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
     use kube::api::{DeleteParams, ObjectMeta};
@@ -784,7 +791,7 @@ patches:
     }
     pods.create(&dry, &builder_pod)
         .await
-        .expect("the builder's pod passes the policy");
+        .expect("the builder's pod, its proxy token included, passes the policy");
     for (what, pod) in &attacks {
         let e = pods
             .create(&dry, pod)
@@ -796,6 +803,186 @@ patches:
                 && e.contains("a cli-mcp sandbox pod mounts no Secret"),
             "{what}: {e}"
         );
+    }
+
+    // The proxy token: the builder's volume, one projection of this instance's proxy's
+    // audience. Each refusal names the volume and says which audience, or what alone, a
+    // projected volume may hold.
+    let own = sandbox_token_audience(n, INSTANCE);
+    let token_volume = builder_pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .and_then(|v| v.iter().find(|v| v.name == SANDBOX_TOKEN_VOLUME))
+        .expect("the builder mounts the proxy token");
+    assert_eq!(
+        token_volume
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_ref())
+            .map(|s| s
+                .iter()
+                .map(|s| s.service_account_token.as_ref()?.audience.clone())
+                .collect::<Vec<_>>()),
+        Some(vec![Some(own.clone())]),
+        "the builder's proxy token: one projection, this instance's proxy's audience"
+    );
+    let token = |audience: Option<&str>| VolumeProjection {
+        service_account_token: Some(ServiceAccountTokenProjection {
+            audience: audience.map(str::to_owned),
+            expiration_seconds: Some(600),
+            path: "token".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let projected_volume = |name: &str, sources: Vec<VolumeProjection>| Volume {
+        name: name.into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(sources),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    // The builder's pod with its proxy-token volume's sources replaced.
+    let with_token_sources = |sources: Vec<VolumeProjection>| {
+        let mut p = builder_pod.clone();
+        let volumes = p
+            .spec
+            .as_mut()
+            .and_then(|s| s.volumes.as_mut())
+            .expect("volumes");
+        let v = volumes
+            .iter_mut()
+            .find(|v| v.name == SANDBOX_TOKEN_VOLUME)
+            .expect("proxy-token volume");
+        *v = projected_volume(SANDBOX_TOKEN_VOLUME, sources);
+        p
+    };
+    let other = format!("cli-mcp-proxy:{n}:other");
+    let wrong_audience = format!(
+        "a cli-mcp sandbox pod projects ServiceAccount tokens only for its credential proxy, \
+         with audience {own} "
+    );
+    let only = format!(
+        "a cli-mcp sandbox pod mounts only emptyDirs, its downward-API annotations, ConfigMap \
+         cli-mcp-{INSTANCE}-proxy and projected volumes of nothing but ServiceAccount tokens \
+         of audience {own}; not "
+    );
+    let token_attacks: Vec<(&str, Pod, Vec<String>)> = vec![
+        (
+            "a token for another instance's proxy",
+            with_token_sources(vec![token(Some(&other))]),
+            vec![
+                wrong_audience.clone(),
+                format!("; not {SANDBOX_TOKEN_VOLUME} (audience {other})"),
+            ],
+        ),
+        (
+            "a token without an audience (the API server's)",
+            with_volume(projected_volume("token", vec![token(None)])),
+            vec![wrong_audience.clone(), "; not token (no audience)".into()],
+        ),
+        (
+            "a token for the API server",
+            with_volume(projected_volume(
+                "token",
+                vec![token(Some("https://kubernetes.default.svc"))],
+            )),
+            vec![
+                wrong_audience.clone(),
+                "; not token (audience https://kubernetes.default.svc)".into(),
+            ],
+        ),
+        (
+            "the proxy's token next to a token for the API server",
+            with_token_sources(vec![
+                token(Some(&own)),
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some("https://kubernetes.default.svc".into()),
+                        expiration_seconds: Some(600),
+                        path: "admin".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ]),
+            vec![
+                wrong_audience.clone(),
+                format!("; not {SANDBOX_TOKEN_VOLUME} (audience https://kubernetes.default.svc)"),
+            ],
+        ),
+        (
+            "the proxy's token projected with the proxy ConfigMap",
+            with_token_sources(vec![
+                token(Some(&own)),
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: format!("cli-mcp-{INSTANCE}-proxy"),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ]),
+            vec![format!("{only}{SANDBOX_TOKEN_VOLUME}")],
+        ),
+        (
+            "the proxy's token projected with the pod's labels",
+            with_token_sources(vec![
+                token(Some(&own)),
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "labels".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: "metadata.labels".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }]),
+                    }),
+                    ..Default::default()
+                },
+            ]),
+            vec![format!("{only}{SANDBOX_TOKEN_VOLUME}")],
+        ),
+        (
+            "the proxy's token projected with the instance's HMAC Secret",
+            with_token_sources(vec![
+                token(Some(&own)),
+                VolumeProjection {
+                    secret: Some(SecretProjection {
+                        name: format!("cli-mcp-{INSTANCE}-hmac"),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ]),
+            vec![
+                "a cli-mcp sandbox pod mounts no Secret, not even projected".into(),
+                format!("; not {SANDBOX_TOKEN_VOLUME}"),
+            ],
+        ),
+        (
+            "an empty projected volume",
+            with_token_sources(vec![]),
+            vec![format!("{only}{SANDBOX_TOKEN_VOLUME}")],
+        ),
+    ];
+    for (what, pod, wants) in &token_attacks {
+        let e = pods
+            .create(&dry, pod)
+            .await
+            .expect_err(&format!("a sandbox pod with {what} must be refused"))
+            .to_string();
+        assert!(e.contains("cli-mcp-sandbox-pods"), "{what}: {e}");
+        for want in wants {
+            assert!(
+                e.contains(want.as_str()),
+                "{what}: {e:?} should contain {want:?}"
+            );
+        }
     }
 
     for (api, name) in outside {

@@ -144,11 +144,16 @@ async fn sample_becomes_ready_with_all_children() {
     .await;
     for pod in &warm {
         let spec = pod.spec.as_ref().expect("spec");
+        // No Secret, and the one projected volume holds only the proxy token.
         assert!(
-            spec.volumes
-                .iter()
-                .flatten()
-                .all(|v| v.secret.is_none() && v.projected.is_none()),
+            spec.volumes.iter().flatten().all(|v| v.secret.is_none()
+                && v.projected
+                    .as_ref()
+                    .is_none_or(|p| p.sources.iter().flatten().all(|s| s
+                        .service_account_token
+                        .is_some()
+                        && s.secret.is_none()
+                        && s.config_map.is_none()))),
             "a sandbox mounts no Secret: {:?}",
             spec.volumes
         );

@@ -688,6 +688,21 @@ async fn attempt(w: &World, b: &Bindings, request: &str, identity: &str) -> Resu
                 let crb = lookalike_binding(&w.ns, subject, "system:auth-delegator");
                 crbs.create(&dry_post(), &crb).await.map(drop)
             }
+            "bind system:auth-delegator, labelled as the instance's credential proxy's, to ServiceAccount default" => {
+                let subject = Subject {
+                    name: "default".into(),
+                    ..server_subject(&w.ns)
+                };
+                let mut crb = lookalike_binding(&w.ns, subject, "system:auth-delegator");
+                crb.metadata.name = Some(format!(
+                    "cli-mcp-{}-{INSTANCE}-proxy-auth-delegator-ffffffff",
+                    w.ns
+                ));
+                if let Some(l) = crb.metadata.labels.as_mut() {
+                    l.insert(label::COMPONENT.to_owned(), label::COMPONENT_PROXY.to_owned());
+                }
+                crbs.create(&dry_post(), &crb).await.map(drop)
+            }
             "bind its own ClusterRole, labelled as the instance's, to the instance's server" => {
                 let crb = lookalike_binding(&w.ns, server_subject(&w.ns), &b.operator_role);
                 crbs.create(&dry_post(), &crb).await.map(drop)

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::placement::{PlacementPart, PlacementSpec};
 use super::resources;
+use crate::proxy::RouteIdentity;
 
 /// Most proxy targets of one instance.
 pub const MAX_PROXY_TARGETS: usize = 8;
@@ -104,6 +105,9 @@ pub(super) fn default_proxy_resources() -> ResourceRequirements {
     ),
     validation = Rule::new("self.type == 'allowlist' || !has(self.caConfigMap)").message(
         "spec.proxy.targets: caConfigMap belongs to an allowlist target; a kubernetes target trusts the CA embedded in its kubeconfig"
+    ),
+    validation = Rule::new("self.type == 'kubernetes' || !has(self.identity)").message(
+        "spec.proxy.targets: identity belongs to a kubernetes target; an allowlist target injects no credential, so there is no identity to choose; remove identity"
     )
 )]
 pub struct ProxyTarget {
@@ -144,6 +148,18 @@ pub struct ProxyTarget {
         "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
     ).message("spec.proxy.targets[].caConfigMap must be the name of a ConfigMap (a DNS-1123 subdomain)"))]
     pub ca_config_map: Option<String>,
+
+    /// Kubernetes targets: whose identity the requests reach the API servers with.
+    /// `shared` (default): the kubeconfig's user, for every session alike.
+    /// `impersonateCaller`: the kubeconfig's user impersonates the session's MCP caller (user
+    /// and groups) and names the session in the extra `cli-mcp.redhat.com/session`, so the
+    /// cluster's RBAC decides per person and its audit log names person and session. The
+    /// kubeconfig's user then needs `impersonate` on `users`, `groups` (and `serviceaccounts`
+    /// for ServiceAccount callers) and `userextras/cli-mcp.redhat.com/session`
+    /// (docs/contract.md). A session without a caller (`spec.server.auth: None`) is refused,
+    /// never served as the shared identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<ProxyTargetIdentity>,
 }
 
 /// Kind of a proxy target.
@@ -152,4 +168,65 @@ pub struct ProxyTarget {
 pub enum ProxyTargetType {
     Kubernetes,
     Allowlist,
+}
+
+/// Whose identity a kubernetes target's requests carry (`spec.proxy.targets[].identity`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ProxyTargetIdentity {
+    // The kubeconfig's user (plain comments: variant docs would make the schema a oneOf).
+    #[default]
+    Shared,
+    // The session's MCP caller, impersonated by the kubeconfig's user.
+    ImpersonateCaller,
+}
+
+impl From<ProxyTargetIdentity> for RouteIdentity {
+    fn from(i: ProxyTargetIdentity) -> Self {
+        match i {
+            ProxyTargetIdentity::Shared => RouteIdentity::Shared,
+            ProxyTargetIdentity::ImpersonateCaller => RouteIdentity::ImpersonateCaller,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use crate::crd::CliMcpInstance;
+
+    /// `identity` is `shared` or `impersonateCaller`, with no schema default (a default would
+    /// be stored on allow-list targets too, which the rule below refuses), and admission
+    /// refuses it on an allow-list target.
+    #[test]
+    fn identity_is_two_values_on_kubernetes_targets_only() {
+        let crd = serde_json::to_value(CliMcpInstance::crd()).expect("json");
+        let target = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["proxy"]["properties"]["targets"]["items"];
+        let identity = &target["properties"]["identity"];
+        let values: Vec<_> = identity["enum"]
+            .as_array()
+            .expect("enum")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(values, ["shared", "impersonateCaller"]);
+        assert!(identity.get("default").is_none(), "{identity}");
+        assert!(identity["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("userextras/cli-mcp.redhat.com/session")));
+        let rules = target["x-kubernetes-validations"]
+            .as_array()
+            .expect("rules");
+        assert!(
+            rules.iter().any(
+                |r| r["rule"] == "self.type == 'kubernetes' || !has(self.identity)"
+                    && r["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("identity belongs to a kubernetes target"))
+            ),
+            "{rules:?}"
+        );
+    }
 }

@@ -13,7 +13,7 @@ use super::{
     CliMcpInstance, PlacementSpec, ProxySpec, ProxyTarget, ProxyTargetType, SandboxSpec, ServerSpec,
 };
 use crate::names::{InstanceName, InstanceNameError};
-use crate::proxy::{Domain, RouteError};
+use crate::proxy::{Domain, RouteError, RouteIdentity};
 use crate::sandbox::{allowed_sandbox_env, Placement, SandboxConfig, SandboxProxy};
 
 /// Why a CR cannot be turned into a sandbox configuration (the CRD's admission rules make
@@ -42,6 +42,8 @@ pub enum CrdError {
 pub struct ProxyPlan {
     /// The Secret whose `kubeconfig` the proxy holds, with a kubernetes target.
     pub kubeconfig_secret: Option<String>,
+    /// Whose identity the kubernetes target's routes carry (its `identity`, default shared).
+    pub kubernetes_identity: RouteIdentity,
     /// Allow-listed upstreams, sorted, each once.
     pub allowlist: Vec<Domain>,
     /// The allow-listed upstreams verified against a CA of their own: domain → the
@@ -135,6 +137,7 @@ impl ProxySpec {
                 secret_name,
                 domains: None,
                 ca_config_map: None,
+                identity: None,
             }],
             replicas: super::proxy::default_proxy_replicas(),
             resources: super::proxy::default_proxy_resources(),
@@ -193,6 +196,7 @@ impl CliMcpInstance {
     pub fn proxy_plan(&self) -> Result<ProxyPlan, CrdError> {
         let p = self.proxy_spec();
         let mut kubeconfig_secret = None;
+        let mut kubernetes_identity = RouteIdentity::Shared;
         let mut allowlist = Vec::new();
         let mut allowlist_cas = BTreeMap::new();
         for t in &p.targets {
@@ -202,6 +206,7 @@ impl CliMcpInstance {
                         Some(s) => s.clone(),
                         None => self.instance_name()?.kubeconfig_secret(),
                     });
+                    kubernetes_identity = t.identity.unwrap_or_default().into();
                 }
                 ProxyTargetType::Allowlist => {
                     for d in t.domains.iter().flatten() {
@@ -228,6 +233,7 @@ impl CliMcpInstance {
         allowlist.dedup();
         Ok(ProxyPlan {
             kubeconfig_secret,
+            kubernetes_identity,
             allowlist,
             allowlist_cas,
             replicas: p.replicas,
@@ -395,6 +401,39 @@ mod tests {
             e.contains("*.example.com") && e.contains("without '*'"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_kubernetes_targets_identity_is_planned_shared_by_default() {
+        let identity = |target: serde_json::Value| {
+            cr(serde_json::json!({"proxy": {"targets": [target]}}))
+                .proxy_plan()
+                .expect("plan")
+                .kubernetes_identity
+        };
+        assert_eq!(
+            identity(serde_json::json!({"type": "kubernetes"})),
+            RouteIdentity::Shared
+        );
+        assert_eq!(
+            identity(serde_json::json!({"type": "kubernetes", "identity": "shared"})),
+            RouteIdentity::Shared
+        );
+        assert_eq!(
+            identity(serde_json::json!({"type": "kubernetes", "identity": "impersonateCaller"})),
+            RouteIdentity::ImpersonateCaller
+        );
+        // The implied proxy shares the kubeconfig's identity, as before the field.
+        let implied = cr(serde_json::json!({})).proxy_plan().expect("plan");
+        assert_eq!(implied.kubernetes_identity, RouteIdentity::Shared);
+        // Only the two values parse.
+        let bad: Result<crate::crd::CliMcpInstance, _> =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "cli-mcp.redhat.com/v1alpha1", "kind": "CliMcpInstance",
+                "metadata": {"name": "demo", "namespace": "ns1"},
+                "spec": {"proxy": {"targets": [{"type": "kubernetes", "identity": "caller"}]}}
+            }));
+        assert!(bad.is_err());
     }
 
     #[test]

@@ -273,7 +273,8 @@ pub async fn deleting_the_cr_with_live_sessions_removes_everything(env: Env) {
         let r = mcp.bash(sid, "echo live").await;
         assert_eq!(r["isError"], false, "{r}");
     }
-    assert_eq!(env.cluster_bindings("t").await.len(), 1);
+    // The server's and the proxy's TokenReview bindings.
+    assert_eq!(env.cluster_bindings("t").await.len(), 2);
     let sel = format!("{}=t", label::INSTANCE);
     assert!(env
         .list::<Pod>(&sel)

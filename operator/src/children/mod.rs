@@ -191,6 +191,9 @@ mod tests {
                 "ConfigMap cli-mcp-demo-ca",
                 // Without spec.proxy: the implied credential proxy.
                 "ServiceAccount cli-mcp-demo-proxy",
+                "Role cli-mcp-demo-proxy",
+                "RoleBinding cli-mcp-demo-proxy",
+                "ClusterRoleBinding cli-mcp-ns1-demo-proxy-auth-delegator-08c69f66",
                 "ConfigMap cli-mcp-demo-proxy",
                 "Service cli-mcp-demo-proxy",
                 "NetworkPolicy cli-mcp-demo-proxy",
@@ -214,7 +217,13 @@ mod tests {
             (&d.deployment.metadata, "server"),
         ];
         let ca = d.ca_config_map.as_ref().expect("CA ConfigMap");
-        for (m, component) in metas.into_iter().chain([(&ca.metadata, "server")]) {
+        let p = d.proxy.as_ref().expect("the proxy's children");
+        let proxy_metas = [
+            (&ca.metadata, "server"),
+            (&p.role.metadata, "proxy"),
+            (&p.role_binding.metadata, "proxy"),
+        ];
+        for (m, component) in metas.into_iter().chain(proxy_metas) {
             assert_eq!(m.namespace.as_deref(), Some("ns1"), "{:?}", m.name);
             let owners = m.owner_references.as_ref().expect("owner");
             assert_eq!(owners.len(), 1);
@@ -231,6 +240,12 @@ mod tests {
         assert!(crb.metadata.owner_references.is_none());
         assert_eq!(crb.labels()[INSTANCE_NAMESPACE_LABEL], "ns1");
         assert_eq!(crb.role_ref.name, "system:auth-delegator");
+        // So is the proxy's (TokenReview of the sandboxes' tokens).
+        let proxy_crb = &p.auth_delegator_binding;
+        assert!(proxy_crb.metadata.owner_references.is_none());
+        assert_eq!(proxy_crb.labels()[INSTANCE_NAMESPACE_LABEL], "ns1");
+        assert_eq!(proxy_crb.labels()[label::INSTANCE], "demo");
+        assert_eq!(proxy_crb.role_ref.name, "system:auth-delegator");
         let server_sa = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
             subjects
                 .as_ref()

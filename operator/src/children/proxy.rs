@@ -1,10 +1,13 @@
-//! The credential proxy's children: ServiceAccount (no token), ConfigMap (route table, the
-//! sandboxes' dummy kubeconfig and the proxy CA certificate), Deployment, Service,
-//! PodDisruptionBudget and NetworkPolicy.
+//! The credential proxy's children: ServiceAccount, Role and RoleBinding (read pods) and a
+//! ClusterRoleBinding to `system:auth-delegator` (TokenReview) — its own identity, with
+//! which it verifies the sandboxes' tokens —, ConfigMap (route table, the sandboxes' dummy
+//! kubeconfig and the proxy CA certificate), Deployment, Service, PodDisruptionBudget and
+//! NetworkPolicy.
 //!
 //! The proxy is the only pod that mounts the admin's kubeconfig, and only its `kubeconfig`
-//! key; the sandboxes see the ConfigMap's client half. Its NetworkPolicy lets in only this
-//! instance's sandboxes and lets out only DNS and the routes' destinations.
+//! key; the sandboxes see the ConfigMap's client half. It also mounts the instance's HMAC
+//! key, to check a sandbox pod's seal. Its NetworkPolicy lets in only this instance's
+//! sandboxes and lets out only DNS, the API server and the routes' destinations.
 
 use std::collections::BTreeMap;
 
@@ -12,23 +15,24 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PodAffinityTerm,
     PodAntiAffinity, PodSpec, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
-    WeightedPodAffinityTerm,
+    VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicySpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use cli_mcp_api::crd::ProxyPlan;
+use cli_mcp_api::crd::{AuthMode, ProxyPlan};
 use cli_mcp_api::kubeconfig::Kubeconfig;
 use cli_mcp_api::names::label;
 use cli_mcp_api::pod_security;
 use cli_mcp_api::proxy::{
-    Domain, Injector, Route, RouteTable, ADMIN_KUBECONFIG_DIR, CA_CERT_KEY, CA_DIR, CA_KEY_KEY,
-    PROXY_HEALTH_PORT, PROXY_PORT, ROUTES_DIR, ROUTES_KEY,
+    Domain, Injector, Route, RouteIdentity, RouteTable, ADMIN_KUBECONFIG_DIR, CA_CERT_KEY, CA_DIR,
+    CA_KEY_KEY, PROXY_HEALTH_PORT, PROXY_PORT, ROUTES_DIR, ROUTES_KEY,
 };
 use cli_mcp_api::sandbox::{KUBECONFIG_KEY, PROXY_CA_KEY};
 
@@ -36,7 +40,7 @@ use super::deployment::{
     container_port, http_probe, key_items, mount, rolling_deployment, secret_volume,
 };
 use super::networkpolicy::{api_server_rule, cidr_peer, dns_rule, ip_peer, port, selector};
-use super::{Inputs, ProxyInputs};
+use super::{rbac, Inputs, ProxyInputs, HMAC_DIR, HMAC_VERSION_ANNOTATION};
 
 pub const CONTAINER: &str = "proxy";
 /// Pod-template annotation with a hash of the route table: a new table rolls the proxy.
@@ -112,6 +116,18 @@ pub fn validate_ca_bundle(config_map: &str, pem: &str) -> Result<String, String>
     Ok(pem.to_owned())
 }
 
+/// Refuses `impersonateCaller` without a caller to impersonate: with `spec.server.auth:
+/// None` no session has one, and the proxy would refuse every request of the target (it
+/// never falls back to the shared identity). Pure.
+pub fn check_identity(plan: &ProxyPlan, auth: AuthMode) -> Result<(), String> {
+    if plan.kubernetes_identity == RouteIdentity::ImpersonateCaller && auth == AuthMode::None {
+        return Err(
+            "spec.proxy.targets[].identity impersonateCaller needs spec.server.auth Kubernetes: with auth None a session has no caller to impersonate, so the proxy would refuse every request; use identity shared or turn auth on".to_owned(),
+        );
+    }
+    Ok(())
+}
+
 /// The proxy's resolved inputs, or why there are none yet. `allowlist_cas`: each
 /// `caConfigMap` the plan names, with its validated bundle. Pure.
 pub fn proxy_inputs(
@@ -125,7 +141,16 @@ pub fn proxy_inputs(
     let image = image.filter(|i| !i.is_empty()).ok_or(
         "no proxy image: set the operator's RELATED_IMAGE_PROXY (every instance runs the credential proxy)",
     )?;
-    let mut routes: Vec<Route> = kubeconfig.map(Kubeconfig::routes).unwrap_or_default();
+    // Every route of the kubernetes target carries its identity.
+    let mut routes: Vec<Route> = kubeconfig
+        .map(Kubeconfig::routes)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| Route {
+            identity: plan.kubernetes_identity,
+            ..r
+        })
+        .collect();
     for d in &plan.allowlist {
         if routes.iter().any(|r| &r.domain == d) {
             return Err(format!(
@@ -142,7 +167,8 @@ pub fn proxy_inputs(
             domain: d.clone(),
             injector: Injector::None,
             ca_cert,
-            identity: Default::default(),
+            // Nothing is injected, so there is no identity to choose.
+            identity: RouteIdentity::Shared,
         });
     }
     let routes = RouteTable::new(routes).map_err(|e| format!("spec.proxy.targets: {e}"))?;
@@ -181,6 +207,11 @@ fn kubeconfig_version(k: &Kubeconfig) -> String {
 #[derive(Debug, Clone)]
 pub struct ProxyChildren {
     pub service_account: ServiceAccount,
+    /// Pods get/list/watch in the instance's namespace.
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    /// `system:auth-delegator`: TokenReview of the sandboxes' tokens.
+    pub auth_delegator_binding: ClusterRoleBinding,
     pub config_map: ConfigMap,
     pub service: Service,
     pub network_policy: NetworkPolicy,
@@ -191,6 +222,9 @@ pub struct ProxyChildren {
 pub fn build(inp: &Inputs, p: &ProxyInputs) -> ProxyChildren {
     ProxyChildren {
         service_account: service_account(inp),
+        role: rbac::proxy_role(inp),
+        role_binding: rbac::proxy_role_binding(inp),
+        auth_delegator_binding: rbac::proxy_auth_delegator_binding(inp),
         config_map: config_map(inp, p),
         service: service(inp),
         network_policy: network_policy(inp, p),
@@ -203,11 +237,13 @@ fn meta(inp: &Inputs) -> ObjectMeta {
     inp.spec.meta(inp.spec.name.proxy(), label::COMPONENT_PROXY)
 }
 
-/// No token and no bindings: the proxy never talks to the Kubernetes API as itself.
+/// Its token is mounted: the proxy talks to the Kubernetes API as itself (TokenReview of a
+/// sandbox's token, a watch of this instance's sandbox pods), with only what its Role and
+/// its `system:auth-delegator` binding grant. The admin's credential stays in its own mount.
 pub fn service_account(inp: &Inputs) -> ServiceAccount {
     ServiceAccount {
         metadata: meta(inp),
-        automount_service_account_token: Some(false),
+        automount_service_account_token: Some(true),
         ..Default::default()
     }
 }
@@ -283,17 +319,18 @@ fn route_egress(inp: &Inputs, d: &Domain) -> Option<NetworkPolicyEgressRule> {
     })
 }
 
-/// Ingress only from this instance's sandboxes, on the proxy port; egress only to DNS and
-/// the routes' destinations, on their ports.
+/// Ingress only from this instance's sandboxes, on the proxy port; egress only to DNS, the
+/// API server (the proxy's own TokenReviews and pod watch) and the routes' destinations, on
+/// their ports.
 pub fn network_policy(inp: &Inputs, p: &ProxyInputs) -> NetworkPolicy {
     let n = inp.spec.name.to_string();
     let mut egress = vec![dns_rule()];
-    for rule in p
-        .routes
-        .routes()
-        .iter()
-        .filter_map(|r| route_egress(inp, &r.domain))
-    {
+    for rule in api_server_rule(inp).into_iter().chain(
+        p.routes
+            .routes()
+            .iter()
+            .filter_map(|r| route_egress(inp, &r.domain)),
+    ) {
         if !egress.contains(&rule) {
             egress.push(rule);
         }
@@ -321,8 +358,14 @@ pub fn network_policy(inp: &Inputs, p: &ProxyInputs) -> NetworkPolicy {
     }
 }
 
-pub fn proxy_args(p: &ProxyInputs) -> Vec<String> {
+pub fn proxy_args(inp: &Inputs, p: &ProxyInputs) -> Vec<String> {
     let mut a = vec![
+        "--instance".to_owned(),
+        inp.spec.name.to_string(),
+        "--namespace".to_owned(),
+        inp.spec.namespace.clone(),
+        "--hmac-key-file".to_owned(),
+        format!("{HMAC_DIR}/key"),
         "--routes".to_owned(),
         format!("{ROUTES_DIR}/{ROUTES_KEY}"),
         "--ca-cert".to_owned(),
@@ -342,13 +385,15 @@ pub fn proxy_args(p: &ProxyInputs) -> Vec<String> {
     a
 }
 
-pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
-    let name = inp.spec.name.proxy();
+/// The proxy pod's volumes and the container's mounts of them: its route table, its CA,
+/// the instance's HMAC key (to check a sandbox pod's seal) and the admin's kubeconfig —
+/// each only the keys it needs, read-only.
+fn volumes(inp: &Inputs, p: &ProxyInputs) -> (Vec<Volume>, Vec<VolumeMount>) {
     let mut volumes = vec![
         Volume {
             name: "routes".into(),
             config_map: Some(ConfigMapVolumeSource {
-                name: name.clone(),
+                name: inp.spec.name.proxy(),
                 items: key_items(&[ROUTES_KEY]),
                 default_mode: Some(0o444),
                 ..Default::default()
@@ -360,6 +405,8 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
             &inp.spec.name.proxy_ca_secret(),
             &[CA_CERT_KEY, CA_KEY_KEY],
         ),
+        // Where the server mounts it: the proxy's --hmac-key-file default.
+        secret_volume("hmac", &inp.spec.name.hmac_secret(), &["key"]),
         Volume {
             name: "tmp".into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -369,6 +416,7 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
     let mut mounts = vec![
         mount("routes", ROUTES_DIR, true),
         mount("proxy-ca", CA_DIR, true),
+        mount("hmac", HMAC_DIR, true),
         mount("tmp", "/tmp", false),
     ];
     if let Some(secret) = &p.kubeconfig_secret {
@@ -376,17 +424,43 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
         volumes.push(secret_volume("admin-kubeconfig", secret, &[KUBECONFIG_KEY]));
         mounts.push(mount("admin-kubeconfig", ADMIN_KUBECONFIG_DIR, true));
     }
+    (volumes, mounts)
+}
+
+/// Replicas on different nodes when there are several: one node lost, one proxy left.
+fn spread(inp: &Inputs) -> PodAntiAffinity {
+    PodAntiAffinity {
+        preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+            weight: 100,
+            pod_affinity_term: PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(inp.spec.selector(label::COMPONENT_PROXY)),
+                    ..Default::default()
+                }),
+                topology_key: "kubernetes.io/hostname".into(),
+                ..Default::default()
+            },
+        }]),
+        ..Default::default()
+    }
+}
+
+pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
+    let (volumes, mounts) = volumes(inp, p);
+    // A new route table, proxy CA or HMAC key (rotated: the seals change with it) rolls the
+    // proxy.
     let annotations = BTreeMap::from([
         (
             ROUTES_VERSION_ANNOTATION.to_owned(),
             super::secrets::version_of(&[p.routes.to_json().as_bytes()]),
         ),
         (CA_VERSION_ANNOTATION.to_owned(), p.ca_version.clone()),
+        (HMAC_VERSION_ANNOTATION.to_owned(), inp.hmac_version.clone()),
     ]);
     let container = Container {
         name: CONTAINER.into(),
         image: Some(p.image.clone()),
-        args: Some(proxy_args(p)),
+        args: Some(proxy_args(inp, p)),
         ports: Some(vec![
             container_port("proxy", i32::from(PROXY_PORT)),
             container_port("health", i32::from(PROXY_HEALTH_PORT)),
@@ -399,27 +473,13 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let selector = inp.spec.selector(label::COMPONENT_PROXY);
-    // Replicas on different nodes when there are several: one node lost, one proxy left.
-    // An admin's own podAntiAffinity replaces this preference; their node and pod
-    // affinity are kept beside it.
-    let spread = PodAntiAffinity {
-        preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
-            weight: 100,
-            pod_affinity_term: PodAffinityTerm {
-                label_selector: Some(LabelSelector {
-                    match_labels: Some(selector.clone()),
-                    ..Default::default()
-                }),
-                topology_key: "kubernetes.io/hostname".into(),
-                ..Default::default()
-            },
-        }]),
-        ..Default::default()
-    };
     let mut pod = PodSpec {
-        service_account_name: Some(name.clone()),
-        automount_service_account_token: Some(false),
+        service_account_name: Some(inp.spec.name.proxy()),
+        // The proxy verifies each sandbox's token with a TokenReview and watches this
+        // instance's sandbox pods, as itself: its own token, which its Role and
+        // auth-delegator binding limit to exactly that. The admin's kubeconfig is a separate
+        // mount, used only for the routes.
+        automount_service_account_token: Some(true),
         containers: vec![container],
         volumes: Some(volumes),
         // The proxy's own defaults fit in it with a margin: after SIGTERM it keeps accepting
@@ -428,12 +488,16 @@ pub fn deployment(inp: &Inputs, p: &ProxyInputs) -> Deployment {
         ..Default::default()
     };
     p.placement.apply_to(&mut pod);
+    // An admin's own podAntiAffinity replaces the spread; their node and pod affinity are
+    // kept beside it.
     let mut affinity = pod.affinity.take().unwrap_or_default();
-    affinity.pod_anti_affinity.get_or_insert(spread);
+    affinity
+        .pod_anti_affinity
+        .get_or_insert_with(|| spread(inp));
     pod.affinity = Some(affinity);
     rolling_deployment(
         inp,
-        name,
+        inp.spec.name.proxy(),
         label::COMPONENT_PROXY,
         p.replicas,
         annotations,
@@ -457,33 +521,58 @@ mod tests {
         inp.proxy.as_ref().expect("proxy inputs")
     }
 
-    #[test]
-    fn only_the_proxy_mounts_the_admin_kubeconfig_and_only_its_one_key() {
-        let inp = proxied();
-        let d = deployment(&inp, proxy(&inp));
-        let pod = d.spec.template.spec.expect("pod");
-        assert_eq!(pod.automount_service_account_token, Some(false));
-        let admin = pod
-            .volumes
+    /// The keys a pod mounts of Secret `name`.
+    fn secret_keys(pod: &PodSpec, name: &str) -> Vec<String> {
+        pod.volumes
             .iter()
             .flatten()
             .find_map(|v| {
                 v.secret
                     .as_ref()
-                    .filter(|s| s.secret_name.as_deref() == Some("admin-kc"))
+                    .filter(|s| s.secret_name.as_deref() == Some(name))
             })
-            .expect("admin kubeconfig volume");
-        let keys: Vec<_> = admin
+            .unwrap_or_else(|| panic!("a volume of Secret {name}"))
             .items
             .iter()
             .flatten()
-            .map(|i| i.key.as_str())
-            .collect();
-        assert_eq!(keys, ["kubeconfig"]);
+            .map(|i| i.key.clone())
+            .collect()
+    }
+
+    #[test]
+    fn only_the_proxy_mounts_the_admin_kubeconfig_and_only_its_one_key() {
+        let inp = proxied();
+        let d = deployment(&inp, proxy(&inp));
+        let pod = d.spec.template.spec.expect("pod");
+        // Its own token: TokenReviews and the sandbox pod watch, as itself.
+        assert_eq!(pod.automount_service_account_token, Some(true));
+        assert_eq!(
+            service_account(&inp).automount_service_account_token,
+            Some(true)
+        );
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("cli-mcp-demo-proxy")
+        );
+        assert_eq!(secret_keys(&pod, "admin-kc"), ["kubeconfig"]);
+        // ...and of the instance's HMAC key, only the key, where the server has it.
+        assert_eq!(secret_keys(&pod, "cli-mcp-demo-hmac"), ["key"]);
+        let mounts = pod.containers[0].volume_mounts.clone().unwrap_or_default();
+        let hmac = mounts
+            .iter()
+            .find(|m| m.name == "hmac")
+            .expect("hmac mount");
+        assert_eq!(hmac.mount_path, HMAC_DIR);
+        assert_eq!(hmac.read_only, Some(true));
         let args = &pod.containers[0].args.clone().unwrap_or_default();
-        assert!(args
-            .windows(2)
-            .any(|w| w[0] == "--kubeconfig" && w[1] == "/etc/cli-mcp/admin-kubeconfig/kubeconfig"));
+        let flag = |f: &str| args.windows(2).find(|w| w[0] == f).map(|w| w[1].as_str());
+        assert_eq!(
+            flag("--kubeconfig"),
+            Some("/etc/cli-mcp/admin-kubeconfig/kubeconfig")
+        );
+        assert_eq!(flag("--instance"), Some("demo"));
+        assert_eq!(flag("--namespace"), Some("ns1"));
+        assert_eq!(flag("--hmac-key-file"), Some("/var/run/cli-mcp/hmac/key"));
         let sc = pod.containers[0]
             .security_context
             .clone()
@@ -562,7 +651,17 @@ mod tests {
             "the replicas still prefer different nodes"
         );
         // Placement never loosens the lockdown.
-        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("cli-mcp-demo-proxy")
+        );
+        assert_eq!(
+            pod.containers[0]
+                .security_context
+                .as_ref()
+                .and_then(|c| c.allow_privilege_escalation),
+            Some(false)
+        );
 
         // An admin's own podAntiAffinity replaces the default spread.
         let inp = inputs(serde_json::json!({"proxy": {
@@ -628,7 +727,7 @@ mod tests {
     }
 
     #[test]
-    fn proxy_egress_is_dns_and_the_route_destinations_only() {
+    fn proxy_egress_is_dns_the_api_server_and_the_route_destinations_only() {
         let inp = proxied();
         let np = network_policy(&inp, proxy(&inp));
         let spec = np.spec.expect("spec");
@@ -653,10 +752,12 @@ mod tests {
                 .filter_map(|p| p.port.clone())
                 .collect()
         };
-        // kubernetes.default.svc → the API server's endpoints and ports.
-        assert!(egress
-            .iter()
-            .any(|r| cidrs(r) == ["10.0.0.1/32"] && ports(r) == [IntOrString::Int(6443)]));
+        // The API server (the proxy's own TokenReviews and pod watch; kubernetes.default.svc
+        // is a route to it too): its endpoints and ports, once.
+        let api = |r: &NetworkPolicyEgressRule| {
+            cidrs(r) == ["10.0.0.1/32"] && ports(r) == [IntOrString::Int(6443)]
+        };
+        assert_eq!(egress.iter().filter(|r| api(r)).count(), 1);
         // An IP literal → that address and port only.
         assert!(egress
             .iter()
@@ -667,6 +768,100 @@ mod tests {
             .any(|r| cidrs(r).contains(&"0.0.0.0/0".to_owned())
                 && ports(r) == [IntOrString::Int(443)]));
         assert!(egress.iter().all(|r| r.to.is_some() && r.ports.is_some()));
+        assert_eq!(egress.len(), 4, "DNS, API server, IP, DNS name: {egress:?}");
+
+        // Without a kubernetes target the proxy still reaches the API server, as itself.
+        let inp = inputs(serde_json::json!({"proxy": {"targets": [
+            {"type": "allowlist", "domains": ["pypi.org"]}
+        ]}}));
+        let egress = network_policy(&inp, proxy(&inp))
+            .spec
+            .and_then(|s| s.egress)
+            .expect("egress");
+        assert_eq!(egress.iter().filter(|r| api(r)).count(), 1);
+        // Addresses the operator could not read: no API rule, and nothing wider instead.
+        let mut blind = inp.clone();
+        blind.api_server.ips.clear();
+        let egress = network_policy(&blind, proxy(&blind))
+            .spec
+            .and_then(|s| s.egress)
+            .expect("egress");
+        assert!(!egress.iter().any(api));
+        assert_eq!(egress.len(), 2, "DNS and pypi.org: {egress:?}");
+    }
+
+    #[test]
+    fn the_kubernetes_targets_identity_is_on_each_of_its_routes_only() {
+        let inp = inputs(serde_json::json!({"proxy": {"targets": [
+            {"type": "kubernetes", "identity": "impersonateCaller"},
+            {"type": "allowlist", "domains": ["pypi.org"]}
+        ]}}));
+        let p = proxy(&inp);
+        let identity = |d: &str| {
+            p.routes
+                .get(&Domain::parse(d).expect("domain"))
+                .expect("route")
+                .identity
+        };
+        assert_eq!(
+            identity("kubernetes.default.svc:443"),
+            RouteIdentity::ImpersonateCaller
+        );
+        assert_eq!(identity("pypi.org:443"), RouteIdentity::Shared);
+        // The proxy reads it from its route table, and a change rolls it.
+        let json = config_map(&inp, p).data.expect("data")[ROUTES_KEY].clone();
+        assert!(json.contains("impersonateCaller"), "{json}");
+        let shared = proxied();
+        let version = |inp: &Inputs| {
+            deployment(inp, proxy(inp))
+                .spec
+                .template
+                .metadata
+                .and_then(|m| m.annotations)
+                .map(|a| a[ROUTES_VERSION_ANNOTATION].clone())
+        };
+        assert_ne!(version(&inp), version(&shared));
+        // Without identity: shared, as before the field.
+        let shared_routes = &proxy(&shared).routes;
+        assert!(shared_routes
+            .routes()
+            .iter()
+            .all(|r| r.identity == RouteIdentity::Shared));
+    }
+
+    #[test]
+    fn impersonating_needs_a_caller() {
+        let plan = |identity: &str| {
+            inputs(serde_json::json!({"proxy": {"targets": [
+                {"type": "kubernetes", "identity": identity}
+            ]}}))
+            .spec
+            .proxy
+        };
+        let e = check_identity(&plan("impersonateCaller"), AuthMode::None).expect_err("no caller");
+        assert!(e.contains("spec.server.auth"), "{e}");
+        assert_eq!(
+            check_identity(&plan("impersonateCaller"), AuthMode::Kubernetes),
+            Ok(())
+        );
+        assert_eq!(check_identity(&plan("shared"), AuthMode::None), Ok(()));
+    }
+
+    #[test]
+    fn a_new_hmac_key_rolls_the_proxy() {
+        let inp = proxied();
+        let ann = |inp: &Inputs| {
+            deployment(inp, proxy(inp))
+                .spec
+                .template
+                .metadata
+                .and_then(|m| m.annotations)
+                .expect("annotations")
+        };
+        assert_eq!(ann(&inp)[HMAC_VERSION_ANNOTATION], "hv1");
+        let mut rotated = inp.clone();
+        rotated.hmac_version = "hv2".into();
+        assert_eq!(ann(&rotated)[HMAC_VERSION_ANNOTATION], "hv2");
     }
 
     #[test]

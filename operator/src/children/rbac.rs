@@ -1,6 +1,7 @@
 //! ServiceAccounts, the server's Role and RoleBinding, the per-instance ClusterRoleBinding
-//! to `system:auth-delegator` (TokenReview + SubjectAccessReview), and the client identity:
-//! who may use the MCP endpoint.
+//! to `system:auth-delegator` (TokenReview + SubjectAccessReview), the credential proxy's
+//! Role, RoleBinding and ClusterRoleBinding (it verifies the sandboxes' tokens), and the
+//! client identity: who may use the MCP endpoint.
 
 use std::collections::BTreeMap;
 
@@ -9,9 +10,10 @@ use k8s_openapi::api::rbac::v1::{
     ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use sha2::{Digest, Sha256};
 
 use cli_mcp_api::crd::ClientKind;
-use cli_mcp_api::names::{label, GROUP, PLURAL};
+use cli_mcp_api::names::{label, InstanceName, GROUP, PLURAL};
 
 use super::{Inputs, INSTANCE_NAMESPACE_LABEL};
 
@@ -174,10 +176,11 @@ pub fn client_role_binding(inp: &Inputs) -> RoleBinding {
     }
 }
 
-/// Labels of the per-instance ClusterRoleBinding (it cannot have an owner reference to a
-/// namespaced CR, so the finalizer removes it; the labels map it back to the instance).
-pub fn cluster_binding_labels(inp: &Inputs) -> BTreeMap<String, String> {
-    let mut l = inp.spec.labels(label::COMPONENT_SERVER);
+/// Labels of a per-instance ClusterRoleBinding of `component` (it cannot have an owner
+/// reference to a namespaced CR, so the finalizer removes it; the labels map it back to the
+/// instance).
+pub fn cluster_binding_labels(inp: &Inputs, component: &str) -> BTreeMap<String, String> {
+    let mut l = inp.spec.labels(component);
     l.insert(
         INSTANCE_NAMESPACE_LABEL.to_owned(),
         inp.spec.namespace.clone(),
@@ -185,11 +188,17 @@ pub fn cluster_binding_labels(inp: &Inputs) -> BTreeMap<String, String> {
     l
 }
 
-pub fn auth_delegator_binding(inp: &Inputs) -> ClusterRoleBinding {
+/// A per-instance ClusterRoleBinding of `subject` to `system:auth-delegator`.
+fn delegator_binding(
+    inp: &Inputs,
+    name: String,
+    component: &str,
+    subject: Subject,
+) -> ClusterRoleBinding {
     ClusterRoleBinding {
         metadata: ObjectMeta {
-            name: Some(inp.spec.name.auth_delegator_binding(&inp.spec.namespace)),
-            labels: Some(cluster_binding_labels(inp)),
+            name: Some(name),
+            labels: Some(cluster_binding_labels(inp, component)),
             ..Default::default()
         },
         role_ref: RoleRef {
@@ -197,8 +206,77 @@ pub fn auth_delegator_binding(inp: &Inputs) -> ClusterRoleBinding {
             kind: "ClusterRole".into(),
             name: "system:auth-delegator".into(),
         },
-        subjects: Some(vec![server_subject(inp)]),
+        subjects: Some(vec![subject]),
     }
+}
+
+/// The server's: TokenReview and SubjectAccessReview of MCP callers.
+pub fn auth_delegator_binding(inp: &Inputs) -> ClusterRoleBinding {
+    delegator_binding(
+        inp,
+        inp.spec.name.auth_delegator_binding(&inp.spec.namespace),
+        label::COMPONENT_SERVER,
+        server_subject(inp),
+    )
+}
+
+/// The name of the credential proxy's per-instance ClusterRoleBinding to
+/// `system:auth-delegator`: `cli-mcp-<ns>-<n>-proxy-auth-delegator-<h>`, `h` the same 8 hex
+/// of sha256(`<ns>/<n>`) as the server's (see `InstanceName::auth_delegator_binding`: the
+/// namespace and the hash keep tenants apart).
+pub fn proxy_auth_delegator_binding_name(name: &InstanceName, namespace: &str) -> String {
+    let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
+    format!(
+        "cli-mcp-{namespace}-{name}-proxy-auth-delegator-{}",
+        &hex::encode(digest)[..8]
+    )
+}
+
+fn proxy_subject(inp: &Inputs) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: inp.spec.name.proxy(),
+        namespace: Some(inp.spec.namespace.clone()),
+        ..Default::default()
+    }
+}
+
+/// What the credential proxy may read in its namespace: pods, so it can tell that the pod a
+/// sandbox's token names is a live, sealed sandbox of this instance (its IP, its session and
+/// caller). Read only; a Role cannot narrow pods by label, the proxy's own check does.
+pub fn proxy_role(inp: &Inputs) -> Role {
+    Role {
+        metadata: inp.spec.meta(inp.spec.name.proxy(), label::COMPONENT_PROXY),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["pods".into()]),
+            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+            ..Default::default()
+        }]),
+    }
+}
+
+pub fn proxy_role_binding(inp: &Inputs) -> RoleBinding {
+    RoleBinding {
+        metadata: inp.spec.meta(inp.spec.name.proxy(), label::COMPONENT_PROXY),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: inp.spec.name.proxy(),
+        },
+        subjects: Some(vec![proxy_subject(inp)]),
+    }
+}
+
+/// The proxy's: TokenReview of the sandboxes' projected tokens (audience this instance's
+/// proxy), as itself.
+pub fn proxy_auth_delegator_binding(inp: &Inputs) -> ClusterRoleBinding {
+    delegator_binding(
+        inp,
+        proxy_auth_delegator_binding_name(&inp.spec.name, &inp.spec.namespace),
+        label::COMPONENT_PROXY,
+        proxy_subject(inp),
+    )
 }
 
 #[cfg(test)]
@@ -254,6 +332,59 @@ mod tests {
         assert_eq!(
             b.metadata.labels.expect("labels")[INSTANCE_NAMESPACE_LABEL],
             "ns1"
+        );
+    }
+
+    #[test]
+    fn the_proxy_reads_pods_and_reviews_tokens_and_nothing_else() {
+        let inp = inputs(serde_json::json!({}));
+        let r = proxy_role(&inp);
+        assert_eq!(r.metadata.name.as_deref(), Some("cli-mcp-demo-proxy"));
+        assert_eq!(r.metadata.namespace.as_deref(), Some("ns1"));
+        let rules = r.rules.expect("rules");
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].api_groups, Some(vec![String::new()]));
+        assert_eq!(rules[0].resources, Some(vec!["pods".to_owned()]));
+        assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+        let b = proxy_role_binding(&inp);
+        assert_eq!(b.role_ref.kind, "Role");
+        assert_eq!(b.role_ref.name, "cli-mcp-demo-proxy");
+        let proxy_sa = |subjects: Option<Vec<Subject>>| {
+            let s = subjects.expect("subjects");
+            assert_eq!(s.len(), 1);
+            (s[0].kind.clone(), s[0].name.clone(), s[0].namespace.clone())
+        };
+        let sa = (
+            "ServiceAccount".to_owned(),
+            "cli-mcp-demo-proxy".to_owned(),
+            Some("ns1".to_owned()),
+        );
+        assert_eq!(proxy_sa(b.subjects), sa);
+
+        let crb = proxy_auth_delegator_binding(&inp);
+        assert_eq!(
+            crb.metadata.name.as_deref(),
+            Some("cli-mcp-ns1-demo-proxy-auth-delegator-08c69f66")
+        );
+        assert_ne!(
+            crb.metadata.name,
+            auth_delegator_binding(&inp).metadata.name
+        );
+        assert_eq!(crb.role_ref.kind, "ClusterRole");
+        assert_eq!(crb.role_ref.name, "system:auth-delegator");
+        assert!(crb.metadata.owner_references.is_none());
+        let l = crb.metadata.labels.expect("labels");
+        assert_eq!(l[INSTANCE_NAMESPACE_LABEL], "ns1");
+        assert_eq!(l[label::INSTANCE], "demo");
+        assert_eq!(l[label::COMPONENT], "proxy");
+        assert_eq!(l[label::APP_MANAGED_BY], label::MANAGED_BY);
+        assert_eq!(proxy_sa(crb.subjects), sa);
+        // Tenants stay apart, as with the server's binding.
+        let c = InstanceName::parse("c").expect("valid");
+        let b_c = InstanceName::parse("b-c").expect("valid");
+        assert_ne!(
+            proxy_auth_delegator_binding_name(&c, "a-b"),
+            proxy_auth_delegator_binding_name(&b_c, "a")
         );
     }
 

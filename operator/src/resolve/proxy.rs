@@ -32,6 +32,12 @@ pub(super) async fn resolve_proxy(
     spec: &Spec,
 ) -> Result<ProxyState> {
     let plan = &spec.proxy;
+    if let Err(m) = proxy::check_identity(plan, spec.auth) {
+        return Ok(ProxyState {
+            problem: Some(Problem::Invalid(m)),
+            ..Default::default()
+        });
+    }
     let (ca_pem, ca_version) = match ensure_proxy_ca(ctx, cr, spec).await? {
         Ok(ca) => ca,
         Err(problem) => {
