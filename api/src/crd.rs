@@ -237,6 +237,25 @@ pub struct NetworkPolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub extra_egress: Vec<NetworkPolicyEgressRule>,
+    /// Whether sandboxes may query the cluster's DNS (default `Allowed`). `Denied`: they
+    /// reach their credential proxy by its Service's ClusterIP, the proxy resolves the names
+    /// it connects to, and nothing can leave a sandbox through the cluster's resolver.
+    #[serde(default, skip_serializing_if = "SandboxDns::is_allowed")]
+    pub dns: SandboxDns,
+}
+
+/// `spec.networkPolicy.dns`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum SandboxDns {
+    #[default]
+    Allowed,
+    Denied,
+}
+
+impl SandboxDns {
+    pub fn is_allowed(&self) -> bool {
+        *self == SandboxDns::Allowed
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use cli_mcp_api::crd::{
     AuthMode, AuthorizationSpec, CliMcpInstance, ClientSubject, CrdError, ExposeSpec, ProxyPlan,
+    SandboxDns,
 };
 use cli_mcp_api::names::{label, InstanceName};
 use cli_mcp_api::sandbox::{Placement, SandboxConfig};
@@ -68,6 +69,8 @@ pub struct Spec {
     pub proxy_image: Option<String>,
     /// Extra egress rules of the sandbox NetworkPolicy.
     pub extra_egress: Vec<NetworkPolicyEgressRule>,
+    /// Whether sandboxes may query the cluster's DNS (`spec.networkPolicy.dns`).
+    pub sandbox_dns: SandboxDns,
 }
 
 impl Spec {
@@ -122,6 +125,7 @@ impl Spec {
             proxy: cr.proxy_plan()?,
             proxy_image: proxy_image.filter(|i| !i.is_empty()).map(str::to_owned),
             extra_egress: s.network_policy.extra_egress.clone(),
+            sandbox_dns: s.network_policy.dns,
             sandbox,
         })
     }

@@ -12,6 +12,7 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use cli_mcp_api::crd::SandboxDns;
 use cli_mcp_api::names::label;
 use cli_mcp_api::proxy::PROXY_PORT;
 use cli_mcp_api::wire::AGENT_PORT;
@@ -131,7 +132,12 @@ fn proxy_rule(n: &str) -> NetworkPolicyEgressRule {
 
 pub fn network_policy(inp: &Inputs) -> NetworkPolicy {
     let n = inp.spec.name.to_string();
-    let mut egress = vec![dns_rule(), proxy_rule(&n)];
+    // Without DNS the sandbox reaches its proxy by the Service's ClusterIP (resolved by the
+    // operator), and the proxy resolves the names it connects to.
+    let mut egress = match inp.spec.sandbox_dns {
+        SandboxDns::Allowed => vec![dns_rule(), proxy_rule(&n)],
+        SandboxDns::Denied => vec![proxy_rule(&n)],
+    };
     egress.extend(inp.spec.extra_egress.iter().cloned());
     NetworkPolicy {
         metadata: inp
@@ -237,6 +243,21 @@ mod tests {
         );
         // No rule allows everything.
         assert!(egress.iter().all(|r| r.to.is_some()));
+    }
+
+    #[test]
+    fn without_dns_the_sandbox_reaches_its_proxy_and_extra_only() {
+        let np = network_policy(&inputs(serde_json::json!({"networkPolicy": {
+            "dns": "Denied",
+            "extraEgress": [{"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"port": 443}]}]
+        }})));
+        let egress = np.spec.expect("spec").egress.expect("egress");
+        assert_eq!(egress.len(), 2, "{egress:?}");
+        assert_eq!(egress[0], proxy_rule("demo"));
+        assert!(
+            !egress.contains(&dns_rule()),
+            "no rule lets a DNS query out: {egress:?}"
+        );
     }
 
     #[test]

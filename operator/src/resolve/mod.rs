@@ -11,14 +11,18 @@
 //! - `tls.rs`: the serving certificate and its CA;
 //! - `proxy.rs`: the credential proxy's CA, the admin's kubeconfig, allow-list CAs;
 //! - `api_server.rs`: the API server's addresses;
-//! - `expose.rs`: whether the cluster serves the kind `spec.server.expose` asks for.
+//! - `expose.rs`: whether the cluster serves the kind `spec.server.expose` asks for;
+//! - `sandbox_dns.rs`: the proxy's ClusterIP, for sandboxes without DNS.
 
 mod api_server;
 mod expose;
 mod hmac;
 mod owned;
 mod proxy;
+mod sandbox_dns;
 mod tls;
+
+use sandbox_dns::ProxyAddress;
 
 use std::time::Duration;
 
@@ -61,12 +65,16 @@ pub struct Resolved {
     /// Why the object `spec.server.expose` asks for cannot be stored here (see
     /// [`Inputs::expose_unavailable`]).
     pub expose_unavailable: Option<String>,
+    /// How the sandboxes reach their proxy.
+    proxy_address: ProxyAddress,
 }
 
 impl Resolved {
     /// Why no sandbox can start (so the pool creates none), if a Secret is missing or bad.
     pub fn blocked(&self) -> Option<String> {
-        if let Some(k) = self
+        if let ProxyAddress::Pending(why) = &self.proxy_address {
+            Some(why.clone())
+        } else if let Some(k) = self
             .kubeconfig_invalid
             .as_ref()
             .or(self.proxy_ca_invalid.as_ref())
@@ -82,7 +90,12 @@ impl Resolved {
     }
 
     /// The builders' inputs: the spec plus what was resolved.
-    pub fn inputs(&self, spec: Spec) -> Inputs {
+    pub fn inputs(&self, mut spec: Spec) -> Inputs {
+        if let (ProxyAddress::ByIp(url), Some(proxy)) =
+            (&self.proxy_address, spec.sandbox.proxy.as_mut())
+        {
+            proxy.url = url.clone();
+        }
         Inputs {
             spec,
             hmac_version: self.hmac_version.clone(),
@@ -110,6 +123,7 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
     let tls = tls::ensure_tls(ctx, cr, spec).await?;
     let proxy = proxy::resolve_proxy(ctx, cr, spec).await?;
     let expose_unavailable = expose::expose_unavailable(ctx, spec).await;
+    let proxy_address = sandbox_dns::proxy_address(ctx, spec);
     let tls_renew_in = tls.renew_in;
     let (serving_cert_pending, backend_ca) = (tls.pending, tls.backend_ca);
     let mut missing = Vec::new();
@@ -138,5 +152,6 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
         serving_cert_pending,
         backend_ca,
         expose_unavailable,
+        proxy_address,
     })
 }
