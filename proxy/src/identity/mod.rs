@@ -33,6 +33,10 @@ use crate::refusal::Refusal;
 use pods::{Admission, PodView, Pods};
 use review::{ReviewError, Reviewed, Reviewer, MAX_TOKEN_LEN};
 
+/// How long a CONNECT waits for the pod watch to show what the review vouched for (see
+/// [`Pods::admit_within`]).
+const WATCH_LAG: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A connection's proven sandbox.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
@@ -123,7 +127,8 @@ impl Identity {
         };
         let admission = self
             .pods
-            .admit(&uid)
+            .admit_within(&uid, WATCH_LAG)
+            .await
             .map_err(|view| self.not_serving(&pod_name, view))?;
         let Admission {
             view,

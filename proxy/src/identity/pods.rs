@@ -110,9 +110,20 @@ impl State {
 }
 
 /// The sandbox pods of one instance, shared by every connection.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Pods {
     state: Arc<Mutex<State>>,
+    /// Bumped after every event, for [`Pods::changed`].
+    events: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Pods {
+    fn default() -> Self {
+        Self {
+            state: Arc::default(),
+            events: Arc::new(watch::Sender::new(0)),
+        }
+    }
 }
 
 /// A pod admitted for a session: the receiver flips to `true` once it no longer serves it.
@@ -157,8 +168,38 @@ impl Pods {
         })
     }
 
+    /// [`Pods::admit`], waiting up to `lag` for the watch to catch up. A TokenReview just
+    /// said the pod exists, so a pod the watch does not show yet, or shows before its seal
+    /// or its session's claim, is the watch lagging behind the API server (a session's first
+    /// command comes right after the claim). A pod being deleted is refused at once.
+    pub async fn admit_within(
+        &self,
+        uid: &str,
+        lag: std::time::Duration,
+    ) -> Result<Admission, Option<PodView>> {
+        let mut changes = self.events.subscribe();
+        let deadline = tokio::time::Instant::now() + lag;
+        loop {
+            match self.admit(uid) {
+                Ok(a) => return Ok(a),
+                Err(Some(v)) if v.deleting => return Err(Some(v)),
+                Err(view) => {
+                    let next = tokio::time::timeout_at(deadline, changes.changed()).await;
+                    if !matches!(next, Ok(Ok(()))) {
+                        return Err(view);
+                    }
+                }
+            }
+        }
+    }
+
     /// Applies one watch event.
     pub fn apply(&self, event: Event<Pod>, key: &HmacKey) {
+        self.apply_locked(event, key);
+        self.events.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn apply_locked(&self, event: Event<Pod>, key: &HmacKey) {
         let mut state = self.lock();
         match event {
             Event::Apply(pod) | Event::InitApply(pod) => {
@@ -301,6 +342,38 @@ mod tests {
         p.apply(Event::InitDone, &key());
         assert!(*a.revoked.borrow());
         assert!(!*b.revoked.borrow());
+    }
+
+    #[tokio::test]
+    async fn a_connect_waits_for_a_watch_that_lags_behind_the_claim() {
+        let p = synced(&[pod("a", None, &key())]);
+        let waiting = {
+            let p = p.clone();
+            tokio::spawn(async move {
+                p.admit_within("a", std::time::Duration::from_secs(30))
+                    .await
+            })
+        };
+        // Let the waiter see the warm pod and start waiting.
+        tokio::task::yield_now().await;
+        p.apply(Event::Apply(pod("a", Some("s1"), &key())), &key());
+        let admitted = waiting.await.expect("join").expect("admitted once claimed");
+        assert_eq!(admitted.session, "s1");
+        // Deletion is never waited on; an unknown pod is refused when the time is up.
+        let mut going = pod("a", Some("s1"), &key());
+        going.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        p.apply(Event::Apply(going), &key());
+        let at_once = p.admit_within("a", std::time::Duration::from_secs(30));
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), at_once)
+                .await
+                .expect("a pod being deleted is refused at once")
+                .is_err()
+        );
+        let gone = p
+            .admit_within("nobody", std::time::Duration::from_millis(10))
+            .await;
+        assert!(matches!(gone, Err(None)));
     }
 
     #[test]
