@@ -16,7 +16,9 @@
 //!   the CoreDNS pod) and its credential proxy (the implied one: `a` has no `spec.proxy`),
 //!   nothing else: not the API server (neither its ClusterIP nor its endpoint), not the
 //!   server's ports, not `b`'s sandbox, not the other pods, not CoreDNS's health port;
-//! - deleting the sandbox NetworkPolicy: the operator restores it and isolation holds again.
+//! - deleting the sandbox NetworkPolicy: the operator restores it and isolation holds again;
+//! - `b` denies DNS (`spec.networkPolicy.dns: Denied`): its sandbox reaches no DNS server and
+//!   resolves nothing, and still reaches its proxy (by the Service's ClusterIP).
 //!
 //! Then the sandbox itself, through the MCP endpoint as a client uses it: admitted under
 //! `restricted`, non-root on a read-only root filesystem, no Secret mounted and no real token
@@ -241,7 +243,10 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         "limits": {"cpu": "1", "memory": SANDBOX_MEMORY},
     });
     env.apply_cr(&cr_a).await;
-    env.apply_cr(&env.cr("b", 1)).await;
+    // b denies its sandboxes DNS: they reach their proxy by its ClusterIP.
+    let mut cr_b = env.cr("b", 1);
+    cr_b["spec"]["networkPolicy"] = json!({"dns": "Denied"});
+    env.apply_cr(&cr_b).await;
     env.wait_ready("a").await;
     env.wait_ready("b").await;
     let mcp = env.client("a").await;
@@ -387,7 +392,7 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     assert_eq!(
         lines.next().map(str::to_owned),
         Some(format!(
-            "/etc/cli-mcp/proxy-client/kubeconfig http://cli-mcp-a-proxy.{ns}.svc:8080"
+            "/etc/cli-mcp/proxy-client/kubeconfig http://127.0.0.1:3128"
         )),
         "{names}"
     );
@@ -431,6 +436,25 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     expect(&sandbox_a, stranger.ip, 8080, "stranger", false).await;
     expect(&sandbox_a, server_a.ip, 8443, "server a", false).await;
     expect(&server_a, sandbox_a.ip, AGENT_PORT, "sandbox a", true).await;
+
+    // --- Without DNS (instance b): nothing resolves, the proxy is still reached ---------------
+    expect(&sandbox_b, DNS_SERVICE_IP, 53, "kube-dns (TCP)", false).await;
+    let mcp_b = env.client("b").await;
+    let dnsless = ok(
+        &mcp_b,
+        "dnsless",
+        "for h in anything.example kubernetes.default.svc; do \
+         timeout 10 getent hosts $h >/dev/null 2>&1 && echo resolved || echo no-dns; done; \
+         curl -s -o /tmp/out -w '%{http_code}\\n' --max-time 30 https://kubernetes.default.svc/version; \
+         head -c 400 /tmp/out",
+    )
+    .await;
+    let lines: Vec<&str> = dnsless.lines().collect();
+    assert_eq!(lines.get(..2), Some(&["no-dns", "no-dns"][..]), "{dnsless}");
+    // b's kubeconfig names kubernetes.default.svc without a CA: the proxy resolved it and
+    // refused the upstream's certificate, so the request went relay, proxy, upstream.
+    assert_eq!(lines.get(2), Some(&"502"), "{dnsless}");
+    assert!(dnsless.contains("upstream"), "the proxy's answer: {dnsless}");
 
     // --- The sandbox as its session sees it ---------------------------------------------------
     let spec = s1_pod.spec.clone().expect("sandbox spec");

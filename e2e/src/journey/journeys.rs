@@ -71,7 +71,8 @@ pub async fn admin_installs_and_investigates_read_only(mut env: Env) {
         lines,
         [
             "/etc/cli-mcp/proxy-client/kubeconfig",
-            &format!("http://cli-mcp-demo-proxy.{}.svc:8080", env.ns.name),
+            // The agent's relay, which adds the pod's proof of identity for the proxy.
+            "http://127.0.0.1:3128",
             "token: cli-mcp-proxy-managed",
             "no-secret",
         ],
