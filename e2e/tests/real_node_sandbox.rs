@@ -390,10 +390,8 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     let mut lines = names.lines();
     assert_eq!(lines.next(), Some("10.96.0.1"), "{names}");
     assert_eq!(
-        lines.next().map(str::to_owned),
-        Some(format!(
-            "/etc/cli-mcp/proxy-client/kubeconfig http://127.0.0.1:3128"
-        )),
+        lines.next(),
+        Some("/etc/cli-mcp/proxy-client/kubeconfig http://127.0.0.1:3128"),
         "{names}"
     );
     assert_eq!(lines.next(), Some("1"), "the placeholder token: {names}");
