@@ -14,6 +14,8 @@ mod figures;
 mod images;
 mod prom;
 mod proxy;
+mod proxy_identity;
+mod proxy_process;
 mod scale;
 mod steps;
 
@@ -61,7 +63,8 @@ enum What {
     /// Sizes of the OCI image archives hack/build-images.sh builds (compressed, uncompressed).
     Images(images::ImagesArgs),
     /// Credential proxy: added latency of a Kubernetes GET (through vs direct), RSS idle and
-    /// with many watch streams open.
+    /// with many watch streams open; what its sandbox identity check costs (per CONNECT,
+    /// per request, RSS per sandbox, one sandbox flooding another).
     Proxy(proxy::ProxyArgs),
 }
 

@@ -1,11 +1,14 @@
 //! `cli-mcp-bench proxy`: what the credential proxy adds to a Kubernetes GET (through it vs
 //! straight to the API server, both with kept-alive connections as kubectl has), and its
 //! memory idle and with many watch streams open. The API server is the local cluster's;
-//! the proxy is the built binary, so its RSS is a real process's.
+//! the proxy is the built binary, so its RSS is a real process's. It verifies its clients
+//! as in a cluster: the bench connects as a sandbox pod (see [`crate::proxy_identity`], which
+//! then measures what that verification costs).
 
-use std::io::{BufRead, BufReader};
+use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -15,6 +18,8 @@ use cli_mcp_api::proxy::{RouteTable, PLACEHOLDER_TOKEN};
 use cli_mcp_e2e::testing;
 
 use crate::figures::{ms, rss_kib, stats, Stats};
+use crate::proxy_identity::{self, Sandbox, Sandboxes};
+use crate::proxy_process::ProxyProcess;
 
 #[derive(clap::Args)]
 pub struct ProxyArgs {
@@ -30,15 +35,8 @@ pub struct ProxyArgs {
     /// kubectl (default: `$KUBECTL`, else from PATH).
     #[arg(long)]
     pub kubectl: Option<PathBuf>,
-}
-
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    #[command(flatten)]
+    pub identity: proxy_identity::IdentityArgs,
 }
 
 fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
@@ -65,15 +63,38 @@ pub fn proxy_bench(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 async fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    let cluster = testing::cluster().await.context("the local cluster")?;
+    let ns = cluster.namespace("proxy-bench").await?;
+    let dir = tempfile::tempdir()?;
+    let sandboxes = Sandboxes::new(&cluster, &ns, dir.path()).await?;
+    // The bench's own sandbox pod: its connections come from 127.0.0.1.
+    let me = sandboxes
+        .sandbox("bench", IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .await?;
+    if !args.identity.identity_only {
+        kubernetes_figures(&args, &cluster, &sandboxes, &me, dir.path()).await?;
+    }
+    proxy_identity::identity_figures(&args.identity, &args.proxy, &sandboxes, &me).await?;
+    ns.delete().await.ok();
+    Ok(())
+}
+
+/// Through the proxy binary to the API server vs straight to it, and the proxy's RSS with
+/// watches open; the bench's client is sandbox `me`.
+async fn kubernetes_figures(
+    args: &ProxyArgs,
+    cluster: &testing::TestCluster,
+    sandboxes: &Sandboxes,
+    me: &Sandbox,
+    dir: &Path,
+) -> anyhow::Result<()> {
     let kubectl_bin = args
         .kubectl
         .clone()
         .or_else(|| std::env::var_os("KUBECTL").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("kubectl"));
-    let cluster = testing::cluster().await.context("the local cluster")?;
-    let ns = cluster.namespace("proxy-bench").await?;
     let admin = &cluster.info.kubeconfig;
-    let n = ns.name.as_str();
+    let n = sandboxes.namespace.as_str();
     let server = &cluster.info.apiserver;
     let (token, token_kubeconfig) = bench_credentials(&kubectl_bin, admin, n, server)?;
     let kc = kubeconfig::validate(&token_kubeconfig).context("the bench kubeconfig")?;
@@ -83,23 +104,18 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .and_then(|r| r.ca_cert.clone())
         .context("the cluster CA")?;
 
-    let dir = tempfile::tempdir()?;
     let (proxy_ca, proxy_key) = cli_mcp_proxy::ca::generate_ca("bench proxy CA")?;
-    std::fs::write(dir.path().join("ca.crt"), &proxy_ca)?;
-    std::fs::write(dir.path().join("ca.key"), &proxy_key)?;
-    std::fs::write(dir.path().join("kubeconfig"), &token_kubeconfig)?;
+    std::fs::write(dir.join("ca.crt"), &proxy_ca)?;
+    std::fs::write(dir.join("ca.key"), &proxy_key)?;
+    std::fs::write(dir.join("kubeconfig"), &token_kubeconfig)?;
     std::fs::write(
-        dir.path().join("routes.json"),
+        dir.join("routes.json"),
         RouteTable::new(kc.routes())?.to_json(),
     )?;
-    let (child, listen, health) = start_proxy(&args, dir.path())?;
-    let pid = child.0.id();
-
+    let proxy = start_proxy(args, dir, sandboxes)?;
+    let pid = proxy.pid();
     let http = reqwest::Client::builder().no_proxy().build()?;
-    let ready = http.get(format!("http://{health}/readyz")).send().await?;
-    if !ready.status().is_success() {
-        bail!("the proxy is not ready: {}", ready.text().await?);
-    }
+    proxy.ready(&http).await?;
     let idle_kib = rss_kib(pid)?;
 
     let direct = reqwest::Client::builder()
@@ -107,8 +123,9 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .tls_built_in_root_certs(false)
         .add_root_certificate(reqwest::Certificate::from_pem(cluster_ca.as_bytes())?)
         .build()?;
+    let proof = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", me.token))?;
     let proxied = reqwest::Client::builder()
-        .proxy(reqwest::Proxy::https(format!("http://{listen}"))?)
+        .proxy(reqwest::Proxy::https(format!("http://{}", proxy.listen))?.custom_http_auth(proof))
         .tls_built_in_root_certs(false)
         .add_root_certificate(reqwest::Certificate::from_pem(proxy_ca.as_bytes())?)
         .build()?;
@@ -118,7 +135,7 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let after_gets_kib = rss_kib(pid)?;
 
     let streams = open_watches(&proxied, &format!("{url}?watch=true"), args.watches).await?;
-    let tunnels = tunnels(&http, &health).await?;
+    let tunnels = proxy.metric(&http, "cli_mcp_proxy_tunnels").await?;
     let watches_kib = rss_kib(pid)?;
     drop(streams);
 
@@ -130,9 +147,7 @@ async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         watches_kib,
         tunnels,
     }
-    .print(&args, &url);
-    drop(child);
-    ns.delete().await.ok();
+    .print(args, &url);
     Ok(())
 }
 
@@ -183,34 +198,29 @@ fn bench_credentials(
 }
 
 /// The proxy binary on loopback with the files in `dir` (routes, its CA, the kubeconfig),
-/// room for the watches; returns it with its proxy and health addresses once it serves.
-fn start_proxy(args: &ProxyArgs, dir: &Path) -> anyhow::Result<(Child, String, String)> {
-    let p = |f: &str| dir.join(f);
-    let mut child = Command::new(&args.proxy)
-        .arg("--routes")
-        .arg(p("routes.json"))
-        .arg("--ca-cert")
-        .arg(p("ca.crt"))
-        .arg("--ca-key")
-        .arg(p("ca.key"))
-        .arg("--kubeconfig")
-        .arg(p("kubeconfig"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--health-listen",
-            "127.0.0.1:0",
-            "--log-json",
-        ])
-        .args(["--max-connections", &(args.watches + 64).to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", args.proxy.display()))?;
-    let stderr = child.stderr.take().context("the proxy's stderr")?;
-    let child = Child(child);
-    let (listen, health) = serving_addrs(stderr)?;
-    Ok((child, listen, health))
+/// verifying `sandboxes`, room for the watches; once it serves.
+fn start_proxy(
+    args: &ProxyArgs,
+    dir: &Path,
+    sandboxes: &Sandboxes,
+) -> anyhow::Result<ProxyProcess> {
+    let mut flags: Vec<OsString> = Vec::new();
+    for (flag, file) in [
+        ("--routes", "routes.json"),
+        ("--ca-cert", "ca.crt"),
+        ("--ca-key", "ca.key"),
+        ("--kubeconfig", "kubeconfig"),
+    ] {
+        flags.push(flag.into());
+        flags.push(dir.join(file).into());
+    }
+    let room = (args.watches + 64).to_string();
+    for flag in ["--max-connections", "--max-connections-per-client"] {
+        flags.push(flag.into());
+        flags.push(room.clone().into());
+    }
+    flags.extend(sandboxes.flags().into_iter().map(OsString::from));
+    ProxyProcess::start(&args.proxy, &flags, &sandboxes.admin_kubeconfig)
 }
 
 /// `n` watches of `watch_url` through the proxy, held open with their headers received.
@@ -237,25 +247,6 @@ async fn open_watches(
         streams.push(resp);
     }
     Ok(streams)
-}
-
-/// The tunnels the proxy has open, from its `/metrics`.
-async fn tunnels(http: &reqwest::Client, health: &str) -> anyhow::Result<f64> {
-    let metrics = http
-        .get(format!("http://{health}/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
-    Ok(metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("cli_mcp_proxy_tunnels ")?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(0.0))
 }
 
 /// What the proxy tables print: both paths' latencies and the proxy's RSS readings.
@@ -329,23 +320,4 @@ async fn timed_gets(
         }
     }
     Ok(samples)
-}
-
-/// The proxy's `proxy serving` log line names both addresses it bound.
-fn serving_addrs(stderr: std::process::ChildStderr) -> anyhow::Result<(String, String)> {
-    let mut lines = BufReader::new(stderr).lines();
-    for line in lines.by_ref() {
-        let line = line?;
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if v["message"] == "proxy serving" {
-            let listen = v["listen"].as_str().context("listen")?.to_owned();
-            let health = v["health"].as_str().context("health")?.to_owned();
-            // Keep draining the log so the proxy never blocks on a full pipe.
-            std::thread::spawn(move || for _ in lines {});
-            return Ok((listen, health));
-        }
-    }
-    bail!("the proxy exited before serving")
 }
