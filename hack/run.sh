@@ -12,15 +12,20 @@
 #   4. installs the operator from config/default, as an admin would;
 #   5. creates namespace cli-mcp-demo with a read-only investigation kubeconfig Secret and the
 #      sample CliMcpInstance `demo` — behind its credential proxy, which alone holds that
-#      kubeconfig's token (a sandbox sees a placeholder) — and waits for it to be Ready;
-#   6. creates a client identity allowed to use the instance, forwards a loopback port to the
+#      kubeconfig's token (a sandbox sees a placeholder) — and, beside it, the instance
+#      `as-caller` of config/samples/as-caller, whose proxy holds the same kubeconfig but
+#      impersonates each session's MCP caller (identity: impersonateCaller, with the RBAC for
+#      it); waits for both to be Ready;
+#   6. creates a client identity allowed to use each instance, forwards a loopback port to each
 #      MCP Service (plain HTTP on 127.0.0.1, TLS to the instance with its CA pinned) and prints
-#      ready-to-paste MCP client configurations with a literal token, and a curl one-liner.
+#      ready-to-paste MCP client configurations of `demo` with a literal token, a curl
+#      one-liner for each instance (`as-caller`'s runs `kubectl auth whoami`: the caller and
+#      the session), and how to read the proxy's audit log (who did what, in which session).
 #
 # Everything it writes stays under .run/ (gitignored). Needs root (network namespaces).
-# Logs: .run/quickstart/cluster.log (and forward.log), each new for every run; the previous
-# run's is kept as cluster.log.prev. A run started while the previous one is still tearing
-# down waits for it (the cluster's run-dir lock).
+# Logs: .run/quickstart/cluster.log (and forward.log, forward-as-caller.log), each new for
+# every run; the previous run's is kept as cluster.log.prev. A run started while the previous
+# one is still tearing down waits for it (the cluster's run-dir lock).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +37,9 @@ run="${CLI_MCP_QUICKSTART_DIR:-$root/.run/quickstart}"
 ns=cli-mcp-demo
 name=demo
 svc="cli-mcp-$name"
+# The second sample instance, whose sandboxes act as their caller (config/samples/as-caller).
+as_name=as-caller
+as_svc="cli-mcp-$as_name"
 mkdir -p "$run"
 # What this run writes includes tokens (the investigator kubeconfig, the client token in the
 # MCP configurations): its directory and those files are the user's alone.
@@ -114,43 +122,64 @@ users: [{name: investigator, user: {token: "$token"}}]
 contexts: [{name: investigator, context: {cluster: cluster, user: investigator}}]
 current-context: investigator
 KC
-kubectl -n "$ns" create secret generic "cli-mcp-$name-kubeconfig" \
-    --from-file=kubeconfig="$run/investigator.kubeconfig" --dry-run=client -o yaml |
-    kubectl apply -f - >/dev/null
+for n in "$name" "$as_name"; do
+    kubectl -n "$ns" create secret generic "cli-mcp-$n-kubeconfig" \
+        --from-file=kubeconfig="$run/investigator.kubeconfig" --dry-run=client -o yaml |
+        kubectl apply -f - >/dev/null
+done
 
 # Every instance reaches the API through its credential proxy: it alone holds the
-# investigator's token and injects it; a shell in the sandbox sees a placeholder.
-say "the sample CliMcpInstance (its credential proxy cli-mcp-$name-proxy holds the kubeconfig)"
+# investigator's token and injects it; a shell in the sandbox sees a placeholder. The proxy of
+# `as-caller` impersonates each session's caller with it (config/samples/as-caller/rbac.yaml
+# lets the investigator impersonate that instance's client, and lets the client read).
+say "the sample CliMcpInstances: $name (its credential proxy $svc-proxy holds the kubeconfig),
+    and $as_name, whose proxy acts as each session's caller (config/samples/as-caller)"
 kubectl -n "$ns" apply -f config/samples/cli-mcp_v1alpha1_climcpinstance.yaml
-kubectl -n "$ns" wait "climcpinstance/$name" --for=condition=Ready --timeout=180s
+kubectl -n "$ns" apply -f config/samples/as-caller/rbac.yaml >/dev/null
+kubectl -n "$ns" apply -f config/samples/as-caller/climcpinstance.yaml
+# Both start at once; one wait, one deadline for both.
+kubectl -n "$ns" wait "climcpinstance/$name" "climcpinstance/$as_name" --for=condition=Ready --timeout=240s
 kubectl -n "$ns" get climcpinstances
 
 # The operator makes each instance's client identity: ServiceAccount cli-mcp-<n>-client,
 # bound to a Role with exactly the verbs the server checks on this instance's
 # climcpinstances/mcp (spec.server.clients adds people and groups).
 client_sa="cli-mcp-$name-client"
-say "the instance's client identity: ServiceAccount $client_sa (made by the operator)"
-kubectl -n "$ns" get serviceaccount "$client_sa" >/dev/null
-kubectl -n "$ns" get configmap "$svc-ca" -o jsonpath='{.data.ca\.crt}' >"$run/ca.crt"
+as_client_sa="cli-mcp-$as_name-client"
+say "the instances' client identities: ServiceAccounts $client_sa and $as_client_sa (made by the operator)"
+kubectl -n "$ns" get serviceaccount "$client_sa" "$as_client_sa" >/dev/null
 # A literal token to paste: the cluster (and its signing key) lives only as long as this run,
 # so the token stops working when `make run` stops.
 client_token="$(kubectl -n "$ns" create token "$client_sa" --duration=24h)"
+as_client_token="$(kubectl -n "$ns" create token "$as_client_sa" --duration=24h)"
 host="$svc.$ns.svc"
 
-say "forwarding 127.0.0.1 to svc/$svc:8443 (TLS to the instance, its CA pinned)"
-start_logged "$run/forward.log" "$cluster_bin" forward --kubeconfig "$KUBECONFIG" -n "$ns" "$svc" \
-    --port 8443 --tls-ca "$run/ca.crt" --tls-server-name "$host"
-pids+=("$start_pid")
-wait_line "$run/forward.log" "$start_pid" 'CLI_MCP_FORWARD ' 30 || {
-    cat "$run/forward.log" >&2
-    die "the port-forward did not start (log: $run/forward.log)"
+# forward_instance SVC CA LOG: forwards a loopback port to svc/SVC:8443, TLS to the instance
+# with its CA (written to CA) pinned, logging to LOG; sets forwarded to the local address.
+forward_instance() {
+    local svc=$1 ca=$2 log=$3
+    say "forwarding 127.0.0.1 to svc/$svc:8443 (TLS to the instance, its CA pinned)"
+    kubectl -n "$ns" get configmap "$svc-ca" -o jsonpath='{.data.ca\.crt}' >"$ca"
+    start_logged "$log" "$cluster_bin" forward --kubeconfig "$KUBECONFIG" -n "$ns" "$svc" \
+        --port 8443 --tls-ca "$ca" --tls-server-name "$svc.$ns.svc"
+    pids+=("$start_pid")
+    wait_line "$log" "$start_pid" 'CLI_MCP_FORWARD ' 30 || {
+        cat "$log" >&2
+        die "the port-forward did not start (log: $log)"
+    }
+    forwarded=$waited_line
 }
-local_addr=$waited_line
+forward_instance "$svc" "$run/ca.crt" "$run/forward.log"
+local_addr=$forwarded
 url="http://$local_addr/mcp"
+forward_instance "$as_svc" "$run/$as_name-ca.crt" "$run/forward-$as_name.log"
+as_url="http://$forwarded/mcp"
 # curl has no chat, so its lines name a session; the clients' configurations do not, and the
 # server gives each of their chats a shell of its own.
 session=my-session-1
 auth="Authorization: Bearer $client_token"
+as_session=my-session-2
+as_auth="Authorization: Bearer $as_client_token"
 
 # The same configuration in the shapes clients read, also written to files to copy from.
 jq -n --arg url "$url" --arg auth "Bearer $client_token" \
@@ -191,8 +220,20 @@ End the session (the next call starts a fresh shell):
 
   curl -s -X DELETE http://$local_addr/sessions/$session -H '$auth'
 
+Instance $ns/$as_name acts as its caller: its proxy impersonates the MCP client
+(ServiceAccount $as_client_sa here) with the session id, so the cluster's RBAC
+decides and its audit log names the person. Its endpoint, and \`kubectl auth whoami\` in the
+shell of session $as_session:
+
+  $as_url
+
+  curl -s $as_url -H '$as_auth' -H 'X-Session-ID: $as_session' -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bash","arguments":{"command":"kubectl auth whoami -o json"}}}'
+
 Admin access to the local cluster:  export KUBECONFIG=$KUBECONFIG
 Another token:                      kubectl -n $ns create token $client_sa
+Who did what, with that KUBECONFIG: the audit log of $name's proxies, a JSON line per request:
+
+  kubectl -n $ns logs -l cli-mcp.redhat.com/instance=$name,cli-mcp.redhat.com/component=proxy --prefix --tail=-1 | grep '"outcome"'
 
 Ctrl-C stops everything.
 EOF

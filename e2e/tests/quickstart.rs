@@ -2,7 +2,11 @@
 //! and the sample instance, then prints an MCP endpoint and client configurations. The test
 //! uses what it printed exactly as printed: the curl line is run by bash, the VS Code
 //! configuration is read back as JSON and used by an MCP client, and the DELETE line ends the
-//! session. Then a stop signal ends everything.
+//! session. The printed audit one-liner finds the curl line's request in the proxy's audit log,
+//! with its session and the printed client identity as the caller; the second instance's curl
+//! line (`as-caller`, `identity: impersonateCaller`) shows that the API server saw that
+//! instance's client identity and the session (`kubectl auth whoami`). Then a stop signal ends
+//! everything.
 //!
 //! Then, on the same cluster, every attack of [`attacks`] is tried as the least identity
 //! that could try it, and each must fail: the isolation a user's `make run` gives is the
@@ -49,6 +53,64 @@ fn rpc_answer(body: &str) -> Value {
         .unwrap_or(body)
         .trim();
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON-RPC ({e}): {body}"))
+}
+
+/// The value of header `name` in a printed curl line (`-H 'Name: value'`).
+fn header_of(curl: &str, name: &str) -> String {
+    let start = format!("-H '{name}: ");
+    curl.split(start.as_str())
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .unwrap_or_else(|| panic!("no {name} header in {curl}"))
+        .to_owned()
+}
+
+/// How long the audit line of a request that was answered may take to be readable in the
+/// proxy pods' logs (written when the response ended; read through the kubelet).
+const AUDITED_WITHIN: Duration = Duration::from_secs(60);
+
+/// The audit line of `session`'s request for `path`, found by the printed audit one-liner,
+/// run as printed after the printed `export KUBECONFIG=...`; polled until [`AUDITED_WITHIN`].
+async fn audit_line(printed: &[String], session: &str, path: &str) -> Value {
+    let out = printed.join("\n");
+    let export = printed
+        .iter()
+        .find_map(|l| l.split_once("export KUBECONFIG=").map(|(_, k)| k.trim()))
+        .unwrap_or_else(|| panic!("no KUBECONFIG printed:\n{out}"));
+    let one_liner = printed
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with("kubectl ") && l.contains(" logs ") && l.contains("\"outcome\""))
+        .unwrap_or_else(|| panic!("no audit one-liner printed:\n{out}"));
+    let script = format!("export KUBECONFIG={export}\n{one_liner}");
+    let deadline = tokio::time::Instant::now() + AUDITED_WITHIN;
+    loop {
+        let ran = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .await
+            .expect("bash -c kubectl logs");
+        let text = String::from_utf8_lossy(&ran.stdout);
+        let lines: Vec<Value> = text
+            .lines()
+            // `--prefix`: `[pod/<name>/<container>] {...}`.
+            .filter_map(|l| l.find('{').map(|i| &l[i..]))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if let Some(found) = lines
+            .iter()
+            .find(|a| a["session"] == session && a["path"] == path)
+        {
+            return found.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no audit line of session {session} for {path} within {AUDITED_WITHIN:?} from \
+             {script}: {ran:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// A chat of an MCP client configured as `make run` printed: the configuration's headers,
@@ -254,6 +316,57 @@ async fn make_run_prints_an_endpoint_that_works_as_printed() {
     assert!(
         stdout.contains("kube-system") && stdout.contains("cli-mcp-demo"),
         "`kubectl get ns` in the sandbox lists the namespaces: {answer}"
+    );
+
+    // Who did what: the printed audit one-liner finds that request, with its session and
+    // the printed client identity as the caller.
+    let session = header_of(&curl, "X-Session-ID");
+    let audited = audit_line(&printed, &session, "/api/v1/namespaces").await;
+    eprintln!("quickstart: audited: {audited}");
+    assert_eq!(
+        audited["caller"]["user"], "system:serviceaccount:cli-mcp-demo:cli-mcp-demo-client",
+        "{audited}"
+    );
+    assert_eq!(audited["outcome"], "forwarded", "{audited}");
+    assert_eq!(audited["status"], 200, "{audited}");
+
+    // The second instance acts as its caller: its curl line, run as printed, shows what the
+    // API server saw (`kubectl auth whoami`): the printed client identity, and the session.
+    let whoami = printed
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with("curl -s http://") && l.contains("kubectl auth whoami"))
+        .unwrap_or_else(|| panic!("no as-caller curl line printed:\n{out}"))
+        .to_string();
+    assert!(
+        !whoami.contains(&url),
+        "the as-caller line has an endpoint of its own:\n{out}"
+    );
+    let ran = Command::new("bash")
+        .arg("-c")
+        .arg(&whoami)
+        .output()
+        .await
+        .expect("bash -c curl");
+    assert!(ran.status.success(), "{whoami}: {ran:?}");
+    let answer = rpc_answer(&String::from_utf8_lossy(&ran.stdout));
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    let review: Value = serde_json::from_str(
+        answer["result"]["structuredContent"]["stdout"]
+            .as_str()
+            .unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| panic!("`kubectl auth whoami -o json` printed JSON ({e}): {answer}"));
+    eprintln!("quickstart: as-caller's kubectl auth whoami: {review}");
+    let seen = &review["status"]["userInfo"];
+    assert_eq!(
+        seen["username"], "system:serviceaccount:cli-mcp-demo:cli-mcp-as-caller-client",
+        "the API server saw the caller: {review}"
+    );
+    assert_eq!(
+        seen["extra"]["cli-mcp.redhat.com/session"],
+        json!([header_of(&whoami, "X-Session-ID")]),
+        "the API server saw the session: {review}"
     );
 
     // The VS Code configuration, used by an MCP client as it is: same URL, its headers only.
