@@ -27,6 +27,7 @@ pub mod child;
 pub mod cluster;
 pub mod cluster_info;
 pub mod error;
+pub mod go_sdk;
 pub mod http;
 pub mod instance;
 pub mod journey;

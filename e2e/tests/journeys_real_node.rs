@@ -6,12 +6,19 @@
 //! installed from config/default, and its server and sandbox pods run those images under
 //! the restricted securityContext the operator gives them.
 //!
+//! Beside them, the design's client journey with the official Go MCP SDK
+//! (`cli_mcp_e2e::go_sdk`): a Go service's `X-Session-ID` and bearer token on every request,
+//! `kubectl` and shell state across calls, failures as tool results, `DELETE
+//! /sessions/{id}` and the sandbox pod gone. Its client (`e2e/tools/go-journey`, cached)
+//! builds while the cluster starts.
+//!
 //! Skipped, saying so, when not root or when the host cannot run the real node
 //! (`node::preflight`: containerd, runc, iptables, ...; hack/prereqs.sh installs them).
 
 use std::time::Instant;
 
 use cli_mcp_e2e::cluster::ClusterConfig;
+use cli_mcp_e2e::go_sdk;
 use cli_mcp_e2e::journey::{journeys, Env};
 use cli_mcp_e2e::node::{self, NodeKind};
 use cli_mcp_e2e::project_images;
@@ -67,8 +74,9 @@ async fn admin_session_warm_pool_and_teardown_journeys_on_real_containers() {
     cfg.node = NodeKind::Real;
     cfg.images.clear();
 
-    // The images build (seconds when cached) while the cluster starts.
+    // The images and the Go SDK client build (seconds when cached) while the cluster starts.
     let t = Instant::now();
+    let go_client = tokio::spawn(go_sdk::client_binary());
     let build = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
         project_images::build(&bin_dir).map(|i| (i, t.elapsed()))
@@ -118,9 +126,17 @@ async fn admin_session_warm_pool_and_teardown_journeys_on_real_containers() {
         )
         .await;
     };
-    tokio::join!(admin, session, warm, teardown);
+    let go = async {
+        // A cold build (~40 s) goes on while the operator installs.
+        let (env, client) = tokio::join!(Env::install_on(c.clone(), "r-go"), go_client);
+        let client = client
+            .expect("Go client build task")
+            .unwrap_or_else(|e| panic!("the Go SDK client: {e}"));
+        go_sdk::design_client_journey(env, client).await;
+    };
+    tokio::join!(admin, session, warm, teardown, go);
     eprintln!(
-        "journeys_real_node: setup {:.1}s, four journeys {:.1}s",
+        "journeys_real_node: setup {:.1}s, five journeys {:.1}s",
         setup.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );

@@ -98,6 +98,10 @@ struct Line<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
     bytes: u64,
+    /// `false` when the response ended before its body did: the client went, or the
+    /// tunnel was cut (the session ended, the proxy stopped).
+    #[serde(skip_serializing_if = "std::clone::Clone::clone")]
+    complete: bool,
     #[serde(rename = "durationMs")]
     duration_ms: f64,
 }
@@ -138,6 +142,17 @@ impl Record {
     /// Writes the line: `status` and `outcome` (`forwarded`, `refused`, `upstream_error`),
     /// the refusal's reason, the response body's bytes.
     pub fn finish(&self, status: u16, outcome: &str, reason: Option<&str>, bytes: u64) {
+        self.finish_body(status, outcome, reason, bytes, true);
+    }
+
+    fn finish_body(
+        &self,
+        status: u16,
+        outcome: &str,
+        reason: Option<&str>,
+        bytes: u64,
+        complete: bool,
+    ) {
         let sandbox = self.sandbox.as_deref();
         let scope = self.shared.scope.as_ref();
         let line = Line {
@@ -156,6 +171,7 @@ impl Record {
             outcome,
             reason,
             bytes,
+            complete,
             duration_ms: (self.started.elapsed().as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
         };
         self.shared.audit.write(&line, &self.shared.metrics);
@@ -200,16 +216,16 @@ impl<B> Audited<B> {
         }
     }
 
-    fn done(&mut self) {
+    fn done(&mut self, complete: bool) {
         if let Some((record, status)) = self.record.take() {
-            record.finish(status, "forwarded", None, self.bytes);
+            record.finish_body(status, "forwarded", None, self.bytes, complete);
         }
     }
 }
 
 impl<B> Drop for Audited<B> {
     fn drop(&mut self) {
-        self.done();
+        self.done(false);
     }
 }
 
@@ -231,7 +247,8 @@ where
                     self.bytes += data.len() as u64;
                 }
             }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.done(),
+            Poll::Ready(None) => self.done(true),
+            Poll::Ready(Some(Err(_))) => self.done(false),
             Poll::Pending => {}
         }
         polled

@@ -87,7 +87,7 @@ impl Tunnel {
             path,
             reason = r.reason,
             status = r.status.as_u16(),
-            message = %r.message,
+            detail = %r.message,
             "request refused"
         );
         self.shared.metrics.refused(r.reason);

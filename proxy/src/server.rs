@@ -186,6 +186,7 @@ async fn connect(
             &shared,
             Refusal::not_connect(),
             req.uri().to_string(),
+            peer,
         ));
     }
     let target = req
@@ -200,19 +201,21 @@ async fn connect(
                 &shared,
                 Refusal::bad_target(&target, &e.to_string()),
                 target.clone(),
+                peer,
             ))
         }
     };
     // Who asks comes first: a client that proves no sandbox learns nothing of the routes.
     let sandbox = match admit(&shared, peer, &req).await {
         Ok(s) => s,
-        Err(r) => return Ok(refuse(&shared, r, target)),
+        Err(r) => return Ok(refuse(&shared, r, target, peer)),
     };
     let Some(route) = shared.routes.get(&domain).cloned() else {
         return Ok(refuse(
             &shared,
             Refusal::domain_not_allowed(&domain),
             target,
+            peer,
         ));
     };
     tracing::debug!(domain = %domain, session = sandbox.as_ref().map(|s| s.session.as_str()), "tunnel opened");
@@ -240,12 +243,15 @@ async fn admit(
     identity.admit(peer.ip(), authorization).await.map(Some)
 }
 
-fn refuse(shared: &Shared, r: Refusal, target: String) -> Response<Body> {
+fn refuse(shared: &Shared, r: Refusal, target: String, peer: SocketAddr) -> Response<Body> {
+    // Field names other than tracing's own `target` and `message`: a JSON log line would
+    // carry each key twice.
     tracing::info!(
-        target = %target,
+        connect = %target,
+        %peer,
         reason = r.reason,
         status = r.status.as_u16(),
-        message = %r.message,
+        detail = %r.message,
         "CONNECT refused"
     );
     shared.metrics.refused(r.reason);

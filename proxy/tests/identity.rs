@@ -487,6 +487,12 @@ async fn a_session_that_ends_is_cut_on_its_open_tunnel_and_refused_after() {
     assert!(cut.is_ok(), "the open stream was not cut");
     let took = ended.elapsed();
     assert!(took < Duration::from_secs(2), "cut after {took:?}");
+    let line = wait_audit(&w.inputs, 1).await.pop().expect("a line");
+    assert_eq!(line["path"], "/stream", "{line}");
+    assert_eq!(
+        line["complete"], false,
+        "the cut stream is audited as cut: {line}"
+    );
 
     let a = connect_answer(&w, &format!("Bearer {t}")).await;
     assert!(

@@ -171,16 +171,26 @@ impl Identity {
     }
 
     fn not_serving(&self, pod: &str, view: Option<PodView>) -> Refusal {
-        let why = match view {
-            None => "is not a sandbox pod of this instance (or is gone)",
-            Some(v) if v.deleting => "is being deleted: its session has ended",
-            Some(v) if !v.sealed => "is not sealed by the instance: cli-mcp did not make it",
-            Some(v) if v.session.is_none() => "is a warm pod that serves no session yet",
-            Some(_) => "has no IP yet",
+        // Each its own reason: a plant (not sealed) must stand out in the metrics from the
+        // ordinary end of a session.
+        let (reason, why) = match view {
+            None => (
+                "session_ended",
+                "is not a sandbox pod of this instance (or is gone)",
+            ),
+            Some(v) if v.deleting => ("session_ended", "is being deleted: its session has ended"),
+            Some(v) if !v.sealed => (
+                "not_sealed",
+                "is not sealed by the instance: cli-mcp did not make it",
+            ),
+            Some(v) if v.session.is_none() => {
+                ("no_session", "is a warm pod that serves no session yet")
+            }
+            Some(_) => ("no_session", "has no IP yet"),
         };
         Refusal::new(
             StatusCode::FORBIDDEN,
-            "session_ended",
+            reason,
             format!("the token's pod {pod} {why}"),
         )
     }
