@@ -38,6 +38,7 @@ slow=(
   logs
   lifecycle_edges
   real_node_proxy
+  real_node_identity
   journeys_real_node
   real_node_placement
 )
