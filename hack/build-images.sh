@@ -192,7 +192,11 @@ chmod 755 "$tmp"
 start=$(date +%s)
 say "assembling ${names[*]} ($ARCH, tag $TAG) into $final"
 
-# A layer of files under /usr/local/bin: "layer OUT SRC:NAME..." (root-owned, mode 0755).
+kubectl_version="$("$KUBECTL" version --client -o json 2>/dev/null | jq -r '.clientVersion.gitVersion // "unknown"')"
+path_env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# A layer of files: "layer OUT SRC:NAME..." puts programs under /usr/local/bin (root-owned,
+# mode 0755), "SRC:/ABSOLUTE/PATH" a data file there (mode 0644, its directories 0755).
 strip=
 if [[ $ARCH == "$host_arch" ]]; then strip="$(command -v strip || true)"; fi
 layer() {
@@ -202,6 +206,11 @@ layer() {
     install -d -m 0755 "$d/usr" "$d/usr/local" "$d/usr/local/bin"
     local spec
     for spec in "$@"; do
+        if [[ ${spec##*:} == /* ]]; then
+            # umask 022: the directories install -D makes are 0755, like the base's.
+            (umask 022 && install -D -m 0644 "${spec%%:*}" "$d${spec##*:}")
+            continue
+        fi
         install -m 0755 "${spec%%:*}" "$d/usr/local/bin/${spec##*:}"
         # Our debug builds (what the tests and make run put in the images) are half debug
         # info; release builds are stripped already, so this changes nothing for them.
@@ -215,11 +224,25 @@ layer() {
 layer "$tmp/operator.tar" "$bin_dir/cli-mcp-operator:cli-mcp-operator"
 layer "$tmp/server.tar" "$bin_dir/cli-mcp-server:cli-mcp-server"
 layer "$tmp/proxy.tar" "$bin_dir/cli-mcp-proxy:cli-mcp-proxy"
-layer "$tmp/tools.tar" "$KUBECTL:kubectl" "$yq:yq"
+
+# The tools the sandbox briefing names, with the versions the shipped binaries report: run
+# images/sandbox/record-tools.sh in a chroot of the sandbox's root filesystem with kubectl and
+# yq added (another ARCH runs through qemu-user-static, as mmdebstrap did).
+record="$tmp/record-root"
+mkdir "$record"
+tar -xf "$rootfs/sandbox.tar" -C "$record"
+install -m 0755 "$KUBECTL" "$record/usr/local/bin/kubectl"
+install -m 0755 "$yq" "$record/usr/local/bin/yq"
+tools_json="$(chroot "$record" /usr/bin/env -i "$path_env" HOME=/tmp LC_ALL=C /bin/bash -s \
+    <"$IMAGES_DIR/sandbox/record-tools.sh")" ||
+    die "recording the sandbox's tool versions failed (images/sandbox/record-tools.sh, output above)"
+rm -rf "$record"
+printf '%s\n' "$tools_json" >"$tmp/sandbox-tools.json"
+say "sandbox tools: $tools_json"
+
+layer "$tmp/tools.tar" "$KUBECTL:kubectl" "$yq:yq" "$tmp/sandbox-tools.json:/etc/cli-mcp/tools.json"
 layer "$tmp/agent.tar" "$bin_dir/cli-mcp-agent:cli-mcp-agent"
 
-kubectl_version="$("$KUBECTL" version --client -o json 2>/dev/null | jq -r '.clientVersion.gitVersion // "unknown"')"
-path_env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 debian_label() { awk '{printf "%s%s=%s", (NR>1?",":""), $1, $2}' "$1"; }
 
 # image NAME USER ENTRYPOINT "PORTS" "ENV..." WORKDIR PACKAGES LAYER:COMMENT...
@@ -245,7 +268,8 @@ image() {
     for p in $ports; do args+=(--config.exposedports "$p/tcp"); done
     for e in $envs; do args+=(--config.env "$e"); done
     [[ $name != sandbox ]] || args+=(--config.label "io.cli-mcp.kubectl-version=$kubectl_version"
-        --config.label "io.cli-mcp.yq-version=$YQ_VERSION")
+        --config.label "io.cli-mcp.yq-version=$YQ_VERSION"
+        --config.label "io.cli-mcp.tools=$tools_json")
     umoci config --image "$layout:$TAG" "${args[@]}"
     umoci gc --layout "$layout"
     # containerd (ctr images import, the kubelet's image store) names the image after
@@ -279,7 +303,7 @@ image proxy 1001:0 /usr/local/bin/cli-mcp-proxy "8080 8081" "$path_env" / "$root
 image sandbox 1001:0 /usr/local/bin/cli-mcp-agent 8090 "$path_env HOME=/workspace PAGER=cat" /workspace \
     "$rootfs/sandbox.packages" \
     "$rootfs/sandbox.tar:debian $DEBIAN_SUITE essential + $(rootfs_packages "$IMAGES_DIR/sandbox/debian-packages")" \
-    "$tmp/tools.tar:kubectl $kubectl_version, yq $YQ_VERSION" \
+    "$tmp/tools.tar:kubectl $kubectl_version, yq $YQ_VERSION, /etc/cli-mcp/tools.json" \
     "$tmp/agent.tar:cli-mcp-agent"
 cp "$rootfs/sandbox.packages" "$tmp/sandbox.packages"
 cp "$rootfs/base.packages" "$tmp/base.packages"

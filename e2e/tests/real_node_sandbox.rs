@@ -452,7 +452,10 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     // b's kubeconfig names kubernetes.default.svc without a CA: the proxy resolved it and
     // refused the upstream's certificate, so the request went relay, proxy, upstream.
     assert_eq!(lines.get(2), Some(&"502"), "{dnsless}");
-    assert!(dnsless.contains("upstream"), "the proxy's answer: {dnsless}");
+    assert!(
+        dnsless.contains("upstream"),
+        "the proxy's answer: {dnsless}"
+    );
 
     // --- The sandbox as its session sees it ---------------------------------------------------
     let spec = s1_pod.spec.clone().expect("sandbox spec");

@@ -38,6 +38,23 @@ pub struct Args {
     #[arg(long, env = "RELATED_IMAGE_PROXY")]
     pub proxy_image: Option<String>,
 
+    /// The tools on the default sandbox image's PATH and their versions, as the image build
+    /// recorded them: the JSON of `sandbox-tools.json` beside the archives (also
+    /// `/etc/cli-mcp/tools.json` and the label `io.cli-mcp.tools` of the image). Named in the
+    /// sandbox briefing of instances that run the default sandbox image.
+    #[arg(long, env = "CLI_MCP_SANDBOX_TOOLS")]
+    pub sandbox_tools: Option<String>,
+
+    /// Seconds between two reviews of what each instance's kubeconfig identity may do, for
+    /// its sandbox briefing (a changed kubeconfig is reviewed at once). At least 1.
+    #[arg(
+        long,
+        env = "CLI_MCP_BRIEFING_REFRESH",
+        default_value_t = crate::context::DEFAULT_BRIEFING_REFRESH.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=24 * 3600)
+    )]
+    pub briefing_refresh: u64,
+
     /// Run leader election on a Lease (disable only for a single replica).
     #[arg(long, env = "CLI_MCP_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -130,19 +147,24 @@ impl Command {
     }
 }
 
+/// Why the flags make no configuration.
 #[derive(Debug, thiserror::Error)]
-#[error("no server image: set RELATED_IMAGE_SERVER (or --server-image)")]
-pub struct NoServerImage;
+pub enum ConfigError {
+    #[error("no server image: set RELATED_IMAGE_SERVER (or --server-image)")]
+    NoServerImage,
+    #[error("{0}")]
+    SandboxTools(String),
+}
 
 impl Args {
     /// The process configuration. The server image has no default: a Deployment rendered
     /// without one could never start.
-    pub fn operator_config(&self) -> Result<OperatorConfig, NoServerImage> {
+    pub fn operator_config(&self) -> Result<OperatorConfig, ConfigError> {
         let server_image = self
             .server_image
             .clone()
             .filter(|s| !s.is_empty())
-            .ok_or(NoServerImage)?;
+            .ok_or(ConfigError::NoServerImage)?;
         let mut config = OperatorConfig::new(
             server_image,
             self.sandbox_image.clone().filter(|s| !s.is_empty()),
@@ -154,6 +176,13 @@ impl Args {
         // A resync below 10 s would be a busy loop over every instance.
         config.resync = Duration::from_secs(self.resync.max(10));
         config.identity = self.identity();
+        config.sandbox_tools = match self.sandbox_tools.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(json) => {
+                Some(crate::briefing::parse_tools(json).map_err(ConfigError::SandboxTools)?)
+            }
+        };
+        config.briefing_refresh = Duration::from_secs(self.briefing_refresh);
         Ok(config)
     }
 
@@ -228,5 +257,36 @@ mod tests {
         let err = Args::try_parse_from(short.iter().copied().chain(["59"]))
             .expect_err("under a minute is refused");
         assert!(err.to_string().contains("59"), "{err}");
+    }
+
+    #[test]
+    fn the_briefings_tools_and_refresh_are_read_and_checked() {
+        let base = ["cli-mcp-operator", "--server-image", "s"];
+        let c = Args::try_parse_from(base)
+            .expect("flags parse")
+            .operator_config()
+            .expect("config");
+        assert_eq!(c.sandbox_tools, None);
+        assert_eq!(c.briefing_refresh, Duration::from_secs(180));
+        let args = Args::try_parse_from(base.iter().copied().chain([
+            "--sandbox-tools",
+            r#"[{"name":"jq","version":"1.6"}]"#,
+            "--briefing-refresh",
+            "2",
+        ]))
+        .expect("flags parse");
+        let c = args.operator_config().expect("config");
+        assert_eq!(
+            c.sandbox_tools.as_deref().map(|t| t[0].version.as_str()),
+            Some("1.6")
+        );
+        assert_eq!(c.briefing_refresh, Duration::from_secs(2));
+        let bad = Args::try_parse_from(base.iter().copied().chain(["--sandbox-tools", "jq 1.6"]))
+            .expect("flags parse");
+        let e = bad.operator_config().expect_err("not a record");
+        assert!(e.to_string().contains("sandbox-tools.json"), "{e}");
+        assert!(
+            Args::try_parse_from(base.iter().copied().chain(["--briefing-refresh", "0"])).is_err()
+        );
     }
 }

@@ -73,6 +73,11 @@ pub struct OperatorConfig {
     pub identity: String,
     /// Plain Kubernetes or OpenShift (detected at start unless `--platform` says).
     pub platform: crate::platform::Platform,
+    /// `CLI_MCP_SANDBOX_TOOLS`: the tools of `sandbox_image` and their versions, as the image
+    /// build recorded them, for the sandbox briefing of instances that run that image.
+    pub sandbox_tools: Option<Vec<crate::briefing::Tool>>,
+    /// How often the reviews behind each sandbox briefing are made again.
+    pub briefing_refresh: Duration,
 }
 
 impl OperatorConfig {
@@ -87,9 +92,15 @@ impl OperatorConfig {
             resync: Duration::from_secs(600),
             identity: "cli-mcp-operator".into(),
             platform: Default::default(),
+            sandbox_tools: None,
+            briefing_refresh: DEFAULT_BRIEFING_REFRESH,
         }
     }
 }
+
+/// Default of `--briefing-refresh`: a changed RoleBinding shows in the briefing within a few
+/// minutes, and a steady cluster costs a few reviews per instance that often.
+pub const DEFAULT_BRIEFING_REFRESH: Duration = Duration::from_secs(180);
 
 /// Reflector stores of everything the controller owns, filled by the watches in
 /// [`crate::watch`]. Reads during a reconcile come from here, not from the API.
@@ -375,6 +386,8 @@ pub struct Context {
     pub retries: crate::retry::RetryBackoff,
     /// Whether NetworkPolicy and Pod Security are in force for each instance.
     pub isolation: crate::isolation::IsolationProbes,
+    /// The last reviews behind each instance's sandbox briefing.
+    pub briefings: crate::briefing::BriefingCache,
 }
 
 impl Context {
@@ -417,6 +430,7 @@ impl Context {
             migrated: Default::default(),
             retries: Default::default(),
             isolation: Default::default(),
+            briefings: Default::default(),
         }
     }
 }

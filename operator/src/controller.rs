@@ -7,7 +7,7 @@
 //! 2. remove a Go-era predecessor's leftovers, once per instance ([`migrate::go_leftovers`]);
 //! 3. resolve what the children need from the cluster ([`resolve::resolve`]: the
 //!    generate-once Secrets, the admin's Secrets, the API server's addresses, whether the
-//!    cluster serves the expose kind);
+//!    cluster serves the expose kind, the sandbox briefing);
 //! 4. build the whole desired set from the complete [`Inputs`] ([`children::build_all`],
 //!    pure; nothing changes it afterwards);
 //! 5. apply it ([`apply::apply_all`], server-side apply);
@@ -18,8 +18,8 @@
 //! 10. whether NetworkPolicy and Pod Security are in force ([`crate::isolation`]);
 //! 11. what the status is computed from ([`Observed`]), built once;
 //! 12. the status ([`status::compute`]), written only when it changed;
-//! 13. requeue at the soonest deadline (idle expiry, pool backoff, renewal) or the resync
-//!     period.
+//! 13. requeue at the soonest deadline (idle expiry, pool backoff, renewal, the briefing's
+//!     next review) or the resync period.
 //!
 //! A reconcile that fails is retried after a backoff of its own instance ([`error_policy`],
 //! [`crate::retry`]), which a successful reconcile resets.
@@ -180,8 +180,13 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     if let Some(e) = sandboxes.error {
         return Err(e);
     }
-    // 13. When to look again (no client).
-    let next = requeue(ctx, &cr, &obs, &sandboxes.idle, resolved.tls_renew_in);
+    // 13. When to look again (no client): the certificate's renewal and the briefing's
+    //     next review are deadlines too.
+    let due = [resolved.tls_renew_in, resolved.briefing_due_in]
+        .into_iter()
+        .flatten()
+        .min();
+    let next = requeue(ctx, &cr, &obs, &sandboxes.idle, due);
     Ok(Action::requeue(next))
 }
 
@@ -258,17 +263,17 @@ async fn probe_isolation(ctx: &Context, spec: &Spec, proxy_ready: bool) -> Findi
         .await
 }
 
-/// When to look again: the soonest deadline, a refused apply's backoff, or the serving
-/// certificate's renewal.
+/// When to look again: the soonest deadline, a refused apply's backoff, or `due` (the
+/// serving certificate's renewal, the briefing's next review).
 fn requeue(
     ctx: &Context,
     cr: &CliMcpInstance,
     obs: &Observed,
     idle: &IdlePlan,
-    tls_renew_in: Option<Duration>,
+    due: Option<Duration>,
 ) -> Duration {
-    // Renewal due: back when it is, a little late so it has passed.
-    let renew = tls_renew_in.map(|d| d + Duration::from_millis(500));
+    // Something due: back when it is, a little late so it has passed.
+    let renew = due.map(|d| d + Duration::from_millis(500));
     let next = after_apply(
         ctx,
         cr,

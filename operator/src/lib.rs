@@ -8,7 +8,8 @@
 //! [`apply`] writes them with server-side apply (and skips writes that cannot change
 //! anything); [`pool`], [`idle`] and [`teardown`] are the sandbox lifecycle;
 //! [`status`] computes the status from what was observed; [`retry`] spaces out the retries
-//! of a failing instance; [`watch`] wires the watches;
+//! of a failing instance; [`briefing`] is what the server tells models about their sandbox;
+//! [`watch`] wires the watches;
 //! [`cli`], [`run`], [`leader`], [`metrics`] and [`telemetry`] are the process around them
 //! (`main.rs` only wires them together).
 
@@ -16,6 +17,7 @@
 
 pub mod api_call;
 pub mod apply;
+pub mod briefing;
 pub mod children;
 pub mod cli;
 pub mod context;

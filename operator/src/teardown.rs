@@ -256,6 +256,7 @@ impl Teardown<'_> {
             ctx.migrated.forget(&uid);
             ctx.retries.reset(&uid);
             ctx.isolation.forget(&uid);
+            ctx.briefings.forget(&uid);
         }
         crate::rotation::forget(ns, name.as_str());
         for binding in cluster_bindings(name, ns) {

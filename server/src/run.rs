@@ -125,6 +125,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         calls: Default::default(),
         instructions: crate::mcp::instructions(
             settings.transport == Transport::Stdio,
+            settings.briefing.as_deref(),
             settings.instructions.as_deref(),
         ),
     });

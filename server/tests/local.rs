@@ -964,6 +964,8 @@ async fn stdio_transport_serves_one_session() {
             "none",
             "--instructions",
             "This sandbox has jq.",
+            "--briefing",
+            "Sandbox briefing: jq 1.6.",
         ])
         .arg("--agent-binary")
         .arg(support::agent_bin())
@@ -988,10 +990,15 @@ async fn stdio_transport_serves_one_session() {
     let instructions = init["result"]["instructions"].as_str().unwrap_or_default();
     assert_eq!(
         instructions,
-        cli_mcp_server::mcp::instructions(true, Some("This sandbox has jq."))
+        cli_mcp_server::mcp::instructions(
+            true,
+            Some("Sandbox briefing: jq 1.6."),
+            Some("This sandbox has jq.")
+        )
     );
     assert!(
-        instructions.ends_with("\n\nThis sandbox has jq.") && instructions.contains("(exit N)"),
+        instructions.ends_with("\n\nSandbox briefing: jq 1.6.\n\nThis sandbox has jq.")
+            && instructions.contains("(exit N)"),
         "{instructions}"
     );
     for http_only in ["X-Session-ID", "DELETE", "/sessions"] {

@@ -135,6 +135,14 @@ pub struct ServerSpec {
     #[schemars(length(min = 1, max = 8192))]
     pub instructions: Option<String>,
 
+    /// Whether the MCP clients' models get the sandbox briefing the operator generates,
+    /// between the server's own instructions and `instructions`: the sandbox image's tools
+    /// and versions, each Kubernetes context of the proxy with its identity and what that
+    /// identity may do (from a SelfSubjectRulesReview, rechecked every few minutes), the
+    /// allow-listed domains, and the command timeout and output limits. Default true.
+    #[serde(default = "default_briefing")]
+    pub briefing: bool,
+
     /// Most sessions one client identity (a Kubernetes username) may hold at once, counted
     /// exactly across every server replica; past it that client's new sessions get a clear
     /// error. Default: half of `spec.sandbox.maxSessions` (rounded up), so one identity
@@ -198,6 +206,10 @@ pub struct ServerSpec {
     pub placement: PlacementSpec,
 }
 
+fn default_briefing() -> bool {
+    true
+}
+
 fn default_server_resources() -> ResourceRequirements {
     resources("50m", "64Mi", "1", "256Mi")
 }
@@ -210,6 +222,7 @@ impl Default for ServerSpec {
             auth: AuthMode::Kubernetes,
             tls_secret_name: None,
             instructions: None,
+            briefing: true,
             max_sessions_per_client: None,
             new_sessions_per_minute_per_client: None,
             clients: Vec::new(),

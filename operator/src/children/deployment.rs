@@ -29,6 +29,10 @@ pub const SANDBOX_CONFIG_ENV: &str = "CLI_MCP_SANDBOX_CONFIG";
 /// rather than an argument, because the text is free-form and may span lines.
 pub const INSTRUCTIONS_ENV: &str = "CLI_MCP_INSTRUCTIONS";
 
+/// Env var carrying the generated sandbox briefing (the `--briefing` flag; see
+/// `crate::briefing`), for the same reason.
+pub const BRIEFING_ENV: &str = "CLI_MCP_BRIEFING";
+
 /// The server container's environment.
 fn server_env(inp: &Inputs) -> Vec<EnvVar> {
     let var = |name: &str, value: String| EnvVar {
@@ -44,6 +48,9 @@ fn server_env(inp: &Inputs) -> Vec<EnvVar> {
     ];
     if let Some(text) = &inp.spec.server_instructions {
         env.push(var(INSTRUCTIONS_ENV, text.clone()));
+    }
+    if let Some(text) = &inp.briefing {
+        env.push(var(BRIEFING_ENV, text.clone()));
     }
     env
 }
@@ -314,6 +321,22 @@ mod tests {
         let without = inputs(serde_json::json!({}));
         assert_eq!(env_value(&without, INSTRUCTIONS_ENV), None);
         assert!(env_value(&without, SANDBOX_CONFIG_ENV).is_some());
+    }
+
+    /// The briefing travels like the admin's text, in its own variable (the server's
+    /// `--briefing`); a new briefing is a new pod template, so the server rolls to it.
+    #[test]
+    fn the_briefing_reaches_the_server_and_a_new_one_rolls_it() {
+        let mut inp = inputs(serde_json::json!({}));
+        assert_eq!(env_value(&inp, BRIEFING_ENV), None);
+        let template = |inp: &Inputs| serde_json::to_value(deployment(inp).spec.template).ok();
+        let before = template(&inp);
+        inp.briefing = Some("About this sandbox:\n- Tools: jq 1.6.".into());
+        assert_eq!(
+            env_value(&inp, BRIEFING_ENV).as_deref(),
+            inp.briefing.as_deref()
+        );
+        assert_ne!(template(&inp), before);
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct Spec {
     pub server_placement: Placement,
     /// `spec.server.instructions`, for the MCP clients' models.
     pub server_instructions: Option<String>,
+    /// `spec.server.briefing`: whether the server gets the generated sandbox briefing.
+    pub briefing: bool,
     /// `spec.server.clients`: bound to the client Role besides the client ServiceAccount.
     pub clients: Vec<ClientSubject>,
     /// `spec.server.allowedOrigins`: one `--allowed-origin` each.
@@ -107,6 +109,7 @@ impl Spec {
                 .unwrap_or_else(|| s.server.resources.clone()),
             server_placement: s.server.placement(),
             server_instructions: s.server.instructions.clone(),
+            briefing: s.server.briefing,
             clients: s.server.clients.clone(),
             allowed_origins: s.server.allowed_origins.clone(),
             authorization: s.server.authorization.clone(),
@@ -256,6 +259,9 @@ pub struct Inputs {
     /// Why the cluster cannot store the object `spec.server.expose` asks for (no Gateway API
     /// CRDs, not OpenShift): it is then left out of the desired set, and the status says so.
     pub expose_unavailable: Option<String>,
+    /// The sandbox briefing for the server's instructions (`crate::briefing`); `None` when
+    /// `spec.server.briefing` is false.
+    pub briefing: Option<String>,
 }
 
 /// The resolved inputs of the credential proxy.

@@ -158,6 +158,7 @@ pub(crate) mod test_support {
                 problem: None,
             },
             expose_unavailable: None,
+            briefing: None,
         }
     }
 }

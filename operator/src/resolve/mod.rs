@@ -12,9 +12,12 @@
 //! - `proxy.rs`: the credential proxy's CA, the admin's kubeconfig, allow-list CAs;
 //! - `api_server.rs`: the API server's addresses;
 //! - `expose.rs`: whether the cluster serves the kind `spec.server.expose` asks for;
-//! - `sandbox_dns.rs`: the proxy's ClusterIP, for sandboxes without DNS.
+//! - `sandbox_dns.rs`: the proxy's ClusterIP, for sandboxes without DNS;
+//! - `briefing.rs`: the sandbox briefing, with the reviews of what the kubeconfig's
+//!   identity may do (made again every `--briefing-refresh`).
 
 mod api_server;
+mod briefing;
 mod expose;
 mod hmac;
 mod owned;
@@ -65,6 +68,10 @@ pub struct Resolved {
     /// Why the object `spec.server.expose` asks for cannot be stored here (see
     /// [`Inputs::expose_unavailable`]).
     pub expose_unavailable: Option<String>,
+    /// The sandbox briefing (see [`Inputs::briefing`]).
+    pub briefing: Option<String>,
+    /// When the reviews behind the briefing are due again, from now.
+    pub briefing_due_in: Option<Duration>,
     /// How the sandboxes reach their proxy.
     proxy_address: ProxyAddress,
 }
@@ -105,6 +112,7 @@ impl Resolved {
             api_server: self.api_server.clone(),
             proxy: self.proxy.clone(),
             expose_unavailable: self.expose_unavailable.clone(),
+            briefing: self.briefing.clone(),
         }
     }
 }
@@ -122,6 +130,7 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
     let (key, hmac_version, key_problem) = hmac::ensure_hmac(ctx, cr, spec).await?;
     let tls = tls::ensure_tls(ctx, cr, spec).await?;
     let proxy = proxy::resolve_proxy(ctx, cr, spec).await?;
+    let briefing = briefing::briefing(ctx, spec, proxy.kubeconfig_text.as_ref()).await;
     let expose_unavailable = expose::expose_unavailable(ctx, spec).await;
     let proxy_address = sandbox_dns::proxy_address(ctx, spec);
     let tls_renew_in = tls.renew_in;
@@ -152,6 +161,8 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
         serving_cert_pending,
         backend_ca,
         expose_unavailable,
+        briefing: briefing.text,
+        briefing_due_in: briefing.due_in,
         proxy_address,
     })
 }

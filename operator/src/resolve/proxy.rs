@@ -15,10 +15,22 @@ use crate::children::{proxy, secrets, ProxyInputs, Spec};
 use crate::context::Context;
 use crate::error::{Error, Result};
 
+/// The admin kubeconfig's text, for the briefing's reviews. `Debug` never shows it: it
+/// holds tokens.
+pub(super) struct KubeconfigText(pub(super) String);
+
+impl std::fmt::Debug for KubeconfigText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeconfigText(..)")
+    }
+}
+
 /// What the proxy needs, resolved.
 #[derive(Default)]
 pub(super) struct ProxyState {
     pub(super) inputs: Option<ProxyInputs>,
+    /// The validated admin kubeconfig, with a kubernetes target.
+    pub(super) kubeconfig_text: Option<KubeconfigText>,
     pub(super) problem: Option<Problem>,
     pub(super) kubeconfig_invalid: Option<String>,
     pub(super) ca_invalid: Option<String>,
@@ -48,9 +60,13 @@ pub(super) async fn resolve_proxy(
         }
     };
     let mut kubeconfig: Option<Kubeconfig> = None;
+    let mut kubeconfig_text = None;
     if let Some(name) = &plan.kubeconfig_secret {
         match read_admin_kubeconfig(ctx, spec, name).await? {
-            AdminKubeconfig::Valid(k) => kubeconfig = Some(k),
+            AdminKubeconfig::Valid(k, text) => {
+                kubeconfig = Some(k);
+                kubeconfig_text = Some(KubeconfigText(text));
+            }
             AdminKubeconfig::Missing(m) => {
                 return Ok(ProxyState {
                     problem: Some(Problem::Missing(m)),
@@ -90,6 +106,7 @@ pub(super) async fn resolve_proxy(
     ) {
         Ok(inputs) => Ok(ProxyState {
             inputs: Some(inputs),
+            kubeconfig_text,
             ..Default::default()
         }),
         Err(m) => Ok(ProxyState {
@@ -132,9 +149,9 @@ async fn read_allowlist_ca(
     })
 }
 
-/// The admin's kubeconfig Secret, as the proxy may hold it.
+/// The admin's kubeconfig Secret, as the proxy may hold it (valid: with its text).
 enum AdminKubeconfig {
-    Valid(Kubeconfig),
+    Valid(Kubeconfig, String),
     Missing(String),
     Invalid(String),
 }
@@ -178,7 +195,7 @@ async fn read_admin_kubeconfig(ctx: &Context, spec: &Spec, name: &str) -> Result
         }
     };
     Ok(match kubeconfig::validate(text) {
-        Ok(k) => AdminKubeconfig::Valid(k),
+        Ok(k) => AdminKubeconfig::Valid(k, text.to_owned()),
         Err(e) => AdminKubeconfig::Invalid(format!("Secret {name} key '{KUBECONFIG_KEY}': {e}")),
     })
 }

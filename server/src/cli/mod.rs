@@ -165,6 +165,11 @@ pub struct Flags {
     /// initialize result: which CLIs and kube contexts the sandbox has, what it is for.
     #[arg(long, env = "CLI_MCP_INSTRUCTIONS")]
     pub instructions: Option<String>,
+    /// The sandbox briefing the operator generates (the image's tools and versions, each
+    /// Kubernetes context and what its identity may do, the reachable domains, the limits),
+    /// sent between the server's own instructions and --instructions. Blank: none.
+    #[arg(long, env = "CLI_MCP_BRIEFING")]
+    pub briefing: Option<String>,
     /// With --auth kubernetes: the issuer URL (https, no query or fragment) of an OAuth
     /// authorization server whose tokens the Kubernetes API accepts as a JWT issuer of its
     /// AuthenticationConfiguration (repeat the flag, or separate with commas in the env var).
@@ -214,6 +219,8 @@ pub struct Settings {
     pub allowed_origins: Vec<crate::origin::AllowedOrigin>,
     /// See `--instructions`.
     pub instructions: Option<String>,
+    /// See `--briefing`.
+    pub briefing: Option<String>,
     /// The protected resource metadata (`--authorization-server`, `--resource-url`,
     /// `--scope`); `None` with `--auth none`.
     pub protected_resource: Option<crate::auth::resource::ProtectedResource>,

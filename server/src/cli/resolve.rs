@@ -54,7 +54,8 @@ impl Flags {
         let shutdown_delay = self.shutdown_delay()?;
         self.check_token_review()?;
         let allowed_origins = self.allowed_origins()?;
-        let instructions = self.instructions()?;
+        let instructions = bounded_text("--instructions", self.instructions.as_deref())?;
+        let briefing = bounded_text("--briefing", self.briefing.as_deref())?;
         let protected_resource = protected_resource(
             &self.authorization_servers,
             self.resource_url.as_deref(),
@@ -88,6 +89,7 @@ impl Flags {
             shutdown_delay,
             allowed_origins,
             instructions,
+            briefing,
             protected_resource,
         })
     }
@@ -374,22 +376,6 @@ impl Flags {
             .collect()
     }
 
-    /// `--instructions`: blank is none, and it is sent on every connection, so it is bounded.
-    fn instructions(&self) -> Result<Option<String>, FlagError> {
-        let instructions = self.instructions.clone().filter(|t| !t.trim().is_empty());
-        if let Some(t) = &instructions {
-            let max = MAX_INSTRUCTIONS_BYTES;
-            if t.len() > max {
-                return Err(err(format!(
-                    "--instructions is {} bytes; the limit is {max}: keep it to what the model \
-                     needs on every connection",
-                    t.len()
-                )));
-            }
-        }
-        Ok(instructions)
-    }
-
     /// How tokens are reviewed: ServiceAccount tokens against `--token-audience`, tokens of
     /// the authorization servers against those and the resource URL too.
     fn auth_options(&self, protected_resource: Option<&ProtectedResource>) -> AuthOptions {
@@ -407,6 +393,23 @@ impl Flags {
             ..Default::default()
         }
     }
+}
+
+/// `--instructions` or `--briefing` (`flag`): blank is none, and the text is sent on every
+/// connection, so it is bounded.
+fn bounded_text(flag: &str, text: Option<&str>) -> Result<Option<String>, FlagError> {
+    let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let max = MAX_INSTRUCTIONS_BYTES;
+    if text.len() > max {
+        return Err(err(format!(
+            "{flag} is {} bytes; the limit is {max}: keep it to what the model needs on every \
+             connection",
+            text.len()
+        )));
+    }
+    Ok(Some(text.to_owned()))
 }
 
 /// The rules of `--authorization-server`, `--resource-url` and `--scope`.
@@ -662,6 +665,7 @@ mod tests {
                 vec!["--instructions", &huge],
                 "--instructions is 16385 bytes",
             ),
+            (vec!["--briefing", &huge], "--briefing is 16385 bytes"),
             (
                 vec!["--allowed-origin", "app.example.com"],
                 "--allowed-origin \"app.example.com\" is not an origin",

@@ -15,11 +15,13 @@ shell. If a result says `new session <handle>`, pass that handle as the `session
 your later calls to keep the same shell; without it, each call starts a new one.";
 
 /// The `instructions` of the `initialize` (and `server/discover`) result: the tool's own,
-/// then the admin's (`--instructions`, which the operator renders from
-/// `spec.server.instructions`) as written. Over stdio there is one session and no HTTP, so
-/// neither the session header nor `DELETE /sessions` is mentioned: such a client cannot use
-/// them.
-pub fn instructions(stdio: bool, admin: Option<&str>) -> String {
+/// then the sandbox briefing (`--briefing`, which the operator generates: tools, clusters
+/// and rights, reachable domains, limits), then the admin's (`--instructions`, which the
+/// operator renders from `spec.server.instructions`) as written. The briefing comes before
+/// the admin's text so that the admin has the last word. Over stdio there is one session and
+/// no HTTP, so neither the session header nor `DELETE /sessions` is mentioned: such a client
+/// cannot use them.
+pub fn instructions(stdio: bool, briefing: Option<&str>, admin: Option<&str>) -> String {
     let mut text = if stdio {
         format!("One tool, `bash`, runs a command in a persistent bash shell. {SHELL_INSTRUCTIONS}")
     } else {
@@ -28,9 +30,11 @@ pub fn instructions(stdio: bool, admin: Option<&str>) -> String {
              {SESSIONS} {SHELL_INSTRUCTIONS} End a session with DELETE /sessions/{{id}}."
         )
     };
-    if let Some(admin) = admin.map(str::trim).filter(|a| !a.is_empty()) {
-        text.push_str("\n\n");
-        text.push_str(admin);
+    for part in [briefing, admin] {
+        if let Some(part) = part.map(str::trim).filter(|p| !p.is_empty()) {
+            text.push_str("\n\n");
+            text.push_str(part);
+        }
     }
     text
 }
@@ -41,8 +45,8 @@ mod tests {
 
     #[test]
     fn instructions_explain_exit_and_fit_the_transport() {
-        let http = instructions(false, None);
-        let stdio = instructions(true, None);
+        let http = instructions(false, None, None);
+        let stdio = instructions(true, None, None);
         for text in [&http, &stdio] {
             assert!(text.contains("`exit` ends the shell"), "{text}");
             assert!(
@@ -58,12 +62,31 @@ mod tests {
             );
         }
         let admin = "kubectl (context prod-ro) and jq.\nRead only.";
-        let with = instructions(false, Some(admin));
+        let with = instructions(false, None, Some(admin));
         assert_eq!(with, format!("{http}\n\n{admin}"));
         assert_eq!(
-            instructions(false, Some("  \n")),
+            instructions(false, Some(" "), Some("  \n")),
             http,
             "blank text adds nothing"
         );
+    }
+
+    /// The briefing sits between the tool's own text and the admin's, so the admin's words
+    /// come last and can correct or add to it; in both transports.
+    #[test]
+    fn the_briefing_comes_after_the_tools_text_and_before_the_admins() {
+        let briefing = "Sandbox briefing:\nTools: bash 5.2.15, kubectl v1.37.2.";
+        let admin = "Investigate; never apply.";
+        for stdio in [false, true] {
+            let own = instructions(stdio, None, None);
+            assert_eq!(
+                instructions(stdio, Some(briefing), Some(admin)),
+                format!("{own}\n\n{briefing}\n\n{admin}")
+            );
+            assert_eq!(
+                instructions(stdio, Some(briefing), None),
+                format!("{own}\n\n{briefing}")
+            );
+        }
     }
 }
