@@ -553,18 +553,26 @@ async fn sessions_survive_scale_and_a_rolling_restart() {
 }
 
 /// The Deployment's pod template with the sandbox-config env value blanked, and that value.
-fn template_without_sandbox_config(d: &Deployment) -> (Value, Value) {
+/// The server's pod template without the two values a sandbox image change may change: the
+/// sandbox config (returned) and the sandbox briefing, whose tools line names the image's
+/// recorded tools (returned too).
+fn template_without_sandbox_config(d: &Deployment) -> (Value, Value, String) {
     let mut t = serde_json::to_value(&d.spec.template).expect("json");
     let mut cfg = Value::Null;
+    let mut briefing = String::new();
     if let Some(env) = t["spec"]["containers"][0]["env"].as_array_mut() {
         for e in env {
             if e["name"] == "CLI_MCP_SANDBOX_CONFIG" {
                 cfg = serde_json::from_str(e["value"].as_str().unwrap_or("null")).expect("config");
                 e["value"] = Value::Null;
             }
+            if e["name"] == "CLI_MCP_BRIEFING" {
+                briefing = e["value"].as_str().unwrap_or_default().to_owned();
+                e["value"] = Value::Null;
+            }
         }
     }
-    (t, cfg)
+    (t, cfg, briefing)
 }
 
 /// Journey 7b (GitOps): applying the CR with another `spec.sandbox.image` replaces the warm
@@ -678,9 +686,23 @@ async fn changing_the_sandbox_image_rolls_only_what_must_roll() {
         .get("cli-mcp-g")
         .await
         .expect("Deployment");
-    let (t_before, cfg_before) = template_without_sandbox_config(&deploy_before);
-    let (t_after, cfg_after) = template_without_sandbox_config(&deploy_after);
+    let (t_before, cfg_before, briefing_before) = template_without_sandbox_config(&deploy_before);
+    let (t_after, cfg_after, briefing_after) = template_without_sandbox_config(&deploy_after);
     assert_eq!(t_before, t_after, "nothing else in the template changed");
+    // The briefing's tools line follows the image (the new one's tools were not recorded);
+    // the rest of it stays.
+    let rest = |b: &str| -> Vec<String> {
+        b.lines()
+            .filter(|l| !l.starts_with("- Tools:"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        rest(&briefing_before),
+        rest(&briefing_after),
+        "{briefing_after}"
+    );
+    assert!(briefing_after.contains(NEW), "{briefing_after}");
     assert_eq!(cfg_before["image"], OLD, "{cfg_before}");
     assert_eq!(cfg_after["image"], NEW, "{cfg_after}");
     let mut cfg_only_image = cfg_before.clone();

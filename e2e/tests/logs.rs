@@ -188,7 +188,9 @@ fn the_operator_colours_only_a_terminal() {
 }
 
 /// The credential proxy up to serving, with a fresh CA and no routes (it refuses every
-/// CONNECT, which is all a log check needs), until SIGTERM drains it.
+/// CONNECT, which is all a log check needs), until SIGTERM drains it. Its own API client
+/// (for the sandbox identity check) connects lazily: an API server address nobody listens
+/// on is enough, as for the operator.
 #[test]
 fn the_proxy_colours_only_a_terminal() {
     check(&Case {
@@ -213,6 +215,20 @@ fn the_proxy_colours_only_a_terminal() {
                 .arg("--ca-key")
                 .arg(write("ca.key", &key.serialize_pem()))
                 .args(["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"])
+                .args(["--instance", "demo", "--namespace", "default"])
+                .arg("--hmac-key-file")
+                .arg(write("hmac-key", &"ab".repeat(32)))
+                .env(
+                    "KUBECONFIG",
+                    write(
+                        "kubeconfig",
+                        "apiVersion: v1\nkind: Config\n\
+                         clusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+                         users: [{name: u, user: {token: t}}]\n\
+                         contexts: [{name: c, context: {cluster: c, user: u}}]\n\
+                         current-context: c\n",
+                    ),
+                )
                 .env_remove("CLI_MCP_PROXY_LOG_JSON");
         },
     });

@@ -439,10 +439,17 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
         .as_ref()
         .and_then(|s| s.volumes.clone())
         .unwrap_or_default();
+    // No Secret; the one projected volume is the pod's token for its proxy alone.
     assert!(
-        volumes
-            .iter()
-            .all(|v| v.secret.is_none() && v.projected.is_none()),
+        volumes.iter().all(|v| v.secret.is_none()
+            && v.projected
+                .as_ref()
+                .is_none_or(|p| p.sources.iter().flatten().all(|s| s
+                    .service_account_token
+                    .as_ref()
+                    .is_some_and(|t| t.audience.as_deref()
+                        == Some(&format!("cli-mcp-proxy:{}:p", env.ns.name))
+                        && s.secret.is_none())))),
         "a sandbox behind the proxy mounts no Secret: {volumes:?}"
     );
 
