@@ -116,9 +116,49 @@ pub fn unschedulable(p: &Pod) -> Option<String> {
         .map(|c| c.message.clone().unwrap_or_default())
 }
 
+/// What to tell an admin about a sandbox the scheduler cannot place: the scheduler's own
+/// message (which names the resource, e.g. `Insufficient cpu`) and what fixes it. Idle
+/// shells need little, so requests sized for busy ones are the usual cause.
+pub fn unschedulable_hint(scheduler_message: &str) -> String {
+    let short: Vec<&str> = ["cpu", "memory", "ephemeral-storage", "pods"]
+        .into_iter()
+        .filter(|r| {
+            scheduler_message.contains(&format!("Insufficient {r}"))
+                || (*r == "pods" && scheduler_message.contains("Too many pods"))
+        })
+        .collect();
+    let what = if short.is_empty() {
+        String::new()
+    } else {
+        format!(" (the nodes are out of {})", short.join(" and "))
+    };
+    format!(
+        "no node can take the sandbox pod{what}: {scheduler_message}; lower \
+         spec.sandbox.resources.requests (limits still bound a busy session) or add nodes"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unschedulable_sandbox_is_explained_with_its_resource_and_the_fix() {
+        let h = unschedulable_hint("0/1 nodes are available: 1 Insufficient cpu.");
+        assert!(
+            h.contains("out of cpu") && h.contains("spec.sandbox.resources.requests"),
+            "{h}"
+        );
+        let h = unschedulable_hint(
+            "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient memory.",
+        );
+        assert!(h.contains("out of cpu and memory"), "{h}");
+        let h = unschedulable_hint("0/1 nodes are available: 1 node(s) had untolerated taint.");
+        assert!(
+            !h.contains("out of") && h.contains("untolerated taint"),
+            "{h}"
+        );
+    }
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).expect("pod")

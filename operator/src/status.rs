@@ -173,7 +173,18 @@ fn failing_message(p: &PoolOutcome) -> String {
         first.reason,
         first.message
     );
-    m.push_str(". They are kept (the kubelet retries them) instead of being recreated; fix spec.sandbox.image, spec.sandbox.runtimeClassName or the kubeconfig Secret");
+    if first.reason == "Unschedulable" {
+        // The scheduler cannot place them: the image and the Secrets are not the cause.
+        m = format!(
+            "{} warm sandbox(es) are not starting; {}: {}",
+            p.failing.len(),
+            first.name,
+            cli_mcp_api::pod_state::unschedulable_hint(&first.message)
+        );
+        m.push_str(". They are kept (the scheduler places them when room appears)");
+    } else {
+        m.push_str(". They are kept (the kubelet retries them) instead of being recreated; fix spec.sandbox.image, spec.sandbox.runtimeClassName or the kubeconfig Secret");
+    }
     m
 }
 
@@ -562,6 +573,21 @@ mod tests {
         assert_eq!(cond(&s, WARM_POOL_READY).reason, "PodsFailing");
         assert_eq!(cond(&s, DEGRADED).status, "True");
         assert_eq!(cond(&s, DEGRADED).reason, "PoolPodsFailing");
+        assert!(cond(&s, READY).message.contains("spec.sandbox.image"));
+        // A pool the scheduler cannot place is told what fixes that, not the image.
+        o.pool.failing[0] = FailingPod {
+            name: "p".into(),
+            reason: "Unschedulable".into(),
+            message: "0/1 nodes are available: 1 Insufficient cpu.".into(),
+        };
+        let s = compute(None, &o, t(1));
+        let m = &cond(&s, READY).message;
+        assert!(
+            m.contains("out of cpu")
+                && m.contains("spec.sandbox.resources.requests")
+                && !m.contains("spec.sandbox.image"),
+            "{m}"
+        );
         let mut o = healthy(0, 0);
         o.deployment = Some(DeploymentState {
             replicas: 1,

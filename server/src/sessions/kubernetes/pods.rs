@@ -8,7 +8,9 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use cli_mcp_api::names::{annotation, label};
-use cli_mcp_api::pod_state::{cannot_start, is_ready, is_terminal, phase, session_of};
+use cli_mcp_api::pod_state::{
+    cannot_start, is_ready, is_terminal, phase, session_of, unschedulable, unschedulable_hint,
+};
 use cli_mcp_api::wire::AGENT_PORT;
 use cli_mcp_api::SessionId;
 
@@ -167,6 +169,10 @@ pub(super) fn endpoint_of(p: &Pod) -> Option<String> {
 
 /// Why a pod will not become ready by itself, if it will not.
 pub(super) fn start_failure(p: &Pod) -> Option<String> {
+    // No node fits it: waiting out the start timeout would only delay the same answer.
+    if let Some(m) = unschedulable(p) {
+        return Some(unschedulable_hint(&m));
+    }
     if is_terminal(p) {
         return Some(format!("the pod is {}", phase(p).unwrap_or_default()));
     }
@@ -247,6 +253,19 @@ mod tests {
         }))
         .expect("pod");
         assert_eq!(start_failure(&ok), None);
+        // A pod no node can take fails at once, saying which resource and what fixes it.
+        let unplaced: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient cpu."}]}
+        }))
+        .expect("pod");
+        let why = start_failure(&unplaced).expect("fatal");
+        assert!(
+            why.contains("Insufficient cpu") && why.contains("spec.sandbox.resources.requests"),
+            "{why}"
+        );
     }
 
     #[test]
