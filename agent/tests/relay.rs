@@ -37,7 +37,11 @@ struct Upstream {
 
 impl Upstream {
     async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_at("127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    async fn start_at(at: SocketAddr) -> Self {
+        let listener = TcpListener::bind(at).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let accepted = Arc::new(AtomicUsize::new(0));
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
@@ -279,6 +283,26 @@ async fn an_unreachable_proxy_is_a_502() {
         answer.contains(&format!("cannot connect to the proxy at {addr}")),
         "{answer}"
     );
+}
+
+/// A proxy that refuses for a moment (a Service routed to replicas just replaced, or not
+/// yet to the new ones) is reached once it listens: the relay tries again.
+#[tokio::test]
+async fn a_proxy_that_refuses_for_a_moment_is_tried_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gone = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = gone.local_addr().expect("addr");
+    drop(gone);
+    let relay = start_relay(addr, &token_file(dir.path(), "t"), RelayLimits::default()).await;
+    let relay_addr = relay.addr;
+    let client = tokio::spawn(async move { open(relay_addr, CONNECT.as_bytes()).await });
+    // The proxy comes up a moment after the relay's first attempt was refused.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let upstream = Upstream::start_at(addr).await;
+    let (mut stream, head) = within("the CONNECT's answer", client).await.expect("join");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    echoes(&mut stream, b"ping").await;
+    assert_eq!(upstream.accepted(), 1);
 }
 
 #[tokio::test]

@@ -243,23 +243,70 @@ async fn read_token(path: &Path) -> Result<String, String> {
     Ok(String::from_utf8_lossy(token).into_owned())
 }
 
-/// A connection to the proxy, its name looked up anew.
+/// A connection to the proxy, its name looked up anew each attempt. A connection refused,
+/// reset or unroutable is tried again after [`retry_pause`] while the time limit allows: a
+/// Service whose endpoints were just replaced (a proxy rollout, or the moment after the
+/// instance became Ready, before every node routes the Service to the new pods) refuses for
+/// a moment, and the next attempt reaches a live replica.
 async fn connect(upstream: &str, timeout: Duration) -> Result<TcpStream, String> {
-    match tokio::time::timeout(timeout, TcpStream::connect(upstream)).await {
-        Ok(Ok(stream)) => {
-            let _ = stream.set_nodelay(true);
-            Ok(stream)
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match tokio::time::timeout_at(deadline, TcpStream::connect(upstream)).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Ok(Err(e)) => match retry_pause(attempt, started.elapsed(), timeout) {
+                Some(pause) => {
+                    tracing::debug!(upstream, attempt, error = %e, "the proxy refused; trying again");
+                    tokio::time::sleep(pause).await;
+                }
+                None => {
+                    return Err(format!(
+                        "cannot connect to the proxy at {upstream}: {e} ({attempt} attempts in \
+                         {:?})",
+                        started.elapsed()
+                    ))
+                }
+            },
+            Err(_) => {
+                return Err(format!(
+                    "the proxy at {upstream} did not accept a connection within {timeout:?}"
+                ))
+            }
         }
-        Ok(Err(e)) => Err(format!("cannot connect to the proxy at {upstream}: {e}")),
-        Err(_) => Err(format!(
-            "the proxy at {upstream} did not accept a connection within {timeout:?}"
-        )),
     }
+}
+
+/// How long to wait before attempt `attempt + 1` after `elapsed` of a `limit`: 50 ms,
+/// doubling up to 800 ms, for at most 5 s (and never past the limit); `None`: give up.
+fn retry_pause(attempt: u32, elapsed: Duration, limit: Duration) -> Option<Duration> {
+    const RETRY_FOR: Duration = Duration::from_secs(5);
+    let pause = Duration::from_millis(50)
+        .saturating_mul(1 << attempt.saturating_sub(1).min(4))
+        .min(Duration::from_millis(800));
+    (elapsed + pause < limit.min(RETRY_FOR)).then_some(pause)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_connection_is_retried_with_backoff_within_the_limits() {
+        let ms = Duration::from_millis;
+        let limit = Duration::from_secs(10);
+        assert_eq!(retry_pause(1, ms(0), limit), Some(ms(50)));
+        assert_eq!(retry_pause(2, ms(50), limit), Some(ms(100)));
+        assert_eq!(retry_pause(5, ms(800), limit), Some(ms(800)));
+        assert_eq!(retry_pause(9, ms(2000), limit), Some(ms(800)));
+        // Never past five seconds, nor past the connect limit.
+        assert_eq!(retry_pause(9, ms(4500), limit), None);
+        assert_eq!(retry_pause(1, ms(0), ms(40)), None);
+    }
 
     #[test]
     fn upstreams_must_be_host_and_port() {
