@@ -178,8 +178,9 @@ impl Record {
     }
 }
 
-/// Whether a request watches (`?watch=true|1`, or the legacy `/watch/` path) and whether it
-/// is a dry run (`?dryRun=All`).
+/// Whether a request watches (`watch` in the query, or the legacy `/watch/` path) and
+/// whether it is a dry run (`dryRun`), read as the API server reads them: keys and values
+/// percent-decoded, and a flag true unless it says `0`, `f`, `false`, `n`, `no` or `off`.
 fn flags(uri: &Uri) -> (bool, bool) {
     let segments: Vec<&str> = uri.path().split('/').collect();
     let mut watch = match segments.get(1) {
@@ -190,13 +191,38 @@ fn flags(uri: &Uri) -> (bool, bool) {
     let mut dry_run = false;
     for pair in uri.query().unwrap_or("").split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "watch" => watch |= matches!(v, "true" | "1"),
+        let (k, v) = (decode(k), decode(v).to_ascii_lowercase());
+        match k.as_str() {
+            "watch" => watch |= !matches!(v.as_str(), "0" | "f" | "false" | "n" | "no" | "off"),
             "dryRun" => dry_run |= !v.is_empty(),
             _ => {}
         }
     }
     (watch, dry_run)
+}
+
+/// `%XX` and `+` decoded; anything malformed kept as it is.
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A response body that counts its bytes and writes the request's audit line when it ends,
@@ -277,5 +303,12 @@ mod tests {
         assert_eq!(f("/api/v1/watch/namespaces/a/pods"), (true, false));
         assert_eq!(f("/apis/apps/v1/watch/deployments"), (true, false));
         assert_eq!(f("/api/v1/namespaces/a/pods?dryRun=All"), (false, true));
+        // As the API server reads them: decoded keys, any value but the false ones.
+        assert_eq!(f("/api/v1/pods?watch=TRUE"), (true, false));
+        assert_eq!(f("/api/v1/pods?watch=yes"), (true, false));
+        assert_eq!(f("/api/v1/pods?wat%63h=1"), (true, false));
+        assert_eq!(f("/api/v1/pods?watch=F"), (false, false));
+        assert_eq!(f("/api/v1/pods?dr%79Run=All"), (false, true));
+        assert_eq!(f("/api/v1/pods?watch=%"), (true, false));
     }
 }

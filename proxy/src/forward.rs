@@ -190,6 +190,11 @@ impl Tunnel {
         let caller = sandbox.caller.as_ref().ok_or_else(|| {
             refuse("this session has no caller (its server runs without --auth kubernetes)")
         })?;
+        // Never the cluster's superuser group, whatever the pod says: a caller recorded as
+        // system:masters would bypass RBAC wherever the proxy may impersonate groups freely.
+        if caller.groups.iter().any(|g| g == "system:masters") {
+            return Err(refuse("its caller claims the group system:masters"));
+        }
         impersonate(headers, caller, &sandbox.session)
             .map_err(|e| refuse(&format!("its caller cannot be named in a header: {e}")))
     }

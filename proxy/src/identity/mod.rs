@@ -179,6 +179,7 @@ impl Identity {
                 "is not a sandbox pod of this instance (or is gone)",
             ),
             Some(v) if v.deleting => ("session_ended", "is being deleted: its session has ended"),
+            Some(v) if v.terminal => ("session_ended", "has stopped (failed, evicted or done)"),
             Some(v) if !v.sealed => (
                 "not_sealed",
                 "is not sealed by the instance: cli-mcp did not make it",

@@ -19,7 +19,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 
 use cli_mcp_api::names::{annotation, label};
-use cli_mcp_api::pod_state::is_deleting;
+use cli_mcp_api::pod_state::{is_deleting, is_terminal};
 use cli_mcp_api::proxy::SessionCaller;
 use cli_mcp_api::seal::sealed;
 use cli_mcp_api::token::HmacKey;
@@ -34,6 +34,8 @@ pub struct PodView {
     pub caller: Option<SessionCaller>,
     pub sealed: bool,
     pub deleting: bool,
+    /// Failed or Succeeded (evicted, say): its IP may already be another pod's.
+    pub terminal: bool,
 }
 
 impl PodView {
@@ -54,12 +56,13 @@ impl PodView {
                 .and_then(|a| SessionCaller::from_annotation(a)),
             sealed: sealed(pod, key),
             deleting: is_deleting(pod),
+            terminal: is_terminal(pod),
         }
     }
 
     /// The session this pod serves now, if it serves one at all.
     pub fn serving(&self) -> Option<&str> {
-        (self.sealed && !self.deleting)
+        (self.sealed && !self.deleting && !self.terminal)
             .then_some(self.session.as_deref())
             .flatten()
     }
@@ -70,6 +73,7 @@ impl PodView {
 struct Admitted {
     session: String,
     ip: IpAddr,
+    caller: Option<SessionCaller>,
     revoke: watch::Sender<bool>,
 }
 
@@ -87,7 +91,10 @@ struct State {
 impl State {
     fn upsert(&mut self, uid: String, view: PodView) {
         if let Some(a) = self.admitted.get(&uid) {
-            if view.serving() != Some(a.session.as_str()) || view.ip != Some(a.ip) {
+            if view.serving() != Some(a.session.as_str())
+                || view.ip != Some(a.ip)
+                || view.caller != a.caller
+            {
                 self.revoke(&uid);
             }
         }
@@ -159,6 +166,7 @@ impl Pods {
             .or_insert_with(|| Admitted {
                 session: session.clone(),
                 ip,
+                caller: view.caller.clone(),
                 revoke: watch::channel(false).0,
             });
         Ok(Admission {
@@ -182,7 +190,7 @@ impl Pods {
         loop {
             match self.admit(uid) {
                 Ok(a) => return Ok(a),
-                Err(Some(v)) if v.deleting => return Err(Some(v)),
+                Err(Some(v)) if v.deleting || v.terminal => return Err(Some(v)),
                 Err(view) => {
                     let next = tokio::time::timeout_at(deadline, changes.changed()).await;
                     if !matches!(next, Ok(Ok(()))) {
@@ -374,6 +382,38 @@ mod tests {
             .admit_within("nobody", std::time::Duration::from_millis(10))
             .await;
         assert!(matches!(gone, Err(None)));
+    }
+
+    #[test]
+    fn a_terminal_pod_serves_nothing_and_its_tunnels_are_cut() {
+        // An evicted pod keeps its object, seal, session and IP, but the IP may be another
+        // pod's by now.
+        let p = synced(&[pod("a", Some("s1"), &key())]);
+        let a = p.admit("a").expect("admitted");
+        let mut evicted = pod("a", Some("s1"), &key());
+        if let Some(s) = evicted.status.as_mut() {
+            s.phase = Some("Failed".into());
+        }
+        p.apply(Event::Apply(evicted), &key());
+        assert!(*a.revoked.borrow());
+        assert!(p.admit("a").is_err());
+    }
+
+    #[test]
+    fn a_changed_caller_cuts_the_tunnels_admitted_for_the_old_one() {
+        let p = synced(&[pod("a", Some("s1"), &key())]);
+        let a = p.admit("a").expect("admitted");
+        let mut other = pod("a", Some("s1"), &key());
+        other
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                annotation::CALLER.to_owned(),
+                r#"{"user":"mallory","groups":[]}"#.to_owned(),
+            );
+        p.apply(Event::Apply(other), &key());
+        assert!(*a.revoked.borrow());
     }
 
     #[test]
