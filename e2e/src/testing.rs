@@ -394,6 +394,18 @@ impl TestNamespace {
         Ok(())
     }
 }
+/// The ready, not deleting pods of `selector`, waiting (up to [`TIMEOUT`]) until there are
+/// at least `n`.
+pub async fn ready_pods(api: Api<Pod>, selector: &str, n: usize) -> Vec<Pod> {
+    let live =
+        |p: &Pod| cli_mcp_api::pod_state::is_ready(p) && p.metadata.deletion_timestamp.is_none();
+    let pods = wait_for_set(api, selector, selector, TIMEOUT, |ps: &[Pod]| {
+        ps.iter().filter(|p| live(p)).count() >= n
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    pods.into_iter().filter(|p| live(p)).collect()
+}
 
 /// The pod's IP, once it has one.
 pub fn pod_ip(pod: &Pod) -> Option<String> {

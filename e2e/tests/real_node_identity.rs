@@ -47,7 +47,7 @@ use cli_mcp_api::pod_state::is_ready;
 use cli_mcp_e2e::http::{self, metric_sum};
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::real_node_rig::RealNodeRig;
-use cli_mcp_e2e::testing::{pod_ip, wait_for_set, TIMEOUT};
+use cli_mcp_e2e::testing::{pod_ip, ready_pods, wait_for_set, TIMEOUT};
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
@@ -91,17 +91,6 @@ async fn ok(mcp: &Mcp, sid: &str, command: &str) -> String {
     let r = mcp.bash(sid, command).await;
     assert_eq!(r["isError"], false, "{sid}: {command}: {}", text(&r));
     stdout(&r).to_owned()
-}
-
-/// The ready, not deleting pods of `selector`, waiting until there are at least `n`.
-async fn ready_pods(api: Api<Pod>, selector: &str, n: usize) -> Vec<Pod> {
-    let live = |p: &Pod| is_ready(p) && p.metadata.deletion_timestamp.is_none();
-    let pods = wait_for_set(api, selector, selector, TIMEOUT, |ps: &[Pod]| {
-        ps.iter().filter(|p| live(p)).count() >= n
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    pods.into_iter().filter(|p| live(p)).collect()
 }
 
 /// The pod of session `sid`, running.

@@ -48,7 +48,7 @@ use cli_mcp_e2e::addons::{in_netns, Reach};
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::peer::{expect, peer, reach};
 use cli_mcp_e2e::real_node_rig::RealNodeRig;
-use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set, TIMEOUT};
+use cli_mcp_e2e::testing::{pod_ip, ready_pods, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -65,17 +65,6 @@ const PROXY_PORT: u16 = cli_mcp_api::proxy::PROXY_PORT;
 /// How soon a rotated token must be in use: well under the kubelet's periodic pod sync
 /// (about a minute), so only the operator's nudge of the proxy pods can meet it.
 const ROTATION: Duration = Duration::from_secs(30);
-
-/// The ready, not deleting pods of `selector`, waiting until there are at least `n`.
-async fn ready_pods(api: Api<Pod>, selector: &str, n: usize) -> Vec<Pod> {
-    let live = |p: &Pod| is_ready(p) && p.metadata.deletion_timestamp.is_none();
-    let pods = wait_for_set(api, selector, selector, TIMEOUT, |ps: &[Pod]| {
-        ps.iter().filter(|p| live(p)).count() >= n
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    pods.into_iter().filter(|p| live(p)).collect()
-}
 
 const ROUTES_VERSION: &str = "cli-mcp.redhat.com/proxy-routes-version";
 

@@ -88,7 +88,7 @@ async fn world_with(prefix: &str, impersonating: bool) -> World {
         Inputs::new(vec![up.route(Injector::None)])
     };
     let key_file = inputs.dir.path().join("hmac-key");
-    std::fs::write(&key_file, hex_of(&key)).expect("the key file");
+    std::fs::write(&key_file, key.to_hex()).expect("the key file");
     let mut config = inputs.config();
     if !impersonating {
         config.kubeconfig = None;
@@ -175,10 +175,6 @@ fn rand_key() -> [u8; 32] {
             .wrapping_mul(31);
     }
     k
-}
-
-fn hex_of(key: &HmacKey) -> String {
-    key.to_hex()
 }
 
 async fn wait_ready(proxy: &Running) {
