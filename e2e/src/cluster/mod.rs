@@ -30,7 +30,7 @@ pub use crate::cluster_info::{
 };
 use crate::error::{Error, Result};
 use crate::net::{self, PodNetwork};
-use crate::node::{NodeBins, NodeKind, RealNode};
+use crate::node::{gvisor, NodeBins, NodeKind, RealNode};
 use crate::pki::{self, Pki};
 use crate::process::Component;
 use crate::project_images::{self, ProjectImages};
@@ -190,6 +190,9 @@ struct AddonBins {
     /// The real node: the NetworkPolicy enforcer (its DNS pod's image is built from the
     /// same dir by [`crate::addons::deploy_dns_pod`]).
     enforcer: Option<PathBuf>,
+    /// The real node: gVisor's `runsc` and shim, a runtime beside runc
+    /// ([`crate::node::gvisor`]).
+    gvisor_bin: Option<PathBuf>,
 }
 
 impl AddonBins {
@@ -197,10 +200,13 @@ impl AddonBins {
         let addons = crate::addons::locate_addons_async(None).await?;
         // The process kubelet runs CoreDNS on the host; the real node deploys it as a pod and
         // runs the NetworkPolicy enforcer next to its kube-proxy.
+        let mut gvisor_bin = None;
         if node == NodeKind::Real {
             crate::addons::enforcer_preflight()?;
+            gvisor_bin = Some(gvisor::checked_bin_dir(&gvisor::locate_async().await?)?);
         }
         Ok(AddonBins {
+            gvisor_bin,
             enforcer: (node == NodeKind::Real).then(|| addons.clone()),
             host_dns: (node == NodeKind::Process).then_some(addons),
         })
@@ -218,6 +224,10 @@ impl Cluster {
         // against a startup deadline: on a fresh machine the real node's first `make run`
         // built them (217 s) inside the wait for ServiceAccount default/default and timed out.
         let addons = AddonBins::locate(config.node).await?;
+        let node_bins = node_bins.map(|bins| NodeBins {
+            gvisor_bin: addons.gvisor_bin.clone(),
+            ..bins
+        });
         let kubelet_state = match config.node {
             NodeKind::Process => "kubelet",
             NodeKind::Real => "node/kubelet",
@@ -339,6 +349,10 @@ impl Cluster {
             )
             .await?;
             tracing::info!(took = ?t.elapsed(), "cluster DNS (kube-system/coredns) ready");
+        }
+        if addons.gvisor_bin.is_some() {
+            gvisor::install_runtime_class(&client_from_kubeconfig(&self.info.kubeconfig).await?)
+                .await?;
         }
         if let Some(bin) = &addons.enforcer {
             // Before the cluster says it is ready: no pod of a user's (or a test's) starts

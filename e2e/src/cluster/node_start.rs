@@ -93,6 +93,7 @@ impl Cluster {
             proxy_metrics_port: net::free_port(lo)?,
             ca_cert: pki.ca_cert.clone(),
             cgroup_root: format!("/cli-mcp-node-{n}"),
+            gvisor_bin: bins.gvisor_bin.clone(),
         };
         let ca_key_pem =
             fs::read_to_string(&pki.ca_key).map_err(|e| Error::io("reading", &pki.ca_key, e))?;

@@ -28,7 +28,8 @@ pub const POD_PIDS_LIMIT: i64 = 1024;
 pub const VOLUME_STATS_AGG_PERIOD: &str = "5s";
 
 /// containerd's config: its own root, state, sockets and netns mounts under the node dir,
-/// runc with cgroupfs (there is no systemd), overlayfs, the CNI plugins from Debian.
+/// runc with cgroupfs (there is no systemd) and, given gVisor's binaries, gVisor beside it as
+/// the runtime `runsc`; overlayfs, the CNI plugins from Debian.
 pub fn containerd_config(p: &NodeParams) -> String {
     let c = p.containerd_dir();
     let d = |x: &Path| x.display().to_string();
@@ -66,7 +67,7 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "{runc_root}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
+{runsc}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
@@ -79,6 +80,11 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
         sock = d(&p.socket()),
         pause = PAUSE_IMAGE,
         runc_root = d(&c.join("runc")),
+        runsc = p
+            .gvisor_bin
+            .as_ref()
+            .map(|_| super::gvisor::containerd_runtime(&p.runsc_toml()))
+            .unwrap_or_default(),
         cni_bin = crate::net::CNI_BIN_DIR,
         cni_conf = d(&p.cni_conf_dir()),
         hosts = d(&p.registry_hosts_dir()),
@@ -218,6 +224,7 @@ mod tests {
             proxy_metrics_port: 40004,
             ca_cert: PathBuf::from("/r/pki/ca.crt"),
             cgroup_root: "/cli-mcp-node-7".into(),
+            gvisor_bin: Some("/c/gvisor/bin".into()),
         }
     }
 
@@ -238,6 +245,8 @@ mod tests {
             "netns_mounts_under_state_dir = true",
             "restrict_oom_score_adj = true",
             r#"config_path = "/r/node/containerd/certs.d""#,
+            r#"runtime_type = "io.containerd.runsc.v1""#,
+            r#"ConfigPath = "/r/node/containerd/runsc.toml""#,
         ] {
             assert!(c.contains(want), "missing {want:?} in\n{c}");
         }

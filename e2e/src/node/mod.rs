@@ -29,6 +29,7 @@
 //! - `image`: one-layer image archives and their import into containerd;
 //! - `host`: the host's prerequisites, the host-wide lock, the kubelet's sysctls;
 //! - `cgroup`, `mounts`: the cgroup subtree and the mounts the node leaves behind;
+//! - `gvisor`: runsc as containerd's runtime `runsc`, and the RuntimeClass `gvisor`;
 //! - `real_node`: [`RealNode`], starting and stopping the three processes.
 
 use std::process::Command;
@@ -38,6 +39,7 @@ use crate::error::{Error, Result};
 mod cgroup;
 mod config;
 mod credentials;
+pub mod gvisor;
 mod host;
 mod image;
 mod kind;

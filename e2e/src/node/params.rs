@@ -23,6 +23,9 @@ pub struct NodeParams {
     pub ca_cert: PathBuf,
     /// The kubelet's `cgroupRoot`, e.g. `/cli-mcp-node-3`.
     pub cgroup_root: String,
+    /// The directory with gVisor's `runsc` and shim, registered as containerd's runtime
+    /// `runsc` ([`super::gvisor`]).
+    pub gvisor_bin: Option<PathBuf>,
 }
 
 impl NodeParams {
@@ -34,6 +37,10 @@ impl NodeParams {
     }
     pub fn containerd_config(&self) -> PathBuf {
         self.containerd_dir().join("config.toml")
+    }
+    /// gVisor's shim options ([`super::gvisor::runsc_toml`]).
+    pub fn runsc_toml(&self) -> PathBuf {
+        self.containerd_dir().join("runsc.toml")
     }
     /// The CRI plugin's `registry.config_path`: `hosts.toml` files sending pulls to the
     /// node's image mirror ([`crate::registry`]).

@@ -25,6 +25,9 @@ pub struct NodeBins {
     pub kubelet: PathBuf,
     pub kube_proxy: PathBuf,
     pub containerd: PathBuf,
+    /// The directory with gVisor's `runsc` and shim ([`super::gvisor`]); set once located
+    /// with the add-ons.
+    pub gvisor_bin: Option<PathBuf>,
 }
 
 impl NodeBins {
@@ -35,6 +38,7 @@ impl NodeBins {
             kubelet: control_plane_bin.join("kubelet"),
             kube_proxy: control_plane_bin.join("kube-proxy"),
             containerd: which("containerd").unwrap_or_else(|| PathBuf::from("containerd")),
+            gvisor_bin: None,
         })
     }
 }
@@ -134,11 +138,17 @@ impl RealNode {
 
     fn start_containerd(&mut self, log_dir: &Path) -> Result<()> {
         let config = self.params.containerd_config().display().to_string();
+        // containerd finds a runtime's shim on its PATH: gVisor's goes first.
+        let mut env = Vec::new();
+        if let Some(bin) = &self.params.gvisor_bin {
+            let path = std::env::var("PATH").unwrap_or_default();
+            env.push(("PATH", format!("{}:{path}", bin.display())));
+        }
         self.containerd = Some(Component::start(
             "containerd",
             &self.bins.containerd,
             &["--config".into(), config],
-            &[],
+            &env,
             &log_dir.join("containerd.log"),
             Duration::from_secs(10),
             false,
@@ -223,6 +233,12 @@ impl RealNode {
             fs::write(&path, text).map_err(|e| Error::io("writing", &path, e))
         };
         w(p.containerd_config(), containerd_config(p))?;
+        if let Some(bin) = &p.gvisor_bin {
+            w(
+                p.runsc_toml(),
+                super::gvisor::runsc_toml(bin, &p.containerd_dir().join("runsc")),
+            )?;
+        }
         w(
             p.cni_conf_dir().join("10-cli-mcp.conflist"),
             cni_conflist(p),
