@@ -44,7 +44,7 @@ pub use server::{
     AuthMode, AuthorizationSpec, ClientKind, ClientSubject, ServerContainerSpec, ServerSpec,
     MAX_ALLOWED_ORIGINS,
 };
-pub use status::{CliMcpInstanceStatus, WarmPoolStatus};
+pub use status::{CliMcpInstanceStatus, SandboxStatus, WarmPoolStatus};
 pub use values::{parse_duration, CrdError, ProxyPlan};
 
 /// Longest idle timeout (7 days), in the Go duration syntax CEL understands.
@@ -119,6 +119,13 @@ pub const MAX_WARM_POOL: i32 = 200;
         priority = "1",
         description = "MCP endpoint inside the cluster",
         json_path = ".status.endpoint"
+    ),
+    printcolumn(
+        name = "Runtime",
+        type_ = "string",
+        priority = "1",
+        description = "RuntimeClass the sandboxes run with (none: the nodes' default runtime)",
+        json_path = ".status.sandbox.runtimeClassName"
     ),
     validation = Rule::new("size(self.metadata.name) <= 44").message(
         "metadata.name must be at most 44 characters so every derived object name (cli-mcp-<name>-kubeconfig) stays a valid 63-character DNS label; choose a shorter name"

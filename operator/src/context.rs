@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -128,6 +129,11 @@ pub struct Stores {
     pub routes: Store<Route>,
     /// Whether the cluster serves OpenShift Routes, as [`Self::http_routes_served`].
     pub routes_served: tokio::sync::watch::Receiver<Option<bool>>,
+    /// The cluster's RuntimeClasses (cluster-scoped), to check the ones instances name.
+    pub runtime_classes: Store<RuntimeClass>,
+    /// Whether [`Self::runtime_classes`] holds the cluster's classes: `Some(true)` once
+    /// listed, `Some(false)` while the operator may not list them, `None` before an answer.
+    pub runtime_classes_listed: tokio::sync::watch::Receiver<Option<bool>>,
     /// Set once [`Self::synced`] has seen every cache it waits for listed: from then on a
     /// reconcile asks one flag, not five stores (with a timer each).
     pub synced: Arc<tokio::sync::OnceCell<()>>,
@@ -157,6 +163,8 @@ impl Stores {
             http_routes_served: never(),
             routes: reflector::store().0,
             routes_served: never(),
+            runtime_classes: reflector::store().0,
+            runtime_classes_listed: never(),
             synced: Arc::default(),
         }
     }
@@ -190,6 +198,19 @@ impl Stores {
     /// Whether the cluster serves OpenShift Routes, as [`Self::http_routes_served`].
     pub async fn routes_served(&self, limit: Duration) -> Option<bool> {
         served(&self.routes_served, limit).await
+    }
+
+    /// Whether the RuntimeClass cache holds the cluster's classes, waiting (at most `limit`)
+    /// for the watch's first answer as [`Self::http_routes_served`] does.
+    pub async fn runtime_classes_listed(&self, limit: Duration) -> bool {
+        served(&self.runtime_classes_listed, limit).await == Some(true)
+    }
+
+    /// The handler of RuntimeClass `class`, if the cache holds that class.
+    pub fn runtime_handler(&self, class: &str) -> Option<String> {
+        self.runtime_classes
+            .get(&ObjectRef::new(class))
+            .map(|rc| rc.handler.clone())
     }
 }
 

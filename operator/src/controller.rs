@@ -7,7 +7,7 @@
 //! 2. remove a Go-era predecessor's leftovers, once per instance ([`migrate::go_leftovers`]);
 //! 3. resolve what the children need from the cluster ([`resolve::resolve`]: the
 //!    generate-once Secrets, the admin's Secrets, the API server's addresses, whether the
-//!    cluster serves the expose kind, the sandbox briefing);
+//!    cluster serves the expose kind, the sandbox briefing, the RuntimeClasses it lacks);
 //! 4. build the whole desired set from the complete [`Inputs`] ([`children::build_all`],
 //!    pure; nothing changes it afterwards);
 //! 5. apply it ([`apply::apply_all`], server-side apply);
@@ -46,9 +46,10 @@ use crate::isolation::{Findings, ProbeTarget};
 use crate::pool::{self, PoolOutcome};
 use crate::resolve::{self, Resolved};
 use crate::status::{self, DeploymentState, Observed};
-use crate::{apply, idle, migrate, retry, rotation, sweep, teardown};
+use crate::{apply, idle, migrate, retry, rotation, runtime_class, sweep, teardown};
 
-/// Re-check period while a required Secret is missing (its watch usually wakes us first).
+/// Re-check period while something the admin must create is missing, a Secret or a
+/// RuntimeClass (their watches usually wake us first).
 const MISSING_SECRET_RECHECK: Duration = Duration::from_secs(60);
 /// Re-check period while a teardown waits (pods terminating): progress, not a failure, so
 /// no backoff; pod and Deployment events usually wake it first.
@@ -376,6 +377,11 @@ fn observe(
         Some(p) => (None, Some(p.clone())),
         None => published(ctx, spec),
     };
+    let sandbox = runtime_class::sandbox_status(
+        &found.pool.carried,
+        spec.sandbox.placement.runtime_class_name.as_deref(),
+        |class| ctx.stores.runtime_handler(class),
+    );
     Observed {
         generation: cr.meta().generation,
         spec_error: None,
@@ -402,6 +408,8 @@ fn observe(
         external_endpoint: host.map(|h| format!("https://{h}/mcp")),
         expose_problem,
         serving_cert_pending: resolved.serving_cert_pending.clone(),
+        runtime_class_missing: runtime_class::message(&resolved.runtime_classes_missing),
+        sandbox: Some(sandbox),
         isolation: found.isolation,
     }
 }
@@ -422,6 +430,7 @@ fn next_check(ctx: &Context, obs: &Observed, idle: &IdlePlan) -> Duration {
         || !obs.invalid_secrets.is_empty()
         || obs.serving_cert_pending.is_some()
         || obs.proxy_ca_invalid.is_some()
+        || obs.runtime_class_missing.is_some()
     {
         consider(Some(MISSING_SECRET_RECHECK));
     }

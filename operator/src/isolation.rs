@@ -307,7 +307,9 @@ async fn connect_outcome(addr: SocketAddr) -> Connect {
 }
 
 /// A pool pod as the builder makes it, less `capabilities.drop: [ALL]`: what `restricted`
-/// refuses and nothing else of ours does.
+/// refuses and nothing else of ours does. Its RuntimeClass is left out too: Pod Security
+/// does not read it, and a class the cluster lacks would have the probe refused by the
+/// RuntimeClass admission instead (the instance says `RuntimeClassNotFound` for that).
 pub fn pod_security_probe(sandbox: &SandboxConfig) -> Pod {
     let role = SandboxRole::Pool {
         suffix: PoolSuffix::from_random_bytes(rand::random()),
@@ -315,6 +317,7 @@ pub fn pod_security_probe(sandbox: &SandboxConfig) -> Pod {
     };
     let mut pod = build_sandbox_pod(sandbox, &role, "1970-01-01T00:00:00Z");
     if let Some(spec) = pod.spec.as_mut() {
+        spec.runtime_class_name = None;
         for c in &mut spec.containers {
             if let Some(caps) = c
                 .security_context

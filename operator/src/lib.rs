@@ -7,7 +7,8 @@
 //! [`children`] holds pure builders of every owned object and the whole desired set;
 //! [`apply`] writes them with server-side apply (and skips writes that cannot change
 //! anything); [`pool`], [`idle`] and [`teardown`] are the sandbox lifecycle;
-//! [`status`] computes the status from what was observed; [`retry`] spaces out the retries
+//! [`status`] computes the status from what was observed; [`runtime_class`] checks the
+//! RuntimeClasses an instance names; [`retry`] spaces out the retries
 //! of a failing instance; [`briefing`] is what the server tells models about their sandbox;
 //! [`watch`] wires the watches;
 //! [`cli`], [`run`], [`leader`], [`metrics`] and [`telemetry`] are the process around them
@@ -38,6 +39,7 @@ pub mod resolve;
 pub mod retry;
 pub mod rotation;
 pub mod run;
+pub mod runtime_class;
 pub mod sandbox_pod;
 pub mod signals;
 pub mod status;

@@ -14,7 +14,8 @@
 //!   deletionTimestamp, the labels in [`KEPT_LABELS`] and the annotations in
 //!   [`KEPT_ANNOTATIONS`] (the seal only for an unassigned pod);
 //! - for an unassigned pod ([`SandboxPod::Unassigned`]) also: the first container's name
-//!   and its `ASSIGN_SHA256` env var ([`made_for_key`]); the status's phase, conditions
+//!   and its `ASSIGN_SHA256` env var ([`made_for_key`]); the RuntimeClass it carries (the
+//!   status reports it: [`crate::runtime_class::carried`]); the status's phase, conditions
 //!   (type, status, reason, message) and container statuses (name, ready, restartCount,
 //!   the waiting state's reason and message, whether it runs, the terminated state's exit
 //!   code).
@@ -153,9 +154,10 @@ struct WireMeta {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "camelCase")]
 struct WireSpec {
     containers: Vec<WireContainer>,
+    runtime_class_name: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -252,6 +254,7 @@ impl Wire {
                     ..Default::default()
                 })
                 .collect(),
+            runtime_class_name: s.runtime_class_name,
             ..Default::default()
         });
         let status = self.status.map(|s| PodStatus {
@@ -542,7 +545,8 @@ mod tests {
 
     #[test]
     fn a_pool_pod_is_cached_with_the_spec_and_status_the_pool_reads() {
-        let full = pool_pod();
+        let mut full = pool_pod();
+        full.spec.as_mut().expect("spec").runtime_class_name = Some("gvisor".into());
         let expected = Pod {
             metadata: kept_meta(&full),
             spec: Some(PodSpec {
@@ -555,6 +559,7 @@ mod tests {
                     }]),
                     ..Default::default()
                 }],
+                runtime_class_name: Some("gvisor".into()),
                 ..Default::default()
             }),
             status: Some(PodStatus {

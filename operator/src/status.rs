@@ -4,8 +4,9 @@
 //!
 //! Reasons are stable API (documented in docs/operations.md):
 //! - `Ready`: `Ready` | `InvalidSpec` | `SecretsNotFound` | `SecretKeysInvalid` |
-//!   `ServingCertificatePending` | `KubeconfigInvalid` | `ProxyCaInvalid` | `ApplyFailed` | `ProxyUnavailable` |
-//!   `DeploymentUnavailable` | `WarmPoolFilling` | `WarmPoolUnhealthy`
+//!   `ServingCertificatePending` | `KubeconfigInvalid` | `ProxyCaInvalid` | `ApplyFailed` |
+//!   `RuntimeClassNotFound` | `ProxyUnavailable` | `DeploymentUnavailable` |
+//!   `WarmPoolFilling` | `WarmPoolUnhealthy`
 //! - `WarmPoolReady`: `Full` | `Disabled` | `Filling` | `PodsFailing` | `Blocked`
 //! - `Degraded`: `AsExpected` | `InvalidSpec` | `ApplyFailed` | `PoolPodsFailing` |
 //!   `ApiServerUnknown` | `ExposeUnavailable`
@@ -14,7 +15,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use cli_mcp_api::crd::{CliMcpInstanceStatus, WarmPoolStatus};
+use cli_mcp_api::crd::{CliMcpInstanceStatus, SandboxStatus, WarmPoolStatus};
 
 use crate::isolation::{Finding, Findings, NETWORK_POLICY_ENFORCED, POD_SECURITY_ENFORCED};
 use crate::pool::PoolOutcome;
@@ -83,6 +84,10 @@ pub struct Observed {
     pub serving_cert_pending: Option<String>,
     /// Whether NetworkPolicy and Pod Security are enforced where the instance runs.
     pub isolation: Findings,
+    /// A RuntimeClass the spec names does not exist: which, where, and what to do.
+    pub runtime_class_missing: Option<String>,
+    /// The runtime the sandboxes run with (`status.sandbox`).
+    pub sandbox: Option<SandboxStatus>,
 }
 
 struct Cond {
@@ -125,6 +130,11 @@ fn ready_condition(prev_ready: bool, o: &Observed) -> Cond {
     }
     if let Some(e) = &o.apply_error {
         return bad("ApplyFailed", e.clone());
+    }
+    // Before the proxy and the server: a missing proxy or server class is why they are
+    // unavailable, and a missing sandbox class why no sandbox starts.
+    if let Some(e) = &o.runtime_class_missing {
+        return bad(crate::runtime_class::NOT_FOUND, e.clone());
     }
     if let Some(e) = &o.proxy_unavailable {
         return bad("ProxyUnavailable", e.clone());
@@ -365,6 +375,7 @@ pub fn compute(
         external_endpoint: o.external_endpoint.clone(),
         ca_config_map: o.ca_config_map.clone(),
         selector: o.selector.clone(),
+        sandbox: o.sandbox.clone(),
     }
 }
 
@@ -533,6 +544,46 @@ mod tests {
         let s = compute(None, &o, t(1));
         assert_eq!(cond(&s, READY).reason, "ProxyUnavailable");
         assert_eq!(cond(&s, READY).status, "False");
+    }
+
+    #[test]
+    fn a_missing_runtime_class_keeps_the_instance_not_ready_and_says_which() {
+        let mut o = healthy(1, 0);
+        o.runtime_class_missing = Some(
+            "RuntimeClass \"gvisor\" not found: spec.sandbox.runtimeClassName names it".into(),
+        );
+        o.pool.blocked = o.runtime_class_missing.clone();
+        o.proxy_unavailable = Some("proxy Deployment has 0/2 ready replicas".into());
+        o.sandbox = Some(SandboxStatus {
+            runtime_class_name: Some("gvisor".into()),
+            runtime_handler: None,
+        });
+        let s = compute(None, &o, t(1));
+        let r = cond(&s, READY);
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", "RuntimeClassNotFound")
+        );
+        assert!(r.message.contains("\"gvisor\""), "{}", r.message);
+        let p = cond(&s, WARM_POOL_READY);
+        assert_eq!((p.status.as_str(), p.reason.as_str()), ("False", "Blocked"));
+        assert!(p.message.contains("RuntimeClass \"gvisor\" not found"));
+        let sandbox = s.sandbox.as_ref().expect("status.sandbox");
+        assert_eq!(sandbox.runtime_class_name.as_deref(), Some("gvisor"));
+        // Once it exists the instance goes on, and says which class its sandboxes run with.
+        let mut o = healthy(1, 1);
+        o.sandbox = Some(SandboxStatus {
+            runtime_class_name: Some("gvisor".into()),
+            runtime_handler: Some("runsc".into()),
+        });
+        let s2 = compute(Some(&s), &o, t(2));
+        assert_eq!(cond(&s2, READY).status, "True");
+        let tr = transitions(Some(&s), &s2);
+        assert!(tr.iter().any(|t| t.type_ == READY && t.healthy), "{tr:?}");
+        assert_eq!(
+            s2.sandbox.and_then(|s| s.runtime_handler).as_deref(),
+            Some("runsc")
+        );
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! The watches behind one controller: the root `CliMcpInstance` stream (filtered to spec,
 //! finalizer and deletion changes), a reflector per owned kind (label-selected to objects
 //! this operator manages), the sandbox pods (filtered so `last-activity` patches and other
-//! noise do not wake the reconciler), and a metadata-only watch of Secrets that maps an
-//! admin's kubeconfig or TLS Secret to the instances that reference it.
+//! noise do not wake the reconciler), a metadata-only watch of Secrets that maps an
+//! admin's kubeconfig or TLS Secret to the instances that reference it, and the cluster's
+//! RuntimeClasses (`runtime_classes.rs`).
+
+mod runtime_classes;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -178,15 +181,20 @@ impl Fingerprints {
     }
 }
 
-/// A 404 from the API: the resource type does not exist (its CRD is not installed).
-fn is_not_found(e: &watcher::Error) -> bool {
+/// The API's status code of a watch error, when the API answered.
+fn status_code(e: &watcher::Error) -> Option<u16> {
     match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
-        watcher::Error::WatchError(s) => s.code == 404,
-        _ => false,
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
     }
+}
+
+/// A 404 from the API: the resource type does not exist (its CRD is not installed).
+fn is_not_found(e: &watcher::Error) -> bool {
+    status_code(e) == Some(404)
 }
 
 /// The watcher says `Init` before each attempt to list, and on a kind the cluster does not
@@ -373,6 +381,8 @@ pub fn build(client: &Client, ns: Option<&str>, scope: &Scope) -> (Ctl, Stores) 
     let (c, pods) = watch_sandbox_pods(c, client, ns);
     let c = watch_admin_secrets(c, client, ns, &instances);
     let c = watch_admin_config_maps(c, client, ns, &instances);
+    let (c, runtime_classes, runtime_classes_listed) =
+        runtime_classes::watch_runtime_classes(c, client, &instances);
     let controller = c
         .trigger_backoff(PerWatchBackoffOnly)
         .with_config(controller::Config::default().debounce(Duration::from_millis(100)));
@@ -394,6 +404,8 @@ pub fn build(client: &Client, ns: Option<&str>, scope: &Scope) -> (Ctl, Stores) 
         http_routes_served,
         routes,
         routes_served,
+        runtime_classes,
+        runtime_classes_listed,
         synced: Arc::default(),
     };
     (controller, stores)

@@ -108,14 +108,15 @@ fn bundle_passes_operator_sdk_validate() {
     let (ok, text) = validate(&sdk, &workspace_root().join("bundle"));
     assert!(ok, "operator-sdk bundle validate bundle/:\n{text}");
     // RBAC rules carry no API version, so the deprecated-API check flags every rule on a
-    // resource whose v1beta1 was removed; the operator uses discovery.k8s.io/v1 and
-    // events.k8s.io/v1. Any other warning fails.
+    // resource whose v1beta1 was removed; the operator uses discovery.k8s.io/v1,
+    // events.k8s.io/v1 and node.k8s.io/v1. Any other warning fails.
     for line in text.lines().filter(|l| l.contains("level=warning")) {
-        // (The validator lists the two in either order.)
+        // (The validator lists the three in any order.)
         let known = line.contains("deprecated and removed in v1.25")
             && line.contains("endpointslices: ([")
             && line.contains("events: ([")
-            && line.matches("Rules[").count() == 2;
+            && line.contains("runtimeclasses: ([")
+            && line.matches("Rules[").count() == 3;
         assert!(known, "operator-sdk warns:\n{line}");
     }
 
@@ -212,6 +213,7 @@ fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
     let allowed = [
         "clusterrolebindings",
         "clusterroles",
+        "runtimeclasses",
         "services",
         "endpointslices",
     ];

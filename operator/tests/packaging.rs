@@ -671,6 +671,41 @@ fn both_packages_grant_the_credential_proxy_pod_disruption_budget() {
     assert!(grants(&chart), "the chart");
 }
 
+/// Both packages let the operator read the cluster's RuntimeClasses, and only read them,
+/// in the ClusterRole bound cluster-wide (the cluster-scoped part, whatever namespaces are
+/// watched): it checks every runtimeClassName before making pods with it.
+#[test]
+fn both_packages_let_the_operator_read_runtime_classes_and_nothing_more() {
+    let root = workspace_root();
+    let kz = documents(&std::fs::read_to_string(root.join("config/rbac/role.yaml")).expect("role"));
+    let chart = documents(&helm_template(&["--set", "watchNamespaces={team-a}"]));
+    let read = json!({
+        "apiGroups": ["node.k8s.io"],
+        "resources": ["runtimeclasses"],
+        "verbs": ["get", "list", "watch"],
+    });
+    for (docs, what) in [(&kz, "config/rbac/role.yaml"), (&chart, "the chart")] {
+        let roles = of_kind(docs, "ClusterRole");
+        let granting: Vec<&&Value> = roles
+            .iter()
+            .filter(|r| {
+                r["rules"].as_array().into_iter().flatten().any(|rule| {
+                    rule["resources"]
+                        .as_array()
+                        .is_some_and(|rs| rs.contains(&json!("runtimeclasses")))
+                })
+            })
+            .collect();
+        assert_eq!(granting.len(), 1, "{what}: one ClusterRole reads them");
+        let rules = granting[0]["rules"].as_array().expect("rules");
+        assert!(rules.contains(&read), "{what} lacks {read}");
+        assert!(
+            cluster_wide_resources(docs).contains(&"runtimeclasses".to_owned()),
+            "{what}: RuntimeClasses are cluster-scoped, so read cluster-wide"
+        );
+    }
+}
+
 #[test]
 fn both_packages_grant_the_exposed_endpoints_objects() {
     let root = workspace_root();
@@ -847,10 +882,11 @@ fn cluster_wide_resources(docs: &[Value]) -> Vec<String> {
 }
 
 /// Watching one namespace, the operator reads Secrets (and writes pods, Roles, …) only
-/// there: cluster-wide it keeps only the ClusterRoleBinding rules, which are cluster-scoped.
+/// there: cluster-wide it keeps only the rules on cluster-scoped objects (its
+/// ClusterRoleBindings, and reading RuntimeClasses).
 #[test]
 fn a_namespaced_install_grants_secrets_and_pods_only_in_the_watched_namespace() {
-    let cluster_scoped = ["clusterrolebindings", "clusterroles"];
+    let cluster_scoped = ["clusterrolebindings", "clusterroles", "runtimeclasses"];
     // config/default: everything cluster-wide (the baseline this changes).
     let docs = documents(&kustomize_build(
         "pkg-ns-default",
@@ -954,7 +990,7 @@ async fn kustomize_namespaced_output_applies_and_its_operator_works_under_the_po
     // Nothing namespaced is granted cluster-wide, and the binding policy names this operator.
     assert_eq!(
         cluster_wide_resources(&docs),
-        ["clusterrolebindings", "clusterroles"]
+        ["clusterrolebindings", "clusterroles", "runtimeclasses"]
     );
     let policy = named(
         &docs,

@@ -22,8 +22,8 @@ const PLACEMENT: PlacementPart = PlacementPart {
     path: "spec.proxy",
     runtime_class_name:
         "RuntimeClass of the proxy pods (`runtimeClassName`). The RuntimeClass must exist \
-        (`kubectl get runtimeclass`), else the pods are refused. Default: the node's default \
-        runtime.",
+        (`kubectl get runtimeclass`), else the pods are refused and the instance is \
+        Ready=False with reason RuntimeClassNotFound. Default: the node's default runtime.",
     node_selector: "Node labels the proxy pods must run on (`nodeSelector`). At most 32.",
     tolerations: "Taints the proxy pods tolerate (standard pod `tolerations`). At most 32.",
     affinity: "Node affinity and pod (anti-)affinity of the proxy pods (standard pod \

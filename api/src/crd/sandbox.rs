@@ -15,8 +15,10 @@ const PLACEMENT: PlacementPart = PlacementPart {
     runtime_class_name:
         "RuntimeClass of sandbox pods (`runtimeClassName`), such as `gvisor` or `kata`: a \
         stronger boundary around untrusted commands than the default runtime. The \
-        RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused. \
-        Default: the node's default runtime.",
+        RuntimeClass must exist (`kubectl get runtimeclass`): until it does, no sandbox is \
+        created and the instance is Ready=False with reason RuntimeClassNotFound. \
+        status.sandbox reports the class the sandboxes run with. Default: the node's \
+        default runtime.",
     node_selector:
         "Node labels sandbox pods must run on (`nodeSelector`), such as `kubernetes.io/arch: \
         amd64`. At most 32.",

@@ -60,8 +60,9 @@ const PLACEMENT: PlacementPart = PlacementPart {
     runtime_class_name:
         "RuntimeClass of the server pods (`runtimeClassName`), such as `gvisor` or `kata` \
         (the server runs no untrusted code; this is for clusters that require one). The \
-        RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused. \
-        Default: the node's default runtime.",
+        RuntimeClass must exist (`kubectl get runtimeclass`), else the pods are refused \
+        and the instance is Ready=False with reason RuntimeClassNotFound. Default: the \
+        node's default runtime.",
     node_selector: "Node labels the server pods must run on (`nodeSelector`), such as \
         `kubernetes.io/arch: amd64`. At most 32.",
     tolerations: "Taints the server pods tolerate (standard pod `tolerations`). At most 32.",

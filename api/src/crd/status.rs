@@ -58,6 +58,26 @@ pub struct CliMcpInstanceStatus {
     /// Label selector of the server pods (for the scale subresource, e.g. an HPA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+
+    /// The runtime the sandboxes run with, as the operator observes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxStatus>,
+}
+
+/// The runtime of the sandboxes, as the operator observes it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// RuntimeClass the sandboxes run with: the one the current warm sandboxes carry (an
+    /// admission webhook may have set or changed it), or spec.sandbox.runtimeClassName while
+    /// there is no current warm sandbox. Absent: none, so the nodes' default runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class_name: Option<String>,
+    /// Handler of that RuntimeClass as the cluster's RuntimeClass object names it (the
+    /// runtime the nodes' container runtime uses for it, such as runsc for gVisor). Absent
+    /// without a RuntimeClass, or while the operator cannot read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_handler: Option<String>,
 }
 
 /// Warm pool counts.

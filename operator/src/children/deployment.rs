@@ -19,7 +19,8 @@ use cli_mcp_api::names::label;
 use cli_mcp_api::pod_security;
 
 use super::{
-    Inputs, HEALTH_PORT, HMAC_DIR, HMAC_VERSION_ANNOTATION, TLS_DIR, TLS_VERSION_ANNOTATION,
+    Inputs, HEALTH_PORT, HMAC_DIR, HMAC_VERSION_ANNOTATION, RUNTIME_CLASS_MISSING_ANNOTATION,
+    TLS_DIR, TLS_VERSION_ANNOTATION,
 };
 
 pub const CONTAINER: &str = "server";
@@ -241,16 +242,27 @@ pub fn deployment(inp: &Inputs) -> Deployment {
 
 /// What the instance's Deployments (server and proxy) share: `replicas` pods of
 /// `component` under the instance's labels, rolled one new pod at a time with none
-/// unavailable, `annotations` on the template (the hashes that roll it), a restricted pod
-/// without service links; `pod` says the rest.
+/// unavailable, `annotations` on the template (the hashes that roll it, and the pods'
+/// RuntimeClass while the cluster lacks it), a restricted pod without service links; `pod`
+/// says the rest.
 pub(super) fn rolling_deployment(
     inp: &Inputs,
     name: String,
     component: &str,
     replicas: i32,
-    annotations: BTreeMap<String, String>,
+    mut annotations: BTreeMap<String, String>,
     pod: PodSpec,
 ) -> Deployment {
+    // Its pods are refused while the class is missing; the annotation's going away when the
+    // class appears is what starts them without waiting out the ReplicaSet's backoff. None
+    // of the running pods is touched meanwhile: a new ReplicaSet is only surged to.
+    if let Some(class) = pod
+        .runtime_class_name
+        .as_ref()
+        .filter(|c| inp.missing_runtime_classes.contains(*c))
+    {
+        annotations.insert(RUNTIME_CLASS_MISSING_ANNOTATION.to_owned(), class.clone());
+    }
     Deployment {
         metadata: inp.spec.meta(name, component),
         spec: DeploymentSpec {
@@ -569,6 +581,37 @@ mod tests {
             let changed = template(serde_json::json!({ part: { field: value } }));
             assert_ne!(changed, base, "{part}.{field} must change the pod template");
         }
+    }
+
+    /// While the cluster lacks the class the server and proxy pods name, their templates say
+    /// so; once it exists the templates are as they always were (so the change that makes
+    /// the pods at once is the annotation going, and a cluster that has the class never
+    /// rolls for it).
+    #[test]
+    fn a_missing_runtime_class_marks_the_templates_that_name_it() {
+        let spec = serde_json::json!({
+            "server": {"runtimeClassName": "kata"},
+            "proxy": {"runtimeClassName": "gvisor", "targets": [
+                {"type": "kubernetes", "secretName": "admin-kc"}]},
+        });
+        let marks = |inp: &Inputs| {
+            let d = super::super::build_all(inp);
+            [Some(d.deployment), d.proxy.map(|p| p.deployment)].map(|d| {
+                d.and_then(|d| d.spec.template.metadata)
+                    .and_then(|m| m.annotations)
+                    .and_then(|a| a.get(RUNTIME_CLASS_MISSING_ANNOTATION).cloned())
+            })
+        };
+        let mut inp = inputs(spec.clone());
+        assert_eq!(marks(&inp), [None, None]);
+        inp.missing_runtime_classes = ["kata".to_owned()].into();
+        assert_eq!(marks(&inp), [Some("kata".into()), None]);
+        inp.missing_runtime_classes = ["kata".to_owned(), "gvisor".to_owned()].into();
+        assert_eq!(marks(&inp), [Some("kata".into()), Some("gvisor".into())]);
+        // A class no pod here names changes nothing.
+        let mut plain = inputs(serde_json::json!({}));
+        plain.missing_runtime_classes = ["kata".to_owned()].into();
+        assert_eq!(marks(&plain), [None, None]);
     }
 
     #[test]

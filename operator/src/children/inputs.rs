@@ -3,7 +3,7 @@
 //! (Secret versions, the generated CA, the API server's addresses). Both are complete when
 //! made: nothing is filled in later.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -262,6 +262,9 @@ pub struct Inputs {
     /// The sandbox briefing for the server's instructions (`crate::briefing`); `None` when
     /// `spec.server.briefing` is false.
     pub briefing: Option<String>,
+    /// RuntimeClasses the spec names that the cluster lacks: a Deployment whose pods name one
+    /// says so on its pod template ([`super::RUNTIME_CLASS_MISSING_ANNOTATION`]).
+    pub missing_runtime_classes: BTreeSet<String>,
 }
 
 /// The resolved inputs of the credential proxy.

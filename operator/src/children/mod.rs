@@ -29,6 +29,11 @@ pub use inputs::{ApiServerPeers, Inputs, ProxyInputs, Spec};
 pub const HMAC_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/hmac-version";
 /// Pod-template annotation carrying a hash of the serving certificate.
 pub const TLS_VERSION_ANNOTATION: &str = "cli-mcp.redhat.com/tls-version";
+/// Pod-template annotation naming the pods' RuntimeClass while the cluster lacks it. The
+/// API server refuses those pods, and the ReplicaSet controller retries them only after its
+/// own backoff (up to about 16 minutes); when the class appears the annotation goes, and
+/// that template change makes the Deployment's pods at once.
+pub const RUNTIME_CLASS_MISSING_ANNOTATION: &str = "cli-mcp.redhat.com/runtime-class-missing";
 /// Label on the cluster-scoped ClusterRoleBinding naming the instance's namespace (the
 /// instance label alone is ambiguous across namespaces).
 pub const INSTANCE_NAMESPACE_LABEL: &str = "cli-mcp.redhat.com/instance-namespace";
@@ -159,6 +164,7 @@ pub(crate) mod test_support {
             },
             expose_unavailable: None,
             briefing: None,
+            missing_runtime_classes: Default::default(),
         }
     }
 }

@@ -54,6 +54,8 @@ pub struct PoolOutcome {
     /// An API call of this pass failed (a list, a delete, a create): said in the pool's
     /// condition; the reconcile returns the error once the status is written.
     pub api_error: Option<String>,
+    /// The RuntimeClass the current warm pods carry, for `status.sandbox`.
+    pub carried: crate::runtime_class::Carried,
 }
 
 /// Brings the pool of one instance towards the desired state. A failed API call does not

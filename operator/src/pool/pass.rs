@@ -26,6 +26,7 @@ use super::{
 use crate::api_call::is_status;
 use crate::context::Context;
 use crate::error::Error;
+use crate::runtime_class::{self, Carried};
 use crate::sandbox_pod::SandboxPod;
 
 /// A pod just built, and the outcome of its create and of its seal.
@@ -47,6 +48,8 @@ pub(super) struct Pass<'a> {
     backoff: Option<Duration>,
     /// Why the API server refuses the pool's pods, while it does.
     refused: Option<String>,
+    /// The RuntimeClass the current pods in the cache carry.
+    carried: Carried,
     first_err: Option<Error>,
 }
 
@@ -89,6 +92,7 @@ impl<'a> Pass<'a> {
             let pending = exp.creates.len() + exp.deletes.len();
             (p, backoff_left, pending, refused)
         });
+        let carried = runtime_class::carried(&pods, &hash);
         Pass {
             ctx,
             uid,
@@ -103,6 +107,7 @@ impl<'a> Pass<'a> {
             pending,
             backoff,
             refused,
+            carried,
             first_err: None,
         }
     }
@@ -332,6 +337,7 @@ impl<'a> Pass<'a> {
             backoff: self.backoff,
             requeue,
             api_error: self.first_err.as_ref().map(ToString::to_string),
+            carried: self.carried,
         };
         (outcome, self.first_err)
     }

@@ -4,7 +4,8 @@
 //! unless the admin gives one) are created here if absent — created, never applied, so an
 //! existing Secret is never overwritten — the admin's Secrets are checked, the API server's
 //! addresses are looked up for the proxy's NetworkPolicy, and the cluster is asked whether
-//! it can store the object `spec.server.expose` asks for.
+//! it can store the object `spec.server.expose` asks for and whether it has the
+//! RuntimeClasses the pods name.
 //!
 //! - `owned.rs`: the generate-once Secrets, never one of a deleted predecessor;
 //! - `hmac.rs`: the HMAC key;
@@ -13,6 +14,7 @@
 //! - `api_server.rs`: the API server's addresses;
 //! - `expose.rs`: whether the cluster serves the kind `spec.server.expose` asks for;
 //! - `sandbox_dns.rs`: the proxy's ClusterIP, for sandboxes without DNS;
+//! - `runtime_classes.rs`: the RuntimeClasses the pods name that the cluster lacks;
 //! - `briefing.rs`: the sandbox briefing, with the reviews of what the kubeconfig's
 //!   identity may do (made again every `--briefing-refresh`).
 
@@ -22,6 +24,7 @@ mod expose;
 mod hmac;
 mod owned;
 mod proxy;
+mod runtime_classes;
 mod sandbox_dns;
 mod tls;
 
@@ -35,6 +38,7 @@ use cli_mcp_api::token::HmacKey;
 use crate::children::{ApiServerPeers, Inputs, ProxyInputs, Spec};
 use crate::context::Context;
 use crate::error::Result;
+use crate::runtime_class::{self, Named};
 
 pub use api_server::{api_server_peers, API_PEERS_RETRY};
 
@@ -72,12 +76,15 @@ pub struct Resolved {
     pub briefing: Option<String>,
     /// When the reviews behind the briefing are due again, from now.
     pub briefing_due_in: Option<Duration>,
+    /// The RuntimeClasses the spec names that the cluster lacks (`RuntimeClassNotFound`).
+    pub runtime_classes_missing: Vec<Named>,
     /// How the sandboxes reach their proxy.
     proxy_address: ProxyAddress,
 }
 
 impl Resolved {
-    /// Why no sandbox can start (so the pool creates none), if a Secret is missing or bad.
+    /// Why no sandbox can start (so the pool creates none): a Secret is missing or bad, or
+    /// the sandboxes' RuntimeClass does not exist.
     pub fn blocked(&self) -> Option<String> {
         if let ProxyAddress::Pending(why) = &self.proxy_address {
             Some(why.clone())
@@ -92,7 +99,8 @@ impl Resolved {
         } else if !self.invalid.is_empty() {
             Some(self.invalid.join("; "))
         } else {
-            None
+            // The API server would refuse every pool pod: none is sent.
+            runtime_class::sandbox_message(&self.runtime_classes_missing)
         }
     }
 
@@ -113,6 +121,11 @@ impl Resolved {
             proxy: self.proxy.clone(),
             expose_unavailable: self.expose_unavailable.clone(),
             briefing: self.briefing.clone(),
+            missing_runtime_classes: self
+                .runtime_classes_missing
+                .iter()
+                .map(|n| n.class.clone())
+                .collect(),
         }
     }
 }
@@ -133,6 +146,7 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
     let briefing = briefing::briefing(ctx, spec, proxy.kubeconfig_text.as_ref()).await;
     let expose_unavailable = expose::expose_unavailable(ctx, spec).await;
     let proxy_address = sandbox_dns::proxy_address(ctx, spec);
+    let runtime_classes_missing = runtime_classes::missing(ctx, spec).await;
     let tls_renew_in = tls.renew_in;
     let (serving_cert_pending, backend_ca) = (tls.pending, tls.backend_ca);
     let mut missing = Vec::new();
@@ -163,6 +177,72 @@ pub async fn resolve(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> Result<
         expose_unavailable,
         briefing: briefing.text,
         briefing_due_in: briefing.due_in,
+        runtime_classes_missing,
         proxy_address,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a cluster that has everything resolves to, but for `missing` RuntimeClasses.
+    fn resolved(missing: Vec<Named>) -> Resolved {
+        Resolved {
+            key: None,
+            hmac_version: String::new(),
+            tls_version: None,
+            ca_pem: None,
+            missing: Vec::new(),
+            invalid: Vec::new(),
+            api_server: ApiServerPeers::default(),
+            proxy: None,
+            kubeconfig_invalid: None,
+            proxy_ca_invalid: None,
+            tls_renew_in: None,
+            serving_cert_pending: None,
+            backend_ca: None,
+            expose_unavailable: None,
+            briefing: None,
+            briefing_due_in: None,
+            runtime_classes_missing: missing,
+            proxy_address: ProxyAddress::ByName,
+        }
+    }
+
+    fn named(field: &'static str, class: &str) -> Named {
+        Named {
+            field,
+            class: class.into(),
+        }
+    }
+
+    #[test]
+    fn a_missing_sandbox_class_holds_the_pool_and_marks_only_the_classes_missing() {
+        assert_eq!(resolved(Vec::new()).blocked(), None);
+        let sandbox = resolved(vec![named(runtime_class::SANDBOX_FIELD, "gvisor")]);
+        let why = sandbox.blocked().expect("the pool is held back");
+        assert!(why.contains("RuntimeClass \"gvisor\" not found"), "{why}");
+        // A server's class does not hold the sandboxes, but its Deployment is marked.
+        let server = resolved(vec![named("spec.server.runtimeClassName", "kata")]);
+        assert_eq!(server.blocked(), None);
+        let spec = Spec::read(
+            &crate::children::test_support::cr(serde_json::json!({})),
+            "server:1",
+            Some("sandbox:1"),
+            Some("proxy:1"),
+        )
+        .expect("spec");
+        let inputs = server.inputs(spec);
+        assert_eq!(
+            inputs.missing_runtime_classes,
+            ["kata".to_owned()].into_iter().collect()
+        );
+        // A missing Secret is said first: it is what the admin must create to go on at all.
+        let mut both = resolved(vec![named(runtime_class::SANDBOX_FIELD, "gvisor")]);
+        both.missing = vec!["kc (sandbox kubeconfig)".into()];
+        assert!(both
+            .blocked()
+            .is_some_and(|w| w.contains("missing Secrets")));
+    }
 }

@@ -178,7 +178,7 @@ impl Starter {
                         }
                     }
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(missing_runtime_class(&e).unwrap_or_else(|| e.into())),
             }
         }
         Err(SessionError::Sandbox(format!(
@@ -204,6 +204,27 @@ impl Starter {
         .map_err(|e| SessionError::Kubernetes(e.to_string()))?;
         Ok(())
     }
+}
+
+/// The API server's RuntimeClass admission refuses a pod naming a class the cluster lacks
+/// (`pods "…" is forbidden: pod rejected: RuntimeClass "x" not found`). Passed on as it is,
+/// that reads like this server's own permissions; it is the instance's
+/// `spec.sandbox.runtimeClassName`, which only an admin can fix, so the caller is told that.
+fn missing_runtime_class(e: &kube::Error) -> Option<SessionError> {
+    let kube::Error::Api(s) = e else {
+        return None;
+    };
+    let (_, rest) = s.message.split_once("RuntimeClass \"")?;
+    let (class, _) = rest.split_once("\" not found")?;
+    (s.code == 403).then(|| {
+        SessionError::Sandbox(format!(
+            "the instance's sandboxes name RuntimeClass \"{class}\" \
+             (spec.sandbox.runtimeClassName), which this cluster does not have, so the API \
+             server refuses them; ask the cluster admin to create that RuntimeClass (and \
+             install its runtime) or to change the field: the CliMcpInstance's Ready \
+             condition says RuntimeClassNotFound until then, and a retry gets the same"
+        ))
+    })
 }
 
 /// With auth, who the session's pod serves (annotation `caller`: user and groups), for the
@@ -257,6 +278,39 @@ mod tests {
 
     fn err(m: &str) -> SessionError {
         SessionError::Sandbox(m.into())
+    }
+
+    #[test]
+    fn a_missing_runtime_class_is_told_as_the_instances_and_other_refusals_as_they_are() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let refused = api(
+            403,
+            "pods \"cli-mcp-demo-s-x\" is forbidden: pod rejected: RuntimeClass \"gvisor\" \
+             not found",
+        );
+        let e = missing_runtime_class(&refused)
+            .expect("a missing class")
+            .to_string();
+        assert!(
+            e.starts_with("the sandbox of this session could not be started")
+                && e.contains("RuntimeClass \"gvisor\"")
+                && e.contains("spec.sandbox.runtimeClassName")
+                && e.contains("RuntimeClassNotFound"),
+            "{e}"
+        );
+        // Any other refusal keeps the API's own words.
+        for other in [
+            api(403, "pods \"x\" is forbidden: exceeded quota: pods"),
+            api(422, "RuntimeClass \"gvisor\" not found"),
+        ] {
+            assert!(missing_runtime_class(&other).is_none(), "{other}");
+        }
     }
 
     #[test]
