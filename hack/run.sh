@@ -15,7 +15,10 @@
 #      kubeconfig's token (a sandbox sees a placeholder) — and, beside it, the instance
 #      `as-caller` of config/samples/as-caller, whose proxy holds the same kubeconfig but
 #      impersonates each session's MCP caller (identity: impersonateCaller, with the RBAC for
-#      it); waits for both to be Ready;
+#      it); waits for both to be Ready. On the real node their sandboxes run under gVisor
+#      (RuntimeClass `gvisor`, a user-space kernel between the shell and the host's) when the
+#      host can run it; CLI_MCP_RUNTIME=runc keeps runc, and a host where gVisor cannot run
+#      falls back to runc, saying why;
 #   6. creates a client identity allowed to use each instance, forwards a loopback port to each
 #      MCP Service (plain HTTP on 127.0.0.1, TLS to the instance with its CA pinned) and prints
 #      ready-to-paste MCP client configurations of `demo` with a literal token, a curl
@@ -52,6 +55,11 @@ node="${CLI_MCP_NODE:-real}"
 case "$node" in
 real | process) ;;
 *) printf 'make run: CLI_MCP_NODE=%s: expected real or process\n' "$node" >&2; exit 2 ;;
+esac
+runtime="${CLI_MCP_RUNTIME:-gvisor}"
+case "$runtime" in
+gvisor | runc) ;;
+*) printf 'make run: CLI_MCP_RUNTIME=%s: expected gvisor or runc\n' "$runtime" >&2; exit 2 ;;
 esac
 
 say() { printf '\n==> %s\n' "$*"; }
@@ -97,6 +105,23 @@ KUBECONFIG="$(jq -r .kubeconfig "$cluster_json")"
 export KUBECONFIG
 kubectl get nodes
 
+# The sandboxes' runtime: gVisor when asked for (the default) and the node has it. The
+# cluster registers it only where `runsc` runs here, and says why not in its log otherwise.
+runtime_note="runc (CLI_MCP_RUNTIME=runc)"
+if [[ $node == process ]]; then
+    runtime=runc
+    runtime_note="host processes (CLI_MCP_NODE=process)"
+elif [[ $runtime == gvisor ]]; then
+    if kubectl get runtimeclass gvisor >/dev/null 2>&1; then
+        runtime_note="gVisor (RuntimeClass gvisor): \`uname -r\` in a session prints its kernel, 4.19.0-gvisor"
+    else
+        why="$(grep -m1 -o 'gVisor unavailable.*' "$run/cluster.log" || echo 'no RuntimeClass gvisor')"
+        printf '\nmake run: sandboxes fall back to runc: %s\n' "$why" >&2
+        runtime=runc
+        runtime_note="runc (gVisor cannot run on this host: $why)"
+    fi
+fi
+
 say "installing the operator (kustomize: config/default)"
 kubectl kustomize config/default | kubectl apply --server-side -f - >/dev/null
 kubectl -n cli-mcp-system rollout status deployment/cli-mcp-operator --timeout=180s
@@ -134,9 +159,19 @@ done
 # lets the investigator impersonate that instance's client, and lets the client read).
 say "the sample CliMcpInstances: $name (its credential proxy $svc-proxy holds the kubeconfig),
     and $as_name, whose proxy acts as each session's caller (config/samples/as-caller)"
-kubectl -n "$ns" apply -f config/samples/cli-mcp_v1alpha1_climcpinstance.yaml
+# apply_sample FILE: the sample instance of FILE, its sandboxes under the chosen runtime.
+apply_sample() {
+    if [[ $runtime == gvisor ]]; then
+        kubectl create --dry-run=client -o json -f "$1" |
+            jq '.spec.sandbox.runtimeClassName = "gvisor"' | kubectl -n "$ns" apply -f -
+    else
+        kubectl -n "$ns" apply -f "$1"
+    fi
+}
+say "sandboxes run under $runtime_note"
+apply_sample config/samples/cli-mcp_v1alpha1_climcpinstance.yaml
 kubectl -n "$ns" apply -f config/samples/as-caller/rbac.yaml >/dev/null
-kubectl -n "$ns" apply -f config/samples/as-caller/climcpinstance.yaml
+apply_sample config/samples/as-caller/climcpinstance.yaml
 # Both start at once; one wait, one deadline for both.
 kubectl -n "$ns" wait "climcpinstance/$name" "climcpinstance/$as_name" --for=condition=Ready --timeout=240s
 kubectl -n "$ns" get climcpinstances
@@ -194,6 +229,8 @@ cat <<EOF
 cli-mcp is running. The MCP endpoint of instance $ns/$name (Streamable HTTP):
 
   $url
+
+Its sandboxes run under $runtime_note.
 
 The forward on $local_addr speaks TLS to the instance and checks its certificate ($host,
 instance CA $run/ca.crt), so clients use plain HTTP on loopback: nothing to trust, no

@@ -339,7 +339,7 @@ async fn syntax_errors_are_reported_by_bash_and_keep_the_shell() {
     let a = Agent::start();
     a.exec("export C=3").await;
     let v = a.exec("if then fi (").await;
-    assert_eq!(v["exit_code"], 2);
+    assert_eq!(v["exit_code"], 2, "{v}");
     assert!(s(&v, "stderr").contains("syntax error"), "{v}");
     assert_eq!(s(&a.exec("echo $C").await, "stdout"), "3\n");
 }

@@ -42,6 +42,7 @@ pub mod process;
 pub mod project_images;
 pub mod real_node_rig;
 pub mod registry;
+pub mod runtime;
 pub mod testing;
 pub mod wait;
 pub mod workspace;

@@ -12,6 +12,11 @@
 //! /sessions/{id}` and the sandbox pod gone. Its client (`e2e/tools/go-journey`, cached)
 //! builds while the cluster starts.
 //!
+//! And a session's life under each sandbox runtime, runc and gVisor
+//! (`cli_mcp_e2e::journey::runtime_session`: the runtime proven, timeout, cancel, progress,
+//! spill and workspace resources, `DELETE`), with the session journey above run once more
+//! with its sandboxes under gVisor.
+//!
 //! Skipped, saying so, when not root or when the host cannot run the real node
 //! (`node::preflight`: containerd, runc, iptables, ...; hack/prereqs.sh installs them).
 
@@ -19,9 +24,10 @@ use std::time::Instant;
 
 use cli_mcp_e2e::cluster::ClusterConfig;
 use cli_mcp_e2e::go_sdk;
-use cli_mcp_e2e::journey::{journeys, Env};
+use cli_mcp_e2e::journey::{journeys, runtime_session, Env};
 use cli_mcp_e2e::node::{self, NodeKind};
 use cli_mcp_e2e::project_images;
+use cli_mcp_e2e::runtime::SandboxRuntime;
 use cli_mcp_e2e::testing::{self, workspace_root};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
@@ -134,9 +140,28 @@ async fn admin_session_warm_pool_and_teardown_journeys_on_real_containers() {
             .unwrap_or_else(|e| panic!("the Go SDK client: {e}"));
         go_sdk::design_client_journey(env, client).await;
     };
-    tokio::join!(admin, session, warm, teardown, go);
+    let runtimes = async {
+        let life = |rt: SandboxRuntime| {
+            let c = c.clone();
+            async move {
+                let env = Env::install_on(c, &format!("r-life-{}", rt.name())).await;
+                runtime_session::a_session_lives_under_its_runtime(env.under(rt)).await;
+            }
+        };
+        let gvisor_session = async {
+            let env = Env::install_on(c.clone(), "r-session-gvisor").await;
+            journeys::agent_session_keeps_state_and_ends_cleanly(env.under(SandboxRuntime::Gvisor))
+                .await;
+        };
+        tokio::join!(
+            life(SandboxRuntime::Runc),
+            life(SandboxRuntime::Gvisor),
+            gvisor_session
+        );
+    };
+    tokio::join!(admin, session, warm, teardown, go, runtimes);
     eprintln!(
-        "journeys_real_node: setup {:.1}s, five journeys {:.1}s",
+        "journeys_real_node: setup {:.1}s, eight journeys {:.1}s",
         setup.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );

@@ -46,7 +46,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use cli_mcp_e2e::peer::{expect, Peer, CONNECT, SETTLE};
+use cli_mcp_e2e::peer::{expect, From, Peer, CONNECT, SETTLE};
 
 fn listener_pod(name: &str, role: &str) -> Pod {
     let httpd = |port: u16| {
@@ -94,12 +94,12 @@ async fn start_pod(ns: &TestNamespace, name: &str, role: &str) -> Peer {
     Peer {
         name: name.into(),
         ip,
-        netns,
+        from: From::Netns(netns),
     }
 }
 
 async fn dns(from: &Peer, server: SocketAddr, name: &str) -> std::io::Result<DnsReply> {
-    let netns = from.netns.clone();
+    let netns = from.netns().to_path_buf();
     let name = name.to_string();
     tokio::task::spawn_blocking(move || {
         in_netns(&netns, move || {

@@ -425,6 +425,20 @@ async fn make_run_prints_an_endpoint_that_works_as_printed() {
         "[a]\n",
         "chat a kept its shell"
     );
+    // On the real node the quick start's sandboxes run under gVisor, and say so: the shell's
+    // kernel is gVisor's, not the host's (a host that cannot run gVisor falls back to runc,
+    // printed; CI's machines can, so there a fallback fails this test).
+    if real_node {
+        assert!(
+            out.contains("Its sandboxes run under gVisor"),
+            "the printout names the runtime:\n{out}"
+        );
+        let kernel = chat_a.bash("uname -r").await;
+        assert!(
+            kernel.contains("gvisor"),
+            "uname -r in the sandbox: {kernel}"
+        );
+    }
     for chat in [&chat_a, &chat_b] {
         chat.end().await;
     }

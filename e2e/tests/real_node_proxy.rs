@@ -556,7 +556,13 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
     let (web_ca, web_acceptor) = web_tls(&web_host);
     let web_log = Arc::new(Mutex::new(WebLog::default()));
     for port in [WEB_PORT, UNROUTED_PORT] {
-        serve_web(&web_peer.netns, port, web_acceptor.clone(), web_log.clone()).await;
+        serve_web(
+            web_peer.netns(),
+            port,
+            web_acceptor.clone(),
+            web_log.clone(),
+        )
+        .await;
     }
     // Reachable from the sandbox's namespace only through the proxy: its policy has no rule
     // for the web pod.

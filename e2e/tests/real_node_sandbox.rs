@@ -28,25 +28,32 @@
 //! (OpenShift's restricted SCC), and a memory limit: a command allocating past it is
 //! OOM-killed with a clear result and the session goes on.
 //!
+//! All of it twice, at once in one cluster, in two namespaces: with the sandboxes under runc
+//! (the node's default) and under gVisor (`spec.sandbox.runtimeClassName: gvisor`), each
+//! first proven to run under the runtime it claims (`cli_mcp_e2e::runtime`). Under gVisor a
+//! sandbox's own connections are made by its session's shell: runsc's network stack owns the
+//! pod's interface, so the host cannot enter its network namespace to connect from it.
+//!
 //! Skipped, saying so, when not root or when the host cannot run the real node.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::{annotation, label};
 use cli_mcp_api::pod_state::is_ready;
 use cli_mcp_api::wire::{ENV_ASSIGN_SHA256, ENV_TOKEN_SHA256};
 use cli_mcp_api::SessionId;
-use cli_mcp_e2e::addons::{
-    self, in_netns, query_a, tcp_reach, Reach, DNS_SERVICE_IP, RCODE_NOERROR,
-};
+use cli_mcp_e2e::addons::{self, tcp_reach, Reach, DNS_SERVICE_IP};
+use cli_mcp_e2e::cluster_info::ClusterInfo;
 use cli_mcp_e2e::instance::{delete_instance, hmac_key};
 use cli_mcp_e2e::journey::{stdout, text, Env, Mcp};
 use cli_mcp_e2e::node;
-use cli_mcp_e2e::peer::{expect, peer, Peer, CONNECT, SETTLE};
+use cli_mcp_e2e::peer::{expect, expect_resolves, in_session, peer, Peer, CONNECT};
 use cli_mcp_e2e::real_node_rig::RealNodeRig;
+use cli_mcp_e2e::runtime::{assert_sandbox_runs_under, SandboxRuntime};
+use cli_mcp_e2e::testing::PrivateCluster;
 use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set, TIMEOUT};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -60,34 +67,6 @@ const AGENT_PORT: u16 = cli_mcp_api::wire::AGENT_PORT;
 const SANDBOX_MEMORY: &str = "256Mi";
 /// An arbitrary UID as OpenShift's restricted SCC assigns one (never the image's 1001).
 const ARBITRARY_UID: i64 = 1_000_650_000;
-
-/// Poll until `name` resolves from `from` through `server` (UDP) to exactly `want`.
-async fn expect_resolves(from: &Peer, server: Ipv4Addr, name: &str, want: Ipv4Addr) {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let (netns, n) = (from.netns.clone(), name.to_string());
-        let got = tokio::task::spawn_blocking(move || {
-            in_netns(&netns, move || {
-                query_a(SocketAddr::from((server, 53)), &n, Duration::from_secs(2))
-            })
-        })
-        .await
-        .expect("join")
-        .unwrap_or_else(|e| panic!("{e}"));
-        if let Ok(r) = &got {
-            if r.rcode == RCODE_NOERROR && r.addrs == vec![want] {
-                eprintln!("  {} resolves {name} -> {want} via {server}", from.name);
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}: {name} did not resolve to {want} via {server} within {SETTLE:?}: {got:?}",
-            from.name
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// A one-layer image with the host's static busybox and its applets as symlinks.
 fn build_busybox_image(dir: &Path) -> PathBuf {
@@ -170,7 +149,7 @@ async fn ok(mcp: &Mcp, sid: &str, command: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
+async fn operator_policies_isolate_sandboxes_that_work_under_runc_and_gvisor() {
     let t0 = Instant::now();
     let Some(rig) = RealNodeRig::start("real_node_sandbox").await else {
         return;
@@ -186,9 +165,54 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     } = rig;
     let busybox = build_busybox_image(&run_dir.join("test-image"));
     node::import_image(&socket, &busybox).unwrap_or_else(|e| panic!("{e}"));
+    let node = Node {
+        pc: &pc,
+        info: &info,
+        socket: &socket,
+        gateway,
+    };
+    tokio::join!(
+        isolation_holds(&node, SandboxRuntime::Runc, t0),
+        isolation_holds(&node, SandboxRuntime::Gvisor, t0),
+    );
+    if let Some(e) = enforcer.exited_error() {
+        panic!("{e}");
+    }
+    eprintln!("all checks passed after {:.1?}", t0.elapsed());
+    enforcer.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    drop(pc);
+    let _ = std::fs::remove_dir_all(run_dir.join("test-image"));
+}
 
+/// The real node the two runtimes' checks share.
+struct Node<'a> {
+    pc: &'a PrivateCluster,
+    info: &'a ClusterInfo,
+    socket: &'a Path,
+    gateway: Ipv4Addr,
+}
+
+/// A sandbox's own peer: its network namespace under runc, its session's shell under gVisor
+/// (see the module documentation).
+fn sandbox_peer(
+    rt: SandboxRuntime,
+    n: &Node<'_>,
+    name: &str,
+    pod: &Pod,
+    mcp: &Mcp,
+    sid: &str,
+) -> Peer {
+    match rt {
+        SandboxRuntime::Runc => peer(n.socket, name, pod),
+        SandboxRuntime::Gvisor => in_session(name, pod, mcp, sid),
+    }
+}
+
+/// Every check of the module documentation, for sandboxes under `rt`.
+async fn isolation_holds(n: &Node<'_>, rt: SandboxRuntime, t0: Instant) {
+    let (pc, info, socket, gateway) = (n.pc, n.info, n.socket, n.gateway);
     // --- The namespace enforces `restricted` before any instance pod exists ------------------
-    let mut env = Env::install_on(pc.test.clone(), "rn-sandbox").await;
+    let mut env = Env::install_on(pc.test.clone(), &format!("rn-sandbox-{}", rt.name())).await;
     let ns = env.ns.name.clone();
     Api::<Namespace>::all(pc.test.client.clone())
         .patch(
@@ -224,7 +248,11 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     }
 
     // --- Pods that are not the instance's -----------------------------------------------------
-    let other_ns = pc.test.namespace("rn-other").await.expect("namespace");
+    let other_ns = pc
+        .test
+        .namespace(&format!("rn-other-{}", rt.name()))
+        .await
+        .expect("namespace");
     for (api, name) in [
         (env.api::<Pod>(), "stranger"),
         (other_ns.api::<Pod>(), "elsewhere"),
@@ -238,6 +266,7 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     env.investigation_kubeconfig("a").await;
     env.dummy_kubeconfig("b").await;
     let mut cr_a = env.cr("a", 1);
+    rt.apply_to(&mut cr_a);
     cr_a["spec"]["sandbox"]["resources"] = json!({
         "requests": {"cpu": "5m", "memory": "64Mi"},
         "limits": {"cpu": "1", "memory": SANDBOX_MEMORY},
@@ -245,6 +274,7 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     env.apply_cr(&cr_a).await;
     // b denies its sandboxes DNS: they reach their proxy by its ClusterIP.
     let mut cr_b = env.cr("b", 1);
+    rt.apply_to(&mut cr_b);
     cr_b["spec"]["networkPolicy"] = json!({"dns": "Denied"});
     env.apply_cr(&cr_b).await;
     env.wait_ready("a").await;
@@ -252,8 +282,13 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     let mcp = env.client("a").await;
     let first = mcp.bash("s1", "export MARK=kept; cd /tmp; id -u").await;
     assert_eq!(first["isError"], false, "{}", text(&first));
+    // b's session: its shell is where b's sandbox connects from under gVisor.
+    let mcp_b = env.client("b").await;
+    let first_b = mcp_b.bash("dnsless", "true").await;
+    assert_eq!(first_b["isError"], false, "{}", text(&first_b));
     eprintln!(
-        "instances ready, session s1 started after {:.1?}",
+        "{}: instances ready, sessions started after {:.1?}",
+        rt.name(),
         t0.elapsed()
     );
 
@@ -272,7 +307,13 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     .await;
     let server_a_pod = one_ready(pods.clone(), &sel("a", "server")).await;
     let server_b_pod = one_ready(pods.clone(), &sel("b", "server")).await;
-    let sandbox_b_pod = one_ready(pods.clone(), &sel("b", "sandbox")).await;
+    let sandbox_b_pod = one_ready(
+        pods.clone(),
+        &format!("{},{}=dnsless", sel("b", "sandbox"), label::SESSION_ID),
+    )
+    .await;
+    assert_sandbox_runs_under(rt, &mcp, "s1", socket, &s1_pod).await;
+    assert_sandbox_runs_under(rt, &mcp_b, "dnsless", socket, &sandbox_b_pod).await;
     let stranger_pod = ready_pod(pods.clone(), "stranger").await;
     let elsewhere_pod = ready_pod(other_ns.api::<Pod>(), "elsewhere").await;
     let dns_pod = one_ready(
@@ -280,13 +321,13 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         "k8s-app=kube-dns",
     )
     .await;
-    let sandbox_a = peer(&socket, "sandbox a", &s1_pod);
-    let server_a = peer(&socket, "server a", &server_a_pod);
-    let server_b = peer(&socket, "server b", &server_b_pod);
-    let sandbox_b = peer(&socket, "sandbox b", &sandbox_b_pod);
-    let stranger = peer(&socket, "stranger", &stranger_pod);
-    let elsewhere = peer(&socket, "pod of another namespace", &elsewhere_pod);
-    let coredns = peer(&socket, "coredns", &dns_pod);
+    let sandbox_a = sandbox_peer(rt, n, "sandbox a", &s1_pod, &mcp, "s1");
+    let server_a = peer(socket, "server a", &server_a_pod);
+    let server_b = peer(socket, "server b", &server_b_pod);
+    let sandbox_b = sandbox_peer(rt, n, "sandbox b", &sandbox_b_pod, &mcp_b, "dnsless");
+    let stranger = peer(socket, "stranger", &stranger_pod);
+    let elsewhere = peer(socket, "pod of another namespace", &elsewhere_pod);
+    let coredns = peer(socket, "coredns", &dns_pod);
     for p in [&server_a_pod, &s1_pod] {
         let status = p
             .status
@@ -317,10 +358,14 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         .collect();
     assert_eq!(cidrs, ["169.254.20.10/32"], "{egress:?}");
     let proxy_pod = one_ready(pods.clone(), &sel("a", "proxy")).await;
-    let proxy_a = peer(&socket, "proxy a", &proxy_pod);
+    let proxy_a = peer(socket, "proxy a", &proxy_pod);
 
     // --- Ingress: only a's server reaches a's sandbox agent ---------------------------------
-    eprintln!("ingress to sandbox a ({}:{AGENT_PORT})", sandbox_a.ip);
+    eprintln!(
+        "{}: ingress to sandbox a ({}:{AGENT_PORT})",
+        rt.name(),
+        sandbox_a.ip
+    );
     // The positive controls: the agent listens (the node is always let in), and b's server
     // reaches b's own sandbox.
     let host = tcp_reach(SocketAddr::from((sandbox_a.ip, AGENT_PORT)), CONNECT);
@@ -332,7 +377,7 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     }
 
     // --- Egress: cluster DNS and the proxy, nothing else ----------------------------------------
-    eprintln!("egress of sandbox a");
+    eprintln!("{}: egress of sandbox a", rt.name());
     expect_resolves(
         &sandbox_a,
         DNS_SERVICE_IP,
@@ -437,7 +482,6 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
 
     // --- Without DNS (instance b): nothing resolves, the proxy is still reached ---------------
     expect(&sandbox_b, DNS_SERVICE_IP, 53, "kube-dns (TCP)", false).await;
-    let mcp_b = env.client("b").await;
     let dnsless = ok(
         &mcp_b,
         "dnsless",
@@ -468,7 +512,7 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     let out = ok(
         &mcp,
         "s1",
-        "echo \"$MARK $PWD\"; id -u; touch /probe 2>&1 || true; \
+        "echo \"$MARK $PWD\"; id -u; awk '$2 == \"/\" {split($4, o, \",\"); print \"root \" o[1]}' /proc/mounts; \
          echo '{\"a\": 1}' | jq .a; printf 'b: 2\\n' | yq .b; \
          if command -v oc >/dev/null; then oc version --client; \
          else echo no-oc; kubectl version --client; fi",
@@ -477,10 +521,10 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.first(), Some(&"kept /tmp"), "state kept: {out}");
     assert_ne!(lines.get(1), Some(&"0"), "non-root: {out}");
-    assert!(
-        out.contains("Read-only file system"),
-        "read-only root: {out}"
-    );
+    // The root's mount options, as the kernel (runc) or gVisor's Sentry has them: a write
+    // as the sandbox's non-root user would fail for its permissions before the read-only
+    // mount is even looked at under gVisor.
+    assert_eq!(lines.get(2), Some(&"root ro"), "read-only root: {out}");
     assert_eq!(lines.get(3..5), Some(&["1", "2"][..]), "jq, yq: {out}");
     assert!(
         out.contains("Client Version: v1."),
@@ -581,8 +625,31 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
     assert_ne!(spills.trim(), "0", "a spill file was written: {spills}");
 
     // --- The memory limit ---------------------------------------------------------------------
-    // A command allocating past the sandbox's limit: the kernel kills it (SIGKILL, 137), the
-    // caller gets an error result, and the session's shell goes on with its state.
+    if rt == SandboxRuntime::Gvisor {
+        memory_limit_stops_a_gvisor_sandbox(&mcp).await;
+    } else {
+        memory_limit_kills_the_command_under_runc(&mcp).await;
+    }
+    eprintln!(
+        "{}: all checks passed after {:.1?}",
+        rt.name(),
+        t0.elapsed()
+    );
+
+    // --- Teardown ---------------------------------------------------------------------------
+    delete_instance(env.api::<CliMcpInstance>(), "b", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(mcp);
+    drop(mcp_b);
+    env.finish(Some("a")).await;
+    other_ns.delete().await.expect("deleting namespace");
+}
+
+/// Under runc a command allocating past the sandbox's limit is killed alone by the kernel
+/// (SIGKILL, 137): the caller gets an error result, and the session's shell goes on with its
+/// state. The shell itself past the limit is killed, and the reset is reported.
+async fn memory_limit_kills_the_command_under_runc(mcp: &Mcp) {
     let r = mcp
         .bash("s1", "head -c 1G /dev/zero | tail -c 1G > /dev/null")
         .await;
@@ -623,20 +690,40 @@ async fn operator_policies_isolate_sandboxes_that_work_on_real_containers() {
         text(&next)
     );
     assert_eq!(stdout(&next), "[]\n", "{}", text(&next));
+}
 
-    if let Some(e) = enforcer.exited_error() {
-        panic!("{e}");
-    }
-    eprintln!("all checks passed after {:.1?}", t0.elapsed());
-
-    // --- Teardown ---------------------------------------------------------------------------
-    delete_instance(env.api::<CliMcpInstance>(), "b", TIMEOUT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    drop(mcp);
-    env.finish(Some("a")).await;
-    other_ns.delete().await.expect("deleting namespace");
-    enforcer.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    drop(pc);
-    let _ = std::fs::remove_dir_all(run_dir.join("test-image"));
+/// Under gVisor the host's OOM killer stops the whole sandbox (its kernel holds the memory):
+/// the call is answered at once with why (not after its timeout), and the next call goes on
+/// in the restarted sandbox with a fresh shell, the lost state reported.
+async fn memory_limit_stops_a_gvisor_sandbox(mcp: &Mcp) {
+    let t = Instant::now();
+    let r = mcp
+        .bash("s1", "head -c 1G /dev/zero | tail -c 1G > /dev/null")
+        .await;
+    eprintln!(
+        "gvisor: allocation past {SANDBOX_MEMORY} after {:.1?}: {}",
+        t.elapsed(),
+        text(&r)
+    );
+    assert_eq!(r["isError"], true, "{}", text(&r));
+    assert!(
+        text(&r).contains("the sandbox stopped while the command ran"),
+        "{}",
+        text(&r)
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(40),
+        "answered after {:?}, not at once",
+        t.elapsed()
+    );
+    let next = mcp.bash("s1", "echo \"[$MARK]\"").await;
+    eprintln!("gvisor: next call: {}", text(&next));
+    assert_eq!(next["isError"], false, "{}", text(&next));
+    assert_eq!(stdout(&next), "[]\n", "{}", text(&next));
+    let sc = &next["structuredContent"];
+    assert!(
+        sc["shell_restarted"] == true || sc["state_reset"] == true,
+        "the lost state is reported: {}",
+        text(&next)
+    );
 }

@@ -38,6 +38,16 @@ pub enum AgentError {
     /// The agent did not answer within the command timeout plus a grace period.
     #[error("the sandbox agent at {endpoint} did not answer within {after:?}")]
     Timeout { endpoint: String, after: Duration },
+    /// The sandbox's container stopped while the command ran (seen in the pod's status):
+    /// the agent and the shell are gone with whatever the command left undone.
+    #[error(
+        "the sandbox stopped while the command ran: its container ended with {reason}. \
+         OOMKilled means the sandbox went past its memory limit \
+         (spec.sandbox.resources.limits.memory); under a sandboxed runtime such as gVisor \
+         that stops the whole sandbox, not only the command. The session's shell and its \
+         state are gone; the next call goes on in the restarted sandbox with a fresh shell"
+    )]
+    Stopped { reason: String },
     /// The agent answered with an error status.
     #[error("the sandbox agent answered {status}: {message}")]
     Status {

@@ -95,8 +95,19 @@ pub(super) fn open(
 }
 
 /// A FIFO the agent only reads, with no writer of its own: its end of file is bash's close.
+/// Always a new FIFO, also in a reused directory: its end of file must mean that a writer
+/// opened it for this command and closed it. Linux signals that only for writers that came
+/// after this reader's open, but gVisor's kernel does for any FIFO that ever had a writer,
+/// so a reused `done` read as closed at once there, before bash had reported, and every
+/// such command looked unreported (its shell was replaced).
 fn done_fifo(dir: BorrowedFd<'_>, name: &str, fresh: bool) -> io::Result<pipe::Receiver> {
-    let reader = open_reader(dir, name, fresh)?;
+    if !fresh {
+        match crate::state_files::remove_file_at(dir, name) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    let reader = open_reader(dir, name, true)?;
     pipe::Receiver::from_file_unchecked(reader)
 }
 

@@ -28,6 +28,34 @@ pub fn container_netns(socket: &Path, container_id: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(format!("/proc/{pid}/ns/net")))
 }
 
+/// The containerd runtime (shim) a container of the real node runs under, e.g.
+/// `io.containerd.runc.v2` or `io.containerd.runsc.v1`; `container_id` as for
+/// [`container_netns`].
+pub fn container_runtime(socket: &Path, container_id: &str) -> Result<String> {
+    let id = container_id
+        .strip_prefix("containerd://")
+        .unwrap_or(container_id);
+    let sock = socket.display().to_string();
+    let info = run_text(
+        "ctr",
+        &[
+            "--address",
+            &sock,
+            "--namespace",
+            "k8s.io",
+            "containers",
+            "info",
+            id,
+        ],
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&info)
+        .map_err(|e| Error::Other(format!("ctr containers info {id}: {e}: {info}")))?;
+    v["Runtime"]["Name"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::Other(format!("ctr containers info {id}: no Runtime.Name")))
+}
+
 /// The host pid of a container's task on the real node (its init process), from the node's
 /// containerd at `socket`; `container_id` as for [`container_netns`].
 pub fn container_task_pid(socket: &Path, container_id: &str) -> Result<u32> {

@@ -195,6 +195,30 @@ struct AddonBins {
     gvisor_bin: Option<PathBuf>,
 }
 
+/// gVisor's binaries when this host can run them; else `None`, saying why on stderr and in
+/// the log: the node then runs runc alone (no RuntimeClass `gvisor`), which `make run` tells
+/// its user, and a pod naming `gvisor` is refused by the API server with that name.
+async fn locate_gvisor() -> Option<PathBuf> {
+    let found = match gvisor::locate_async().await {
+        Ok(dir) => gvisor::checked_bin_dir(&dir),
+        Err(e) => Err(e),
+    };
+    let checked = match found {
+        Ok(dir) => tokio::task::spawn_blocking(move || gvisor::preflight(&dir).map(|()| dir))
+            .await
+            .unwrap_or_else(|e| Err(Error::Other(format!("gVisor preflight: {e}")))),
+        Err(e) => Err(e),
+    };
+    match checked {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            tracing::warn!(error = %e, "{}", gvisor::UNAVAILABLE);
+            eprintln!("cli-mcp-cluster: {}: {e}", gvisor::UNAVAILABLE);
+            None
+        }
+    }
+}
+
 impl AddonBins {
     async fn locate(node: NodeKind) -> Result<AddonBins> {
         let addons = crate::addons::locate_addons_async(None).await?;
@@ -203,7 +227,7 @@ impl AddonBins {
         let mut gvisor_bin = None;
         if node == NodeKind::Real {
             crate::addons::enforcer_preflight()?;
-            gvisor_bin = Some(gvisor::checked_bin_dir(&gvisor::locate_async().await?)?);
+            gvisor_bin = locate_gvisor().await;
         }
         Ok(AddonBins {
             gvisor_bin,

@@ -27,6 +27,7 @@ use crate::instance::{
     self, delete_instance, is_ready_for_generation, small_resources, wait_instance,
     DUMMY_KUBECONFIG, SANDBOX_IMAGE, SERVER_IMAGE,
 };
+use crate::runtime::SandboxRuntime;
 use crate::testing::{
     cluster, wait_deployment_ready, wait_for, wait_for_set, workspace_root, TestCluster,
     TestNamespace, TIMEOUT,
@@ -128,6 +129,8 @@ pub struct Env {
     pub c: TestCluster,
     pub ns: TestNamespace,
     outside: Vec<(Api<DynamicObject>, String)>,
+    /// The runtime of the sandboxes of the instances [`Env::cr`] makes.
+    pub sandbox_runtime: SandboxRuntime,
 }
 
 /// Server-side applies every document of `yaml` (namespaced ones into `ns` unless they name
@@ -214,12 +217,23 @@ impl Env {
         let yaml = kustomize_build(&format!("journeys-{n}"), &operator_overlay(&n, true));
         let mut outside = apply_yaml(&c, &n, &yaml, |_| {}).await;
         outside.extend(apiserver_endpoints_rbac(&c, &n).await);
-        let env = Env { c, ns, outside };
+        let env = Env {
+            c,
+            ns,
+            outside,
+            sandbox_runtime: SandboxRuntime::Runc,
+        };
         let op = format!("{n}-cli-mcp-operator");
         if let Err(e) = wait_deployment_ready(env.ns.api::<Deployment>(), &op, TIMEOUT).await {
             panic!("operator not ready: {e}\n{}", env.logs("operator"));
         }
         env
+    }
+
+    /// The same environment, whose instances run their sandboxes under `rt`.
+    pub fn under(mut self, rt: SandboxRuntime) -> Env {
+        self.sandbox_runtime = rt;
+        self
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -318,6 +332,7 @@ impl Env {
         v["spec"]["sandbox"]["warmPoolSize"] = json!(warm);
         v["spec"]["sandbox"]["resources"] = small_resources();
         v["spec"]["server"]["resources"] = small_resources();
+        self.sandbox_runtime.apply_to(&mut v);
         v
     }
 

@@ -11,6 +11,8 @@
 //!   [`crate::jsonrpc`]'s).
 //! - [`journeys`]: the admin, session, warm-pool and teardown journeys, run on the process
 //!   kubelet (`e2e/tests/journeys.rs`) and on the real node (`e2e/tests/journeys_real_node.rs`).
+//! - [`runtime_session`]: a session's life under a sandbox runtime (runc or gVisor), on the
+//!   real node (`e2e/tests/journeys_real_node.rs`).
 //! - `pods.rs`: selectors, a pod's session and host process, the server pods' metrics,
 //!   faults on host processes.
 //!
@@ -22,6 +24,7 @@ mod env;
 pub mod journeys;
 mod mcp;
 mod pods;
+pub mod runtime_session;
 
 pub use crate::instance::{SANDBOX_IMAGE, SERVER_IMAGE};
 pub use crate::jsonrpc::{response, stdout, text};

@@ -24,6 +24,9 @@ pub const SHIM: &str = "containerd-shim-runsc-v1";
 /// Environment variable naming a directory with a prebuilt `runsc` and shim instead of the
 /// build script's cache.
 pub const GVISOR_BIN_ENV: &str = "CLI_MCP_GVISOR_BIN";
+/// What the cluster says (stderr, log) when the host cannot run gVisor; `make run` looks for
+/// it to explain its fallback to runc.
+pub const UNAVAILABLE: &str = "gVisor unavailable, the real node runs runc only";
 
 /// What a gVisor pod costs beyond its containers, added by the scheduler and the kubelet
 /// (`RuntimeClass.overhead.podFixed`). Measured on this project's machines
@@ -61,6 +64,32 @@ pub fn checked_bin_dir(bin_dir: &Path) -> Result<PathBuf> {
         }
     }
     Ok(bin_dir.to_path_buf())
+}
+
+/// Runs `uname -r` in a throwaway gVisor sandbox on the `systrap` platform, without network:
+/// an error that says why when this host cannot run gVisor (no runsc, ptrace or seccomp
+/// restricted, ...), so that the node can go on with runc alone and say so.
+pub fn preflight(bin_dir: &Path) -> Result<()> {
+    let root = tempfile::tempdir().map_err(|e| Error::io("creating", Path::new("/tmp"), e))?;
+    let runsc = bin_dir.join("runsc");
+    let out = std::process::Command::new("timeout")
+        .arg("30")
+        .arg(&runsc)
+        .arg(format!("--root={}", root.path().display()))
+        .args(["--platform=systrap", "--network=none", "do", "uname", "-r"])
+        .output()
+        .map_err(|e| Error::io("running", &runsc, e))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && stdout.contains("gvisor") {
+        Ok(())
+    } else {
+        Err(Error::Prerequisite(format!(
+            "`runsc do uname -r` on the systrap platform failed ({}): {}{}",
+            out.status,
+            stdout.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
 }
 
 /// containerd's runtime `runsc` (part of its CRI config): gVisor's shim, reading its options

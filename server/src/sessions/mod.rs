@@ -227,6 +227,13 @@ pub trait Backend: Send + Sync + 'static {
     /// [`AgentError::is_rediscoverable`] accepts); the next `acquire` looks again and reports
     /// a replacement when it finds another one.
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, why: &AgentError);
+    /// Resolves with why `sandbox`'s container stopped, once the backend sees it stop after
+    /// this call (never, for a backend that cannot tell): a call in flight to it is then
+    /// answered at once instead of when its timeout runs out.
+    fn stopped(&self, sandbox: &Sandbox) -> futures::future::BoxFuture<'static, String> {
+        let _ = sandbox;
+        Box::pin(std::future::pending())
+    }
     /// A command starts or ends in `sandbox` (never blocks; stamping happens elsewhere).
     fn activity(&self, sid: &SessionId, sandbox: &Sandbox, event: Activity);
     /// Whether `sandbox` was ended on purpose (`DELETE /sessions/{id}`), as far as this
@@ -310,6 +317,11 @@ impl SessionManager {
         };
         let mut replaced = sandbox.replaced;
         let mut result = self.run(sid, &sandbox, &req, timeout, cancel).await?;
+        if let Err(e @ AgentError::Stopped { .. }) = &result {
+            // Not tried again: the command may have run, and its sandbox is restarting. The
+            // next call looks the session up afresh.
+            self.backend.invalidate(sid, &sandbox, e);
+        }
         if let Err(e) = &result {
             if e.is_rediscoverable() {
                 tracing::warn!(session = %sid, sandbox = %sandbox.name, error = %e,
@@ -448,11 +460,13 @@ impl SessionManager {
         let request = self
             .agent
             .exec(&sandbox.endpoint, &sandbox.token, req, timeout);
+        let stopped = self.backend.stopped(sandbox);
         tokio::select! {
             // An answer that is there already wins over a cancel that came with it.
             biased;
             answer = request => Ok(answer),
             _ = cancel.cancelled() => Err(SessionError::Cancelled),
+            reason = stopped => Ok(Err(AgentError::Stopped { reason })),
         }
     }
 }

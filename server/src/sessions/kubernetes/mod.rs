@@ -35,6 +35,7 @@ mod pods;
 mod routes;
 mod start;
 mod steps;
+mod stops;
 #[cfg(test)]
 mod testing;
 mod watch;
@@ -67,6 +68,7 @@ use lookup::{Found, Lookup};
 use pods::SandboxPods;
 use routes::{Route, RouteCache};
 use start::{Shared, Starter};
+use stops::ContainerStops;
 use watch::PodWatch;
 
 pub struct KubeBackend {
@@ -82,6 +84,7 @@ pub struct KubeBackend {
     endings: Endings,
     stamper: Arc<ActivityStamper>,
     metrics: Arc<Metrics>,
+    stops: ContainerStops,
     /// What readiness knows of the API (see [`ApiHealth`]).
     api_health: std::sync::Mutex<ApiHealth>,
 }
@@ -134,6 +137,7 @@ impl KubeBackend {
             endings: Endings::new(pods.clone(), instance.clone()),
             cache: RouteCache::new((limits.max_sessions * 4).max(1024)),
             locks: SessionLocks::default(),
+            stops: ContainerStops::default(),
             api_health: std::sync::Mutex::new(ApiHealth::default()),
             pods,
             instance,
@@ -179,6 +183,7 @@ impl KubeBackend {
             slots: self.admission.slots(),
             stamper: &self.stamper,
             cache: &self.cache,
+            stops: &self.stops,
         };
         let selector = self.instance.assigned_selector();
         watch.run(self.pods.api().clone(), selector, &stop).await;
@@ -317,6 +322,10 @@ impl Backend for KubeBackend {
 
     fn invalidate(&self, sid: &SessionId, sandbox: &Sandbox, _why: &AgentError) {
         self.cache.invalidate(sid, &sandbox.uid);
+    }
+
+    fn stopped(&self, sandbox: &Sandbox) -> futures::future::BoxFuture<'static, String> {
+        self.stops.stopped(&sandbox.uid)
     }
 
     fn ended(&self, _sid: &SessionId, sandbox: &Sandbox) -> bool {

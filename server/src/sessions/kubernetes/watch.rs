@@ -16,6 +16,7 @@ use super::admission::{PodView, SessionView, SlotLeases};
 use super::feed::{feed, WatchFed};
 use super::pods::{pod_key, session};
 use super::routes::RouteCache;
+use super::stops::ContainerStops;
 
 /// The assigned pods, from the watch: admission's view of them, and the routes of the
 /// sessions whose pods are going.
@@ -25,6 +26,8 @@ pub struct PodWatch<'a> {
     pub slots: &'a SlotLeases,
     pub stamper: &'a ActivityStamper,
     pub cache: &'a RouteCache,
+    /// Which sandbox containers stopped, for the calls in flight to them.
+    pub stops: &'a ContainerStops,
 }
 
 impl PodWatch<'_> {
@@ -73,6 +76,7 @@ impl WatchFed<Pod> for PodWatch<'_> {
     }
 
     fn relisted(&self, p: Pod) {
+        self.stops.applied(&p);
         self.view.relisted(pod_view(&p));
         self.note_if_going(&p);
     }
@@ -82,11 +86,13 @@ impl WatchFed<Pod> for PodWatch<'_> {
     }
 
     fn applied(&self, p: Pod) {
+        self.stops.applied(&p);
         self.view.applied(pod_view(&p));
         self.note_if_going(&p);
     }
 
     fn deleted(&self, p: Pod) {
+        self.stops.deleted(&p);
         self.view.deleted(pod_view(&p));
         self.pod_going(&p);
     }
