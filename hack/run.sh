@@ -162,7 +162,7 @@ say "the sample CliMcpInstances: $name (its credential proxy $svc-proxy holds th
 # apply_sample FILE: the sample instance of FILE, its sandboxes under the chosen runtime.
 apply_sample() {
     if [[ $runtime == gvisor ]]; then
-        kubectl create --dry-run=client -o json -f "$1" |
+        kubectl -n "$ns" create --dry-run=client -o json -f "$1" |
             jq '.spec.sandbox.runtimeClassName = "gvisor"' | kubectl -n "$ns" apply -f -
     else
         kubectl -n "$ns" apply -f "$1"

@@ -68,7 +68,16 @@ pub async fn a_session_lives_under_its_runtime(env: Env) {
         .containerd_socket
         .clone()
         .expect("a real node's containerd socket");
-    env.ready_instance(NAME, 1).await;
+    let ready = env.ready_instance(NAME, 1).await;
+    // The instance says what its sandboxes run with, class and handler.
+    let status = ready.status.and_then(|s| s.sandbox).unwrap_or_default();
+    assert_eq!(
+        status.runtime_class_name.as_deref(),
+        rt.class(),
+        "{status:?}"
+    );
+    let handler = rt.class().map(|_| crate::node::gvisor::HANDLER);
+    assert_eq!(status.runtime_handler.as_deref(), handler, "{status:?}");
     let mcp = env.client(NAME).await;
     let first = mcp.bash("life", "export MARK=kept; cd /tmp").await;
     assert_eq!(first["isError"], false, "{}", text(&first));
@@ -152,7 +161,10 @@ async fn cancel_stops_the_command(mcp: &Mcp) {
         .await;
     let out = stdout(&after);
     assert!(out.contains("started\n"), "the command had started: {out}");
-    assert!(out.contains("finished: No such file"), "{out}");
+    assert!(
+        out.contains("cannot access 'finished'"),
+        "never finished: {out}"
+    );
     assert!(out.ends_with("kept\nno-sleep\n"), "{out}");
     assert!(
         t.elapsed() < Duration::from_secs(SLEEP / 2),

@@ -29,13 +29,13 @@ pub const GVISOR_BIN_ENV: &str = "CLI_MCP_GVISOR_BIN";
 pub const UNAVAILABLE: &str = "gVisor unavailable, the real node runs runc only";
 
 /// What a gVisor pod costs beyond its containers, added by the scheduler and the kubelet
-/// (`RuntimeClass.overhead.podFixed`). Measured on this project's machines
-/// (docs/operations.md, "Choosing a runtime"): the Sentry and the gofer of an idle sandbox
-/// pod hold ~40 MiB together; 64Mi leaves room for their page tables and buffers. CPU: the
-/// Sentry's own work (syscall handling) is accounted in the pod's cgroup anyway, so a small
-/// fixed request only keeps the scheduler honest.
+/// (`RuntimeClass.overhead.podFixed`): the Sentry and the gofer of an idle sandbox pod (see
+/// docs/benchmarks.md, "runc and gVisor side by side"). CPU: an idle Sentry uses next to
+/// none, and what it uses for a busy sandbox is accounted in the pod's cgroup anyway; a
+/// small fixed request keeps the scheduler honest without costing the 2-CPU quick-start node
+/// its sessions (at 50m, `make run`'s attack suite ran out of CPU requests).
 pub const OVERHEAD_MEMORY: &str = "64Mi";
-pub const OVERHEAD_CPU: &str = "50m";
+pub const OVERHEAD_CPU: &str = "10m";
 
 /// The directory with `runsc` and the shim: `$CLI_MCP_GVISOR_BIN` if set, else the last line
 /// `hack/build-gvisor.sh` prints (at once when its cache has it; about two minutes cold).

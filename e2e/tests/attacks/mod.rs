@@ -46,6 +46,8 @@ pub struct Target {
     pub image: String,
     /// The node's containerd socket (a pod's network namespace is found through it).
     pub socket: PathBuf,
+    /// The sandboxes run under gVisor (`make run`'s default where the host can run it).
+    pub gvisor: bool,
 }
 
 /// One row of the table: the attack and what stopped it.
@@ -81,6 +83,8 @@ impl Target {
             .get(instance)
             .await
             .expect("the sample instance");
+        let gvisor = cr.spec.sandbox.placement.runtime_class_name.as_deref()
+            == Some(cli_mcp_e2e::node::gvisor::RUNTIME_CLASS);
         let image = cr
             .status
             .and_then(|s| s.resolved_sandbox_image)
@@ -99,6 +103,7 @@ impl Target {
             instance: instance.into(),
             image,
             socket,
+            gvisor,
         }
     }
 
