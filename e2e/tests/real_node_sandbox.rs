@@ -450,6 +450,19 @@ async fn isolation_holds(n: &Node<'_>, rt: SandboxRuntime, t0: Instant) {
         listed.contains(&format!("namespace/{ns}").as_str()),
         "kubectl get ns: {names}"
     );
+    // exec into the sandbox's own pod through the proxy: the proxy refuses it itself.
+    let r = mcp
+        .bash(
+            "s1",
+            "kubectl -n \"$POD_NAMESPACE\" exec \"$POD_NAME\" -- true",
+        )
+        .await;
+    assert_eq!(r["isError"], true, "{}", text(&r));
+    assert!(
+        text(&r).contains("the proxy never allows pods/exec"),
+        "kubectl exec is refused by the proxy itself: {}",
+        text(&r)
+    );
 
     // --- Deleting the sandbox policy: the operator restores it ----------------------------------
     let policies = env.api::<NetworkPolicy>();

@@ -191,6 +191,25 @@ mod tests {
     }
 
     #[test]
+    fn a_runsc_that_cannot_run_here_fails_the_preflight_with_its_own_words() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let runsc = dir.path().join("runsc");
+        std::fs::write(
+            &runsc,
+            "#!/bin/sh\necho 'systrap: ptrace is not permitted' >&2\nexit 1\n",
+        )
+        .expect("fake runsc");
+        std::fs::set_permissions(&runsc, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let e = preflight(dir.path()).expect_err("a runsc that fails");
+        assert!(e.to_string().contains("ptrace is not permitted"), "{e}");
+        // One that runs but is not gVisor (no gVisor kernel in its answer) fails too.
+        std::fs::write(&runsc, "#!/bin/sh\nuname -r\n").expect("fake runsc");
+        let e = preflight(dir.path()).expect_err("not gVisor");
+        assert!(e.to_string().contains("failed"), "{e}");
+    }
+
+    #[test]
     fn a_missing_runsc_is_a_prerequisite_error_that_says_how_to_build_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let e = checked_bin_dir(dir.path()).expect_err("no runsc there");
