@@ -7,7 +7,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools images crdgen bundle bench clean
+.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools gvisor images crdgen bundle bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -23,7 +23,7 @@ prereqs: ## install and set what the host lacks (apt packages, IPv4 forwarding, 
 	@hack/prereqs.sh $(PREREQS_FLAGS)
 
 test: PREREQS_FLAGS := --test
-test: prereqs lint control-plane tools build ## everything: lint, unit, integration and end-to-end tests on one local cluster
+test: prereqs lint control-plane tools gvisor build ## everything: lint, unit, integration and end-to-end tests on one local cluster
 	$(CARGO) test --workspace --no-run
 	CARGO="$(CARGO)" $(CLUSTER) exec -- hack/test-lanes.sh
 
@@ -49,12 +49,12 @@ control-plane: ## kube-apiserver, controller-manager, scheduler, etcd, kubectl f
 	  ln -sfn "$$bin/kubectl" $$link; echo "kubectl -> $$bin/kubectl (sandbox pods of the local cluster use it)"; \
 	else echo "keeping the existing $$link"; fi
 
-bench: prereqs control-plane tools build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
+bench: prereqs control-plane tools gvisor build ## speed and memory figures, printed as tables (see docs/benchmarks.md)
 	$(CARGO) build --release -p cli-mcp-agent -p cli-mcp-server -p cli-mcp-operator -p cli-mcp-proxy -p cli-mcp-bench -p cli-mcp-kubelet
 	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
 	$(TARGET_DIR)/release/cli-mcp-bench images
 	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet
-	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --node real --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet --starts 20 --calls 300 --sessions 50 --commands 50 --admission-limit 50
+	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --node real --runtimes runc,gvisor --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet --starts 20 --calls 300 --sessions 50 --commands 50 --admission-limit 50
 	env -u CLI_MCP_KUBECONFIG CLI_MCP_CLUSTER_BIN=$(TARGET_DIR)/debug/cli-mcp-cluster $(TARGET_DIR)/release/cli-mcp-bench proxy --proxy $(TARGET_DIR)/release/cli-mcp-proxy
 	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench scale --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/release/cli-mcp-kubelet
 	$(CARGO) bench -p cli-mcp-server --bench server
@@ -63,6 +63,11 @@ bench: prereqs control-plane tools build ## speed and memory figures, printed as
 tools: ## helm, kustomize and operator-sdk from the Go module proxy (cached), for the packaging tests
 	@hack/build-helm-kustomize.sh >/dev/null
 	@hack/build-operator-sdk.sh >/dev/null
+
+# Built once here, before the test lanes start several real nodes at once, each of which
+# would otherwise build it (the real node registers it; `make run` builds it as it starts).
+gvisor: ## gVisor's runsc and containerd shim from the Go module proxy (cached), the real node's sandboxed runtime
+	@hack/build-gvisor.sh >/dev/null
 
 images: ## OCI image archives of operator, server, proxy and sandbox, no container engine (cached; images/README.md)
 	$(CARGO) build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-proxy -p cli-mcp-agent

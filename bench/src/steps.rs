@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 /// One start as its log line tells it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Start {
+    /// The session it started (`session=`), to join it with what the bench saw of it.
+    pub session: Option<String>,
     pub launch: String,
     pub took_ms: f64,
     /// `(step, start ms, took ms)` in the order the steps ended.
@@ -16,8 +18,11 @@ pub struct Start {
 }
 
 /// The start a log line reports, if it is a "session sandbox started" line with steps: a
-/// plain line (the server's default) or a JSON one (`--log-json`, as the operator runs it).
+/// plain line (the server's default) or a JSON one (`--log-json`, as the operator runs it),
+/// as the process kubelet keeps it or behind the CRI's `<time> <stream> <tag> ` prefix (the
+/// real node's container logs).
 pub fn parse_line(line: &str) -> Option<Start> {
+    let line = cri_payload(line);
     if line.trim_start().starts_with('{') {
         let v: serde_json::Value = serde_json::from_str(line).ok()?;
         if v["message"] != "session sandbox started" {
@@ -27,7 +32,13 @@ pub fn parse_line(line: &str) -> Option<Start> {
             serde_json::Value::String(s) => s.parse().ok()?,
             n => n.as_f64()?,
         };
-        return start(v["launch"].as_str()?, took_ms, v["steps"].as_str()?);
+        let session = v["session"].as_str().map(str::to_owned);
+        return start(
+            session,
+            v["launch"].as_str()?,
+            took_ms,
+            v["steps"].as_str()?,
+        );
     }
     let rest = &line[line.find("session sandbox started")?..];
     let field = |name: &str| -> Option<&str> {
@@ -39,13 +50,23 @@ pub fn parse_line(line: &str) -> Option<Start> {
         })
     };
     start(
+        field("session").map(str::to_owned),
         field("launch")?,
         field("took_ms")?.parse().ok()?,
         field("steps")?,
     )
 }
 
-fn start(launch: &str, took_ms: f64, steps: &str) -> Option<Start> {
+/// A CRI log line's payload (`2026-12-07T03:25:57.45Z stderr F <payload>`), or the line.
+fn cri_payload(line: &str) -> &str {
+    let mut w = line.splitn(4, ' ');
+    match (w.next(), w.next(), w.next(), w.next()) {
+        (Some(_), Some("stdout" | "stderr"), Some("F" | "P"), Some(payload)) => payload,
+        _ => line,
+    }
+}
+
+fn start(session: Option<String>, launch: &str, took_ms: f64, steps: &str) -> Option<Start> {
     let steps = steps
         .split(',')
         .filter(|s| !s.is_empty())
@@ -56,6 +77,7 @@ fn start(launch: &str, took_ms: f64, steps: &str) -> Option<Start> {
         })
         .collect::<Option<Vec<_>>>()?;
     Some(Start {
+        session,
         launch: launch.to_owned(),
         took_ms,
         steps,
@@ -126,6 +148,7 @@ mod tests {
         assert_eq!(
             parse_line(LINE),
             Some(Start {
+                session: Some("warm-0".into()),
                 launch: "warm".into(),
                 took_ms: 12.0,
                 steps: vec![
@@ -140,6 +163,11 @@ mod tests {
             parse_line(json),
             parse_line(LINE),
             "the server's --log-json line"
+        );
+        assert_eq!(
+            parse_line(&format!("2026-12-02T16:38:52.235900000Z stderr F {json}")),
+            parse_line(LINE),
+            "the same in the real node's CRI log format"
         );
         assert_eq!(
             parse_line(r#"{"message":"assigned","launch":"warm"}"#),

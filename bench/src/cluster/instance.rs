@@ -8,15 +8,21 @@ use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_api::names::InstanceName;
 use cli_mcp_api::pod_state;
 use cli_mcp_e2e::journey::{container_pid, sandbox_selector, server_selector, session_of, Env};
+use cli_mcp_e2e::runtime::SandboxRuntime;
 use cli_mcp_e2e::testing::{pod_ip, wait_for, wait_for_set};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
 use super::{ClusterArgs, CONVERGE, INSTANCE};
 
-/// Instance `bench` with a warm pool of `--starts`, room for every phase's sessions, and the
-/// sandboxes' CPU limit if one was given; returns its CR once its pool is full.
-pub(super) async fn install(env: &Env, args: &ClusterArgs) -> anyhow::Result<Value> {
+/// Instance `bench` with a warm pool of `--starts`, room for every phase's sessions, its
+/// sandboxes under runtime `rt`, and their CPU limit if one was given; returns its CR once
+/// its pool is full.
+pub(super) async fn install(
+    env: &Env,
+    args: &ClusterArgs,
+    rt: SandboxRuntime,
+) -> anyhow::Result<Value> {
     env.dummy_kubeconfig(INSTANCE).await;
     let warm = i32::try_from(args.starts).context("--starts")?;
     let mut cr = env.cr(INSTANCE, i64::from(warm));
@@ -31,6 +37,7 @@ pub(super) async fn install(env: &Env, args: &ClusterArgs) -> anyhow::Result<Val
             "limits": {"cpu": cpu, "memory": "512Mi"},
         });
     }
+    rt.apply_to(&mut cr);
     env.apply_cr(&cr).await;
     env.wait_ready(INSTANCE).await;
     converge_pool(env, INSTANCE, warm).await?;

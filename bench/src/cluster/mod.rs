@@ -8,24 +8,50 @@
 //!   server pod's IP (the forward's share is the difference);
 //! - N concurrent sessions each running M commands: throughput, errors, latency;
 //! - admission: 200 new sessions at once against `maxSessions: 100`, how long a refused
-//!   one waits for its answer.
+//!   one waits for its answer;
+//! - one command printing 10 MB: how long its result takes, and what it says (truncated,
+//!   where the whole output went);
+//! - on the real node, what an idle sandbox pod holds in memory, and where a cold start's
+//!   time goes (containerd's events against the server's steps).
+//!
+//! On the real node every phase but the admission burst runs once per sandbox runtime
+//! (`--runtimes`, runc and gVisor by default), each on an instance of its own in its own
+//! namespace of the same cluster, one runtime after the other so that they do not share the
+//! 2 CPUs; the figures are then printed side by side.
 //!
 //! Measures, never asserts: failures are counted and printed.
 
 use std::time::{Duration, Instant};
 
-use cli_mcp_e2e::journey::Env;
+use anyhow::bail;
+use cli_mcp_e2e::journey::{sandbox_selector, Env, Mcp};
+use cli_mcp_e2e::node::NodeKind;
+use cli_mcp_e2e::runtime::SandboxRuntime;
+use cli_mcp_e2e::testing::wait_for_set;
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::figures::rss_kib;
 use admission::burst;
+use big::BigOutput;
+use calls::Calls;
+use inside::Inside;
 use instance::{no_sessions, set_pool};
-use load::load;
+use load::{load, Load};
+use memory::IdleMemory;
+use phases::Phases;
 use report::Report;
+use starts::Starts;
 
 mod admission;
+mod big;
 mod calls;
+mod compare;
+mod ctr_events;
+mod inside;
 mod instance;
 mod load;
+mod memory;
+mod phases;
 mod report;
 mod source;
 mod starts;
@@ -62,6 +88,60 @@ pub struct ClusterArgs {
     /// requests stay the defaults.
     #[arg(long)]
     pub sandbox_cpu_limit: Option<String>,
+    /// Sandbox runtimes to measure side by side, each on an instance of its own in the same
+    /// cluster: `runc` (the node's default) and `gvisor` (`runtimeClassName: gvisor`), comma
+    /// separated. Default: both on the real node; on the process kubelet, whose pods are host
+    /// processes, only its own (`runc` stands for it).
+    #[arg(long, value_delimiter = ',', value_parser = parse_runtime)]
+    pub runtimes: Vec<SandboxRuntime>,
+}
+
+fn parse_runtime(s: &str) -> Result<SandboxRuntime, String> {
+    SandboxRuntime::ALL
+        .into_iter()
+        .find(|rt| rt.name() == s)
+        .ok_or_else(|| format!("{s:?}: expected runc or gvisor"))
+}
+
+/// The runtimes to measure on a node of `kind`: those asked for, else every one the node has.
+fn chosen_runtimes(
+    asked: &[SandboxRuntime],
+    kind: NodeKind,
+) -> anyhow::Result<Vec<SandboxRuntime>> {
+    match (asked, kind) {
+        ([], NodeKind::Real) => Ok(SandboxRuntime::ALL.to_vec()),
+        ([], NodeKind::Process) => Ok(vec![SandboxRuntime::Runc]),
+        (rts, NodeKind::Process) if rts.contains(&SandboxRuntime::Gvisor) => {
+            bail!(
+                "--runtimes gvisor needs the real node (--node real): the process kubelet runs \
+                 pods as host processes"
+            )
+        }
+        (rts, _) => Ok(rts.to_vec()),
+    }
+}
+
+/// Everything measured on the sandboxes of one runtime, in the order it was measured.
+struct Run {
+    runtime: SandboxRuntime,
+    /// What a sandbox's `uname -r` says (gVisor's own kernel, or the host's).
+    kernel: String,
+    warm_starts: Starts,
+    /// The server's own breakdown of the warm starts (crate::steps), if its log had them.
+    warm_steps: Option<String>,
+    cold_starts: Starts,
+    cold_steps: Option<String>,
+    /// Where the cold starts' time went (real node only).
+    cold_phases: Option<Phases>,
+    calls: Calls,
+    /// What the sandbox's own operations cost (real node only).
+    inside: Option<Inside>,
+    big: BigOutput,
+    load: Load,
+    /// The server's RSS right after the load phase.
+    rss_loaded: u64,
+    /// What the warm starts' idle sandbox pods held (real node only).
+    memory: Option<IdleMemory>,
 }
 
 pub fn cluster_bench(args: ClusterArgs) -> anyhow::Result<()> {
@@ -75,57 +155,147 @@ pub fn cluster_bench(args: ClusterArgs) -> anyhow::Result<()> {
 async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let t_all = Instant::now();
     let (c, what, private) = the_cluster(&args.source, "bench-cluster", 24).await?;
+    let runtimes = chosen_runtimes(&args.runtimes, c.info.node)?;
     eprintln!("bench: measuring on {what}");
-    let env = Env::install_on(c, "bench").await;
-    let mut cr = instance::install(&env, &args).await?;
+    let mut runs = Vec::new();
+    let mut admission = None;
+    for (i, &rt) in runtimes.iter().enumerate() {
+        let last = i + 1 == runtimes.len();
+        let env = Env::install_on(c.clone(), &format!("bench-{}", rt.name())).await;
+        runs.push(measure(&env, &args, rt).await?);
+        // Admission does not depend on the sandboxes' runtime: measured once, on the first.
+        if i == 0 {
+            eprintln!(
+                "bench: {} new sessions at once against maxSessions {}",
+                2 * args.admission_limit,
+                args.admission_limit
+            );
+            admission = Some(burst(&env, args.admission_limit).await?);
+            if !last {
+                // The next runtime's figures are measured on a quiet node.
+                no_pods_of(&env, "admit").await?;
+            }
+        }
+        match (&private, last) {
+            // The whole cluster goes; waiting for the finalizer of 100+ pods adds nothing.
+            (Some(_), true) => {}
+            _ => env.finish(Some(INSTANCE)).await,
+        }
+    }
+    let Some(burst) = admission else {
+        bail!("no runtime measured")
+    };
+    Report {
+        what,
+        real: c.info.node == NodeKind::Real,
+        runs,
+        burst,
+    }
+    .print(&args);
+    eprintln!("bench: done in {:.0} s", t_all.elapsed().as_secs_f64());
+    if let Some(pc) = private {
+        tokio::task::spawn_blocking(move || drop(pc)).await?;
+    }
+    Ok(())
+}
+
+/// Every phase but the admission burst, on instance `bench` of `env` with its sandboxes
+/// under `rt`.
+async fn measure(env: &Env, args: &ClusterArgs, rt: SandboxRuntime) -> anyhow::Result<Run> {
+    let name = rt.name();
+    let socket = env.c.info.containerd_socket.clone();
+    let mut cr = instance::install(env, args, rt).await?;
     let svc = env.client(INSTANCE).await;
 
-    eprintln!("bench: {} warm starts", args.starts);
-    let (warm_starts, warm_steps) = starts::measured(&env, &svc, "warm", args.starts).await?;
-    eprintln!("bench: draining the pool, then {} cold starts", args.starts);
-    set_pool(&env, &mut cr, 0).await?;
-    let (cold_starts, cold_steps) = starts::measured(&env, &svc, "cold", args.starts).await?;
+    eprintln!("bench [{name}]: {} warm starts", args.starts);
+    let (warm_starts, warm_steps) = starts::measured(env, &svc, "warm", args.starts).await;
+    let memory = match &socket {
+        Some(s) => Some(memory::idle(env, s).await),
+        None => None,
+    };
+    let kernel = kernel(&svc).await;
+    starts::end(env, &svc, "warm", args.starts).await?;
 
     eprintln!(
-        "bench: {} calls through the Service and on the pod IP",
+        "bench [{name}]: draining the pool, then {} cold starts",
+        args.starts
+    );
+    set_pool(env, &mut cr, 0).await?;
+    let events = match &socket {
+        Some(s) => Some(ctr_events::Recorder::start(s).await?),
+        None => None,
+    };
+    let (cold_starts, cold_steps) = starts::measured(env, &svc, "cold", args.starts).await;
+    let cold_phases = match (events, &socket) {
+        (Some(ev), Some(s)) => Some(phases::cold(env, s, ev.stop().await, &cold_starts).await),
+        _ => None,
+    };
+    starts::end(env, &svc, "cold", args.starts).await?;
+
+    eprintln!(
+        "bench [{name}]: {} calls through the Service and on the pod IP",
         args.calls
     );
-    let calls = calls::both_paths(&env, &svc, args.calls).await?;
-
+    let calls = calls::both_paths(env, &svc, args.calls).await?;
+    let inside = match &socket {
+        Some(_) => Some(inside::measured(env, &svc).await?),
+        None => None,
+    };
+    eprintln!("bench [{name}]: a 10 MB output");
+    let big = big::ten_megabytes(env, &svc).await?;
     eprintln!(
-        "bench: {} concurrent sessions × {} commands",
+        "bench [{name}]: {} concurrent sessions × {} commands",
         args.sessions, args.commands
     );
     let l = load(&svc, args.sessions, args.commands).await;
     let rss_loaded = rss_kib(calls.server_pid as u32).unwrap_or(0);
-    no_sessions(&env).await?;
-
-    eprintln!(
-        "bench: {} new sessions at once against maxSessions {}",
-        2 * args.admission_limit,
-        args.admission_limit
-    );
-    let b = burst(&env, args.admission_limit).await?;
-
-    Report {
-        what,
+    no_sessions(env).await?;
+    Ok(Run {
+        runtime: rt,
+        kernel,
         warm_starts,
         warm_steps,
         cold_starts,
         cold_steps,
+        cold_phases,
         calls,
+        inside,
+        big,
         load: l,
         rss_loaded,
-        burst: b,
-    }
-    .print(&args);
-    eprintln!("bench: done in {:.0} s", t_all.elapsed().as_secs_f64());
+        memory,
+    })
+}
 
-    drop(svc);
-    match private {
-        // The whole cluster goes; waiting for the finalizer of 100+ pods adds nothing.
-        Some(pc) => tokio::task::spawn_blocking(move || drop(pc)).await?,
-        None => env.finish(Some(INSTANCE)).await,
+/// What session `warm-0`'s sandbox says its kernel is: the proof of the runtime it runs under.
+async fn kernel(svc: &Mcp) -> String {
+    let mut failed = String::new();
+    // A shell that could not report on a command is replaced and the output lost: tried
+    // again, up to three times.
+    for _ in 0..3 {
+        match svc.bash_ok("warm-0", "uname -r").await {
+            Ok(r) => {
+                let out = r["structuredContent"]["stdout"].as_str().unwrap_or("");
+                return out.trim().to_owned();
+            }
+            Err(e) => failed = e.to_string(),
+        }
     }
+    format!(
+        "(uname -r failed: {})",
+        failed.chars().take(120).collect::<String>()
+    )
+}
+
+/// Waits until no sandbox pod of `instance` is left (its instance was deleted).
+async fn no_pods_of(env: &Env, instance: &str) -> anyhow::Result<()> {
+    wait_for_set(
+        env.api::<Pod>(),
+        &sandbox_selector(instance),
+        &format!("the pods of instance {instance} gone"),
+        CONVERGE,
+        |pods: &[Pod]| pods.is_empty(),
+    )
+    .await?;
     Ok(())
 }

@@ -1,53 +1,61 @@
-//! The cluster section's tables: the latencies of every scenario (median, p99), the load
-//! phase's totals, the server's own breakdown of warm and cold starts, and the first errors.
+//! The cluster section's tables: per sandbox runtime, the latencies of every scenario
+//! (median, p99), the load phase's totals, the server's own breakdown of warm and cold starts
+//! and the first errors; the admission burst with the first runtime; then, on the real node,
+//! the runtimes side by side (`compare`).
 
 use crate::figures::{at_most, first_errors, mib, row};
 
 use super::admission::Burst;
 use super::calls::Calls;
-use super::load::Load;
-use super::starts::Starts;
-use super::ClusterArgs;
+use super::{compare, ClusterArgs, Run};
 
 /// Everything the cluster section measured, in the order it was measured.
 pub(super) struct Report {
     /// What the cluster's pods run (`the_cluster`'s description).
     pub(super) what: String,
-    pub(super) warm_starts: Starts,
-    /// The server's own breakdown of the warm starts (crate::steps), if its log had them.
-    pub(super) warm_steps: Option<String>,
-    pub(super) cold_starts: Starts,
-    pub(super) cold_steps: Option<String>,
-    pub(super) calls: Calls,
-    pub(super) load: Load,
-    /// The server's RSS right after the load phase.
-    pub(super) rss_loaded: u64,
+    /// Whether the pods ran on the real node (else the process kubelet, with no runtime).
+    pub(super) real: bool,
+    pub(super) runs: Vec<Run>,
+    /// Measured on the first runtime's instance only: admission does not depend on it.
     pub(super) burst: Burst,
 }
 
 impl Report {
     pub(super) fn print(&self, args: &ClusterArgs) {
-        self.print_start_and_call_rows();
-        self.print_load_rows(args);
-        self.print_admission_rows();
-        self.print_load_table(args);
-        self.print_steps_and_errors();
+        for (i, run) in self.runs.iter().enumerate() {
+            let burst = (i == 0).then_some(&self.burst);
+            self.print_start_and_call_rows(run);
+            print_load_rows(run, args);
+            if let Some(b) = burst {
+                print_admission_rows(b);
+            }
+            print_load_table(run, args);
+            print_steps_and_errors(run, burst);
+        }
+        if self.real {
+            compare::print(&self.runs, args);
+        }
     }
 
     /// The latency table's header and its rows of session starts and of `tools/call`s.
-    fn print_start_and_call_rows(&self) {
-        let Report {
-            what,
+    fn print_start_and_call_rows(&self, run: &Run) {
+        let what = &self.what;
+        let Run {
             warm_starts,
             cold_starts,
             ..
-        } = self;
+        } = run;
         let Calls {
             via_svc, via_pod, ..
-        } = &self.calls;
+        } = &run.calls;
+        let runtime = if self.real {
+            format!("sandboxes under {}; ", run.runtime.name())
+        } else {
+            String::new()
+        };
         println!(
-            "\n## cluster (local Kubernetes; operator and server as pods; {what}; through the \
-         Service: loopback forward, TLS, ServiceAccount token)\n"
+            "\n## cluster (local Kubernetes; operator and server as pods; {what}; {runtime}through \
+         the Service: loopback forward, TLS, ServiceAccount token)\n"
         );
         println!("| what | median | p99 |");
         println!("|---|---|---|");
@@ -93,39 +101,58 @@ impl Report {
                 via_pod
             )
         );
-    }
-
-    /// The load phase's rows of the latency table.
-    fn print_load_rows(&self, args: &ClusterArgs) {
-        let l = &self.load;
+        let big = &run.big;
         println!(
             "{}",
             row(
                 &format!(
-                    "load: session start, {} at once (n={})",
-                    args.sessions,
-                    l.start.len()
+                    "a 10 MB output (one command printing 10,000,000 bytes of base64): time to \
+                     the result (n={})",
+                    big.samples.len()
                 ),
-                &l.start
+                &big.samples
             )
         );
         println!(
             "{}",
             row(
-                &format!(
-                    "load: one command, {} sessions at once (n={})",
-                    args.sessions,
-                    l.ok.len()
-                ),
-                &l.ok
+                "a 10 MB output: the command itself (the agent's `duration_ms`)",
+                &big.command_ms
             )
         );
     }
+}
 
-    /// The admission burst's rows of the latency table.
-    fn print_admission_rows(&self) {
-        let b = &self.burst;
-        println!(
+/// The load phase's rows of the latency table.
+fn print_load_rows(run: &Run, args: &ClusterArgs) {
+    let l = &run.load;
+    println!(
+        "{}",
+        row(
+            &format!(
+                "load: session start, {} at once (n={})",
+                args.sessions,
+                l.start.len()
+            ),
+            &l.start
+        )
+    );
+    println!(
+        "{}",
+        row(
+            &format!(
+                "load: one command, {} sessions at once (n={})",
+                args.sessions,
+                l.ok.len()
+            ),
+            &l.ok
+        )
+    );
+}
+
+/// The admission burst's rows of the latency table.
+fn print_admission_rows(b: &Burst) {
+    println!(
         "{}",
         row(
             &format!(
@@ -137,7 +164,7 @@ impl Report {
             &b.refused
         )
     );
-        println!(
+    println!(
         "{}",
         row(
             &format!(
@@ -149,8 +176,8 @@ impl Report {
             &b.started
         )
     );
-        for (what, q) in ["admitted", "refused"].iter().zip(b.decided) {
-            match q {
+    for (what, q) in ["admitted", "refused"].iter().zip(b.decided) {
+        match q {
             Some(q) => println!(
                 "| admission burst: the server's admission decision, {what} (n={}; histogram bucket bounds) | {} | {} |",
                 q.n,
@@ -159,78 +186,83 @@ impl Report {
             ),
             None => println!("| admission burst: the server's admission decision, {what} | – | – |"),
         }
-        }
     }
+}
 
-    /// The load phase's totals, the other phases' error counts and the server's RSS.
-    fn print_load_table(&self, args: &ClusterArgs) {
-        let Report {
-            warm_starts,
-            cold_starts,
-            load: l,
-            rss_loaded,
-            ..
-        } = self;
-        let Calls {
-            svc_errors,
-            pod_errors,
-            rss_idle,
-            ..
-        } = &self.calls;
-        let total = args.sessions * args.commands;
-        println!();
-        println!(
-            "| load: {} sessions × {} commands | value |",
-            args.sessions, args.commands
-        );
-        println!("|---|---|");
-        println!("| commands completed / sent | {} / {total} |", l.ok.len());
-        println!(
-            "| throughput | {:.0} commands/s ({:.1} s wall) |",
-            l.ok.len() as f64 / l.wall.as_secs_f64(),
-            l.wall.as_secs_f64()
-        );
-        println!(
-            "| errors (commands + session starts) | {} + {} |",
-            l.errors.len(),
-            l.start_errors.len()
-        );
-        println!(
-        "| errors of the other phases (warm, cold, Service calls, pod-IP calls) | {}, {}, {}, {} |",
+/// The load phase's totals, the other phases' error counts and the server's RSS.
+fn print_load_table(run: &Run, args: &ClusterArgs) {
+    let Run {
+        warm_starts,
+        cold_starts,
+        load: l,
+        rss_loaded,
+        big,
+        ..
+    } = run;
+    let Calls {
+        svc_errors,
+        pod_errors,
+        rss_idle,
+        ..
+    } = &run.calls;
+    let total = args.sessions * args.commands;
+    println!();
+    println!(
+        "| load: {} sessions × {} commands | value |",
+        args.sessions, args.commands
+    );
+    println!("|---|---|");
+    println!("| commands completed / sent | {} / {total} |", l.ok.len());
+    println!(
+        "| throughput | {:.0} commands/s ({:.1} s wall) |",
+        l.ok.len() as f64 / l.wall.as_secs_f64(),
+        l.wall.as_secs_f64()
+    );
+    println!(
+        "| errors (commands + session starts) | {} + {} |",
+        l.errors.len(),
+        l.start_errors.len()
+    );
+    println!(
+        "| errors of the other phases (warm, cold, Service calls, pod-IP calls, 10 MB output) | {}, {}, {}, {}, {} |",
         warm_starts.errors.len(),
         cold_starts.errors.len(),
         svc_errors,
-        pod_errors
+        pod_errors,
+        big.errors.len()
     );
-        println!(
-            "| server RSS before the calls / after the load | {} / {} |",
-            mib(*rss_idle),
-            mib(*rss_loaded)
-        );
-    }
+    println!("| a 10 MB output: the result | {} |", big.result);
+    println!(
+        "| server RSS before the calls / after the load | {} / {} |",
+        mib(*rss_idle),
+        mib(*rss_loaded)
+    );
+}
 
-    /// The server's breakdown of warm and cold starts, then the first errors of each phase.
-    fn print_steps_and_errors(&self) {
-        let Report {
-            warm_starts,
-            cold_starts,
-            warm_steps,
-            cold_steps,
-            load: l,
-            burst: b,
-            ..
-        } = self;
-        for t in [warm_steps, cold_steps].into_iter().flatten() {
-            println!("\n{t}");
-        }
-        for errors in [
-            &warm_starts.errors,
-            &cold_starts.errors,
-            &l.start_errors,
-            &l.errors,
-            &b.errors,
-        ] {
-            first_errors(errors);
-        }
+/// The server's breakdown of warm and cold starts, then the first errors of each phase.
+fn print_steps_and_errors(run: &Run, burst: Option<&Burst>) {
+    let Run {
+        warm_starts,
+        cold_starts,
+        warm_steps,
+        cold_steps,
+        load: l,
+        big,
+        ..
+    } = run;
+    for t in [warm_steps, cold_steps].into_iter().flatten() {
+        println!("\n{t}");
+    }
+    for errors in [
+        &warm_starts.errors,
+        &cold_starts.errors,
+        &big.errors,
+        &l.start_errors,
+        &l.errors,
+    ] {
+        first_errors(errors);
+    }
+    if let Some(b) = burst {
+        first_errors(&b.errors);
     }
 }

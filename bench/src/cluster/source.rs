@@ -111,7 +111,8 @@ pub(crate) async fn the_cluster(
         pc.cluster
             .import_project_images(&images)
             .context("importing the project's images into the real node")?;
-        kind = "real node: containerd/runc containers of the built images";
+        kind = "real node: containerd containers of the built images, under runc or, for \
+                the RuntimeClass gvisor, runsc";
     }
     let c = pc.test.clone();
     Ok((

@@ -227,7 +227,39 @@ impl Env {
         if let Err(e) = wait_deployment_ready(env.ns.api::<Deployment>(), &op, TIMEOUT).await {
             panic!("operator not ready: {e}\n{}", env.logs("operator"));
         }
+        env.wait_policies_synced().await;
         env
+    }
+
+    /// Waits until the API server judges pods of the namespace by the admission policies just
+    /// installed: until it has synced their parameter kind (the CRD installed with them), it
+    /// refuses every pod there with "paramKind … not yet synced" (seen when two operators
+    /// were installed at once on a loaded node). A dry-run pod create that is refused for
+    /// anything else, or admitted, means it has.
+    async fn wait_policies_synced(&self) {
+        let probe: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "cli-mcp-e2e-admission-probe"},
+            "spec": {"containers": [{"name": "c", "image": "probe"}]},
+        }))
+        .expect("probe pod");
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            match self.api::<Pod>().create(&dry, &probe).await {
+                Err(kube::Error::Api(e)) if e.message.contains("not yet synced") => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the admission policies' parameters never synced: {}",
+                        e.message
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                _ => return,
+            }
+        }
     }
 
     /// The same environment, whose instances run their sandboxes under `rt`.
