@@ -107,8 +107,9 @@ pub fn containerd_runtime(runsc_toml: &Path) -> String {
 }
 
 /// The shim's options: which `runsc` to run, its state under the node dir, and the `systrap`
-/// platform (there is no KVM here; systrap is runsc's default too, named so that a change of
-/// default cannot move the node silently).
+/// platform (it needs no hardware virtualization; runsc's KVM platform, faster per system
+/// call, is untried here although `/dev/kvm` exists; systrap is runsc's default too, named so
+/// that a change of default cannot move the node silently).
 pub fn runsc_toml(bin_dir: &Path, root: &Path) -> String {
     format!(
         r#"binary_name = "{runsc}"
