@@ -37,15 +37,25 @@ pub fn post(
     req
 }
 
-/// The JSON-RPC response in a JSON body or in the data lines of an SSE stream.
-pub fn response(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| {
-        text.lines()
+/// The JSON-RPC messages of a JSON body (one) or of the data lines of an SSE stream (the
+/// notifications, then the response), in order.
+pub fn messages(text: &str) -> Vec<Value> {
+    match serde_json::from_str(text) {
+        Ok(v) => vec![v],
+        Err(_) => text
+            .lines()
             .filter_map(|l| l.strip_prefix("data:"))
             .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("result").is_some() || v.get("error").is_some())
-            .unwrap_or(Value::Null)
-    })
+            .collect(),
+    }
+}
+
+/// The JSON-RPC response in a JSON body or in the data lines of an SSE stream.
+pub fn response(text: &str) -> Value {
+    messages(text)
+        .into_iter()
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
+        .unwrap_or(Value::Null)
 }
 
 /// The text of a tool result: its text contents, one a line (the server sends one).

@@ -60,18 +60,28 @@ impl std::fmt::Debug for From {
     }
 }
 
-/// The peer of a running pod of the real node whose containerd listens on `socket`.
-/// Panics (this is test support) when the pod has no IPv4 or no started container.
-pub fn peer(socket: &Path, name: &str, pod: &Pod) -> Peer {
-    let ip = pod_ip(pod)
+/// The pod's IPv4; panics (test support) without one.
+fn ipv4(name: &str, pod: &Pod) -> Ipv4Addr {
+    pod_ip(pod)
         .and_then(|ip| ip.parse().ok())
-        .unwrap_or_else(|| panic!("{name}: no pod IPv4"));
-    let id = pod
-        .status
+        .unwrap_or_else(|| panic!("{name}: no pod IPv4"))
+}
+
+/// The containerd id of the pod's first started container; panics (test support) without
+/// one.
+pub fn container_id(name: &str, pod: &Pod) -> String {
+    pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .and_then(|cs| cs.iter().find_map(|c| c.container_id.clone()))
-        .unwrap_or_else(|| panic!("{name}: no containerID"));
+        .unwrap_or_else(|| panic!("{name}: no containerID"))
+}
+
+/// The peer of a running pod of the real node whose containerd listens on `socket`.
+/// Panics (this is test support) when the pod has no IPv4 or no started container.
+pub fn peer(socket: &Path, name: &str, pod: &Pod) -> Peer {
+    let ip = ipv4(name, pod);
+    let id = container_id(name, pod);
     let netns = container_netns(socket, &id).unwrap_or_else(|e| panic!("{name}: {e}"));
     Peer {
         name: name.into(),
@@ -83,12 +93,9 @@ pub fn peer(socket: &Path, name: &str, pod: &Pod) -> Peer {
 /// The peer of a sandbox pod serving session `sid` of `mcp`, whose connections its shell
 /// makes (a gVisor sandbox: see the module documentation).
 pub fn in_session(name: &str, pod: &Pod, mcp: &Mcp, sid: &str) -> Peer {
-    let ip = pod_ip(pod)
-        .and_then(|ip| ip.parse().ok())
-        .unwrap_or_else(|| panic!("{name}: no pod IPv4"));
     Peer {
         name: name.into(),
-        ip,
+        ip: ipv4(name, pod),
         from: From::Session {
             mcp: mcp.clone(),
             sid: sid.into(),

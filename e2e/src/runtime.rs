@@ -140,12 +140,7 @@ pub async fn assert_sandbox_runs_under(
             );
         }
     }
-    let id = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find_map(|c| c.container_id.clone()))
-        .unwrap_or_else(|| panic!("{sid}: the sandbox pod has no containerID"));
+    let id = crate::peer::container_id(sid, pod);
     let shim = container_runtime(socket, &id).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(shim, rt.containerd_runtime(), "{sid}: containerd's runtime");
     eprintln!(

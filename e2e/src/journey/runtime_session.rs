@@ -38,16 +38,9 @@ async fn call_raw(mcp: &Mcp, sid: &str, params: Value) -> Vec<Value> {
     .await
     .unwrap_or_else(|e| panic!("POST /mcp: {e}"));
     let body = r.text().await.expect("body");
-    let messages: Vec<Value> = body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .filter_map(|d| serde_json::from_str(d.trim()).ok())
-        .collect();
-    if messages.is_empty() {
-        vec![serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON-RPC: {body}"))]
-    } else {
-        messages
-    }
+    let messages = jsonrpc::messages(&body);
+    assert!(!messages.is_empty(), "not JSON-RPC: {body}");
+    messages
 }
 
 /// `resources/read` of `uri` in session `sid`; the first content's text.
