@@ -445,6 +445,10 @@ async fn deleted_pod_has_no_process_and_no_network_namespace_left() {
         "exactly one process carries the marker: {pids:?}"
     );
     let inode = netns_inode(pids[0]).expect("netns of the pod process");
+    // Held open until the end: a namespace's inode number is recycled as soon as it is
+    // freed, and with other tests creating pods the next one may get it. Holding it keeps
+    // this number this namespace's, so "a process or a name with this inode" means ours.
+    let _held = std::fs::File::open(format!("/proc/{}/ns/net", pids[0])).expect("hold the netns");
     let host_inode = netns_inode(std::process::id() as i32).expect("host netns");
     assert_ne!(
         inode, host_inode,
@@ -497,6 +501,8 @@ async fn deleted_pod_has_no_process_and_no_network_namespace_left() {
         "the pod's netns is removed from /run/netns: {:?}",
         named_netns_with_inode(inode)
     );
+    let name = cli_mcp_e2e::addons::pod_netns(&uid);
+    assert!(!name.exists(), "{} is removed", name.display());
 
     ns.delete().await.expect("delete namespace");
 }
