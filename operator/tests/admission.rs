@@ -588,6 +588,36 @@ async fn client_as(c: &cli_mcp_e2e::testing::TestCluster, user: &str) -> kube::C
     kube::Client::try_from(cfg).expect("client")
 }
 
+/// A Role `name` in `ns` with `rules` (RBAC JSON), bound to each of `users`.
+async fn grant(
+    ns: &cli_mcp_e2e::testing::TestNamespace,
+    name: &str,
+    rules: serde_json::Value,
+    users: &[String],
+) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role: Role =
+        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).expect("Role");
+    ns.api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create Role");
+    let subjects: Vec<_> = users
+        .iter()
+        .map(|u| json!({"kind": "User", "name": u, "apiGroup": "rbac.authorization.k8s.io"}))
+        .collect();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": subjects,
+    }))
+    .expect("RoleBinding");
+    ns.api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create RoleBinding");
+}
+
 /// No Secret ever reaches a sandbox: config/admission's sandbox pod policy (bound to this
 /// test's namespace only) refuses a sandbox pod with a Secret volume or a projected Secret,
 /// whichever Secret it names — the instance's HMAC key that forges session tokens, the
@@ -989,4 +1019,328 @@ patches:
         let _ = api.delete(&name, &DeleteParams::default()).await;
     }
     ns.delete().await.expect("delete namespace");
+}
+
+/// The tenant policy lets a server through by its exact name only: `cli-mcp-<instance>` of
+/// the namespace, on pods labelled as that instance's. So every server, the one of an
+/// instance named `operator` (ServiceAccount `cli-mcp-operator`) included, is refused
+/// another instance's sandbox pod and Deployments labelled as an instance's or mounting its
+/// HMAC Secret, and so is any other `cli-mcp-*` ServiceAccount (the instance's sandbox one
+/// here): before, the tenant policy let every `cli-mcp-*` ServiceAccount of the namespace
+/// through, and the sandbox pod policy judges no Deployments. The operator (recognised by
+/// the RBAC that lets it write the instances' status) still makes the sandbox pods and the
+/// server Deployment of both instances. Requests are dry runs made by impersonation, each
+/// identity holding the RBAC for them, so that admission alone decides.
+#[tokio::test]
+async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_only() {
+    use cli_mcp_api::names::{InstanceName, PoolSuffix};
+    use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
+    use cli_mcp_api::token::Commitment;
+    use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use kube::api::DeleteParams;
+    use std::time::{Duration, Instant};
+
+    let c = cluster().await.expect("cluster");
+    // The tenant policy's parameters are CliMcpInstances.
+    install_crd(&c).await;
+    let ns = c.namespace("admission-names").await.expect("namespace");
+    let n = ns.name.clone();
+
+    // Two instances (no operator runs: they are only the tenant policy's parameters), and
+    // the sandbox ServiceAccounts their pods name (the ServiceAccount admission plugin
+    // looks them up).
+    for name in ["adm", "operator"] {
+        ns.api::<CliMcpInstance>()
+            .create(
+                &PostParams::default(),
+                &instance(name, json!({"sandbox": {"warmPoolSize": 1}})),
+            )
+            .await
+            .expect("create CliMcpInstance");
+        ns.api::<ServiceAccount>()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(
+                    json!({"metadata": {"name": format!("cli-mcp-{name}-sandbox")}}),
+                )
+                .expect("ServiceAccount"),
+            )
+            .await
+            .expect("sandbox ServiceAccount");
+    }
+
+    let operator = format!("system:serviceaccount:{n}-op:{n}-cli-mcp-operator");
+    let server = |instance: &str| format!("system:serviceaccount:{n}:cli-mcp-{instance}");
+    let sandbox_account = format!("system:serviceaccount:{n}:cli-mcp-adm-sandbox");
+    let tenant = format!("{n}-tenant");
+    // Everyone may create pods and Deployments here, the operator also write the instances'
+    // status (what makes it the operator to the policies): RBAC lets every request below
+    // through.
+    let everyone = [
+        operator.clone(),
+        server("adm"),
+        server("operator"),
+        sandbox_account.clone(),
+        tenant.clone(),
+    ];
+    grant(
+        &ns,
+        "everything",
+        json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "patch", "delete"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
+        ]),
+        &everyone,
+    )
+    .await;
+    grant(
+        &ns,
+        "operator",
+        json!([{"apiGroups": ["cli-mcp.redhat.com"], "resources": ["climcpinstances/status"],
+                "verbs": ["get", "patch"]}]),
+        std::slice::from_ref(&operator),
+    )
+    .await;
+
+    // config/admission as an overlay that moves and renames the operator installs it (the
+    // ServiceAccount comes from config/rbac; operator-identity writes its final name into
+    // the policies), the pod policies' bindings limited to this namespace.
+    let yaml = kustomize_build(
+        &format!("admission-names-{n}"),
+        &format!(
+            r#"resources:
+  - ../../config/admission
+  - ../../config/rbac
+namespace: {n}-op
+namePrefix: {n}-
+patches:
+  - target: {{kind: ValidatingAdmissionPolicyBinding}}
+    patch: |-
+      - op: add
+        path: /spec/matchResources
+        value:
+          namespaceSelector:
+            matchExpressions:
+              - {{key: kubernetes.io/metadata.name, operator: In, values: [{n}]}}
+transformers:
+  - ../../config/admission/operator-identity
+"#
+        ),
+    );
+    let pod_policies: Vec<&str> = yaml
+        .split("\n---\n")
+        .filter(|d| {
+            ["sandbox-pods", "sandbox-pod-deletions", "tenant-pods"]
+                .iter()
+                .any(|p| d.contains(&format!("cli-mcp.redhat.com/policy: {p}\n")))
+        })
+        .collect();
+    assert_eq!(pod_policies.len(), 6, "three policies and their bindings");
+    let outside = apply_yaml(&c, &n, &pod_policies.join("\n---\n"), |_| {}).await;
+
+    let builder_pod = |instance: &str| {
+        build_sandbox_pod(
+            &SandboxConfig::new(
+                InstanceName::parse(instance).expect("instance name"),
+                &n,
+                "cli-mcp-agent:dev",
+            ),
+            &SandboxRole::Pool {
+                suffix: PoolSuffix::from_random_bytes(*b"admission1"),
+                assign: Commitment::of("not a real token"),
+            },
+            "2026-01-01T00:00:00Z",
+        )
+    };
+    // A server Deployment of an instance as the operator makes it, in the parts the tenant
+    // policy reads: its name, labels and pod template.
+    let server_deployment = |instance: &str, volumes: serde_json::Value| -> Deployment {
+        let labels = json!({
+            "cli-mcp.redhat.com/instance": instance,
+            "cli-mcp.redhat.com/component": "server",
+        });
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("cli-mcp-{instance}"), "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": format!("cli-mcp-{instance}"),
+                        "containers": [{"name": "server", "image": "cli-mcp-server:dev"}],
+                        "volumes": volumes,
+                    },
+                },
+            },
+        }))
+        .expect("Deployment")
+    };
+    // A Deployment with no product label at all, whose pods mount `volumes`.
+    let plain_deployment = |volumes: serde_json::Value| -> Deployment {
+        let labels = json!({"app": "plain"});
+        serde_json::from_value(json!({
+            "metadata": {"name": "plain"},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [{"name": "c", "image": "plain"}],
+                        "volumes": volumes,
+                    },
+                },
+            },
+        }))
+        .expect("Deployment")
+    };
+    let hmac = json!([{"name": "key", "secret": {"secretName": "cli-mcp-adm-hmac"}}]);
+    let plain_with_hmac: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "plain"},
+        "spec": {
+            "containers": [{"name": "c", "image": "plain"}],
+            "volumes": hmac,
+        },
+    }))
+    .expect("pod");
+
+    // What only the sandbox pod policy refuses, a server's own sandbox pod reaching the host.
+    let with_host_path = |mut pod: Pod| {
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.volumes.get_or_insert_with(Vec::new).push(
+                serde_json::from_value(json!({"name": "host", "hostPath": {"path": "/"}}))
+                    .expect("volume"),
+            );
+        }
+        pod
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let create_pod = |user: String, pod: Pod| {
+        let c = c.clone();
+        let n = n.clone();
+        let dry = dry.clone();
+        async move {
+            let pods: Api<Pod> = Api::namespaced(client_as(&c, &user).await, &n);
+            pods.create(&dry, &pod)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let create_deployment = |user: String, d: Deployment| {
+        let c = c.clone();
+        let n = n.clone();
+        let dry = dry.clone();
+        async move {
+            let api: Api<Deployment> = Api::namespaced(client_as(&c, &user).await, &n);
+            api.create(&dry, &d)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+
+    // The policies take effect asynchronously (the API server loads them, and the tenant
+    // policy's parameters, from watches): wait until each refuses what it always refused.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let sandbox = create_pod(server("adm"), with_host_path(builder_pod("adm"))).await;
+        let tenant_pod = create_pod(tenant.clone(), plain_with_hmac.clone()).await;
+        let on = |r: &Result<(), String>, policy: &str| matches!(r, Err(e) if e.contains(&format!("{n}-cli-mcp-{policy}")));
+        if on(&sandbox, "sandbox-pods") && on(&tenant_pod, "tenant-pods") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod policies did not take effect within 60 s: {sandbox:?} {tenant_pod:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // (what, outcome, the words of a refusal, any of them; none: allowed). Where two
+    // policies refuse a request, the API server names either.
+    let own = "a cli-mcp server may create only sandbox pods of its own instance";
+    let labelled =
+        "may create or change Deployments (or their pod templates) labelled cli-mcp.redhat.com/";
+    let labelled_pod = "may create or change pods labelled cli-mcp.redhat.com/";
+    let hmac_refused = "may not mount, project or take environment from the instance's Secrets";
+    let mut checks: Vec<(String, Result<(), String>, Vec<&str>)> = Vec::new();
+    for (instance, other) in [("adm", "operator"), ("operator", "adm")] {
+        let who = format!("the server of instance {instance}");
+        checks.push((
+            format!("{who}: a sandbox pod of its own instance"),
+            create_pod(server(instance), builder_pod(instance)).await,
+            vec![],
+        ));
+        checks.push((
+            format!("{who}: a sandbox pod of instance {other}"),
+            create_pod(server(instance), builder_pod(other)).await,
+            vec![own, labelled_pod],
+        ));
+        checks.push((
+            format!("{who}: a Deployment whose pods are labelled as its instance's server"),
+            create_deployment(server(instance), server_deployment(instance, json!([]))).await,
+            vec![labelled],
+        ));
+        checks.push((
+            format!("{who}: a Deployment whose pods are labelled as instance adm's and mount its HMAC Secret"),
+            create_deployment(server(instance), server_deployment("adm", hmac.clone())).await,
+            vec![labelled],
+        ));
+        checks.push((
+            format!("{who}: an unlabelled Deployment whose pods mount instance adm's HMAC Secret"),
+            create_deployment(server(instance), plain_deployment(hmac.clone())).await,
+            vec![hmac_refused],
+        ));
+    }
+    for instance in ["adm", "operator"] {
+        checks.push((
+            format!("the operator: a sandbox pod of instance {instance}"),
+            create_pod(operator.clone(), builder_pod(instance)).await,
+            vec![],
+        ));
+        checks.push((
+            format!("the operator: the server Deployment of instance {instance}"),
+            create_deployment(operator.clone(), server_deployment(instance, json!([]))).await,
+            vec![],
+        ));
+    }
+    checks.push((
+        "the instance's sandbox ServiceAccount: a Deployment whose pods mount the HMAC Secret"
+            .into(),
+        create_deployment(sandbox_account.clone(), plain_deployment(hmac.clone())).await,
+        vec![hmac_refused],
+    ));
+    checks.push((
+        "the instance's sandbox ServiceAccount: the server Deployment of instance adm".into(),
+        create_deployment(sandbox_account.clone(), server_deployment("adm", json!([]))).await,
+        vec![labelled],
+    ));
+    let wrong: Vec<String> = checks
+        .iter()
+        .filter(|(_, got, want)| match got {
+            Ok(()) => !want.is_empty(),
+            Err(e) => {
+                !(e.contains("ValidatingAdmissionPolicy") && want.iter().any(|w| e.contains(w)))
+            }
+        })
+        .map(|(what, got, want)| {
+            let want = if want.is_empty() {
+                "allowed".to_owned()
+            } else {
+                format!("refused: {}", want.join(" | "))
+            };
+            format!("{what}: {got:?}, expected {want}")
+        })
+        .collect();
+
+    for (api, name) in outside {
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    ns.delete().await.expect("delete namespace");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
