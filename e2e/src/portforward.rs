@@ -2,10 +2,14 @@
 //! user a local port.
 //!
 //! There is no kube-proxy, so ClusterIPs do not route. Instead, for every accepted
-//! connection the forwarder resolves Service → EndpointSlices → a ready endpoint
-//! (`podIP:targetPort`, honouring named target ports through the slice's port names) and
-//! splices the connection to it. Endpoints are picked round-robin, and since resolution
-//! happens per connection, the forward follows pods as they come and go.
+//! connection the forwarder picks a ready endpoint of the Service (`podIP:targetPort`,
+//! honouring named target ports through the slice's port names) and splices the connection
+//! to it. Endpoints are picked round-robin from a watch of the Service's EndpointSlices, as
+//! kube-proxy does, so the forward follows pods as they come and go without an API call per
+//! connection (a burst of a hundred new connections would otherwise be two hundred API
+//! requests of the forward's own, timed as the product's). Where the watch has nothing yet,
+//! or its pick refuses the connection (a pod gone within the watch's lag), the forward lists
+//! the slices afresh.
 //!
 //! With [`TlsUpstream`] the forward also terminates TLS for the client: it listens for plain
 //! HTTP on loopback and speaks TLS to the endpoint, trusting only the given CA and checking the
@@ -17,9 +21,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -35,6 +43,7 @@ use crate::error::{Error, Result};
 pub struct ServiceForward {
     local: SocketAddr,
     task: JoinHandle<()>,
+    watch: JoinHandle<()>,
 }
 
 struct Target {
@@ -42,6 +51,10 @@ struct Target {
     namespace: String,
     service: String,
     port: u16,
+    /// The Service port's name, which the slices' ports carry (empty when unnamed).
+    port_name: String,
+    /// The Service's EndpointSlices, kept by a watch.
+    slices: Store<EndpointSlice>,
     next: AtomicUsize,
     tls: Option<TlsUpstream>,
 }
@@ -141,16 +154,28 @@ impl ServiceForward {
         local_port: u16,
         tls: Option<TlsUpstream>,
     ) -> Result<ServiceForward> {
+        // Fail early with a clear message if the Service or its port does not exist.
+        let port_name = resolve_port_name(&client, namespace, service, port).await?;
+        let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace);
+        let (store, writer) = reflector::store();
+        let config =
+            watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
+        let watch = tokio::spawn(
+            watcher(slices, config)
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|_| futures::future::ready(())),
+        );
         let target = Arc::new(Target {
             client,
             namespace: namespace.to_string(),
             service: service.to_string(),
             port,
+            port_name,
+            slices: store,
             next: AtomicUsize::new(0),
             tls,
         });
-        // Fail early with a clear message if the Service or its port does not exist.
-        target.resolve_port_name().await?;
         let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, local_port));
         let listener = TcpListener::bind(bind).await.map_err(|e| Error::Command {
             command: format!("listen on {bind}"),
@@ -181,7 +206,7 @@ impl ServiceForward {
                 });
             }
         });
-        Ok(ServiceForward { local, task })
+        Ok(ServiceForward { local, task, watch })
     }
 
     /// The local address to connect to.
@@ -198,89 +223,120 @@ impl ServiceForward {
 impl Drop for ServiceForward {
     fn drop(&mut self) {
         self.task.abort();
+        self.watch.abort();
     }
 }
 
-impl Target {
-    /// The name of the Service port (empty when it is unnamed).
-    async fn resolve_port_name(&self) -> Result<String> {
-        let svc = Api::<Service>::namespaced(self.client.clone(), &self.namespace)
-            .get_opt(&self.service)
-            .await?
-            .ok_or_else(|| {
-                Error::Other(format!(
-                    "Service {}/{} does not exist",
-                    self.namespace, self.service
-                ))
-            })?;
-        let ports = svc.spec.and_then(|s| s.ports).unwrap_or_default();
-        ports
+/// The name of port `port` of Service `namespace/service` (empty when it is unnamed).
+async fn resolve_port_name(
+    client: &Client,
+    namespace: &str,
+    service: &str,
+    port: u16,
+) -> Result<String> {
+    let svc = Api::<Service>::namespaced(client.clone(), namespace)
+        .get_opt(service)
+        .await?
+        .ok_or_else(|| Error::Other(format!("Service {namespace}/{service} does not exist")))?;
+    let ports = svc.spec.and_then(|s| s.ports).unwrap_or_default();
+    ports
+        .iter()
+        .find(|p| p.port == i32::from(port))
+        .map(|p| p.name.clone().unwrap_or_default())
+        .ok_or_else(|| {
+            Error::Other(format!(
+                "Service {namespace}/{service} has no port {port} (it has {:?})",
+                ports.iter().map(|p| p.port).collect::<Vec<_>>()
+            ))
+        })
+}
+
+/// All ready `ip:port` endpoints of the port named `port_name` in `slices`, in a stable order.
+fn ready_endpoints<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    port_name: &str,
+) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    for slice in slices {
+        let Some(port) = slice
+            .ports
             .iter()
-            .find(|p| p.port == i32::from(self.port))
-            .map(|p| p.name.clone().unwrap_or_default())
-            .ok_or_else(|| {
-                Error::Other(format!(
-                    "Service {}/{} has no port {} (it has {:?})",
-                    self.namespace,
-                    self.service,
-                    self.port,
-                    ports.iter().map(|p| p.port).collect::<Vec<_>>()
-                ))
-            })
+            .flatten()
+            .find(|p| p.name.as_deref().unwrap_or_default() == port_name)
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+        else {
+            continue;
+        };
+        for ep in slice.endpoints.iter().flatten() {
+            // A nil `ready` means "unknown", which consumers treat as ready.
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            if !ready {
+                continue;
+            }
+            for addr in &ep.addresses {
+                if let Ok(ip) = addr.parse::<IpAddr>() {
+                    out.push(SocketAddr::new(ip, port));
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+impl Target {
+    /// The ready endpoints as the watch last saw them (empty before its first list).
+    fn watched_endpoints(&self) -> Vec<SocketAddr> {
+        let slices = self.slices.state();
+        ready_endpoints(slices.iter().map(|s| s.as_ref()), &self.port_name)
     }
 
-    /// All ready `ip:port` endpoints of the Service port, in a stable order.
-    async fn endpoints(&self) -> Result<Vec<SocketAddr>> {
-        let port_name = self.resolve_port_name().await?;
+    /// The ready endpoints as the API server has them now.
+    async fn listed_endpoints(&self) -> Result<Vec<SocketAddr>> {
+        let port_name =
+            resolve_port_name(&self.client, &self.namespace, &self.service, self.port).await?;
         let slices = Api::<EndpointSlice>::namespaced(self.client.clone(), &self.namespace)
             .list(
                 &ListParams::default()
                     .labels(&format!("kubernetes.io/service-name={}", self.service)),
             )
             .await?;
-        let mut out = Vec::new();
-        for slice in slices.items {
-            let Some(port) = slice
-                .ports
-                .iter()
-                .flatten()
-                .find(|p| p.name.clone().unwrap_or_default() == port_name)
-                .and_then(|p| p.port)
-                .and_then(|p| u16::try_from(p).ok())
-            else {
-                continue;
-            };
-            for ep in slice.endpoints.iter().flatten() {
-                // A nil `ready` means "unknown", which consumers treat as ready.
-                let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-                if !ready {
-                    continue;
-                }
-                for addr in &ep.addresses {
-                    if let Ok(ip) = addr.parse::<IpAddr>() {
-                        out.push(SocketAddr::new(ip, port));
-                    }
-                }
-            }
-        }
-        out.sort();
-        out.dedup();
-        Ok(out)
+        Ok(ready_endpoints(&slices.items, &port_name))
     }
 
-    async fn serve(&self, mut inbound: TcpStream) -> Result<()> {
-        let endpoints = self.endpoints().await?;
+    /// One of `endpoints`, round-robin.
+    fn pick(&self, endpoints: &[SocketAddr]) -> Result<SocketAddr> {
         if endpoints.is_empty() {
             return Err(Error::Other(format!(
                 "Service {}/{} has no ready endpoints for port {}",
                 self.namespace, self.service, self.port
             )));
         }
-        let pick = endpoints[self.next.fetch_add(1, Ordering::Relaxed) % endpoints.len()];
-        let mut outbound = TcpStream::connect(pick).await.map_err(|e| Error::Command {
+        Ok(endpoints[self.next.fetch_add(1, Ordering::Relaxed) % endpoints.len()])
+    }
+
+    /// A connection to an endpoint: the watch's pick, else (nothing watched yet, or the pick
+    /// refused) one from a fresh list.
+    async fn connect(&self) -> Result<(SocketAddr, TcpStream)> {
+        let watched = self.watched_endpoints();
+        if !watched.is_empty() {
+            let pick = self.pick(&watched)?;
+            if let Ok(stream) = TcpStream::connect(pick).await {
+                return Ok((pick, stream));
+            }
+        }
+        let pick = self.pick(&self.listed_endpoints().await?)?;
+        let stream = TcpStream::connect(pick).await.map_err(|e| Error::Command {
             command: format!("connect to endpoint {pick}"),
             detail: e.to_string(),
         })?;
+        Ok((pick, stream))
+    }
+
+    async fn serve(&self, mut inbound: TcpStream) -> Result<()> {
+        let (pick, mut outbound) = self.connect().await?;
         let _ = inbound.set_nodelay(true);
         let _ = outbound.set_nodelay(true);
         if let Some(tls) = &self.tls {
