@@ -39,7 +39,7 @@ pub use proxy::{
     ProxySpec, ProxyTarget, ProxyTargetType, MAX_ALLOWLIST_DOMAINS, MAX_PROXY_REPLICAS,
     MAX_PROXY_TARGETS,
 };
-pub use sandbox::{CommandTimeout, SandboxSpec};
+pub use sandbox::{CommandTimeout, SandboxSpec, DEFAULT_SANDBOX_REQUESTS};
 pub use server::{
     AuthMode, AuthorizationSpec, ClientKind, ClientSubject, ServerContainerSpec, ServerSpec,
     MAX_ALLOWED_ORIGINS,

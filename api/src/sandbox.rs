@@ -215,8 +215,11 @@ impl SandboxConfig {
             image_pull_policy: None,
             resources: ResourceRequirements {
                 requests: Some(BTreeMap::from([
-                    ("cpu".to_owned(), q("100m")),
-                    ("memory".to_owned(), q("128Mi")),
+                    ("cpu".to_owned(), q(crate::crd::DEFAULT_SANDBOX_REQUESTS.0)),
+                    (
+                        "memory".to_owned(),
+                        q(crate::crd::DEFAULT_SANDBOX_REQUESTS.1),
+                    ),
                 ])),
                 limits: Some(BTreeMap::from([
                     ("cpu".to_owned(), q("500m")),

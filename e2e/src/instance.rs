@@ -35,8 +35,8 @@ users: [{name: u, user: {token: e2e-placeholder-token-opens-nothing}}]\n\
 contexts: [{name: c, context: {cluster: c, user: u}}]\n\
 current-context: c\n";
 
-/// Small requests: the local node's allocatable CPU is the host's (2 cores) and tests run
-/// in parallel, so the default 100m per sandbox would make pods Unschedulable.
+/// Small requests (a sandbox's defaults, for the server too): the local node's allocatable
+/// CPU is the host's (2 cores) and tests run in parallel.
 pub fn small_resources() -> Value {
     json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}})
 }

@@ -25,8 +25,8 @@ use support::*;
 const INSTANCES: usize = 50;
 const STEADY_WINDOW: Duration = Duration::from_secs(60);
 const BIG_TIMEOUT: Duration = Duration::from_secs(600);
-/// The local node has the host's 2 CPUs as allocatable: with the default requests (100m per
-/// sandbox) 20 warm pods would not even be schedulable, so the bench asks for less.
+/// Small requests and limits: the local node has the host's 2 CPUs as allocatable and the
+/// bench's 50 instances keep pools of their own.
 fn small() -> serde_json::Value {
     json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}})
 }

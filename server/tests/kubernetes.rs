@@ -62,12 +62,6 @@ impl World {
             .expect("create sandbox ServiceAccount");
         let mut cfg = SandboxConfig::new(instance, ns.name.clone(), AGENT_IMAGE);
         cfg.termination_grace_period_seconds = 5;
-        // The test node has 2 CPUs: the default 100m request would fit only 20 sandboxes.
-        cfg.resources = serde_json::from_value(json!({
-            "requests": {"cpu": "5m", "memory": "16Mi"},
-            "limits": {"cpu": "500m", "memory": "512Mi"}
-        }))
-        .expect("resources");
         let key = HmacKey::from_bytes(rand::random());
         let dir = tempfile::tempdir().expect("tempdir");
         let key_file = dir.path().join("key");

@@ -73,8 +73,9 @@ pub struct SandboxSpec {
     ))]
     pub warm_pool_size: i32,
 
-    /// Compute resources of each sandbox container. Default: requests cpu 100m / memory
-    /// 128Mi, limits cpu 500m / memory 512Mi.
+    /// Compute resources of each sandbox container. Default: requests cpu 5m / memory
+    /// 16Mi (what an idle sandbox holds, so a node holds as many idle sessions as its
+    /// memory allows), limits cpu 500m / memory 512Mi (what a busy one may take).
     #[serde(default = "default_sandbox_resources")]
     #[x_kube(
         validation = Rule::new("!has(self.claims)").message(
@@ -168,9 +169,22 @@ fn default_output_budget() -> i64 {
     65536
 }
 
+/// The requests are sized from an idle sandbox on a real node: its pod cgroup (agent, bash,
+/// pause) holds about 3 MiB and uses no CPU while the shell waits (docs/benchmarks.md,
+/// "Density"). 16Mi leaves room for a session's page cache; 5m keeps CPU from being what
+/// fills a node first (100m did: a 2-core node refused its 16th idle session). The limits
+/// bound a busy session.
 fn default_sandbox_resources() -> ResourceRequirements {
-    resources("100m", "128Mi", "500m", "512Mi")
+    resources(
+        DEFAULT_SANDBOX_REQUESTS.0,
+        DEFAULT_SANDBOX_REQUESTS.1,
+        "500m",
+        "512Mi",
+    )
 }
+
+/// The default requests of a sandbox container: cpu and memory.
+pub const DEFAULT_SANDBOX_REQUESTS: (&str, &str) = ("5m", "16Mi");
 
 impl Default for SandboxSpec {
     fn default() -> Self {
@@ -234,6 +248,31 @@ mod tests {
     use crate::crd::CliMcpInstance;
     use crate::sandbox::{RESERVED_ENV, RESERVED_ENV_PREFIXES};
     use kube::CustomResourceExt;
+
+    /// A small node (2 CPUs, 4 GiB for pods) fits at least as many idle sandboxes with the
+    /// default requests as a kubelet runs pods (110 by default): neither CPU nor memory
+    /// requests fill it first. The 100m CPU request did, at about 15 on such a node.
+    #[test]
+    fn a_small_node_fits_a_full_node_of_idle_sandboxes_by_default() {
+        use crate::sandbox::limits::quantity_bytes;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let (cpu, memory) = super::DEFAULT_SANDBOX_REQUESTS;
+        let millicores: u128 = match cpu.strip_suffix('m') {
+            Some(m) => m.parse().expect("millicores"),
+            None => cpu.parse::<u128>().expect("cores") * 1000,
+        };
+        let bytes = quantity_bytes(&Quantity(memory.into())).expect("memory");
+        let by_cpu = 2000 / millicores;
+        let by_memory = (4u128 << 30) / bytes;
+        assert!(
+            by_cpu >= 110 && by_memory >= 110,
+            "a 2-CPU, 4 GiB node fits {by_cpu} sandboxes by CPU, {by_memory} by memory"
+        );
+        let resources = super::default_sandbox_resources();
+        let requests = resources.requests.expect("requests");
+        assert_eq!(requests["cpu"].0, cpu);
+        assert_eq!(requests["memory"].0, memory);
+    }
 
     #[test]
     fn reserved_env_list_matches_the_builder() {

@@ -294,7 +294,10 @@ mod tests {
             let r = agent(&pod).resources.clone().expect("resources");
             assert_eq!(ephemeral(&r), (Some(q("8Mi")), Some(q("1280Mi"))));
             // The instance's CPU and memory are kept as they were.
-            assert_eq!(r.requests.as_ref().expect("requests")["memory"], q("128Mi"));
+            assert_eq!(
+                r.requests.as_ref().expect("requests")["memory"],
+                q(crate::crd::DEFAULT_SANDBOX_REQUESTS.1)
+            );
             assert_eq!(r.limits.as_ref().expect("limits")["cpu"], q("500m"));
         }
         // The limit follows the workspace's size.

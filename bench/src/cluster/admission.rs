@@ -9,7 +9,7 @@ use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_e2e::journey::Env;
 use serde_json::json;
 
-use super::instance::server_metrics;
+use super::instance::{server_metrics, server_pod};
 use crate::prom::{Quantiles, Scrape};
 
 /// The admission burst: `2 × limit` new sessions at once against `maxSessions: limit`.
@@ -22,12 +22,35 @@ pub(super) struct Burst {
     /// The server's own `cli_mcp_session_admission_seconds` for the burst: admission's cost
     /// without the TLS, auth, lookup and pod start around it.
     pub(super) decided: [Option<Quantiles>; 2],
+    /// The server's `cli_mcp_exec_duration_seconds{outcome="error"}`: a refused tool call from
+    /// its start in the server to its answer (the burst's only errors are its refusals).
+    pub(super) refused_in_server: Option<Quantiles>,
+    /// `2 × limit` `tools/list` calls at once on open connections, before the burst: each
+    /// one's answer, and the server's CPU time per call.
+    pub(super) lists: Vec<Duration>,
+    pub(super) list_cpu: Option<Duration>,
 }
 
-/// The quantiles of histogram `name{result="<result>"}` summed over several expositions.
-fn histogram_quantiles(texts: &[String], name: &str, result: &str) -> Option<Quantiles> {
+/// The CPU time a process's threads have run, in nanoseconds (the first field of each
+/// thread's `schedstat`, which counts at the scheduler's resolution, not in clock ticks).
+fn process_cpu_ns(pid: i32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut sum = 0;
+    for t in tasks.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+        sum += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
+}
+
+/// The quantiles of histogram `name{<label>="<value>"}` summed over several expositions.
+fn histogram_quantiles(
+    texts: &[String],
+    name: &str,
+    (label, value): (&str, &str),
+) -> Option<Quantiles> {
     Scrape::merge(texts)
-        .histogram(name, &[("result", result)])
+        .histogram(name, &[(label, value)])
         .quantiles()
 }
 
@@ -46,6 +69,21 @@ pub(super) async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
     env.apply_cr(&cr).await;
     env.wait_ready(NAME).await;
     let svc = env.client(NAME).await;
+    let server_pid = server_pod(env, NAME).await.map(|(_, pid)| pid).ok();
+    // The investigating service of an alert storm has called before: its token is reviewed
+    // and cached and its connections are open. Those calls, as many at once as the burst
+    // and with no session behind them, are what any request costs the server under it.
+    let cpu_before = server_pid.and_then(process_cpu_ns);
+    let lists = futures::future::join_all((0..2 * limit).map(|_| async {
+        let t = Instant::now();
+        svc.rpc("burst-warmup", "tools/list", json!({})).await;
+        t.elapsed()
+    }))
+    .await;
+    let list_cpu = match (cpu_before, server_pid.and_then(process_cpu_ns)) {
+        (Some(a), Some(b)) => Some(Duration::from_nanos(b.saturating_sub(a)) / lists.len() as u32),
+        _ => None,
+    };
     let t0 = Instant::now();
     let answers = futures::future::join_all((0..2 * limit).map(|i| {
         let svc = svc.clone();
@@ -59,7 +97,12 @@ pub(super) async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
     let wall = t0.elapsed();
     let texts = server_metrics(env, NAME).await;
     let decided = ["admitted", "refused"]
-        .map(|r| histogram_quantiles(&texts, "cli_mcp_session_admission_seconds", r));
+        .map(|r| histogram_quantiles(&texts, "cli_mcp_session_admission_seconds", ("result", r)));
+    let refused_in_server = histogram_quantiles(
+        &texts,
+        "cli_mcp_exec_duration_seconds",
+        ("outcome", "error"),
+    );
     let mut out = Burst {
         limit,
         refused: Vec::new(),
@@ -67,6 +110,9 @@ pub(super) async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
         errors: Vec::new(),
         wall,
         decided,
+        refused_in_server,
+        lists,
+        list_cpu,
     };
     let full = format!("already has {limit} sessions");
     for (took, r) in answers {
@@ -106,7 +152,7 @@ cli_mcp_session_admission_seconds_bucket{le=\"+Inf\",result=\"admitted\"} 3
         let q = histogram_quantiles(
             &[one.clone(), one],
             "cli_mcp_session_admission_seconds",
-            "refused",
+            ("result", "refused"),
         )
         .expect("refused");
         assert_eq!(
@@ -118,7 +164,11 @@ cli_mcp_session_admission_seconds_bucket{le=\"+Inf\",result=\"admitted\"} 3
             }
         );
         assert_eq!(at_most(q.median), "≤ 5.0 µs");
-        let a = histogram_quantiles(&[], "cli_mcp_session_admission_seconds", "admitted");
+        let a = histogram_quantiles(
+            &[],
+            "cli_mcp_session_admission_seconds",
+            ("result", "admitted"),
+        );
         assert_eq!(a, None, "no exposition, no figure");
     }
 }

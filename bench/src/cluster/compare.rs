@@ -315,6 +315,48 @@ fn print_memory_rows(runs: &[Run]) {
          processes outside it)",
         |r| mem(r, &|m| plus(m, &m.outside_pss)),
     );
+    print_cpu_and_request_rows(runs);
+}
+
+/// What an idle pod uses of a CPU, and whether the default requests cover an idle pod's
+/// cgroup (what the scheduler places pods by).
+fn print_cpu_and_request_rows(runs: &[Run]) {
+    let window = super::memory::CPU_WINDOW.as_secs();
+    let millicores = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        match (v.get(v.len() / 2), v.last()) {
+            (Some(p50), Some(max)) => Cell::Text(format!("{p50:.2}m / {max:.2}m")),
+            _ => Cell::Missing,
+        }
+    };
+    row(
+        runs,
+        &format!("idle sandbox pod: CPU used over {window} s idle, median / max"),
+        |r| mem(r, &|m| millicores(&m.cpu_millicores)),
+    );
+    let (cpu, memory) = cli_mcp_api::crd::DEFAULT_SANDBOX_REQUESTS;
+    let request = cli_mcp_api::sandbox::limits::quantity_bytes(
+        &k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.into()),
+    )
+    .unwrap_or(0) as f64;
+    row(
+        runs,
+        &format!("  the default requests ({cpu}, {memory}) cover the median pod cgroup"),
+        |r| {
+            mem(r, &|m| {
+                let need = median_mib(&m.charge, MIB_OF_BYTES)
+                    .value()
+                    .unwrap_or(f64::MAX);
+                let have = request / MIB_OF_BYTES;
+                Cell::Text(if need <= have {
+                    format!("yes ({need:.1} of {have:.0} MiB)")
+                } else {
+                    format!("**no** ({need:.1} MiB, {have:.0} requested)")
+                })
+            })
+        },
+    );
 }
 
 /// The runtime's processes of an idle pod: where they sit, and those outside the pod cgroup.

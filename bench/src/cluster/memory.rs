@@ -13,6 +13,7 @@ use cli_mcp_e2e::journey::{sandbox_selector, session_of, Env};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use super::cgroup::find_dir;
 use super::ctr_events::pod_containers;
 use super::INSTANCE;
 
@@ -47,8 +48,13 @@ pub(super) struct IdleMemory {
     pub(super) shim_pss: Vec<u64>,
     /// PSS of the runtime's processes outside the pod cgroup (the shim, runsc's helpers).
     pub(super) outside_pss: Vec<u64>,
+    /// The pod cgroup's CPU use over [`CPU_WINDOW`] of idleness, in millicores.
+    pub(super) cpu_millicores: Vec<f64>,
     pub(super) errors: Vec<String>,
 }
+
+/// How long the idle pods' CPU use is measured over.
+pub(super) const CPU_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A host process of a runtime: its pid, its parent's, argv and memory cgroup path.
 struct Proc {
@@ -61,6 +67,11 @@ struct Proc {
 /// The memory of every session pod of instance `bench` (idle: each has answered its one
 /// call), on the real node whose containerd listens on `socket`.
 pub(super) async fn idle(env: &Env, socket: &Path) -> IdleMemory {
+    idle_of(env, socket, INSTANCE).await
+}
+
+/// [`idle`] for the session pods of `instance`.
+pub(super) async fn idle_of(env: &Env, socket: &Path, instance: &str) -> IdleMemory {
     let mut out = IdleMemory::default();
     let Some((root, v2)) = memory_hierarchy() else {
         out.errors
@@ -73,8 +84,13 @@ pub(super) async fn idle(env: &Env, socket: &Path) -> IdleMemory {
         "memory.usage_in_bytes"
     };
     let procs = runtime_processes();
-    let pods: Vec<Pod> = env.list::<Pod>(&sandbox_selector(INSTANCE)).await;
-    for p in pods.iter().filter(|p| session_of(p).is_some()) {
+    let pods: Vec<Pod> = env.list::<Pod>(&sandbox_selector(instance)).await;
+    let sessions: Vec<&Pod> = pods.iter().filter(|p| session_of(p).is_some()).collect();
+    let uids: Vec<String> = sessions.iter().filter_map(|p| p.uid()).collect();
+    let (cpu, cpu_errors) = super::idle_cpu::millicores(&uids, CPU_WINDOW).await;
+    out.cpu_millicores = cpu;
+    out.errors.extend(cpu_errors);
+    for p in sessions {
         let uid = p.uid().unwrap_or_default();
         let Some(dir) = find_dir(&root, &format!("pod{uid}"), 4) else {
             out.errors
@@ -204,26 +220,6 @@ fn memory_hierarchy() -> Option<(PathBuf, bool)> {
     v2.join("cgroup.controllers")
         .is_file()
         .then_some((v2, true))
-}
-
-/// The directory named `name` at most `depth` levels under `dir`.
-fn find_dir(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
-    let entries = fs::read_dir(dir).ok()?;
-    let subdirs: Vec<PathBuf> = entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect();
-    if let Some(d) = subdirs
-        .iter()
-        .find(|d| d.file_name().is_some_and(|n| n == name))
-    {
-        return Some(d.clone());
-    }
-    if depth == 0 {
-        return None;
-    }
-    subdirs.iter().find_map(|d| find_dir(d, name, depth - 1))
 }
 
 fn read_u64(path: &Path) -> Option<u64> {

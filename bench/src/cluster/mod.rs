@@ -45,8 +45,11 @@ use starts::Starts;
 mod admission;
 mod big;
 mod calls;
+mod cgroup;
 mod compare;
 mod ctr_events;
+mod density;
+mod idle_cpu;
 mod inside;
 mod instance;
 mod load;
@@ -84,6 +87,10 @@ pub struct ClusterArgs {
     /// `maxSessions` of the admission burst (twice as many new sessions are sent at once).
     #[arg(long, default_value_t = 100)]
     pub admission_limit: usize,
+    /// Idle sessions of the density phase (real node, runc, the default requests); 0 skips
+    /// it. The real node runs at most 250 pods.
+    #[arg(long, default_value_t = 0)]
+    pub idle: usize,
     /// The sandboxes' CPU limit (e.g. `2`), to see what the default 500m costs a call; the
     /// requests stay the defaults.
     #[arg(long)]
@@ -159,6 +166,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     eprintln!("bench: measuring on {what}");
     let mut runs = Vec::new();
     let mut admission = None;
+    let mut density = None;
     for (i, &rt) in runtimes.iter().enumerate() {
         let last = i + 1 == runtimes.len();
         let env = Env::install_on(c.clone(), &format!("bench-{}", rt.name())).await;
@@ -171,6 +179,12 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
                 args.admission_limit
             );
             admission = Some(burst(&env, args.admission_limit).await?);
+            let socket = env.c.info.containerd_socket.clone();
+            if let (Some(socket), true) = (socket, args.idle > 0 && rt == SandboxRuntime::Runc) {
+                no_pods_of(&env, "admit").await?;
+                eprintln!("bench: density, {} idle sessions", args.idle);
+                density = Some(density::measure(&env, &socket, args.idle).await?);
+            }
             if !last {
                 // The next runtime's figures are measured on a quiet node.
                 no_pods_of(&env, "admit").await?;
@@ -190,6 +204,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         real: c.info.node == NodeKind::Real,
         runs,
         burst,
+        density,
     }
     .print(&args);
     eprintln!("bench: done in {:.0} s", t_all.elapsed().as_secs_f64());

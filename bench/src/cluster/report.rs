@@ -18,6 +18,8 @@ pub(super) struct Report {
     pub(super) runs: Vec<Run>,
     /// Measured on the first runtime's instance only: admission does not depend on it.
     pub(super) burst: Burst,
+    /// Measured on the real node under runc, when asked for (`--idle`).
+    pub(super) density: Option<super::density::Density>,
 }
 
 impl Report {
@@ -34,6 +36,9 @@ impl Report {
         }
         if self.real {
             compare::print(&self.runs, args);
+        }
+        if let Some(d) = &self.density {
+            d.print();
         }
     }
 
@@ -152,6 +157,20 @@ fn print_load_rows(run: &Run, args: &ClusterArgs) {
 
 /// The admission burst's rows of the latency table.
 fn print_admission_rows(b: &Burst) {
+    let cpu = b.list_cpu.map_or("–".into(), |d| {
+        format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+    });
+    println!(
+        "{}",
+        row(
+            &format!(
+                "admission burst, before it: {} `tools/list` at once on open connections, answer (n={}; the server's CPU per call: {cpu})",
+                b.lists.len(),
+                b.lists.len()
+            ),
+            &b.lists
+        )
+    );
     println!(
         "{}",
         row(
@@ -186,6 +205,15 @@ fn print_admission_rows(b: &Burst) {
             ),
             None => println!("| admission burst: the server's admission decision, {what} | – | – |"),
         }
+    }
+    match b.refused_in_server {
+        Some(q) => println!(
+            "| admission burst: a refused tool call in the server, from its start to its answer (n={}; histogram bucket bounds) | {} | {} |",
+            q.n,
+            at_most(q.median),
+            at_most(q.p99)
+        ),
+        None => println!("| admission burst: a refused tool call in the server | – | – |"),
     }
 }
 

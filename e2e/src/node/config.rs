@@ -117,6 +117,11 @@ pub fn cni_conflist(p: &NodeParams) -> String {
     format!("{v:#}\n")
 }
 
+/// The most pods the real node runs: its `/24` holds 253 pod addresses, and idle sessions
+/// cost little enough (docs/benchmarks.md, density) that the kubelet's default of 110, not
+/// memory or CPU, would be what fills it.
+pub const MAX_PODS: u32 = 250;
+
 /// The KubeletConfiguration file. cgroup v1 needs `failCgroupV1: false` (kubelet ≥ 1.35);
 /// containerd 1.6 has no RuntimeConfig RPC, so the kubelet falls back to `cgroupDriver`.
 /// What bounds a sandbox on its node: [`POD_PIDS_LIMIT`], [`VOLUME_STATS_AGG_PERIOD`].
@@ -138,6 +143,7 @@ containerRuntimeEndpoint: unix://{sock}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 podPidsLimit: {pids}
+maxPods: {max_pods}
 volumeStatsAggPeriod: {stats}
 evictionHard:
   memory.available: "1Mi"
@@ -162,6 +168,7 @@ podLogsDir: "{logs}"
 "#,
         cgroup_root = p.cgroup_root,
         pids = POD_PIDS_LIMIT,
+        max_pods = MAX_PODS,
         stats = VOLUME_STATS_AGG_PERIOD,
         ip = p.node_ip,
         port = p.kubelet_port,
@@ -283,6 +290,7 @@ mod tests {
         assert_eq!(v["port"], 40001);
         assert_eq!(v["readOnlyPort"], 0);
         assert_eq!(v["imageGCHighThresholdPercent"], 100);
+        assert_eq!(v["maxPods"], 250);
         assert_eq!(v["clusterDNS"][0], "10.96.0.10");
         assert_eq!(v["clusterDomain"], "cluster.local");
         assert_eq!(
