@@ -9,6 +9,7 @@ mod agent_attacks;
 mod agent_exec;
 mod agent_mcp;
 mod agent_proc;
+mod apiserver;
 mod cluster;
 mod figures;
 mod images;

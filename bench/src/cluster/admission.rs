@@ -25,8 +25,8 @@ pub(super) struct Burst {
     /// The server's `cli_mcp_exec_duration_seconds{outcome="error"}`: a refused tool call from
     /// its start in the server to its answer (the burst's only errors are its refusals).
     pub(super) refused_in_server: Option<Quantiles>,
-    /// `2 × limit` `tools/list` calls at once on open connections, before the burst: each
-    /// one's answer, and the server's CPU time per call.
+    /// `2 × limit` `tools/list` calls at once before the burst, each opening the connection
+    /// the burst then reuses: each one's answer, and the server's CPU time per call.
     pub(super) lists: Vec<Duration>,
     pub(super) list_cpu: Option<Duration>,
 }
@@ -71,8 +71,9 @@ pub(super) async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
     let svc = env.client(NAME).await;
     let server_pid = server_pod(env, NAME).await.map(|(_, pid)| pid).ok();
     // The investigating service of an alert storm has called before: its token is reviewed
-    // and cached and its connections are open. Those calls, as many at once as the burst
-    // and with no session behind them, are what any request costs the server under it.
+    // and cached and its connections are open. The calls that open them, as many at once as
+    // the burst and with no session behind them, say what a request with its TLS handshake
+    // costs the server.
     let cpu_before = server_pid.and_then(process_cpu_ns);
     let lists = futures::future::join_all((0..2 * limit).map(|_| async {
         let t = Instant::now();

@@ -149,6 +149,9 @@ struct Run {
     rss_loaded: u64,
     /// What the warm starts' idle sandbox pods held (real node only).
     memory: Option<IdleMemory>,
+    /// The API writes of the warm starts and the pool's refill behind them, by verb and
+    /// resource (the API server's own counts), when its metrics could be read.
+    warm_writes: Option<Vec<(String, f64)>>,
 }
 
 pub fn cluster_bench(args: ClusterArgs) -> anyhow::Result<()> {
@@ -223,7 +226,14 @@ async fn measure(env: &Env, args: &ClusterArgs, rt: SandboxRuntime) -> anyhow::R
     let svc = env.client(INSTANCE).await;
 
     eprintln!("bench [{name}]: {} warm starts", args.starts);
+    let before = crate::apiserver::metrics(&env.c).await.ok();
     let (warm_starts, warm_steps) = starts::measured(env, &svc, "warm", args.starts).await;
+    // Everything a warm start causes, the pool's refill behind it included.
+    converge_pool(env, INSTANCE, args.starts as i32).await?;
+    let after = crate::apiserver::metrics(&env.c).await.ok();
+    let warm_writes = before
+        .zip(after)
+        .map(|(a, b)| crate::apiserver::writes_between(&a, &b));
     let memory = match &socket {
         Some(s) => Some(memory::idle(env, s).await),
         None => None,
@@ -279,6 +289,7 @@ async fn measure(env: &Env, args: &ClusterArgs, rt: SandboxRuntime) -> anyhow::R
         load: l,
         rss_loaded,
         memory,
+        warm_writes,
     })
 }
 

@@ -75,6 +75,9 @@ impl Report {
                 &warm_starts.samples
             )
         );
+        if let Some(w) = &run.warm_writes {
+            print_writes_row(w, warm_starts.samples.len());
+        }
         println!(
             "{}",
             row(
@@ -155,6 +158,25 @@ fn print_load_rows(run: &Run, args: &ClusterArgs) {
     );
 }
 
+/// API writes per warm start (all writers: the server's claim and slots, the operator's
+/// refill, the scheduler's binding, the kubelet's status), by verb and resource.
+fn print_writes_row(writes: &[(String, f64)], starts: usize) {
+    if starts == 0 {
+        return;
+    }
+    let per = |n: f64| n / starts as f64;
+    let total: f64 = writes.iter().map(|(_, n)| n).sum();
+    let by: Vec<String> = writes
+        .iter()
+        .map(|(what, n)| format!("`{what}` {:.1}", per(*n)))
+        .collect();
+    println!(
+        "| API writes per warm start, the pool's refill included (n={starts}; the API server's counts): {} | {:.1} | |",
+        by.join(", "),
+        per(total)
+    );
+}
+
 /// The admission burst's rows of the latency table.
 fn print_admission_rows(b: &Burst) {
     let cpu = b.list_cpu.map_or("–".into(), |d| {
@@ -164,7 +186,7 @@ fn print_admission_rows(b: &Burst) {
         "{}",
         row(
             &format!(
-                "admission burst, before it: {} `tools/list` at once on open connections, answer (n={}; the server's CPU per call: {cpu})",
+                "admission burst, before it: {} `tools/list` at once, each opening its connection (a TLS handshake), answer (n={}; the server's CPU per call: {cpu})",
                 b.lists.len(),
                 b.lists.len()
             ),

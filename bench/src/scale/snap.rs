@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use cli_mcp_api::names::InstanceName;
 use cli_mcp_e2e::journey::Env;
 use cli_mcp_e2e::testing::TestCluster;
@@ -51,18 +50,6 @@ pub(super) async fn metrics_of(ip: &str) -> Scrape {
     }
 }
 
-async fn apiserver_metrics(c: &TestCluster) -> anyhow::Result<Scrape> {
-    let req = http::Request::get("/metrics")
-        .body(Vec::new())
-        .context("building GET /metrics")?;
-    let text = c
-        .client
-        .request_text(req)
-        .await
-        .context("GET /metrics of the API server")?;
-    Ok(Scrape::parse(&text))
-}
-
 pub(super) fn rss(pid: i32) -> (u64, u64) {
     u32::try_from(pid)
         .ok()
@@ -73,7 +60,7 @@ pub(super) fn rss(pid: i32) -> (u64, u64) {
 pub(super) async fn snap(c: &TestCluster, p: &Procs) -> anyhow::Result<Snap> {
     Ok(Snap {
         at: Instant::now(),
-        api: apiserver_metrics(c).await?,
+        api: crate::apiserver::metrics(c).await?,
         operator: metrics_of(&p.operator.0).await,
         server: metrics_of(&p.server.0).await,
         server_rss: rss(p.server.1),

@@ -4,43 +4,11 @@
 use super::snap::Snap;
 use crate::prom::Scrape;
 
-const WRITE_VERBS: &[&str] = &[
-    "POST",
-    "PUT",
-    "PATCH",
-    "APPLY",
-    "DELETE",
-    "DELETECOLLECTION",
-];
+use crate::apiserver::WRITE_VERBS;
 
 /// API writes between two snapshots, by (verb, resource[/subresource]), most first.
 pub(super) fn writes_between(a: &Snap, b: &Snap) -> Vec<(String, f64)> {
-    let mut by: std::collections::BTreeMap<String, f64> = Default::default();
-    for s in b.api.series("apiserver_request_total", &[]) {
-        let verb = s.label("verb").unwrap_or_default();
-        if !WRITE_VERBS.contains(&verb) {
-            continue;
-        }
-        let before: f64 = a
-            .api
-            .0
-            .iter()
-            .find(|x| x.name == s.name && x.labels == s.labels)
-            .map_or(0.0, |x| x.value);
-        let d = s.value - before;
-        if d <= 0.0 {
-            continue;
-        }
-        let resource = match (s.label("resource"), s.label("subresource")) {
-            (Some(r), Some(sub)) if !sub.is_empty() => format!("{r}/{sub}"),
-            (Some(r), _) => r.to_owned(),
-            _ => "?".into(),
-        };
-        *by.entry(format!("{verb} {resource}")).or_default() += d;
-    }
-    let mut v: Vec<_> = by.into_iter().collect();
-    v.sort_by(|x, y| y.1.total_cmp(&x.1));
-    v
+    crate::apiserver::writes_between(&a.api, &b.api)
 }
 
 pub(super) fn delta(a: &Scrape, b: &Scrape, name: &str, filter: &[(&str, &str)]) -> f64 {

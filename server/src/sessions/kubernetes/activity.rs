@@ -128,6 +128,27 @@ impl ActivityStamper {
         self.wake.notify_one();
     }
 
+    /// `pod`'s annotation already says `at`, written by another patch (a warm pod's claim
+    /// stamps it): an event in that second needs no write of its own, and the next stamp
+    /// waits a gap as after any write. A warm start's first quick command then costs no
+    /// stamp of its own.
+    pub fn written_by_claim(&self, pod: &str, uid: &str, at: String) {
+        self.written_at(pod, uid, at, Instant::now());
+    }
+
+    fn written_at(&self, pod: &str, uid: &str, at: String, now: Instant) {
+        let mut entries = self.lock();
+        let e = entries
+            .entry(pod.to_owned())
+            .or_insert_with(|| Entry::new(uid, now));
+        if e.uid != uid {
+            *e = Entry::new(uid, now);
+        }
+        e.written = Some(at);
+        e.last_write = Some(now);
+        e.touched = now;
+    }
+
     /// The stamps due at `now`, marking them written.
     pub fn due(&self, now: Instant) -> Vec<Stamp> {
         let mut entries = self.lock();
@@ -232,6 +253,28 @@ mod tests {
     /// The stamp of second `sec` of a test's timeline.
     fn at(sec: u64) -> String {
         format!("2026-01-01T00:{:02}:{:02}Z", sec / 60, sec % 60)
+    }
+
+    #[test]
+    fn a_claims_stamp_is_not_written_again() {
+        let s = ActivityStamper::with_gap(Duration::from_secs(5));
+        let t0 = Instant::now();
+        s.written_at("p", "u", at(0), t0);
+        // The first command, within the claim's second: nothing to write.
+        s.record_at("p", "u", Activity::Start, at(0));
+        s.record_at("p", "u", Activity::End, at(0));
+        assert!(s.due(t0).is_empty(), "the claim wrote this second");
+        // A later event waits a gap after the claim's write, then is written.
+        s.record_at("p", "u", Activity::Start, at(2));
+        s.record_at("p", "u", Activity::End, at(2));
+        assert!(s.due(t0 + Duration::from_secs(2)).is_empty());
+        let due = s.due(t0 + Duration::from_secs(5));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].at, at(2));
+        // Another pod of the same name (re-created) starts over.
+        s.written_at("p", "v", at(9), t0);
+        s.record_at("p", "v", Activity::End, at(9));
+        assert!(s.due(t0).is_empty());
     }
 
     #[test]

@@ -35,6 +35,14 @@ impl SandboxPods {
         &self.api
     }
 
+    /// `pod`'s `last-activity` annotation says `at`, as its claim wrote it (see
+    /// [`ActivityStamper::written_by_claim`]).
+    pub fn claimed_at(&self, pod: &Pod, at: String) {
+        if let Some(uid) = pod.uid() {
+            self.stamper.written_by_claim(&pod.name_any(), &uid, at);
+        }
+    }
+
     /// Deletes a sandbox whose disappearance is not a reset of its session's state (see
     /// `annotation::RETIRED`): marked first, so every replica's pod watch sees why.
     pub async fn retire(&self, pod: &Pod, why: &str) {

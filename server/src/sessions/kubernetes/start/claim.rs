@@ -116,7 +116,8 @@ impl Starter {
             let Some(rv) = pod.resource_version() else {
                 return Ok(None);
             };
-            let patch = claim_patch(&rv, sid, token, nonce, caller, &stamp_now());
+            let stamp = stamp_now();
+            let patch = claim_patch(&rv, sid, token, nonce, caller, &stamp);
             match timed(
                 "claim",
                 self.pods
@@ -125,7 +126,10 @@ impl Starter {
             )
             .await
             {
-                Ok(p) => return Ok(Some(p)),
+                Ok(p) => {
+                    self.pods.claimed_at(&p, stamp);
+                    return Ok(Some(p));
+                }
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
                     self.pool.taken(&name);
                     return Ok(None);
