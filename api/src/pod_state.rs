@@ -86,16 +86,24 @@ pub fn is_assigned_meta(m: &ObjectMeta) -> bool {
     session_of_meta(m).is_some()
 }
 
-/// The first container that waits for a reason in [`CANNOT_START_REASONS`].
+/// containerd's words when the kubelet creates a container in a pod sandbox that has died
+/// (under gVisor an out-of-memory kill stops the sandbox whole, agent and pause alike): a
+/// `CreateContainerError` the kubelet mends by itself, making a new sandbox on its next sync.
+const SANDBOX_TASK_GONE: &str = "failed to get sandbox container task";
+
+/// The first container that waits for a reason in [`CANNOT_START_REASONS`] (but for a
+/// sandbox the kubelet is about to make anew, see [`SANDBOX_TASK_GONE`]).
 pub fn cannot_start(p: &Pod) -> Option<CannotStart> {
     let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
     statuses.iter().find_map(|cs| {
         let w = cs.state.as_ref()?.waiting.as_ref()?;
         let reason = w.reason.as_deref()?;
-        CANNOT_START_REASONS.contains(&reason).then(|| CannotStart {
+        let message = w.message.clone().unwrap_or_default();
+        let mends_itself = reason == "CreateContainerError" && message.contains(SANDBOX_TASK_GONE);
+        (CANNOT_START_REASONS.contains(&reason) && !mends_itself).then(|| CannotStart {
             container: cs.name.clone(),
             reason: reason.to_owned(),
-            message: w.message.clone().unwrap_or_default(),
+            message,
         })
     })
 }
@@ -202,6 +210,21 @@ mod tests {
         }
         let fresh = Pod::default();
         assert!(!is_deleting(&fresh) && !is_terminal(&fresh) && !is_assigned(&fresh));
+    }
+
+    #[test]
+    fn a_container_created_into_a_dead_sandbox_mends_itself() {
+        let waiting = |message: &str| {
+            pod(serde_json::json!({"status": {"containerStatuses": [
+                {"name": "agent", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                 "state": {"waiting": {"reason": "CreateContainerError", "message": message}}}]}}))
+        };
+        let gone = "failed to get sandbox container task: no running task found: task 87dd not found: not found";
+        assert_eq!(cannot_start(&waiting(gone)), None);
+        let other = cannot_start(&waiting(
+            "failed to create containerd container: mount denied",
+        ));
+        assert_eq!(other.map(|c| c.reason), Some("CreateContainerError".into()));
     }
 
     #[test]

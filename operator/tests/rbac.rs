@@ -819,9 +819,15 @@ fn matches(cell: &str, outcome: &Result<(), String>) -> bool {
     if let Some(words) = cell.strip_prefix("refused by Pod Security: ") {
         return matches!(outcome, Err(e) if e.contains("violates PodSecurity") && e.contains(words));
     }
+    // `refused: A (or: B)`: two policies refuse the request, and the API server names either.
     match (cell.strip_prefix("refused: "), outcome) {
         (None, Ok(())) => cell == "allowed",
-        (Some(words), Err(e)) => e.contains("ValidatingAdmissionPolicy") && e.contains(words),
+        (Some(words), Err(e)) => {
+            e.contains("ValidatingAdmissionPolicy")
+                && words
+                    .split(" (or: ")
+                    .any(|w| e.contains(w.trim_end_matches(')')))
+        }
         _ => false,
     }
 }

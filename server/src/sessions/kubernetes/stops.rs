@@ -51,13 +51,19 @@ impl Seen {
         }
     }
 
-    /// Why the sandbox stopped since `before` was seen, if it did.
+    /// Why the sandbox stopped since `before` was seen, if it did. A container already
+    /// stopped at `before` that comes back (one restart more) is the end of that stop, not a
+    /// new one: a call may begin on a sandbox whose agent answers again before the watch has
+    /// seen it restart (the call after an out-of-memory stop under gVisor).
     fn stopped_since(&self, before: &Seen) -> Option<String> {
-        if let Some(why) = &self.stopped {
-            return Some(why.clone());
+        let recovery = i32::from(before.stopped.is_some());
+        match &self.stopped {
+            // Still the stop the call began with.
+            Some(_) if before.stopped.is_some() && self.restarts == before.restarts => None,
+            Some(why) => Some(why.clone()),
+            None => (self.restarts > before.restarts + recovery)
+                .then(|| self.last.clone().unwrap_or_else(|| "restarted".into())),
         }
-        (self.restarts > before.restarts)
-            .then(|| self.last.clone().unwrap_or_else(|| "restarted".into()))
     }
 }
 
@@ -175,6 +181,29 @@ mod tests {
             json!({"terminated": {"exitCode": 128, "reason": "Error"}}),
         ));
         assert_eq!(waiter.await.expect("join"), "Error (exit code 128)");
+    }
+
+    #[tokio::test]
+    async fn a_call_begun_while_the_sandbox_was_down_is_not_answered_by_its_restart() {
+        let stops = ContainerStops::default();
+        let oom = || json!({"terminated": {"exitCode": 128, "reason": "OOMKilled"}});
+        stops.applied(&pod("u", 0, oom(), json!({})));
+        let waiter = tokio::spawn(stops.stopped("u"));
+        // The restart that ends the stop the call began with.
+        stops.applied(&pod("u", 1, running(), oom()));
+        let quiet = tokio::time::timeout(std::time::Duration::from_millis(50), async {
+            tokio::task::yield_now().await;
+            waiter.is_finished()
+        })
+        .await;
+        assert_eq!(
+            quiet.ok(),
+            Some(false),
+            "its own restart is no stop of the call"
+        );
+        // A stop after that is one.
+        stops.applied(&pod("u", 1, oom(), oom()));
+        assert_eq!(waiter.await.expect("join"), "OOMKilled (exit code 128)");
     }
 
     #[tokio::test]
