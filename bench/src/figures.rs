@@ -68,3 +68,38 @@ pub(crate) fn per_minute(n: f64, d: Duration) -> String {
 pub(crate) fn rss_cell(kib: (u64, u64)) -> String {
     format!("{} (peak {})", mib(kib.0), mib(kib.1))
 }
+
+/// The CPU time process `pid` has used (user and system), from `/proc/<pid>/stat`.
+pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command name (in parentheses, which may hold spaces): utime and stime are
+    // fields 14 and 15 of the line, the 12th and 13th after it.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: Vec<f64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    anyhow::ensure!(ticks.len() == 2, "no CPU times in /proc/{pid}/stat");
+    // The kernel's USER_HZ, 100 on every Linux this runs on.
+    Ok((ticks[0] + ticks[1]) / 100.0)
+}
+
+/// The lower median of `values` (the middle one of an odd count, the lower middle of an
+/// even one), or `None` when there are none.
+pub(crate) fn median<T: Copy + PartialOrd>(values: &[T]) -> Option<T> {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v.get(v.len().checked_sub(1)? / 2).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_median_is_the_lower_middle() {
+        assert_eq!(super::median::<u64>(&[]), None);
+        assert_eq!(super::median(&[3u64, 1, 2]), Some(2));
+        assert_eq!(super::median(&[4.0, 1.0, 3.0, 2.0]), Some(2.0));
+    }
+}

@@ -31,18 +31,6 @@ pub(super) struct Burst {
     pub(super) list_cpu: Option<Duration>,
 }
 
-/// The CPU time a process's threads have run, in nanoseconds (the first field of each
-/// thread's `schedstat`, which counts at the scheduler's resolution, not in clock ticks).
-fn process_cpu_ns(pid: i32) -> Option<u64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut sum = 0;
-    for t in tasks.flatten() {
-        let stat = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
-        sum += stat.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
-    Some(sum)
-}
-
 /// The quantiles of histogram `name{<label>="<value>"}` summed over several expositions.
 fn histogram_quantiles(
     texts: &[String],
@@ -74,15 +62,22 @@ pub(super) async fn burst(env: &Env, limit: usize) -> anyhow::Result<Burst> {
     // and cached and its connections are open. The calls that open them, as many at once as
     // the burst and with no session behind them, say what a request with its TLS handshake
     // costs the server.
-    let cpu_before = server_pid.and_then(process_cpu_ns);
+    let cpu = || {
+        server_pid
+            .and_then(|pid| u32::try_from(pid).ok())
+            .and_then(|pid| crate::figures::cpu_seconds(pid).ok())
+    };
+    let cpu_before = cpu();
     let lists = futures::future::join_all((0..2 * limit).map(|_| async {
         let t = Instant::now();
         svc.rpc("burst-warmup", "tools/list", json!({})).await;
         t.elapsed()
     }))
     .await;
-    let list_cpu = match (cpu_before, server_pid.and_then(process_cpu_ns)) {
-        (Some(a), Some(b)) => Some(Duration::from_nanos(b.saturating_sub(a)) / lists.len() as u32),
+    let list_cpu = match (cpu_before, cpu()) {
+        (Some(a), Some(b)) => Some(Duration::from_secs_f64(
+            (b - a).max(0.0) / lists.len() as f64,
+        )),
         _ => None,
     };
     let t0 = Instant::now();

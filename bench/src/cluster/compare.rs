@@ -82,12 +82,7 @@ fn quantile(samples: &[Duration], pick: impl Fn(&Stats) -> Duration) -> Cell {
 
 /// The median of `values` (KiB or bytes) as MiB, `Missing` when there is none.
 fn median_mib(values: &[u64], per_mib: f64) -> Cell {
-    let mut v = values.to_vec();
-    v.sort_unstable();
-    match v.len() {
-        0 => Cell::Missing,
-        n => Cell::Mib(v[(n - 1) / 2] as f64 / per_mib),
-    }
+    crate::figures::median(values).map_or(Cell::Missing, |v| Cell::Mib(v as f64 / per_mib))
 }
 
 /// A row of `f`'s cell for each runtime.
@@ -274,7 +269,7 @@ fn print_memory_rows(runs: &[Run]) {
     let first = runs.iter().find_map(|r| r.memory.as_ref());
     let file = first.map_or("memory.current", |m| m.charge_file);
     let pods = first.map_or(0, |m| m.charge.len());
-    let charge = |m: &IdleMemory| median_mib(&m.charge, MIB_OF_BYTES).value().unwrap_or(0.0);
+    let charge = |m: &IdleMemory| median_mib(&m.charge, MIB_OF_BYTES).value();
     row(
         runs,
         &format!("idle sandbox pod: pod cgroup `{file}` (median of {pods} pods)"),
@@ -299,15 +294,12 @@ fn print_memory_rows(runs: &[Run]) {
         "  their PSS (the pages they share split between them)",
         |r| mem(r, &|m| median_mib(&m.sandbox_pss, MIB_OF_KIB)),
     );
-    let plus = |m: &IdleMemory, kib: &[u64]| {
-        Cell::Mib(charge(m) + median_mib(kib, MIB_OF_KIB).value().unwrap_or(0.0))
+    // Missing when either part was not measured, never a part alone.
+    let plus = |m: &IdleMemory, kib: &[u64]| match (charge(m), median_mib(kib, MIB_OF_KIB).value())
+    {
+        (Some(c), Some(o)) => Cell::Mib(c + o),
+        _ => Cell::Missing,
     };
-    row(
-        runs,
-        "idle sandbox pod: pod cgroup + Sentry and gofers' RSS (counts them twice: they sit \
-         in the pod cgroup)",
-        |r| mem(r, &|m| plus(m, &m.sandbox_rss)),
-    );
     print_runtime_process_rows(runs);
     row(
         runs,
@@ -323,9 +315,8 @@ fn print_memory_rows(runs: &[Run]) {
 fn print_cpu_and_request_rows(runs: &[Run]) {
     let window = super::memory::CPU_WINDOW.as_secs();
     let millicores = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        match (v.get(v.len() / 2), v.last()) {
+        let max = v.iter().copied().reduce(f64::max);
+        match (crate::figures::median(v), max) {
             (Some(p50), Some(max)) => Cell::Text(format!("{p50:.2}m / {max:.2}m")),
             _ => Cell::Missing,
         }

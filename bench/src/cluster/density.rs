@@ -16,7 +16,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::memory::{idle_of, IdleMemory};
+use super::memory::{idle_of, IdleMemory, CPU_WINDOW};
+use crate::figures::{median, mib};
 
 const NAME: &str = "dense";
 /// Sessions started at a time: the node starts pods at its own pace, and all at once would
@@ -106,24 +107,12 @@ pub(super) async fn measure(env: &Env, socket: &Path, n: usize) -> anyhow::Resul
     })
 }
 
-fn median(v: &[u64]) -> Option<u64> {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v.get(v.len().saturating_sub(1) / 2).copied()
-}
-
 impl Density {
     pub(super) fn print(&self) {
         let (cpu, memory) = DEFAULT_SANDBOX_REQUESTS;
-        let mib = |bytes: Option<u64>| {
-            bytes.map_or("–".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0))
-        };
+        let mib = |kib: Option<u64>| kib.map_or("–".into(), mib);
         let m = &self.memory;
-        let mut cpu_use = m.cpu_millicores.clone();
-        cpu_use.sort_by(f64::total_cmp);
-        let cpu_median = cpu_use
-            .get(cpu_use.len().saturating_sub(1) / 2)
-            .map_or("–".into(), |c| format!("{c:.2}m"));
+        let cpu_median = median(&m.cpu_millicores).map_or("–".into(), |c| format!("{c:.2}m"));
         println!();
         println!(
             "| density: {} idle sessions under runc, default requests ({cpu}, {memory}) | value |",
@@ -145,20 +134,23 @@ impl Density {
             "| per idle sandbox: pod cgroup `{}`, median of {} | {} |",
             m.charge_file,
             m.charge.len(),
-            mib(median(&m.charge))
+            mib(median(&m.charge).map(|b| b / 1024))
         );
         println!(
             "| per idle sandbox: its containerd shim outside the pod cgroup, PSS median | {} |",
-            mib(median(&m.shim_pss).map(|k| k * 1024))
+            mib(median(&m.shim_pss))
         );
         println!(
             "| per idle sandbox: the host's `MemAvailable` drop / sessions started | {} |",
             mib(self
                 .host_drop_kib
                 .filter(|_| self.started > 0)
-                .map(|k| k * 1024 / self.started as u64))
+                .map(|k| k / self.started as u64))
         );
-        println!("| per idle sandbox: CPU over 10 s idle, median | {cpu_median} |");
+        println!(
+            "| per idle sandbox: CPU over {} s idle, median | {cpu_median} |",
+            CPU_WINDOW.as_secs()
+        );
         for e in self.errors.iter().chain(&m.errors).take(3) {
             println!("| error | {} |", e.chars().take(200).collect::<String>());
         }

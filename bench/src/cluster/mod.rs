@@ -183,14 +183,18 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             );
             admission = Some(burst(&env, args.admission_limit).await?);
             let socket = env.c.info.containerd_socket.clone();
-            if let (Some(socket), true) = (socket, args.idle > 0 && rt == SandboxRuntime::Runc) {
+            let dense = socket.filter(|_| args.idle > 0 && rt == SandboxRuntime::Runc);
+            if dense.is_some() || !last {
+                // What comes next is measured on a quiet node.
                 no_pods_of(&env, "admit").await?;
+            }
+            if let Some(socket) = dense {
                 eprintln!("bench: density, {} idle sessions", args.idle);
                 density = Some(density::measure(&env, &socket, args.idle).await?);
-            }
-            if !last {
-                // The next runtime's figures are measured on a quiet node.
-                no_pods_of(&env, "admit").await?;
+            } else if args.idle > 0 {
+                eprintln!(
+                    "bench: no density phase: it needs the real node, with runc first in --runtimes"
+                );
             }
         }
         match (&private, last) {

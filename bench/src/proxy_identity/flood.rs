@@ -78,10 +78,11 @@ pub(crate) async fn measure(
     let refused_before = counts.refused.load(Ordering::Relaxed);
     let other_before = counts.other.load(Ordering::Relaxed);
     let start = Instant::now();
-    let cpu_before = cpu_seconds(pid)?;
+    let cpu_before = crate::figures::cpu_seconds(pid)?;
     let (flooded, flooded_failed) = requests(client, &calm, args.flood_requests).await;
     let span = start.elapsed();
-    let proxy_cpus = (cpu_seconds(pid)? - cpu_before) / span.as_secs_f64().max(1e-9);
+    let proxy_cpus =
+        (crate::figures::cpu_seconds(pid)? - cpu_before) / span.as_secs_f64().max(1e-9);
     let refused = counts.refused.load(Ordering::Relaxed) - refused_before;
     let other = counts.other.load(Ordering::Relaxed) - other_before;
     counts.stop.store(true, Ordering::Relaxed);
@@ -97,23 +98,6 @@ pub(crate) async fn measure(
         span,
         proxy_cpus,
     })
-}
-
-/// The CPU time process `pid` has used (user and system), from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // After the command name (in parentheses, which may hold spaces): utime and stime are
-    // fields 14 and 15 of the line, the 12th and 13th after it.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: Vec<f64> = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    anyhow::ensure!(ticks.len() == 2, "no CPU times in /proc/{pid}/stat");
-    // The kernel's USER_HZ, 100 on every Linux this runs on.
-    Ok((ticks[0] + ticks[1]) / 100.0)
 }
 
 /// `n` requests of sandbox `s`, each on a new tunnel: the times of those that succeeded, and
