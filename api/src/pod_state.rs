@@ -98,12 +98,12 @@ pub fn cannot_start(p: &Pod) -> Option<CannotStart> {
     statuses.iter().find_map(|cs| {
         let w = cs.state.as_ref()?.waiting.as_ref()?;
         let reason = w.reason.as_deref()?;
-        let message = w.message.clone().unwrap_or_default();
+        let message = w.message.as_deref().unwrap_or_default();
         let mends_itself = reason == "CreateContainerError" && message.contains(SANDBOX_TASK_GONE);
         (CANNOT_START_REASONS.contains(&reason) && !mends_itself).then(|| CannotStart {
             container: cs.name.clone(),
             reason: reason.to_owned(),
-            message,
+            message: message.to_owned(),
         })
     })
 }

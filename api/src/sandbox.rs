@@ -213,20 +213,8 @@ impl SandboxConfig {
             namespace: namespace.into(),
             image: image.into(),
             image_pull_policy: None,
-            resources: ResourceRequirements {
-                requests: Some(BTreeMap::from([
-                    ("cpu".to_owned(), q(crate::crd::DEFAULT_SANDBOX_REQUESTS.0)),
-                    (
-                        "memory".to_owned(),
-                        q(crate::crd::DEFAULT_SANDBOX_REQUESTS.1),
-                    ),
-                ])),
-                limits: Some(BTreeMap::from([
-                    ("cpu".to_owned(), q("500m")),
-                    ("memory".to_owned(), q("512Mi")),
-                ])),
-                ..Default::default()
-            },
+            // The instance's defaults: one definition for the CRD and the builder.
+            resources: crate::crd::SandboxSpec::default().resources,
             env: Vec::new(),
             proxy: None,
             workspace_size_limit: q("1Gi"),

@@ -156,6 +156,15 @@ impl ServiceForward {
     ) -> Result<ServiceForward> {
         // Fail early with a clear message if the Service or its port does not exist.
         let port_name = resolve_port_name(&client, namespace, service, port).await?;
+        let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, local_port));
+        let listener = TcpListener::bind(bind).await.map_err(|e| Error::Command {
+            command: format!("listen on {bind}"),
+            detail: e.to_string(),
+        })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Other(format!("local address of the forward: {e}")))?;
+        // Started once nothing can fail any more: the forward's drop is what stops it.
         let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace);
         let (store, writer) = reflector::store();
         let config =
@@ -176,14 +185,6 @@ impl ServiceForward {
             next: AtomicUsize::new(0),
             tls,
         });
-        let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, local_port));
-        let listener = TcpListener::bind(bind).await.map_err(|e| Error::Command {
-            command: format!("listen on {bind}"),
-            detail: e.to_string(),
-        })?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| Error::Other(format!("local address of the forward: {e}")))?;
         let task = tokio::spawn(async move {
             loop {
                 let (inbound, peer) = match listener.accept().await {
@@ -295,15 +296,13 @@ impl Target {
 
     /// The ready endpoints as the API server has them now.
     async fn listed_endpoints(&self) -> Result<Vec<SocketAddr>> {
-        let port_name =
-            resolve_port_name(&self.client, &self.namespace, &self.service, self.port).await?;
         let slices = Api::<EndpointSlice>::namespaced(self.client.clone(), &self.namespace)
             .list(
                 &ListParams::default()
                     .labels(&format!("kubernetes.io/service-name={}", self.service)),
             )
             .await?;
-        Ok(ready_endpoints(&slices.items, &port_name))
+        Ok(ready_endpoints(&slices.items, &self.port_name))
     }
 
     /// One of `endpoints`, round-robin.

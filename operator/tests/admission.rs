@@ -618,93 +618,31 @@ async fn grant(
         .expect("create RoleBinding");
 }
 
-/// No Secret ever reaches a sandbox: config/admission's sandbox pod policy (bound to this
-/// test's namespace only) refuses a sandbox pod with a Secret volume or a projected Secret,
-/// whichever Secret it names — the instance's HMAC key that forges session tokens, the
-/// kubeconfig the proxy holds — when a server (or the operator) makes it. The one token a
-/// sandbox holds is a projected ServiceAccount token for its own instance's proxy: one of
-/// another audience (another instance's proxy, the API server's, or none, which is the API
-/// server's too) is refused, and so is the right token projected together with anything
-/// else. The pod the builder makes, its proxy token included, passes. Requests are dry runs
-/// made as the server's ServiceAccount.
-#[tokio::test]
-async fn the_sandbox_pod_policy_refuses_any_secret_or_foreign_token_in_a_sandbox() {
-    use cli_mcp_api::names::{InstanceName, PoolSuffix};
-    use cli_mcp_api::proxy::{sandbox_token_audience, SANDBOX_TOKEN_VOLUME};
-    use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, SandboxRole};
-    use cli_mcp_api::token::Commitment;
-    use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
-    use k8s_openapi::api::core::v1::{
-        ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, ObjectFieldSelector,
-        Pod, ProjectedVolumeSource, SecretProjection, SecretVolumeSource,
-        ServiceAccountTokenProjection, Volume, VolumeProjection,
-    };
-    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-    use kube::api::{DeleteParams, ObjectMeta};
-    use std::time::{Duration, Instant};
-
-    const INSTANCE: &str = "adm";
-    let c = cluster().await.expect("cluster");
-    let ns = c.namespace("admission-pods").await.expect("namespace");
-    let server = format!("system:serviceaccount:{}:cli-mcp-{INSTANCE}", ns.name);
-
-    // The sandbox ServiceAccount the pods name (the ServiceAccount admission plugin looks
-    // it up), and the server's RBAC on pods, as its Role grants it.
-    ns.api::<k8s_openapi::api::core::v1::ServiceAccount>()
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": format!("cli-mcp-{INSTANCE}-sandbox")}}),
-            )
-            .expect("ServiceAccount"),
-        )
+/// The sandbox ServiceAccount of `instance` that its pods name (the ServiceAccount
+/// admission plugin looks it up).
+async fn sandbox_account(ns: &cli_mcp_e2e::testing::TestNamespace, instance: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sa: ServiceAccount = serde_json::from_value(
+        json!({"metadata": {"name": format!("cli-mcp-{instance}-sandbox")}}),
+    )
+    .expect("ServiceAccount");
+    ns.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
         .await
         .expect("sandbox ServiceAccount");
-    ns.api::<Role>()
-        .create(
-            &PostParams::default(),
-            &Role {
-                metadata: ObjectMeta {
-                    name: Some("server".into()),
-                    ..Default::default()
-                },
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec![String::new()]),
-                    resources: Some(vec!["pods".into()]),
-                    verbs: vec!["create".into()],
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await
-        .expect("Role");
-    ns.api::<RoleBinding>()
-        .create(
-            &PostParams::default(),
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("server".into()),
-                    ..Default::default()
-                },
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: "server".into(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "User".into(),
-                    name: server.clone(),
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await
-        .expect("RoleBinding");
+}
 
-    // config/admission, its bindings limited to this namespace (other tests share the
-    // cluster), its names prefixed so that parallel runs do not collide.
-    let n = &ns.name;
+/// config/admission's pod policies named in `policies` (their `cli-mcp.redhat.com/policy`
+/// label) and their bindings, applied with the names prefixed by namespace `n` (parallel
+/// runs do not collide) and the bindings limited to `n` (other tests share the cluster; the
+/// other policies judge cluster-scoped objects, which a namespace selector does not
+/// confine). Returns what to delete afterwards.
+async fn scoped_policies(
+    c: &cli_mcp_e2e::testing::TestCluster,
+    n: &str,
+    policies: &[&str],
+) -> Vec<(Api<DynamicObject>, String)> {
+    use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
     let yaml = kustomize_build(
         &format!("admission-{n}"),
         &format!(
@@ -723,14 +661,62 @@ patches:
 "#
         ),
     );
-    // Only the sandbox pod policy and its binding: the others judge cluster-scoped objects,
-    // which a namespace selector does not confine.
-    let pod_policy: Vec<&str> = yaml
+    let chosen: Vec<&str> = yaml
         .split("\n---\n")
-        .filter(|d| d.contains("cli-mcp.redhat.com/policy: sandbox-pods\n"))
+        .filter(|d| {
+            policies
+                .iter()
+                .any(|p| d.contains(&format!("cli-mcp.redhat.com/policy: {p}\n")))
+        })
         .collect();
-    assert_eq!(pod_policy.len(), 2, "the policy and its binding:\n{yaml}");
-    let outside = apply_yaml(&c, n, &pod_policy.join("\n---\n"), |_| {}).await;
+    assert_eq!(
+        chosen.len(),
+        2 * policies.len(),
+        "each policy and its binding:\n{yaml}"
+    );
+    apply_yaml(c, n, &chosen.join("\n---\n"), |_| {}).await
+}
+
+/// No Secret ever reaches a sandbox: config/admission's sandbox pod policy (bound to this
+/// test's namespace only) refuses a sandbox pod with a Secret volume or a projected Secret,
+/// whichever Secret it names — the instance's HMAC key that forges session tokens, the
+/// kubeconfig the proxy holds — when a server (or the operator) makes it. The one token a
+/// sandbox holds is a projected ServiceAccount token for its own instance's proxy: one of
+/// another audience (another instance's proxy, the API server's, or none, which is the API
+/// server's too) is refused, and so is the right token projected together with anything
+/// else. The pod the builder makes, its proxy token included, passes. Requests are dry runs
+/// made as the server's ServiceAccount.
+#[tokio::test]
+async fn the_sandbox_pod_policy_refuses_any_secret_or_foreign_token_in_a_sandbox() {
+    use cli_mcp_api::names::{InstanceName, PoolSuffix};
+    use cli_mcp_api::proxy::{sandbox_token_audience, SANDBOX_TOKEN_VOLUME};
+    use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxProxy, SandboxRole};
+    use cli_mcp_api::token::Commitment;
+    use k8s_openapi::api::core::v1::{
+        ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, ObjectFieldSelector,
+        Pod, ProjectedVolumeSource, SecretProjection, SecretVolumeSource,
+        ServiceAccountTokenProjection, Volume, VolumeProjection,
+    };
+    use kube::api::DeleteParams;
+    use std::time::{Duration, Instant};
+
+    const INSTANCE: &str = "adm";
+    let c = cluster().await.expect("cluster");
+    let ns = c.namespace("admission-pods").await.expect("namespace");
+    let server = format!("system:serviceaccount:{}:cli-mcp-{INSTANCE}", ns.name);
+
+    // The sandbox ServiceAccount the pods name, and the server's RBAC on pods, as its Role
+    // grants it.
+    sandbox_account(&ns, INSTANCE).await;
+    grant(
+        &ns,
+        "server",
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]),
+        std::slice::from_ref(&server),
+    )
+    .await;
+    let n = &ns.name;
+    let outside = scoped_policies(&c, n, &["sandbox-pods"]).await;
 
     let mut cfg = SandboxConfig::new(
         InstanceName::parse(INSTANCE).expect("instance name"),
@@ -1036,9 +1022,8 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
     use cli_mcp_api::names::{InstanceName, PoolSuffix};
     use cli_mcp_api::sandbox::{build_sandbox_pod, SandboxConfig, SandboxRole};
     use cli_mcp_api::token::Commitment;
-    use cli_mcp_e2e::journey::{apply_yaml, kustomize_build};
     use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use k8s_openapi::api::core::v1::Pod;
     use kube::api::DeleteParams;
     use std::time::{Duration, Instant};
 
@@ -1049,8 +1034,7 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
     let n = ns.name.clone();
 
     // Two instances (no operator runs: they are only the tenant policy's parameters), and
-    // the sandbox ServiceAccounts their pods name (the ServiceAccount admission plugin
-    // looks them up).
+    // the sandbox ServiceAccounts their pods name.
     for name in ["adm", "operator"] {
         ns.api::<CliMcpInstance>()
             .create(
@@ -1059,19 +1043,12 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
             )
             .await
             .expect("create CliMcpInstance");
-        ns.api::<ServiceAccount>()
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(
-                    json!({"metadata": {"name": format!("cli-mcp-{name}-sandbox")}}),
-                )
-                .expect("ServiceAccount"),
-            )
-            .await
-            .expect("sandbox ServiceAccount");
+        sandbox_account(&ns, name).await;
     }
 
-    let operator = format!("system:serviceaccount:{n}-op:{n}-cli-mcp-operator");
+    // The policies know an operator by the RBAC below (it may write the instances' status),
+    // not by its name.
+    let operator = format!("system:serviceaccount:{n}-op:cli-mcp-operator");
     let server = |instance: &str| format!("system:serviceaccount:{n}:cli-mcp-{instance}");
     let sandbox_account = format!("system:serviceaccount:{n}:cli-mcp-adm-sandbox");
     let tenant = format!("{n}-tenant");
@@ -1104,41 +1081,12 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
     )
     .await;
 
-    // config/admission as an overlay that moves and renames the operator installs it (the
-    // ServiceAccount comes from config/rbac; operator-identity writes its final name into
-    // the policies), the pod policies' bindings limited to this namespace.
-    let yaml = kustomize_build(
-        &format!("admission-names-{n}"),
-        &format!(
-            r#"resources:
-  - ../../config/admission
-  - ../../config/rbac
-namespace: {n}-op
-namePrefix: {n}-
-patches:
-  - target: {{kind: ValidatingAdmissionPolicyBinding}}
-    patch: |-
-      - op: add
-        path: /spec/matchResources
-        value:
-          namespaceSelector:
-            matchExpressions:
-              - {{key: kubernetes.io/metadata.name, operator: In, values: [{n}]}}
-transformers:
-  - ../../config/admission/operator-identity
-"#
-        ),
-    );
-    let pod_policies: Vec<&str> = yaml
-        .split("\n---\n")
-        .filter(|d| {
-            ["sandbox-pods", "sandbox-pod-deletions", "tenant-pods"]
-                .iter()
-                .any(|p| d.contains(&format!("cli-mcp.redhat.com/policy: {p}\n")))
-        })
-        .collect();
-    assert_eq!(pod_policies.len(), 6, "three policies and their bindings");
-    let outside = apply_yaml(&c, &n, &pod_policies.join("\n---\n"), |_| {}).await;
+    let outside = scoped_policies(
+        &c,
+        &n,
+        &["sandbox-pods", "sandbox-pod-deletions", "tenant-pods"],
+    )
+    .await;
 
     let builder_pod = |instance: &str| {
         build_sandbox_pod(

@@ -823,10 +823,11 @@ fn matches(cell: &str, outcome: &Result<(), String>) -> bool {
     match (cell.strip_prefix("refused: "), outcome) {
         (None, Ok(())) => cell == "allowed",
         (Some(words), Err(e)) => {
-            e.contains("ValidatingAdmissionPolicy")
-                && words
-                    .split(" (or: ")
-                    .any(|w| e.contains(w.trim_end_matches(')')))
+            let either = match words.split_once(" (or: ") {
+                Some((a, b)) => vec![a, b.strip_suffix(')').unwrap_or(b)],
+                None => vec![words],
+            };
+            e.contains("ValidatingAdmissionPolicy") && either.iter().any(|w| e.contains(w))
         }
         _ => false,
     }

@@ -58,6 +58,23 @@ impl Entry {
     }
 }
 
+/// The entry of `pod` with `uid`: a pod of the same name but another uid (a cold pod made
+/// again) starts over.
+fn entry_of<'a>(
+    entries: &'a mut HashMap<String, Entry>,
+    pod: &str,
+    uid: &str,
+    now: Instant,
+) -> &'a mut Entry {
+    let e = entries
+        .entry(pod.to_owned())
+        .or_insert_with(|| Entry::new(uid, now));
+    if e.uid != uid {
+        *e = Entry::new(uid, now);
+    }
+    e
+}
+
 /// A stamp to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stamp {
@@ -107,13 +124,7 @@ impl ActivityStamper {
     fn record_at(&self, pod: &str, uid: &str, event: Activity, at: String) {
         let now = Instant::now();
         let mut entries = self.lock();
-        let e = entries
-            .entry(pod.to_owned())
-            .or_insert_with(|| Entry::new(uid, now));
-        if e.uid != uid {
-            // Same name, new pod (a cold pod re-created): start over.
-            *e = Entry::new(uid, now);
-        }
+        let e = entry_of(&mut entries, pod, uid, now);
         match event {
             Activity::Start => e.in_flight += 1,
             Activity::End => e.in_flight = e.in_flight.saturating_sub(1),
@@ -138,12 +149,7 @@ impl ActivityStamper {
 
     fn written_at(&self, pod: &str, uid: &str, at: String, now: Instant) {
         let mut entries = self.lock();
-        let e = entries
-            .entry(pod.to_owned())
-            .or_insert_with(|| Entry::new(uid, now));
-        if e.uid != uid {
-            *e = Entry::new(uid, now);
-        }
+        let e = entry_of(&mut entries, pod, uid, now);
         e.written = Some(at);
         e.last_write = Some(now);
         e.touched = now;

@@ -20,7 +20,8 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Seen {
     pub restarts: i32,
-    /// Set while a container is stopped (`state.terminated`).
+    /// Set while a container is down after a stop: `state.terminated`, or `state.waiting`
+    /// with a `lastState.terminated` (why it stopped).
     pub stopped: Option<String>,
     /// Why a container stopped last (`lastState.terminated`).
     pub last: Option<String>,
@@ -42,9 +43,16 @@ impl Seen {
         };
         Seen {
             restarts: statuses.iter().map(|c| c.restart_count).sum(),
-            stopped: statuses
-                .iter()
-                .find_map(|c| c.state.as_ref()?.terminated.as_ref().map(why)),
+            // Down: terminated, or waiting to be made again after a termination (the
+            // kubelet's CreateContainerError or CrashLoopBackOff in between).
+            stopped: statuses.iter().find_map(|c| {
+                let state = c.state.as_ref()?;
+                match (&state.terminated, &state.waiting) {
+                    (Some(t), _) => Some(why(t)),
+                    (None, Some(_)) => c.last_state.as_ref()?.terminated.as_ref().map(why),
+                    (None, None) => None,
+                }
+            }),
             last: statuses
                 .iter()
                 .find_map(|c| c.last_state.as_ref()?.terminated.as_ref().map(why)),
@@ -56,12 +64,11 @@ impl Seen {
     /// new one: a call may begin on a sandbox whose agent answers again before the watch has
     /// seen it restart (the call after an out-of-memory stop under gVisor).
     fn stopped_since(&self, before: &Seen) -> Option<String> {
-        let recovery = i32::from(before.stopped.is_some());
+        // The restarts the call expects to see: one more when it began during a stop.
+        let expected = before.restarts + i32::from(before.stopped.is_some());
         match &self.stopped {
-            // Still the stop the call began with.
-            Some(_) if before.stopped.is_some() && self.restarts == before.restarts => None,
-            Some(why) => Some(why.clone()),
-            None => (self.restarts > before.restarts + recovery)
+            Some(why) => (self.restarts >= expected).then(|| why.clone()),
+            None => (self.restarts > expected)
                 .then(|| self.last.clone().unwrap_or_else(|| "restarted".into())),
         }
     }
@@ -183,27 +190,32 @@ mod tests {
         assert_eq!(waiter.await.expect("join"), "Error (exit code 128)");
     }
 
-    #[tokio::test]
-    async fn a_call_begun_while_the_sandbox_was_down_is_not_answered_by_its_restart() {
-        let stops = ContainerStops::default();
+    #[test]
+    fn a_call_begun_while_the_sandbox_was_down_is_not_answered_by_its_restart() {
         let oom = || json!({"terminated": {"exitCode": 128, "reason": "OOMKilled"}});
-        stops.applied(&pod("u", 0, oom(), json!({})));
-        let waiter = tokio::spawn(stops.stopped("u"));
-        // The restart that ends the stop the call began with.
-        stops.applied(&pod("u", 1, running(), oom()));
-        let quiet = tokio::time::timeout(std::time::Duration::from_millis(50), async {
-            tokio::task::yield_now().await;
-            waiter.is_finished()
-        })
-        .await;
+        let down = Seen::of(&pod("u", 0, oom(), json!({})));
+        // Still down, then back (the restart that ends the stop the call began with).
+        assert_eq!(down.stopped_since(&down), None);
+        let back = Seen::of(&pod("u", 1, running(), oom()));
+        assert_eq!(back.stopped_since(&down), None);
+        // Down again, or back a second time: a stop of the call's own.
+        let again = Seen::of(&pod("u", 1, oom(), oom()));
         assert_eq!(
-            quiet.ok(),
-            Some(false),
-            "its own restart is no stop of the call"
+            again.stopped_since(&down).as_deref(),
+            Some("OOMKilled (exit code 128)")
         );
-        // A stop after that is one.
-        stops.applied(&pod("u", 1, oom(), oom()));
-        assert_eq!(waiter.await.expect("join"), "OOMKilled (exit code 128)");
+        let twice = Seen::of(&pod("u", 2, running(), oom()));
+        assert!(twice.stopped_since(&down).is_some());
+        // Begun while the kubelet failed to make it again (waiting, the stop in lastState):
+        // the same, down until it is back.
+        let waiting = json!({"waiting": {"reason": "CreateContainerError"}});
+        let retrying = Seen::of(&pod("u", 0, waiting, oom()));
+        assert_eq!(back.stopped_since(&retrying), None);
+        assert!(again.stopped_since(&retrying).is_some());
+        // Begun while running, a stop is one at once.
+        let up = Seen::of(&pod("u", 0, running(), json!({})));
+        assert!(down.stopped_since(&up).is_some());
+        assert_eq!(up.stopped_since(&up), None);
     }
 
     #[tokio::test]
