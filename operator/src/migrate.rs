@@ -11,15 +11,25 @@
 //! - Go-era sandbox pods (`cli-mcp-sandbox-<sid>` and `cli-mcp-sandbox-<uuid>`): they run the
 //!   Go agent and hold a session token from a Secret; the new server can neither use nor
 //!   trust them. They carry the instance's labels but not this operator's managed-by label.
+//! - the Go credential proxy's Deployment and ConfigMap `cli-mcp-<n>-proxy`. The container
+//!   has the same name (`proxy`), so apply would merge into it: Go's `tcpSocket` probes beside
+//!   this proxy's `httpGet` ones are two handlers in one probe, which the API server refuses
+//!   (422) on every apply, and Go's `preStop` hook, volumes and mounts (the admin kubeconfig
+//!   among them) would stay. The ConfigMap would keep Go's route table under its old key.
+//!   Both are deleted when the instance controls them and they lack this operator's
+//!   managed-by label (so never once this operator has made them), and apply makes them
+//!   again. The proxy's CA Secret is kept (same instance, the proxy reads its SEC1 key);
+//!   its ServiceAccount, Service and NetworkPolicies are taken over by apply (their lists
+//!   are replaced whole).
 //!
 //! What the operator cannot do with its least-privilege RBAC is left to the admin (see
 //! docs/migration.md): the per-session Secrets `cli-mcp-sandbox-auth-<sid>` (no `delete` on
 //! Secrets) and the shared ClusterRoleBinding `cli-mcp-auth-delegator` (not its own).
 //!
 //! These objects are not in the operator's caches (those hold only what carries its
-//! managed-by label), so this asks the API server: one GET of the Deployment, one of the
-//! ConfigMap and one LIST of the instance's sandbox pods, then never again for that instance
-//! in this process.
+//! managed-by label), so this asks the API server: one GET of each Deployment and ConfigMap
+//! and one LIST of the instance's sandbox pods, then never again for that instance in this
+//! process.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -75,6 +85,8 @@ pub async fn go_leftovers(
         go_server_deployment(ctx, name, ns).await?,
         go_sidecar_config_map(ctx, name, ns).await?,
         go_sandbox_pods(ctx, name, ns).await?,
+        go_proxy::<Deployment>(ctx, cr, &name.proxy(), ns).await?,
+        go_proxy::<ConfigMap>(ctx, cr, &name.proxy(), ns).await?,
     ]
     .into_iter()
     .flatten()
@@ -134,6 +146,50 @@ async fn go_sidecar_config_map(
     };
     delete_exact(&config_maps, &cm, &what).await?;
     Ok(Some(format!("ConfigMap {krp}")))
+}
+
+/// Whether `obj` is the Go operator's child of `cr` rather than this operator's: controlled
+/// by the instance and without this operator's managed-by label, which everything this
+/// operator applies carries.
+pub fn is_go_child<K: kube::Resource>(obj: &K, cr: &CliMcpInstance) -> bool {
+    let controlled = obj
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && Some(&r.uid) == cr.metadata.uid.as_ref());
+    let ours = obj
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(label::APP_MANAGED_BY))
+        .is_some_and(|v| v == label::MANAGED_BY);
+    controlled && !ours
+}
+
+/// The Go credential proxy's `K` named `proxy` (its Deployment or its ConfigMap), deleted
+/// when it is the Go operator's (see the module docs); what went.
+async fn go_proxy<K>(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    proxy: &str,
+    ns: &str,
+) -> Result<Option<String>>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let kind = K::kind(&());
+    let what = format!("{kind} {ns}/{proxy}");
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let found = api.get_opt(proxy).await.map_err(Error::migrating(&what))?;
+    let Some(obj) = found.filter(|o| is_go_child(o, cr)) else {
+        return Ok(None);
+    };
+    delete_exact(&api, &obj, &what).await?;
+    Ok(Some(format!("{kind} {proxy} (the Go credential proxy's)")))
 }
 
 /// The Go-era sandbox pods of the instance, deleted; how many went.
@@ -232,6 +288,33 @@ mod tests {
             &["server"]
         ));
         assert!(!is_foreign_deployment(&Deployment::default(), &["server"]));
+    }
+
+    #[test]
+    fn a_go_proxy_child_is_the_instances_and_never_labelled_ours() {
+        let cr: CliMcpInstance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cli-mcp.redhat.com/v1alpha1", "kind": "CliMcpInstance",
+            "metadata": {"name": "legacy", "uid": "cr-uid"}, "spec": {}
+        }))
+        .expect("instance");
+        let child = |owner: &str, ours: bool| {
+            let mut cm = ConfigMap::default();
+            cm.metadata.owner_references = Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    uid: owner.into(),
+                    controller: Some(true),
+                    ..Default::default()
+                },
+            ]);
+            cm.metadata.labels = Some(pod("x", ours).metadata.labels.unwrap_or_default());
+            cm
+        };
+        assert!(is_go_child(&child("cr-uid", false), &cr));
+        // Once applied by this operator it is ours: a later pass never deletes it.
+        assert!(!is_go_child(&child("cr-uid", true), &cr));
+        // Not the instance's (an admin's object of that name, another instance's): left alone.
+        assert!(!is_go_child(&child("other", false), &cr));
+        assert!(!is_go_child(&ConfigMap::default(), &cr));
     }
 
     #[test]
