@@ -60,9 +60,10 @@ bench: prereqs control-plane tools gvisor build ## speed and memory figures, pri
 	$(CARGO) bench -p cli-mcp-server --bench server
 	$(CARGO) bench -p cli-mcp-operator --bench operator
 
-tools: ## helm, kustomize and operator-sdk from the Go module proxy (cached), for the packaging tests
+tools: ## helm, kustomize, operator-sdk, the image registry and crane from the Go module proxy (cached)
 	@hack/build-helm-kustomize.sh >/dev/null
 	@hack/build-operator-sdk.sh >/dev/null
+	@hack/build-registry.sh >/dev/null
 
 # Built once here, before the test lanes start several real nodes at once, each of which
 # would otherwise build it (the real node registers it; `make run` builds it as it starts).

@@ -18,6 +18,9 @@ use crate::node::{NodeKind, NODE_ENV};
 pub const INFO_FILE: &str = "cluster.json";
 /// Shell-sourceable environment file written next to it.
 pub const ENV_FILE: &str = "cluster.env";
+/// Environment variable naming the real node's image registry (`127.0.0.1:<port>`), with
+/// `CLI_MCP_REGISTRY_CA` (the CA it is trusted with) and `CLI_MCP_CRANE` beside it.
+pub const REGISTRY_ENV: &str = "CLI_MCP_REGISTRY";
 /// Environment variable naming the kubeconfig of an already running cluster to share.
 pub const KUBECONFIG_ENV: &str = "CLI_MCP_KUBECONFIG";
 
@@ -45,6 +48,10 @@ pub struct ClusterInfo {
     /// [`crate::node::import_image`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containerd_socket: Option<PathBuf>,
+    /// The real node's image registry, which its containerd pulls from and trusts
+    /// ([`crate::registry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<crate::registry::RegistryInfo>,
 }
 
 impl ClusterInfo {
@@ -80,7 +87,14 @@ impl ClusterInfo {
     /// `KEY=value` lines describing the cluster (for `source`-ing and for child processes).
     pub fn env_vars(&self) -> Vec<(String, String)> {
         let p = |p: &Path| p.display().to_string();
-        vec![
+        let registry = self.registry.iter().flat_map(|r| {
+            [
+                (REGISTRY_ENV.into(), r.host.clone()),
+                ("CLI_MCP_REGISTRY_CA".into(), p(&r.ca)),
+                ("CLI_MCP_CRANE".into(), p(&r.crane)),
+            ]
+        });
+        let base: Vec<(String, String)> = vec![
             (KUBECONFIG_ENV.into(), p(&self.kubeconfig)),
             ("KUBECONFIG".into(), p(&self.kubeconfig)),
             ("CLI_MCP_APISERVER".into(), self.apiserver.clone()),
@@ -98,7 +112,8 @@ impl ClusterInfo {
                     NodeKind::Real => "real".into(),
                 },
             ),
-        ]
+        ];
+        base.into_iter().chain(registry).collect()
     }
 }
 

@@ -6,7 +6,8 @@
 //! - [`cluster`]: bring a cluster up and down ([`cluster::Cluster`]).
 //! - [`node`]: the real node (kubelet + kube-proxy on containerd), the alternative to the
 //!   process kubelet.
-//! - [`registry`]: the real node's loopback image mirror (pulls served from its containerd).
+//! - [`registry`]: the real node's image registry (distribution, TLS on loopback), which its
+//!   containerd pulls the project's images from.
 //! - [`portforward`]: reach a Service's ready endpoints from a loopback port.
 //! - [`cluster_info`]: where everything of a running cluster is (`cluster.json`).
 //! - [`build_scripts`]: the bin dirs the `hack/build-*.sh` scripts print (the control plane).

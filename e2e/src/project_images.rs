@@ -1,8 +1,9 @@
 //! The project's own images (operator, server, sandbox, credential proxy) on the real node: [`build`] runs
 //! `hack/build-images.sh` with the given binaries (cached by its inputs under
 //! `$CLI_MCP_CACHE/images`, outside the repo: a second call with the same binaries takes
-//! seconds), [`import_into`] loads the archives into a node's containerd under every name
-//! the manifests and the tests put in pods, so the kubelet finds them without a pull.
+//! seconds), [`push_into`] pushes the archives to the node's image registry
+//! ([`crate::registry`]) under `<registry>/cli-mcp/cli-mcp-<name>:<version>` and under every
+//! short name the manifests and the tests put in pods, from which the kubelet pulls them.
 //!
 //! The names: `config/manager` runs `cli-mcp-operator:<version>` (the workspace version) and
 //! gives the operator `RELATED_IMAGE_SERVER=cli-mcp-server:<version>`,
@@ -10,13 +11,15 @@
 //! cli-mcp-proxy:<version>`; the journeys' overlay ([`crate::journey::operator_overlay`])
 //! uses `cli-mcp-operator:e2e`, [`SERVER_IMAGE`] and
 //! [`SANDBOX_IMAGE`]. containerd's CRI normalises a short name the way
-//! Docker does (`cli-mcp-server:dev` is `docker.io/library/cli-mcp-server:dev`), so the
-//! images are tagged under the normalised names ([`normalize`]).
+//! Docker does (`cli-mcp-server:dev` is `docker.io/library/cli-mcp-server:dev`, [`normalize`]),
+//! and the node's registry stands in for `docker.io`, so the images are also pushed there as
+//! `library/cli-mcp-server:dev` and so on.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::error::{Error, Result};
+use crate::registry::{RegistryInfo, PROJECT_PATH};
 use crate::workspace::workspace_root;
 
 /// Environment variable naming a directory of already built archives (the last line of
@@ -84,7 +87,9 @@ pub struct ProjectImage {
     pub archive: PathBuf,
     /// The name the archive itself carries (`localhost/cli-mcp-<name>:<version>`).
     pub reference: String,
-    /// The normalised names it is tagged with on import ([`ALIASES`]).
+    /// Its manifest's digest (`sha256:…`, `images.tsv`), which the registry keeps.
+    pub digest: String,
+    /// The normalised names it is pushed under besides its own ([`ALIASES`]).
     pub aliases: Vec<String>,
 }
 
@@ -105,7 +110,9 @@ impl ProjectImages {
         let mut images = Vec::new();
         let mut skipped = Vec::new();
         for line in tsv.lines().skip(1).filter(|l| !l.trim().is_empty()) {
-            let reference = line.split('\t').next().unwrap_or_default().to_owned();
+            let mut cols = line.split('\t');
+            let reference = cols.next().unwrap_or_default().to_owned();
+            let digest = cols.next().unwrap_or_default().to_owned();
             let name = reference
                 .rsplit_once('/')
                 .map_or(reference.as_str(), |(_, n)| n)
@@ -141,6 +148,7 @@ impl ProjectImages {
                 name,
                 archive,
                 reference,
+                digest,
                 aliases,
             });
         }
@@ -167,12 +175,9 @@ impl ProjectImages {
         })
     }
 
-    /// Every name the import makes resolvable, normalised.
+    /// Every short name [`push_into`] makes pullable, normalised (`docker.io/library/…`).
     pub fn names(&self) -> Vec<String> {
-        self.images
-            .iter()
-            .flat_map(|i| std::iter::once(normalize(&i.reference)).chain(i.aliases.clone()))
-            .collect()
+        self.images.iter().flat_map(|i| i.aliases.clone()).collect()
     }
 }
 
@@ -234,67 +239,52 @@ fn build_command(bin_dir: &Path) -> Result<(PathBuf, Command)> {
     Ok((script, cmd))
 }
 
-/// Imports the archives into the containerd at `socket` (the CRI namespace the kubelet
-/// uses) and tags each under its [`ALIASES`]. Idempotent. Returns the names now present.
-pub fn import_into(socket: &Path, images: &ProjectImages) -> Result<Vec<String>> {
-    let import = |image: &ProjectImage| -> Result<()> {
-        crate::node::import_image(socket, &image.archive)?;
-        let source = normalize(&image.reference);
-        for alias in &image.aliases {
-            ctr(
-                socket,
-                &["images", "tag", "--force", source.as_str(), alias.as_str()],
-            )?;
+/// Pushes the archives to the node's registry as `<host>/cli-mcp/cli-mcp-<name>:<tag>`
+/// (checking that the registry keeps each manifest's digest), then copies each to the
+/// `library/` names of its [`ALIASES`], which the node's containerd pulls for `docker.io`.
+/// Idempotent. Returns the references by digest it pushed, then the short names.
+pub fn push_into(
+    registry: &RegistryInfo,
+    images: &ProjectImages,
+    work: &Path,
+) -> Result<Vec<String>> {
+    let push = |image: &ProjectImage| -> Result<String> {
+        let tag = image
+            .reference
+            .rsplit_once(':')
+            .map_or("latest", |(_, t)| t);
+        let repo = format!("{}/{PROJECT_PATH}/cli-mcp-{}", registry.host, image.name);
+        let digest = registry.push(&image.archive, &format!("{repo}:{tag}"), work)?;
+        if !image.digest.is_empty() && digest != image.digest {
+            return Err(Error::Other(format!(
+                "{repo}: the registry holds {digest}, images.tsv says {}",
+                image.digest
+            )));
         }
-        Ok(())
+        let by_digest = format!("{repo}@{digest}");
+        for alias in &image.aliases {
+            let path = alias.strip_prefix("docker.io/").unwrap_or(alias);
+            registry.copy(&by_digest, &format!("{}/{path}", registry.host))?;
+        }
+        Ok(by_digest)
     };
-    // One import at a time unpacks layer after layer on one core; all at once take about as
-    // long as the biggest (the sandbox).
-    std::thread::scope(|scope| {
+    // One push at a time reads and sends layer after layer; all at once take about as long
+    // as the biggest (the sandbox).
+    let pushed = std::thread::scope(|scope| {
         let running: Vec<_> = images
             .images
             .iter()
-            .map(|image| scope.spawn(move || import(image)))
+            .map(|image| scope.spawn(move || push(image)))
             .collect();
-        running.into_iter().try_for_each(|t| {
-            t.join()
-                .unwrap_or_else(|_| Err(Error::Other("an image import thread panicked".into())))
-        })
+        running
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(Error::Other("an image push thread panicked".into())))
+            })
+            .collect::<Result<Vec<String>>>()
     })?;
-    let listed = ctr(socket, &["images", "list", "--quiet"])?;
-    let present: Vec<&str> = listed.lines().map(str::trim).collect();
-    let names = images.names();
-    if let Some(missing) = names.iter().find(|n| !present.contains(&n.as_str())) {
-        return Err(Error::Other(format!(
-            "after importing {} containerd lists no {missing} (it lists {present:?})",
-            images.dir.display()
-        )));
-    }
-    Ok(names)
-}
-
-fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
-    let mut cmd = Command::new("ctr");
-    cmd.arg("--address")
-        .arg(socket)
-        .arg("--namespace")
-        .arg(crate::node::CRI_NAMESPACE)
-        .args(args);
-    let out = cmd.output().map_err(|e| Error::Command {
-        command: format!("{cmd:?}"),
-        detail: e.to_string(),
-    })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            command: format!("{cmd:?}"),
-            detail: format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(pushed.into_iter().chain(images.names()).collect())
 }
 
 /// A Docker-style image reference in the form containerd's CRI stores it: a name without a
@@ -425,7 +415,10 @@ mod tests {
         );
         assert!(names.contains(&sandbox.to_owned()), "{names:?}");
         assert!(names.contains(&"docker.io/library/cli-mcp-agent:dev".to_owned()));
-        assert!(names.contains(&"localhost/cli-mcp-operator:0.1.0".to_owned()));
+        assert!(
+            !names.iter().any(|n| n.starts_with("localhost/")),
+            "the archives' own names are never pulled: {names:?}"
+        );
         // A build without the credential proxy still loads, without its names.
         assert!(!images.images.iter().any(|i| i.name == "proxy"));
         assert!(

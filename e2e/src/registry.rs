@@ -1,284 +1,363 @@
-//! The real node's image mirror: a read-only registry on a loopback port that answers from
-//! the node's own containerd, so a pull (what the kubelet does for `imagePullPolicy:
-//! Always`, or for an image it lacks) succeeds for an
-//! image imported into the node and fails at once, on loopback, for any other.
+//! The real node's image registry: CNCF distribution's `registry`, built from the Go module
+//! proxy by `hack/build-registry.sh` (with go-containerregistry's `crane`, its client), run by
+//! the cluster on a loopback port over TLS. Its serving certificate is signed by the cluster
+//! CA, which the node's containerd trusts for that host alone (`hosts.toml` `ca`).
 //!
-//! containerd's CRI sends every pull here ([`write_hosts`]: `hosts.toml` files naming this
-//! mirror as the only server, for `docker.io` and for every other registry through
-//! `_default`), so no pull ever leaves the host. The mirror serves the Docker Registry HTTP
-//! API v2 read paths: `GET /v2/`, `HEAD`/`GET /v2/<name>/manifests/<tag or digest>` (the
-//! tag is looked up with `ctr images list`, the manifest read from containerd's content
-//! store) and `HEAD`/`GET /v2/<name>/blobs/<digest>` (from the content store).
+//! The project's images are pushed to it as the cluster starts ([`RegistryInfo::push`] of the
+//! OCI archives `hack/build-images.sh` writes), and the kubelet pulls them from it like from
+//! any registry: `<host>/cli-mcp/cli-mcp-<name>@sha256:…` by digest, as the manifests
+//! `make publish` writes name them. Short names (`cli-mcp-server:dev`, which the tests'
+//! operators use) are `docker.io/library/…` to containerd; the node's `hosts.toml` for
+//! `docker.io` names this registry as that registry's only server (an air-gapped mirror), so
+//! they are pushed under `library/` too. Every other registry goes, through `_default`, to a
+//! loopback port that closes each connection at once ([`Refuser`]): no pull leaves the host,
+//! and a name the run did not push fails at once instead of masquerading as a local image.
+//!
+//! Loopback keeps the registry out of reach of pods (their 127.0.0.1 is their own); it
+//! accepts pushes from anyone on this host, as the cluster's apiserver accepts the admin.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use axum::http::{HeaderValue, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use tokio::net::TcpListener;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::process::Component;
 
-/// The mirror, serving until dropped.
-#[derive(Debug)]
-pub struct Mirror {
-    addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
+/// Environment variable naming a directory with prebuilt `registry` and `crane`.
+pub const REGISTRY_BIN_ENV: &str = "CLI_MCP_REGISTRY_BIN";
+/// The repository path the project's images are pushed under (`<host>/cli-mcp/cli-mcp-<name>`).
+pub const PROJECT_PATH: &str = "cli-mcp";
+
+/// What a client of the running registry needs; part of `cluster.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RegistryInfo {
+    /// `127.0.0.1:<port>`: the registry part of an image reference.
+    pub host: String,
+    /// The CA that signed its serving certificate (the cluster CA).
+    pub ca: PathBuf,
+    /// go-containerregistry's `crane`, built with the registry.
+    pub crane: PathBuf,
 }
 
-/// Where a mirror finds what it serves.
-#[derive(Debug, Clone)]
-pub struct Store {
-    /// containerd's socket (`ctr --address`).
-    pub socket: PathBuf,
-    /// containerd's `root` (its content store is `io.containerd.content.v1.content` there).
-    pub root: PathBuf,
-    /// The containerd namespace the kubelet uses.
-    pub namespace: String,
-}
+impl RegistryInfo {
+    /// `crane ARGS` trusting the registry's CA. Go reads `SSL_CERT_FILE` as the only roots,
+    /// so this crane trusts nothing else: it cannot reach a registry off this host over TLS.
+    fn crane(&self) -> Command {
+        let mut cmd = Command::new(&self.crane);
+        cmd.env("SSL_CERT_FILE", &self.ca).stdin(Stdio::null());
+        cmd
+    }
 
-impl Store {
-    fn blob(&self, digest: &str) -> Option<PathBuf> {
-        let hex = digest.strip_prefix("sha256:")?;
-        let valid = hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit());
-        valid.then(|| {
-            self.root
-                .join("io.containerd.content.v1.content/blobs/sha256")
-                .join(hex)
+    /// Pushes the OCI archive `archive` (an image layout in a tar, as `hack/build-images.sh`
+    /// writes it) as `reference` (`<host>/<repo>:<tag>`); returns the manifest's digest.
+    /// crane reads a layout from a directory only, so the archive is unpacked into a
+    /// temporary directory under `work` first (removed afterwards).
+    pub fn push(&self, archive: &Path, reference: &str, work: &Path) -> Result<String> {
+        std::fs::create_dir_all(work).map_err(|e| Error::io("creating", work, e))?;
+        let layout = tempfile::Builder::new()
+            .prefix("layout-")
+            .tempdir_in(work)
+            .map_err(|e| Error::io("creating a directory in", work, e))?;
+        run(Command::new("tar")
+            .arg("-xf")
+            .arg(archive)
+            .arg("-C")
+            .arg(layout.path()))?;
+        let out = run(self.crane().arg("push").arg(layout.path()).arg(reference))?;
+        pushed_digest(&out).ok_or_else(|| Error::Command {
+            command: format!("crane push {} {reference}", archive.display()),
+            detail: format!("no digest in its output {:?}", out.trim()),
         })
     }
 
-    /// The media type and digest of the image `reference` (normalised, `host/repo:tag`).
-    async fn lookup(&self, reference: &str) -> Option<(String, String)> {
-        let out = tokio::process::Command::new("ctr")
-            .arg("--address")
-            .arg(&self.socket)
-            .arg("--namespace")
-            .arg(&self.namespace)
-            .args(["images", "list"])
-            .arg(format!("name=={reference}"))
-            .output()
-            .await
-            .ok()?;
-        if !out.status.success() {
-            tracing::warn!(
-                reference,
-                "image mirror: ctr images list: {}",
+    /// Copies the image `source` (a reference by digest) to `target` within the registry
+    /// (its blobs are mounted, not uploaded again).
+    pub fn copy(&self, source: &str, target: &str) -> Result<()> {
+        run(self.crane().args(["copy", source, target])).map(drop)
+    }
+
+    /// The manifest digest the registry holds for `reference`.
+    pub fn digest(&self, reference: &str) -> Result<String> {
+        Ok(run(self.crane().args(["digest", reference]))?
+            .trim()
+            .to_owned())
+    }
+}
+
+/// The digest in `crane push`'s stdout (`<host>/<repo>@sha256:<hex>`).
+pub fn pushed_digest(stdout: &str) -> Option<String> {
+    let (_, digest) = stdout.trim().rsplit_once('@')?;
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| digest.to_owned())
+}
+
+fn run(cmd: &mut Command) -> Result<String> {
+    let command = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| Error::Command {
+        command: command.clone(),
+        detail: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command,
+            detail: format!(
+                "{}: {}",
+                out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return None;
-        }
-        parse_images_list(&String::from_utf8_lossy(&out.stdout), reference)
+            ),
+        });
     }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The `TYPE` and `DIGEST` columns of `reference`'s line in `ctr images list` output.
-pub fn parse_images_list(text: &str, reference: &str) -> Option<(String, String)> {
-    text.lines().skip(1).find_map(|l| {
-        let mut cols = l.split_whitespace();
-        (cols.next()? == reference).then_some(())?;
-        let media_type = cols.next()?.to_owned();
-        let digest = cols.next()?.to_owned();
-        Some((media_type, digest))
-    })
-}
-
-/// One request the mirror understands.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Route {
-    /// `/v2/`: the API version check.
-    Base,
-    /// `/v2/<name>/manifests/<reference>`, with the registry of `?ns=` (default docker.io).
-    Manifest {
-        image: String,
-        reference: String,
-    },
-    /// `/v2/<name>/blobs/<digest>`.
-    Blob {
-        digest: String,
-    },
-    NotFound,
-}
-
-/// Routes a request target (path and query).
-pub fn route(target: &str) -> Route {
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let ns = query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("ns="))
-        .filter(|ns| !ns.is_empty())
-        .unwrap_or("docker.io");
-    let Some(rest) = path.strip_prefix("/v2") else {
-        return Route::NotFound;
+/// The directory with `registry` and `crane`: `$CLI_MCP_REGISTRY_BIN`, else the last line of
+/// `hack/build-registry.sh` (at once when cached; about a minute cold). Dropping the future
+/// stops a build in progress.
+pub async fn locate_async() -> Result<PathBuf> {
+    let dir = match std::env::var_os(REGISTRY_BIN_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let script = crate::workspace::workspace_root().join("hack/build-registry.sh");
+            let mut cmd = tokio::process::Command::new("bash");
+            cmd.arg(&script).stderr(Stdio::inherit());
+            crate::build_scripts::bin_dir_from_cancellable(&script, cmd, REGISTRY_BIN_ENV).await?
+        }
     };
-    if rest.is_empty() || rest == "/" {
-        return Route::Base;
-    }
-    let rest = rest.trim_start_matches('/');
-    if let Some((name, reference)) = rest.rsplit_once("/manifests/") {
-        if !name.is_empty() && !reference.is_empty() && !reference.contains('/') {
-            return Route::Manifest {
-                image: format!("{ns}/{name}"),
-                reference: reference.to_owned(),
-            };
+    for bin in ["registry", "crane"] {
+        if !dir.join(bin).is_file() {
+            return Err(Error::Prerequisite(format!(
+                "{} is missing; run hack/build-registry.sh (or point ${REGISTRY_BIN_ENV} at its bin dir)",
+                dir.join(bin).display()
+            )));
         }
     }
-    if let Some((name, digest)) = rest.rsplit_once("/blobs/") {
-        if !name.is_empty() && !digest.is_empty() && !digest.contains('/') {
-            return Route::Blob {
-                digest: digest.to_owned(),
-            };
-        }
-    }
-    Route::NotFound
+    Ok(dir)
 }
 
-/// The media type a manifest names, for a manifest asked for by digest.
-fn media_type_of(manifest: &[u8]) -> String {
-    let v: serde_json::Value = serde_json::from_slice(manifest).unwrap_or_default();
-    match v["mediaType"].as_str() {
-        Some(t) => t.to_owned(),
-        None if v.get("manifests").is_some() => "application/vnd.oci.image.index.v1+json".into(),
-        None => "application/vnd.oci.image.manifest.v1+json".into(),
-    }
+/// What [`Registry::start`] needs.
+pub struct RegistryStart<'a> {
+    /// Where its configuration, certificate and storage go (`<node dir>/registry`).
+    pub dir: &'a Path,
+    /// The directory with `registry` and `crane` ([`locate_async`]).
+    pub bin_dir: &'a Path,
+    pub ca_cert: &'a Path,
+    pub ca_cert_pem: &'a str,
+    pub ca_key_pem: &'a str,
+    pub log_dir: &'a Path,
+    pub deadline: Instant,
 }
 
-impl Mirror {
-    /// Listens on a free loopback port and serves `store` until dropped.
-    pub async fn start(store: Store) -> Result<Mirror> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
-            .map_err(|e| Error::Other(format!("image mirror: binding a loopback port: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::Other(format!("image mirror: local address: {e}")))?;
-        // One fallback handler: the registry API's paths are routed by `route`, which the
-        // unit tests pin; axum does the HTTP (and answers HEAD as GET without the body).
-        let app = axum::Router::new().fallback(move |method: Method, uri: Uri| {
-            let store = store.clone();
-            async move { serve(&store, &method, &uri).await }
-        });
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::warn!("image mirror stopped: {e}");
+/// The running registry. Dropping it stops the process and removes its storage.
+#[derive(Debug)]
+pub struct Registry {
+    process: Component,
+    info: RegistryInfo,
+    storage: PathBuf,
+}
+
+impl Registry {
+    /// Writes its configuration and serving certificate, starts it on a free loopback port
+    /// and waits until `GET /v2/` answers over TLS with the cluster CA.
+    pub async fn start(s: RegistryStart<'_>) -> Result<Registry> {
+        let dir = s.dir;
+        let storage = dir.join("storage");
+        std::fs::create_dir_all(&storage).map_err(|e| Error::io("creating", &storage, e))?;
+        let ip = Ipv4Addr::LOCALHOST;
+        let port = crate::net::free_port(ip)?;
+        let (cert, key) = serving_cert(s.ca_cert_pem, s.ca_key_pem, IpAddr::V4(ip))?;
+        let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert_path, cert).map_err(|e| Error::io("writing", &cert_path, e))?;
+        crate::node::write_private(&key_path, &key)?;
+        let config = dir.join("config.yml");
+        let addr = SocketAddr::from((ip, port));
+        let text = config_yaml(addr, &storage, &cert_path, &key_path);
+        std::fs::write(&config, text).map_err(|e| Error::io("writing", &config, e))?;
+        let process = Component::start(
+            "registry",
+            &s.bin_dir.join("registry"),
+            &["serve".into(), config.display().to_string()],
+            &[],
+            &s.log_dir.join("registry.log"),
+            Duration::from_secs(5),
+            false,
+        )?;
+        let mut registry = Registry {
+            process,
+            info: RegistryInfo {
+                host: addr.to_string(),
+                ca: s.ca_cert.to_path_buf(),
+                crane: s.bin_dir.join("crane"),
+            },
+            storage,
+        };
+        registry.wait_ready(s.ca_cert_pem, s.deadline).await?;
+        Ok(registry)
+    }
+
+    /// Polls `GET https://<host>/v2/` (the process offers nothing to wait on) until it
+    /// answers 200, the process exits, or `deadline` passes.
+    async fn wait_ready(&mut self, ca_pem: &str, deadline: Instant) -> Result<()> {
+        let ca = reqwest::Certificate::from_pem(ca_pem.as_bytes())
+            .map_err(|e| Error::Other(format!("the cluster CA for the registry: {e}")))?;
+        let http = reqwest::Client::builder()
+            .add_root_certificate(ca)
+            .tls_built_in_root_certs(false)
+            .timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| Error::Other(format!("an HTTP client for the registry: {e}")))?;
+        let url = format!("https://{}/v2/", self.info.host);
+        let started = Instant::now();
+        loop {
+            if let Some(e) = self.process.exited_error() {
+                return Err(e);
             }
-        });
-        tracing::debug!(%addr, "image mirror listening");
-        Ok(Mirror { addr, task })
+            let last = match http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => format!("HTTP {}", r.status()),
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("the image registry at {url} (last: {last})"),
+                    elapsed: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
-    /// `http://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+    pub fn info(&self) -> &RegistryInfo {
+        &self.info
+    }
+
+    /// An error if the registry exited (it runs for the cluster's life).
+    pub fn exited_error(&mut self) -> Option<Error> {
+        self.process.exited_error()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// Stops the process and removes what was pushed (the images live on in containerd).
+    pub fn stop(&mut self) {
+        self.process.stop();
+        if let Err(e) = std::fs::remove_dir_all(&self.storage) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("removing {}: {e}", self.storage.display());
+            }
+        }
     }
 }
 
-impl Drop for Mirror {
+impl Drop for Registry {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
     }
+}
+
+/// distribution's configuration: filesystem storage, TLS on `addr`, deletes refused, no
+/// auth (loopback only), no debug server, no proxying to another registry.
+pub fn config_yaml(addr: SocketAddr, storage: &Path, cert: &Path, key: &Path) -> String {
+    format!(
+        "# Written by the cli-mcp e2e harness: the real node's image registry.\n\
+         version: 0.1\n\
+         log:\n  level: info\n  formatter: text\n\
+         storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: false\n\
+         http:\n  addr: {addr}\n  tls:\n    certificate: {cert}\n    key: {key}\n",
+        storage = storage.display(),
+        cert = cert.display(),
+        key = key.display(),
+    )
+}
+
+/// A serving certificate for `ip` signed by the cluster CA: `(cert, key)` PEMs.
+fn serving_cert(ca_cert_pem: &str, ca_key_pem: &str, ip: IpAddr) -> Result<(String, String)> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, SanType};
+    let issuer = Issuer::from_ca_cert_pem(ca_cert_pem, KeyPair::from_pem(ca_key_pem)?)?;
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2099, 12, 31);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "cli-mcp-registry");
+    params.subject_alt_names = vec![SanType::IpAddress(ip)];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 /// Writes containerd's registry host configuration into `certs_dir` (the CRI plugin's
-/// `registry.config_path`): the mirror at `url` is the only server of `docker.io` and, via
-/// `_default`, of any other registry.
-pub fn write_hosts(certs_dir: &Path, url: &str) -> Result<()> {
-    for host in ["docker.io", "_default"] {
-        let dir = certs_dir.join(host);
+/// `registry.config_path`): the registry at `host` trusted with `ca`, the same registry as
+/// `docker.io`'s only server, and `_default` (any other registry) sent to `refused`.
+pub fn write_hosts(certs_dir: &Path, host: &str, ca: &Path, refused: SocketAddr) -> Result<()> {
+    let registry = format!("https://{host}");
+    for (dir, server, ca) in [
+        (host, registry.as_str(), Some(ca)),
+        ("docker.io", registry.as_str(), Some(ca)),
+        ("_default", &format!("https://{refused}"), None),
+    ] {
+        let dir = certs_dir.join(dir);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
         let file = dir.join("hosts.toml");
-        std::fs::write(&file, hosts_toml(url)).map_err(|e| Error::io("writing", &file, e))?;
+        std::fs::write(&file, hosts_toml(server, ca))
+            .map_err(|e| Error::io("writing", &file, e))?;
     }
     Ok(())
 }
 
-/// A `hosts.toml` whose only server is `url` (no fallback to the registry itself).
-pub fn hosts_toml(url: &str) -> String {
+/// A `hosts.toml` whose only server is `server` (no fallback to the registry named in the
+/// image), trusted with `ca` when given.
+pub fn hosts_toml(server: &str, ca: Option<&Path>) -> String {
+    let ca = ca
+        .map(|ca| format!("  ca = \"{}\"\n", ca.display()))
+        .unwrap_or_default();
     format!(
-        "# Written by the cli-mcp e2e harness: pulls go to the node's loopback image mirror.\n\
-         server = \"{url}\"\n\n[host.\"{url}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        "# Written by the cli-mcp e2e harness: pulls go to the node's own registry only.\n\
+         server = \"{server}\"\n\n[host.\"{server}\"]\n  capabilities = [\"pull\", \"resolve\"]\n{ca}"
     )
 }
 
-async fn serve(store: &Store, method: &Method, uri: &Uri) -> Response {
-    if method != Method::GET && method != Method::HEAD {
-        return reply(StatusCode::METHOD_NOT_ALLOWED, &[], Vec::new());
-    }
-    let target = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let (media_type, digest) = match route(target) {
-        Route::Base => return reply(StatusCode::OK, &[], b"{}".to_vec()),
-        Route::NotFound => return not_found(),
-        Route::Blob { digest } => ("application/octet-stream".to_owned(), digest),
-        Route::Manifest { image, reference } if reference.starts_with("sha256:") => {
-            let Some(body) = read_blob(store, &reference).await else {
-                return not_found();
-            };
-            let media_type = media_type_of(&body);
-            tracing::debug!(image, "image mirror: manifest by digest");
-            return reply(
-                StatusCode::OK,
-                &[
-                    ("content-type", media_type),
-                    ("docker-content-digest", reference),
-                ],
-                body,
-            );
-        }
-        Route::Manifest { image, reference } => {
-            match store.lookup(&format!("{image}:{reference}")).await {
-                Some(found) => found,
-                None => {
-                    tracing::info!(
-                        image = %format!("{image}:{reference}"),
-                        "image mirror: not in the node's containerd (import it first)"
-                    );
-                    return not_found();
-                }
+/// A loopback port that accepts each connection and closes it at once: where containerd's
+/// pulls of any registry but the node's own go, so they fail on this host in milliseconds
+/// (a closed port could be taken by something else later; this one stays ours).
+#[derive(Debug)]
+pub struct Refuser {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Refuser {
+    pub async fn start() -> Result<Refuser> {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .map_err(|e| Error::Other(format!("binding a loopback port: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::Other(format!("the refusing port's address: {e}")))?;
+        let task = tokio::spawn(async move {
+            while let Ok((conn, peer)) = listener.accept().await {
+                tracing::debug!(%peer, "a pull of an image from another registry: refused");
+                drop(conn);
             }
-        }
-    };
-    let Some(body) = read_blob(store, &digest).await else {
-        return not_found();
-    };
-    reply(
-        StatusCode::OK,
-        &[
-            ("content-type", media_type),
-            ("docker-content-digest", digest),
-        ],
-        body,
-    )
-}
-
-async fn read_blob(store: &Store, digest: &str) -> Option<Vec<u8>> {
-    tokio::fs::read(store.blob(digest)?).await.ok()
-}
-
-fn not_found() -> Response {
-    let body =
-        br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"not in this node's containerd"}]}"#;
-    reply(
-        StatusCode::NOT_FOUND,
-        &[("content-type", "application/json".to_owned())],
-        body.to_vec(),
-    )
-}
-
-/// A response with the registry API's version header; `Content-Length` comes from the body
-/// (axum keeps it for HEAD, which containerd reads for blob sizes).
-fn reply(status: StatusCode, headers: &[(&'static str, String)], body: Vec<u8>) -> Response {
-    let mut r = (status, body).into_response();
-    let h = r.headers_mut();
-    h.insert(
-        "docker-distribution-api-version",
-        HeaderValue::from_static("registry/2.0"),
-    );
-    for (k, v) in headers {
-        if let Ok(v) = HeaderValue::from_str(v) {
-            h.insert(*k, v);
-        }
+        });
+        Ok(Refuser { addr, task })
     }
-    r
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Refuser {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 #[cfg(test)]
@@ -286,146 +365,155 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes_the_read_paths_of_the_registry_api() {
-        assert_eq!(route("/v2/"), Route::Base);
-        assert_eq!(route("/v2"), Route::Base);
-        assert_eq!(
-            route("/v2/library/cli-mcp-server/manifests/latest?ns=docker.io"),
-            Route::Manifest {
-                image: "docker.io/library/cli-mcp-server".into(),
-                reference: "latest".into()
-            }
-        );
-        assert_eq!(
-            route("/v2/x/y/manifests/1.0"),
-            Route::Manifest {
-                image: "docker.io/x/y".into(),
-                reference: "1.0".into()
-            }
-        );
-        assert_eq!(
-            route("/v2/app/manifests/2?ns=quay.io"),
-            Route::Manifest {
-                image: "quay.io/app".into(),
-                reference: "2".into()
-            }
-        );
-        assert_eq!(
-            route("/v2/library/a/blobs/sha256:00"),
-            Route::Blob {
-                digest: "sha256:00".into()
-            }
-        );
-        assert_eq!(route("/v2/library/a/tags/list"), Route::NotFound);
-        assert_eq!(route("/v1/_ping"), Route::NotFound);
+    fn hosts_send_docker_io_to_the_registry_and_the_rest_to_the_refuser() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let refused: SocketAddr = "127.0.0.1:1234".parse().expect("addr");
+        write_hosts(
+            dir.path(),
+            "127.0.0.1:5000",
+            Path::new("/p/ca.crt"),
+            refused,
+        )
+        .expect("write");
+        let read = |d: &str| std::fs::read_to_string(dir.path().join(d).join("hosts.toml"));
+        for d in ["127.0.0.1:5000", "docker.io"] {
+            let t = read(d).expect("hosts.toml");
+            assert!(t.contains("server = \"https://127.0.0.1:5000\""), "{t}");
+            assert!(t.contains("[host.\"https://127.0.0.1:5000\"]"), "{t}");
+            assert!(t.contains("ca = \"/p/ca.crt\""), "{t}");
+            assert!(!t.contains("push"), "pull and resolve only: {t}");
+        }
+        let t = read("_default").expect("_default");
+        assert!(t.contains("server = \"https://127.0.0.1:1234\""), "{t}");
+        assert!(!t.contains("ca ="), "{t}");
     }
 
     #[test]
-    fn blob_paths_accept_only_sha256_digests() {
-        let s = Store {
-            socket: "/s".into(),
-            root: "/r".into(),
-            namespace: "k8s.io".into(),
-        };
-        let hex = "a".repeat(64);
+    fn the_digest_comes_from_cranes_output_or_not_at_all() {
+        let hex = "e7".repeat(32);
         assert_eq!(
-            s.blob(&format!("sha256:{hex}")),
-            Some(PathBuf::from(format!(
-                "/r/io.containerd.content.v1.content/blobs/sha256/{hex}"
-            )))
+            pushed_digest(&format!("127.0.0.1:5000/cli-mcp/x@sha256:{hex}\n")),
+            Some(format!("sha256:{hex}"))
         );
-        assert_eq!(s.blob("sha256:../../etc/passwd"), None);
-        assert_eq!(s.blob(&format!("sha512:{hex}")), None);
+        assert_eq!(pushed_digest(""), None);
+        assert_eq!(pushed_digest("127.0.0.1:5000/x@sha256:abc"), None);
+        assert_eq!(pushed_digest("pushed blob: sha256:00"), None);
     }
 
     #[test]
-    fn parses_ctr_images_list() {
-        let out = "REF TYPE DIGEST SIZE PLATFORMS LABELS\n\
-            docker.io/library/cli-mcp-server:latest application/vnd.oci.image.manifest.v1+json sha256:e9b8 32.1 MiB linux/amd64 -\n";
-        assert_eq!(
-            parse_images_list(out, "docker.io/library/cli-mcp-server:latest"),
-            Some((
-                "application/vnd.oci.image.manifest.v1+json".into(),
-                "sha256:e9b8".into()
-            ))
+    fn config_serves_tls_on_the_address_and_refuses_deletes() {
+        let c = config_yaml(
+            "127.0.0.1:5000".parse().expect("addr"),
+            Path::new("/r/storage"),
+            Path::new("/r/tls.crt"),
+            Path::new("/r/tls.key"),
         );
-        assert_eq!(parse_images_list(out, "docker.io/library/other:1"), None);
+        let v: serde_yaml::Value = serde_yaml::from_str(&c).expect("yaml");
+        assert_eq!(v["http"]["addr"], "127.0.0.1:5000");
+        assert_eq!(v["http"]["tls"]["certificate"], "/r/tls.crt");
+        assert_eq!(v["http"]["tls"]["key"], "/r/tls.key");
+        assert_eq!(v["storage"]["filesystem"]["rootdirectory"], "/r/storage");
+        assert_eq!(v["storage"]["delete"]["enabled"], false);
+        assert!(v.get("proxy").is_none(), "never a pull-through cache: {c}");
     }
 
-    /// The read paths over HTTP, from a content store laid out as containerd's.
+    /// The registry as the node runs it: TLS with a certificate of the cluster CA, a push
+    /// of an OCI archive answered with its manifest's digest, a copy under `library/`, and
+    /// a client that does not trust the CA refused.
     #[tokio::test]
-    async fn serves_manifests_and_blobs_by_digest_and_refuses_the_rest() {
-        use sha2::Digest as _;
-        let root = std::env::temp_dir().join(format!("cli-mcp-mirror-{}", std::process::id()));
-        let blobs = root.join("io.containerd.content.v1.content/blobs/sha256");
-        std::fs::create_dir_all(&blobs).expect("mkdir");
-        let manifest =
-            br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}"#;
-        let hex = hex::encode(sha2::Sha256::digest(manifest));
-        std::fs::write(blobs.join(&hex), manifest).expect("blob");
-        let mirror = Mirror::start(Store {
-            socket: root.join("no-containerd.sock"),
-            root: root.clone(),
-            namespace: "k8s.io".into(),
+    async fn a_pushed_archive_is_served_by_digest_over_tls() {
+        let bin_dir = locate_async().await.expect("hack/build-registry.sh");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = crate::pki::Pki::generate(&dir.path().join("pki"), &[]).expect("pki");
+        let ca_key = std::fs::read_to_string(&pki.ca_key).expect("ca key");
+        let reg_dir = dir.path().join("registry");
+        std::fs::create_dir_all(&reg_dir).expect("mkdir");
+        let registry = Registry::start(RegistryStart {
+            dir: &reg_dir,
+            bin_dir: &bin_dir,
+            ca_cert: &pki.ca_cert,
+            ca_cert_pem: &pki.ca_cert_pem,
+            ca_key_pem: &ca_key,
+            log_dir: dir.path(),
+            deadline: Instant::now() + Duration::from_secs(30),
         })
         .await
-        .expect("mirror");
-        let http = reqwest::Client::new();
-        let get = |path: &str| http.get(format!("{}{path}", mirror.url())).send();
-
-        let base = get("/v2/").await.expect("GET /v2/");
-        assert_eq!(base.status(), 200);
-        assert_eq!(
-            base.headers()["docker-distribution-api-version"],
-            "registry/2.0"
-        );
-
-        let digest = format!("sha256:{hex}");
-        let m = get(&format!("/v2/library/x/manifests/{digest}?ns=docker.io"))
-            .await
-            .expect("GET manifest");
-        assert_eq!(m.status(), 200);
-        assert_eq!(
-            m.headers()["content-type"],
-            "application/vnd.oci.image.manifest.v1+json"
-        );
-        assert_eq!(m.headers()["docker-content-digest"], digest.as_str());
-        assert_eq!(m.bytes().await.expect("body").as_ref(), manifest);
-
-        let head = http
-            .head(format!("{}/v2/library/x/blobs/{digest}", mirror.url()))
-            .send()
-            .await
-            .expect("HEAD blob");
-        assert_eq!(head.status(), 200);
-        assert_eq!(
-            head.headers()["content-length"],
-            manifest.len().to_string().as_str()
-        );
-
-        let missing = format!("sha256:{}", "0".repeat(64));
-        for path in [
-            format!("/v2/library/x/blobs/{missing}"),
-            "/v2/library/x/blobs/sha256:..%2F..%2Fetc%2Fpasswd".into(),
-            "/v2/_catalog".into(),
-        ] {
-            let r = get(&path).await.expect("GET");
-            assert_eq!(r.status(), 404, "{path}");
-        }
-        let put = http
-            .put(format!("{}/v2/library/x/blobs/uploads/", mirror.url()))
-            .send()
-            .await
-            .expect("PUT");
-        assert_eq!(put.status(), 405, "read-only");
-        drop(mirror);
-        let _ = std::fs::remove_dir_all(&root);
+        .expect("registry");
+        let info = registry.info().clone();
+        let (archive, digest) = tiny_archive(dir.path());
+        let target = format!("{}/{PROJECT_PATH}/tiny:1", info.host);
+        let pushed = info.push(&archive, &target, dir.path()).expect("push");
+        assert_eq!(pushed, digest, "the registry keeps the archive's manifest");
+        let by_digest = format!("{}/{PROJECT_PATH}/tiny@{digest}", info.host);
+        info.copy(&by_digest, &format!("{}/library/tiny:dev", info.host))
+            .expect("copy");
+        let copied = format!("{}/library/tiny:dev", info.host);
+        assert_eq!(info.digest(&copied).expect("digest"), digest);
+        let untrusted = Command::new(&info.crane)
+            .args(["digest", &copied])
+            .env("SSL_CERT_FILE", "/dev/null")
+            .output()
+            .expect("crane");
+        assert!(!untrusted.status.success(), "TLS without the CA must fail");
+        let storage = reg_dir.join("storage");
+        drop(registry);
+        assert!(!storage.exists(), "storage removed with the registry");
     }
 
-    #[test]
-    fn hosts_toml_has_only_the_mirror() {
-        let t = hosts_toml("http://127.0.0.1:5000");
-        assert!(t.contains("server = \"http://127.0.0.1:5000\""), "{t}");
-        assert!(!t.contains("docker.io"), "{t}");
+    /// A one-layer OCI archive (`crate::node::build_image_archive` writes docker-archives,
+    /// which crane cannot push as a layout) and its manifest digest.
+    fn tiny_archive(dir: &Path) -> (PathBuf, String) {
+        use sha2::Digest as _;
+        let layout = dir.join("layout");
+        let blobs = layout.join("blobs/sha256");
+        std::fs::create_dir_all(&blobs).expect("mkdir");
+        let put = |bytes: &[u8]| -> (String, usize) {
+            let hex = hex::encode(sha2::Sha256::digest(bytes));
+            std::fs::write(blobs.join(&hex), bytes).expect("blob");
+            (format!("sha256:{hex}"), bytes.len())
+        };
+        let layer = {
+            let src = dir.join("layer-src");
+            std::fs::create_dir_all(&src).expect("mkdir");
+            std::fs::write(src.join("hello"), "hi\n").expect("file");
+            let tar = dir.join("layer.tar");
+            run(Command::new("tar")
+                .arg("-cf")
+                .arg(&tar)
+                .arg("-C")
+                .arg(&src)
+                .arg("hello"))
+            .expect("tar");
+            std::fs::read(&tar).expect("layer")
+        };
+        let (layer_digest, layer_size) = put(&layer);
+        let config = serde_json::json!({"architecture": "amd64", "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]}, "config": {}});
+        let (config_digest, config_size) = put(config.to_string().as_bytes());
+        let manifest = serde_json::json!({"schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": config_digest, "size": config_size},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                        "digest": layer_digest, "size": layer_size}]});
+        let (digest, size) = put(manifest.to_string().as_bytes());
+        let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest, "size": size}]});
+        std::fs::write(layout.join("index.json"), index.to_string()).expect("index");
+        std::fs::write(
+            layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .expect("oci-layout");
+        let archive = dir.join("tiny.tar");
+        run(Command::new("tar")
+            .arg("-cf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&layout)
+            .arg("."))
+        .expect("tar");
+        (archive, digest)
     }
 }

@@ -267,9 +267,9 @@ async fn bring_up(args: &UpArgs, signals: &mut Signals) -> anyhow::Result<Option
         )?;
         let names = cluster
             .import_project_images(&images)
-            .context("importing the project's images into the real node")?;
+            .context("pushing the project's images to the real node's registry")?;
         eprintln!(
-            "cli-mcp-cluster: images from {} imported as {}",
+            "cli-mcp-cluster: images from {} pushed to the node's registry as {}",
             images.dir.display(),
             names.join(", ")
         );

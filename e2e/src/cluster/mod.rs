@@ -193,6 +193,8 @@ struct AddonBins {
     /// The real node: gVisor's `runsc` and shim, a runtime beside runc
     /// ([`crate::node::gvisor`]).
     gvisor_bin: Option<PathBuf>,
+    /// The real node: distribution's `registry` and `crane` ([`crate::registry`]).
+    registry_bin: Option<PathBuf>,
 }
 
 /// gVisor's binaries when this host can run them; else `None`, saying why on stderr and in
@@ -225,12 +227,15 @@ impl AddonBins {
         // The process kubelet runs CoreDNS on the host; the real node deploys it as a pod and
         // runs the NetworkPolicy enforcer next to its kube-proxy.
         let mut gvisor_bin = None;
+        let mut registry_bin = None;
         if node == NodeKind::Real {
             crate::addons::enforcer_preflight()?;
             gvisor_bin = locate_gvisor().await;
+            registry_bin = Some(crate::registry::locate_async().await?);
         }
         Ok(AddonBins {
             gvisor_bin,
+            registry_bin,
             enforcer: (node == NodeKind::Real).then(|| addons.clone()),
             host_dns: (node == NodeKind::Process).then_some(addons),
         })
@@ -250,6 +255,7 @@ impl Cluster {
         let addons = AddonBins::locate(config.node).await?;
         let node_bins = node_bins.map(|bins| NodeBins {
             gvisor_bin: addons.gvisor_bin.clone(),
+            registry_bin: addons.registry_bin.clone(),
             ..bins
         });
         let kubelet_state = match config.node {
@@ -319,6 +325,7 @@ impl Cluster {
             pid: std::process::id(),
             node: config.node,
             containerd_socket: None,
+            registry: None,
         };
         Ok(Cluster {
             info,
@@ -388,11 +395,12 @@ impl Cluster {
         Ok(())
     }
 
-    /// Import the project's images into the real node's containerd under the names pods
-    /// use ([`project_images::import_into`]); returns those names. An error on the process
-    /// kubelet, whose images are binaries.
+    /// Pushes the project's images to the real node's registry under the names pods use
+    /// ([`project_images::push_into`]), from which the kubelet pulls them; returns those
+    /// names. An error on the process kubelet, whose images are binaries. (Named for what it
+    /// did when images were imported into containerd, which callers still rely on.)
     pub fn import_project_images(&self, images: &ProjectImages) -> Result<Vec<String>> {
-        let socket = self.info.containerd_socket.as_ref().ok_or_else(|| {
+        let registry = self.info.registry.as_ref().ok_or_else(|| {
             Error::Prerequisite(
                 "only the real node runs images (--node real); the process kubelet maps image \
                  names to binaries"
@@ -400,8 +408,9 @@ impl Cluster {
             )
         })?;
         let t = Instant::now();
-        let names = project_images::import_into(socket, images)?;
-        tracing::info!(took = ?t.elapsed(), dir = %images.dir.display(), "project images imported");
+        let work = self.info.run_dir.join("node/registry/push");
+        let names = project_images::push_into(registry, images, &work)?;
+        tracing::info!(took = ?t.elapsed(), dir = %images.dir.display(), "project images pushed to {}", registry.host);
         Ok(names)
     }
 

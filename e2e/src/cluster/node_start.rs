@@ -112,6 +112,7 @@ impl Cluster {
         )
         .await?;
         self.info.containerd_socket = Some(node.params().socket());
+        self.info.registry = node.registry().cloned();
         self.real_node = Some(node);
         self.node_started = Some(node_started);
         Ok(())

@@ -71,7 +71,7 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
-  # Pulls go to the node's loopback image mirror, never to a registry on the network.
+  # Pulls go to the node's own image registry on loopback, never to one on the network.
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{hosts}"
 "#,

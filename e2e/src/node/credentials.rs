@@ -41,7 +41,7 @@ pub fn client_cert(
 }
 
 /// Write `contents` to `path`, readable by its owner only (it holds a private key).
-pub(super) fn write_private(path: &Path, contents: &str) -> Result<()> {
+pub fn write_private(path: &Path, contents: &str) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = OpenOptions::new()

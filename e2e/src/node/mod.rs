@@ -51,7 +51,7 @@ pub use config::{
     cni_conflist, containerd_config, kube_proxy_config, kubelet_config, CLUSTER_CIDR, CLUSTER_DNS,
     CLUSTER_DOMAIN, POD_PIDS_LIMIT, VOLUME_STATS_AGG_PERIOD,
 };
-pub use credentials::client_cert;
+pub use credentials::{client_cert, write_private};
 pub use host::{preflight, KUBELET_SYSCTLS};
 pub use image::{
     build_image_archive, image_config_json, image_manifest_json, import_image, CATATONIT,

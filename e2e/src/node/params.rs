@@ -43,7 +43,7 @@ impl NodeParams {
         self.containerd_dir().join("runsc.toml")
     }
     /// The CRI plugin's `registry.config_path`: `hosts.toml` files sending pulls to the
-    /// node's image mirror ([`crate::registry`]).
+    /// node's image registry ([`crate::registry`]).
     pub fn registry_hosts_dir(&self) -> PathBuf {
         self.containerd_dir().join("certs.d")
     }

@@ -1,5 +1,6 @@
-//! A running real node: containerd (with the image mirror its CRI pulls from), the kubelet
-//! and kube-proxy, started in order and torn down with everything they left on the host.
+//! A running real node: the image registry its containerd pulls from, containerd, the
+//! kubelet and kube-proxy, started in order and torn down with everything they left on the
+//! host.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use super::cgroup::{create_cgroup, sweep_cgroup};
 use super::config::{cni_conflist, containerd_config, kube_proxy_config, kubelet_config};
 use super::credentials::{client_cert, write_private};
 use super::host::{lock_host, preflight, read_sysctl, which, KUBELET_SYSCTLS};
-use super::image::{build_image_archive, ctr, import_image, CATATONIT, CRI_NAMESPACE, PAUSE_IMAGE};
+use super::image::{build_image_archive, ctr, import_image, CATATONIT, PAUSE_IMAGE};
 use super::mounts::unmount_under;
 use super::params::NodeParams;
 use super::run;
@@ -28,6 +29,10 @@ pub struct NodeBins {
     /// The directory with gVisor's `runsc` and shim ([`super::gvisor`]); set once located
     /// with the add-ons.
     pub gvisor_bin: Option<PathBuf>,
+    /// The directory with distribution's `registry` and `crane` ([`crate::registry`]); set
+    /// once located with the add-ons. Without it the node starts no registry, and nothing
+    /// but imported images runs.
+    pub registry_bin: Option<PathBuf>,
 }
 
 impl NodeBins {
@@ -39,6 +44,7 @@ impl NodeBins {
             kube_proxy: control_plane_bin.join("kube-proxy"),
             containerd: which("containerd").unwrap_or_else(|| PathBuf::from("containerd")),
             gvisor_bin: None,
+            registry_bin: None,
         })
     }
 }
@@ -54,8 +60,10 @@ pub struct RealNode {
     saved_sysctls: Vec<(String, String)>,
     _host_lock: Option<Flock<File>>,
     torn_down: bool,
-    /// Answers the pulls of containerd's CRI from its own content store.
-    mirror: Option<crate::registry::Mirror>,
+    /// The registry containerd's CRI pulls the project's images from.
+    registry: Option<crate::registry::Registry>,
+    /// Where pulls of any other registry go: closed at once, on loopback.
+    refuser: Option<crate::registry::Refuser>,
 }
 
 /// What [`RealNode::start`] needs besides the parameters.
@@ -89,12 +97,13 @@ impl RealNode {
             saved_sysctls: Vec::new(),
             _host_lock: Some(lock),
             torn_down: false,
-            mirror: None,
+            registry: None,
+            refuser: None,
         };
         node.clean_after_dead_node();
         create_cgroup(&node.params.cgroup_root)?;
         node.write_files(&s)?;
-        node.start_mirror().await?;
+        node.start_registry(&s, deadline).await?;
         node.saved_sysctls = KUBELET_SYSCTLS
             .iter()
             .filter_map(|n| read_sysctl(n).map(|v| (n.to_string(), v)))
@@ -122,18 +131,39 @@ impl RealNode {
         self.remove_host_files(&[]);
     }
 
-    /// The loopback image mirror containerd's CRI pulls from, and the `hosts.toml` files
-    /// that send its pulls there.
-    async fn start_mirror(&mut self) -> Result<()> {
-        let mirror = crate::registry::Mirror::start(crate::registry::Store {
-            socket: self.params.socket(),
-            root: self.params.containerd_dir().join("root"),
-            namespace: CRI_NAMESPACE.into(),
+    /// The image registry containerd's CRI pulls from (TLS with a certificate of the
+    /// cluster CA, on loopback), the refusing port, and the `hosts.toml` files that send
+    /// every pull to one of them.
+    async fn start_registry(&mut self, s: &NodeStart<'_>, deadline: Instant) -> Result<()> {
+        let bin_dir = self.bins.registry_bin.clone().ok_or_else(|| {
+            Error::Prerequisite(
+                "the real node needs the image registry's binaries (hack/build-registry.sh)".into(),
+            )
+        })?;
+        let refuser = crate::registry::Refuser::start().await?;
+        let dir = self.params.dir.join("registry");
+        fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+        let registry = crate::registry::Registry::start(crate::registry::RegistryStart {
+            dir: &dir,
+            bin_dir: &bin_dir,
+            ca_cert: &self.params.ca_cert,
+            ca_cert_pem: s.ca_cert_pem,
+            ca_key_pem: s.ca_key_pem,
+            log_dir: s.log_dir,
+            deadline,
         })
         .await?;
-        crate::registry::write_hosts(&self.params.registry_hosts_dir(), &mirror.url())?;
-        self.mirror = Some(mirror);
+        let info = registry.info();
+        let certs = self.params.registry_hosts_dir();
+        crate::registry::write_hosts(&certs, &info.host, &info.ca, refuser.addr())?;
+        self.registry = Some(registry);
+        self.refuser = Some(refuser);
         Ok(())
+    }
+
+    /// The node's image registry (`None` only once stopped).
+    pub fn registry(&self) -> Option<&crate::registry::RegistryInfo> {
+        self.registry.as_ref().map(crate::registry::Registry::info)
     }
 
     fn start_containerd(&mut self, log_dir: &Path) -> Result<()> {
@@ -281,6 +311,9 @@ impl RealNode {
 
     /// The first of the node's processes that exited, as an error.
     pub fn first_exit(&mut self) -> Option<Error> {
+        if let Some(e) = self.registry.as_mut().and_then(|r| r.exited_error()) {
+            return Some(e);
+        }
         self.containerd
             .iter_mut()
             .chain(self.kubelet.iter_mut())
@@ -295,6 +328,11 @@ impl RealNode {
             .chain(self.kubelet.iter())
             .chain(self.kube_proxy.iter())
             .filter_map(|c| c.pid().map(|p| (c.name().to_string(), p)))
+            .chain(
+                self.registry
+                    .iter()
+                    .filter_map(|r| r.pid().map(|p| ("registry".to_string(), p))),
+            )
             .collect()
     }
 
@@ -432,6 +470,11 @@ impl RealNode {
         if let Some(mut c) = self.containerd.take() {
             c.stop();
         }
+        // Once containerd pulls no more: the registry and what was pushed to it.
+        if let Some(mut r) = self.registry.take() {
+            r.stop();
+        }
+        self.refuser = None;
         // Shims whose task could not be deleted still name our socket.
         let sock_s = sock.display().to_string();
         for (pid, _) in crate::process::processes_with_arg(&sock_s) {
