@@ -1292,3 +1292,114 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
     ns.delete().await.expect("delete namespace");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// An instance may not be named so that one of its ServiceAccounts is an operator's: in the
+/// namespace an operator runs in (config/default's, an OLM OwnNamespace install), an
+/// instance named `operator` would have a server ServiceAccount and Deployment named exactly
+/// like the operator's (`cli-mcp-operator`), so the server would run with the operator's
+/// rights and the operator would apply the server over itself. config/admission's
+/// instance-names policy (bound to this test's namespace only) refuses it, knowing the
+/// operator by what RBAC grants it here — writing the instances' status — as the pod
+/// policies do; the same name in a namespace whose `cli-mcp-operator` is no operator, and
+/// other names, are allowed. And whatever its name, a server is refused a
+/// ClusterRoleBinding, as every server is: its Role grants none, and the ClusterRoleBinding
+/// policy knows the operator by its exact username only.
+#[tokio::test]
+async fn an_instance_may_not_be_named_after_an_operator_of_its_namespace() {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    use kube::api::DeleteParams;
+    use std::time::{Duration, Instant};
+
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c
+        .namespace("admission-operator-name")
+        .await
+        .expect("namespace");
+    let n = ns.name.clone();
+    // An operator installed into this namespace (its ServiceAccount cli-mcp-operator may
+    // write the instances' status), and one whose sandbox ServiceAccount would be an
+    // operator's under an odd install name.
+    let operator = format!("system:serviceaccount:{n}:cli-mcp-operator");
+    let odd = format!("system:serviceaccount:{n}:cli-mcp-ops-sandbox");
+    grant(
+        &ns,
+        "operator",
+        json!([{"apiGroups": ["cli-mcp.redhat.com"], "resources": ["climcpinstances/status"],
+                "verbs": ["get", "patch"]}]),
+        &[operator.clone(), odd],
+    )
+    .await;
+    let outside = scoped_policies(&c, &n, &["instance-names"]).await;
+
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let create = |name: &'static str| {
+        let api = ns.api::<CliMcpInstance>();
+        let dry = dry.clone();
+        async move {
+            api.create(&dry, &instance(name, json!({})))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    // The policy takes effect asynchronously: wait until it refuses the first name.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let refused = loop {
+        match create("operator").await {
+            Err(e) if e.contains(&format!("{n}-cli-mcp-instance-names")) => break e,
+            other => assert!(
+                Instant::now() < deadline,
+                "instance `operator` was not refused within 60 s: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        refused.contains("cli-mcp-operator (its server) of namespace")
+            && refused.contains("choose another name"),
+        "{refused}"
+    );
+    let odd_name = create("ops").await;
+    assert!(
+        matches!(&odd_name, Err(e) if e.contains("cli-mcp-ops-sandbox (its sandboxes) of namespace")),
+        "{odd_name:?}"
+    );
+    for allowed in ["adm", "operators", "cli-mcp"] {
+        let r = create(allowed).await;
+        assert!(r.is_ok(), "instance {allowed}: {r:?}");
+    }
+
+    // Every server, the one of an instance named `operator` in a namespace whose
+    // cli-mcp-operator is a server and no operator included, is refused a ClusterRoleBinding
+    // (here: binding system:auth-delegator to itself, labelled as the operator labels them).
+    for server in ["operator", "adm"] {
+        let user = format!("system:serviceaccount:{n}-other:cli-mcp-{server}");
+        let crbs: Api<ClusterRoleBinding> = Api::all(client_as(&c, &user).await);
+        let crb: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": format!("cli-mcp-{n}-other-{server}-auth-delegator-x"),
+                         "labels": {"app.kubernetes.io/managed-by": "cli-mcp-operator",
+                                    "cli-mcp.redhat.com/component": "server",
+                                    "cli-mcp.redhat.com/instance": server,
+                                    "cli-mcp.redhat.com/instance-namespace": format!("{n}-other")}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "system:auth-delegator"},
+            "subjects": [{"kind": "ServiceAccount", "name": format!("cli-mcp-{server}"),
+                          "namespace": format!("{n}-other")}]
+        }))
+        .expect("ClusterRoleBinding");
+        let r = crbs.create(&dry, &crb).await;
+        assert!(
+            matches!(&r, Err(kube::Error::Api(s)) if s.code == 403),
+            "the server of instance {server}: {r:?}"
+        );
+    }
+
+    for (api, name) in outside {
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    ns.delete().await.expect("delete namespace");
+}

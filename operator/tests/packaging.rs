@@ -770,10 +770,12 @@ fn both_packages_install_the_same_admission_policies() {
     assert_eq!(
         names(&kz),
         [
+            "ValidatingAdmissionPolicy cli-mcp-instance-names",
             "ValidatingAdmissionPolicy cli-mcp-operator-cluster-role-bindings",
             "ValidatingAdmissionPolicy cli-mcp-sandbox-pod-deletions",
             "ValidatingAdmissionPolicy cli-mcp-sandbox-pods",
             "ValidatingAdmissionPolicy cli-mcp-tenant-pods",
+            "ValidatingAdmissionPolicyBinding cli-mcp-instance-names",
             "ValidatingAdmissionPolicyBinding cli-mcp-operator-cluster-role-bindings",
             "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pod-deletions",
             "ValidatingAdmissionPolicyBinding cli-mcp-sandbox-pods",
@@ -781,16 +783,17 @@ fn both_packages_install_the_same_admission_policies() {
         ]
     );
     assert_eq!(names(&chart).len(), kz.len(), "{:?}", names(&chart));
-    for (k, h) in kz.iter().zip(&chart) {
+    for k in &kz {
         let name = k["metadata"]["name"].as_str().expect("name");
         // The chart prefixes the release's full name; the rest is the same object.
         let suffix = name
             .trim_start_matches("cli-mcp-")
             .trim_start_matches("operator-");
-        assert_eq!(
-            h["metadata"]["name"],
-            format!("t-cli-mcp-operator-{suffix}")
-        );
+        let chart_name = format!("t-cli-mcp-operator-{suffix}");
+        let h = chart
+            .iter()
+            .find(|h| h["kind"] == k["kind"] && h["metadata"]["name"] == chart_name.as_str())
+            .unwrap_or_else(|| panic!("the chart has no {} {chart_name}", k["kind"]));
         let (mut ks, mut hs) = (k["spec"].clone(), h["spec"].clone());
         if k["kind"] == "ValidatingAdmissionPolicyBinding" {
             assert_eq!(hs["policyName"], h["metadata"]["name"], "{name}");

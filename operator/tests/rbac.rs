@@ -865,7 +865,7 @@ fn install(base: &str, opns: &str, prefix: &str, ns: &str, other: &str) -> Strin
 namespace: {opns}
 namePrefix: {prefix}
 patches:
-{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-deletions,tenant-pods)"}}
+{watch}  - target: {{kind: ValidatingAdmissionPolicyBinding, labelSelector: "cli-mcp.redhat.com/policy in (sandbox-pods,sandbox-pod-deletions,tenant-pods,instance-names)"}}
     patch: |-
       - op: add
         path: /spec/matchResources
