@@ -21,6 +21,7 @@ mod sandbox;
 mod server;
 mod status;
 mod values;
+mod warm_pool;
 
 use std::collections::BTreeMap;
 
@@ -46,6 +47,7 @@ pub use server::{
 };
 pub use status::{CliMcpInstanceStatus, SandboxStatus, WarmPoolStatus};
 pub use values::{parse_duration, CrdError, ProxyPlan};
+pub use warm_pool::{DemandBounds, WarmPoolBounds, WarmPoolSizing};
 
 /// Longest idle timeout (7 days), in the Go duration syntax CEL understands.
 pub const MAX_IDLE_TIMEOUT: &str = "168h";
@@ -152,6 +154,11 @@ pub const MAX_WARM_POOL: i32 = 200;
         "!has(self.spec) || !has(self.spec.proxy) || !has(self.spec.sandbox) || !has(self.spec.sandbox.kubeconfigSecret)"
     ).message(
         "set either spec.proxy or the older spec.sandbox.kubeconfigSecret, not both; move the Secret name to spec.proxy.targets[{type: kubernetes, secretName: ...}]"
+    ),
+    validation = Rule::new(
+        "!has(self.spec) || !has(self.spec.sandbox) || !has(self.spec.sandbox.warmPool) || !has(self.spec.sandbox.warmPoolSize) || self.spec.sandbox.warmPoolSize == 0"
+    ).message(
+        "set either spec.sandbox.warmPoolSize (a fixed warm pool) or spec.sandbox.warmPool (bounds the operator sizes the pool within by demand), not both"
     )
 )]
 #[serde(rename_all = "camelCase")]

@@ -110,6 +110,9 @@ pub struct Stores {
     pub instances: Store<CliMcpInstance>,
     /// Sandbox pods, reduced to what the operator reads ([`crate::sandbox_pod`]).
     pub pods: Store<crate::sandbox_pod::SandboxPod>,
+    /// The sessions the pod watch saw start, per instance (what a pool sized by demand
+    /// follows).
+    pub session_starts: crate::demand::SessionStarts,
     pub secrets: Store<Secret>,
     pub config_maps: Store<ConfigMap>,
     pub deployments: Store<Deployment>,
@@ -148,6 +151,7 @@ impl Stores {
         Self {
             instances: reflector::store().0,
             pods: reflector::store().0,
+            session_starts: Default::default(),
             secrets: reflector::store().0,
             config_maps: reflector::store().0,
             deployments: reflector::store().0,
@@ -346,7 +350,15 @@ impl PoolBackoff {
 /// Per-instance pool bookkeeping, keyed by the CR's uid.
 #[derive(Default)]
 pub struct PoolState {
-    inner: Mutex<HashMap<String, (PoolExpectations, PoolBackoff)>>,
+    inner: Mutex<HashMap<String, InstancePool>>,
+}
+
+/// One instance's pool bookkeeping.
+#[derive(Default)]
+struct InstancePool {
+    expectations: PoolExpectations,
+    backoff: PoolBackoff,
+    autoscaler: crate::demand::autoscale::Autoscaler,
 }
 
 impl PoolState {
@@ -357,7 +369,17 @@ impl PoolState {
     ) -> R {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let entry = guard.entry(uid.to_owned()).or_default();
-        f(&mut entry.0, &mut entry.1)
+        f(&mut entry.expectations, &mut entry.backoff)
+    }
+
+    /// The sizing memory of a pool sized by demand.
+    pub fn with_autoscaler<R>(
+        &self,
+        uid: &str,
+        f: impl FnOnce(&mut crate::demand::autoscale::Autoscaler) -> R,
+    ) -> R {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard.entry(uid.to_owned()).or_default().autoscaler)
     }
 
     pub fn forget(&self, uid: &str) {
@@ -414,11 +436,26 @@ pub struct Context {
 impl Context {
     /// Publishes an Event on the instance. Events are best effort: a failure is only logged.
     pub async fn publish(&self, cr: &CliMcpInstance, type_: EventType, reason: &str, note: String) {
+        self.publish_action(cr, type_, reason, "Reconcile", note)
+            .await
+    }
+
+    /// [`Self::publish`] with the action taken. The recorder folds an Event into an earlier
+    /// one of the same type, reason and action (a series keeps the first note), so an
+    /// action that differs, such as the size a pool was set to, keeps each note readable.
+    pub async fn publish_action(
+        &self,
+        cr: &CliMcpInstance,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.into(),
             note: Some(note),
-            action: "Reconcile".into(),
+            action: action.into(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&ev, &cr.object_ref(&())).await {

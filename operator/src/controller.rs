@@ -14,7 +14,8 @@
 //! 6. pass a rotated kubeconfig on to the proxy pods ([`rotation::nudge_proxy_pods`]);
 //! 7. delete the expose kinds no longer desired ([`sweep::expose_orphans`], by label);
 //! 8. fail closed: no sandbox starts while the credential proxy is not serving;
-//! 9. the sandboxes: warm pool ([`pool::reconcile`]) and idle GC ([`idle::collect`]);
+//! 9. the sandboxes: the warm pool's size ([`pool::size`]), the pool ([`pool::reconcile`])
+//!    and idle GC ([`idle::collect`]);
 //! 10. whether NetworkPolicy and Pod Security are in force ([`crate::isolation`]);
 //! 11. what the status is computed from ([`Observed`]), built once;
 //! 12. the status ([`status::compute`]), written only when it changed;
@@ -163,7 +164,7 @@ pub async fn apply_instance(cr: Arc<CliMcpInstance>, ctx: &Context) -> Result<Ac
     // 8. Fail closed: whether sandboxes may start (no client).
     let proxy_unavailable = proxy_gate(ctx, &inputs);
     // 9. The warm pool and the idle GC (client).
-    let sandboxes = sandboxes(ctx, &inputs, &resolved, proxy_unavailable.clone()).await;
+    let sandboxes = sandboxes(ctx, &cr, &inputs, &resolved, proxy_unavailable.clone()).await;
     // 10. Whether NetworkPolicy and Pod Security are in force (client, results cached).
     let isolation = probe_isolation(ctx, &inputs.spec, proxy_unavailable.is_none()).await;
     // 11. What the status is computed from, built once (no client).
@@ -219,21 +220,24 @@ struct Sandboxes {
 /// the status: its error is returned after the status says so.
 async fn sandboxes(
     ctx: &Context,
+    cr: &CliMcpInstance,
     inputs: &Inputs,
     resolved: &Resolved,
     proxy_unavailable: Option<String>,
 ) -> Sandboxes {
     let spec = &inputs.spec;
     let key = resolved.key.as_ref();
-    let (pool, pool_error) = pool::reconcile(
+    let size = pool::size(ctx, cr, spec).await;
+    let (mut pool, pool_error) = pool::reconcile(
         ctx,
         &spec.owner.uid,
         &spec.sandbox,
-        spec.warm_pool_size,
+        size.desired,
         key,
         resolved.blocked().or(proxy_unavailable),
     )
     .await;
+    pool.sized_by_demand(&size);
     let pods = pool::instance_pods(&ctx.stores.pods.state(), &spec.namespace, &spec.name);
     let (idle, idle_error) =
         idle::collect(ctx, &pods, &spec.namespace, spec.idle_timeout, key).await;

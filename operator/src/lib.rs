@@ -25,6 +25,7 @@ pub mod context;
 pub mod controller;
 pub mod controllers;
 pub mod crdgen;
+pub mod demand;
 pub mod error;
 pub mod http;
 pub mod idle;

@@ -16,7 +16,8 @@
 //! - for an unassigned pod ([`SandboxPod::Unassigned`]) also: the first container's name
 //!   and its `ASSIGN_SHA256` env var ([`made_for_key`]); the RuntimeClass it carries (the
 //!   status reports it: [`crate::runtime_class::carried`]); the status's phase, conditions
-//!   (type, status, reason, message) and container statuses (name, ready, restartCount,
+//!   (type, status, reason, message, lastTransitionTime: how long a pod took to be Ready
+//!   sizes a pool by demand) and container statuses (name, ready, restartCount,
 //!   the waiting state's reason and message, whether it runs, the terminated state's exit
 //!   code).
 //!
@@ -177,13 +178,14 @@ struct WireStatus {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "camelCase")]
 struct WireCondition {
     #[serde(rename = "type")]
     type_: String,
     status: String,
     reason: Option<String>,
     message: Option<String>,
+    last_transition_time: Option<Time>,
 }
 
 #[derive(Deserialize, Default)]
@@ -266,6 +268,7 @@ impl Wire {
                         status: c.status,
                         reason: c.reason,
                         message: c.message,
+                        last_transition_time: c.last_transition_time,
                         ..Default::default()
                     })
                     .collect()
@@ -447,6 +450,10 @@ mod tests {
         }
     }
 
+    fn time(s: &str) -> Time {
+        Time(s.parse().expect("timestamp"))
+    }
+
     fn running_status() -> serde_json::Value {
         serde_json::json!({
             "phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.1.0.7",
@@ -568,11 +575,13 @@ mod tests {
                     PodCondition {
                         type_: "PodScheduled".into(),
                         status: "True".into(),
+                        last_transition_time: Some(time("2026-01-01T00:00:01Z")),
                         ..Default::default()
                     },
                     PodCondition {
                         type_: "Ready".into(),
                         status: "True".into(),
+                        last_transition_time: Some(time("2026-01-01T00:00:03Z")),
                         ..Default::default()
                     },
                 ]),

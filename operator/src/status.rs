@@ -368,6 +368,7 @@ pub fn compute(
         warm_pool: WarmPoolStatus {
             ready: o.pool.ready,
             desired: o.pool.desired,
+            sessions_last_minute: o.pool.sessions_last_minute,
         },
         active_sessions: o.active_sessions,
         resolved_sandbox_image: o.image.clone(),

@@ -259,6 +259,7 @@ impl Teardown<'_> {
             ctx.briefings.forget(&uid);
         }
         crate::rotation::forget(ns, name.as_str());
+        ctx.stores.session_starts.forget(ns, name.as_str());
         for binding in cluster_bindings(name, ns) {
             ctx.applied
                 .forget_prefix(&format!("ClusterRoleBinding//{binding}"));

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{future, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -35,6 +35,7 @@ use cli_mcp_api::names::{annotation, label};
 use crate::children::expose::{HttpRoute, Route};
 use crate::children::{secrets, INSTANCE_NAMESPACE_LABEL};
 use crate::context::{Scope, Stores};
+use crate::demand::{self, SessionStarts};
 use crate::sandbox_pod::SandboxPod;
 
 fn managed() -> watcher::Config {
@@ -110,6 +111,7 @@ pub fn pod_fingerprint(p: &SandboxPod) -> u64 {
 fn sandbox_pods(
     client: &Client,
     ns: Option<&str>,
+    starts: SessionStarts,
 ) -> (
     Store<SandboxPod>,
     impl Stream<Item = Result<SandboxPod, watcher::Error>> + Send + 'static,
@@ -120,7 +122,7 @@ fn sandbox_pods(
         label::COMPONENT,
         label::COMPONENT_SANDBOX
     ));
-    let seen: Arc<Mutex<Fingerprints>> = Arc::default();
+    let seen = Arc::new(Mutex::new(Fingerprints::new(starts)));
     // Sandbox pods are what grows with sessions: they are read straight into the reduced
     // SandboxPod, never kept as a whole Pod.
     let stream = watcher(api::<SandboxPod>(client, ns), cfg)
@@ -140,17 +142,27 @@ fn sandbox_pods(
 }
 
 /// The fingerprint of every sandbox pod the watch reported, to pass on only pods that
-/// changed. A relist (after a 410, an API server restart) reports no `Delete` for pods
-/// deleted during the gap: what the relist did not report is forgotten at its end, so the
-/// map holds the pods that exist, not every pod there ever was.
-#[derive(Default)]
+/// changed, and whether it was assigned, to record the sessions that start
+/// ([`SessionStarts`]). A relist (after a 410, an API server restart) reports no `Delete`
+/// for pods deleted during the gap: what the relist did not report is forgotten at its end,
+/// so the map holds the pods that exist, not every pod there ever was.
 struct Fingerprints {
-    seen: HashMap<String, u64>,
+    /// Pod key -> (fingerprint, assigned).
+    seen: HashMap<String, (u64, bool)>,
     /// The pods a list in progress reported so far.
     listing: Option<HashSet<String>>,
+    starts: SessionStarts,
 }
 
 impl Fingerprints {
+    fn new(starts: SessionStarts) -> Self {
+        Self {
+            seen: HashMap::new(),
+            listing: None,
+            starts,
+        }
+    }
+
     /// The pod to pass on as a trigger, if the event says something new about one.
     fn passes(&mut self, ev: watcher::Event<SandboxPod>) -> Option<SandboxPod> {
         let key = |p: &SandboxPod| p.uid().unwrap_or_else(|| p.name_any());
@@ -164,8 +176,17 @@ impl Fingerprints {
                 if let Some(listing) = self.listing.as_mut() {
                     listing.insert(k.clone());
                 }
-                let fp = pod_fingerprint(&p);
-                (self.seen.insert(k, fp) != Some(fp)).then_some(p)
+                let fp = (pod_fingerprint(&p), p.is_assigned());
+                let before = self.seen.insert(k, fp);
+                let listing = self.listing.is_some();
+                if demand::starts_session(before.map(|b| b.1), listing, fp.1, p.is_deleting()) {
+                    if let (Some(ns), Some(instance)) =
+                        (p.namespace(), p.labels().get(label::INSTANCE))
+                    {
+                        self.starts.record(&ns, instance, Instant::now());
+                    }
+                }
+                (before != Some(fp)).then_some(p)
             }
             watcher::Event::InitDone => {
                 if let Some(listed) = self.listing.take() {
@@ -378,7 +399,8 @@ pub fn build(client: &Client, ns: Option<&str>, scope: &Scope) -> (Ctl, Stores) 
         ),
     );
     let (c, cluster_role_bindings) = watch_cluster_role_bindings(c, client, scope);
-    let (c, pods) = watch_sandbox_pods(c, client, ns);
+    let session_starts = SessionStarts::default();
+    let (c, pods) = watch_sandbox_pods(c, client, ns, session_starts.clone());
     let c = watch_admin_secrets(c, client, ns, &instances);
     let c = watch_admin_config_maps(c, client, ns, &instances);
     let (c, runtime_classes, runtime_classes_listed) =
@@ -389,6 +411,7 @@ pub fn build(client: &Client, ns: Option<&str>, scope: &Scope) -> (Ctl, Stores) 
     let stores = Stores {
         instances,
         pods,
+        session_starts,
         secrets,
         config_maps,
         deployments,
@@ -470,8 +493,13 @@ fn watch_cluster_role_bindings(
 }
 
 /// Sandbox pods wake the instance named by their label (see [`sandbox_pods`]).
-fn watch_sandbox_pods(c: Ctl, client: &Client, ns: Option<&str>) -> (Ctl, Store<SandboxPod>) {
-    let (store, stream) = sandbox_pods(client, ns);
+fn watch_sandbox_pods(
+    c: Ctl,
+    client: &Client,
+    ns: Option<&str>,
+    starts: SessionStarts,
+) -> (Ctl, Store<SandboxPod>) {
+    let (store, stream) = sandbox_pods(client, ns, starts);
     let c = c.watches_stream(stream, |p: SandboxPod| {
         let ns = p.namespace()?;
         p.labels()
@@ -637,7 +665,7 @@ mod tests {
     #[test]
     fn only_changed_pods_pass_and_a_relist_forgets_pods_deleted_in_the_gap() {
         use watcher::Event;
-        let mut f = Fingerprints::default();
+        let mut f = Fingerprints::new(SessionStarts::default());
         assert!(f.passes(Event::Init).is_none());
         for name in ["a", "b", "c"] {
             assert!(
@@ -660,6 +688,45 @@ mod tests {
         assert_eq!(left, ["uid-a", "uid-d"]);
         assert!(f.passes(Event::Delete(named("a"))).is_some());
         assert_eq!(f.seen.len(), 1);
+    }
+
+    /// `name` as the watch reads it, assigned to a session or not.
+    fn watched(name: &str, session: Option<&str>) -> SandboxPod {
+        let mut labels = serde_json::json!({"cli-mcp.redhat.com/instance": "demo"});
+        if let Some(s) = session {
+            labels[label::SESSION_ID] = s.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "labels": labels},
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn the_watch_records_claims_and_cold_starts_once_and_not_what_it_lists() {
+        use watcher::Event;
+        let starts = SessionStarts::default();
+        let mut f = Fingerprints::new(starts.clone());
+        let count = || starts.ages("ns", "demo", std::time::Instant::now()).len();
+        // What the first list finds may have started any time: not counted.
+        f.passes(Event::Init);
+        f.passes(Event::InitApply(watched("old", Some("s0"))));
+        f.passes(Event::InitApply(watched("warm", None)));
+        f.passes(Event::InitDone);
+        assert_eq!(count(), 0);
+        // A warm pod claimed, then changed again; a cold start; a new pool pod.
+        f.passes(Event::Apply(watched("warm", Some("s1"))));
+        f.passes(Event::Apply(watched("warm", Some("s1"))));
+        f.passes(Event::Apply(watched("cold", Some("s2"))));
+        f.passes(Event::Apply(watched("refill", None)));
+        assert_eq!(count(), 2);
+        // A relist after a gap in which the refill pod was claimed.
+        f.passes(Event::Init);
+        f.passes(Event::InitApply(watched("refill", Some("s3"))));
+        f.passes(Event::InitApply(watched("unknown", Some("s4"))));
+        f.passes(Event::InitDone);
+        assert_eq!(count(), 3);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use schemars::Schema;
 use serde::{Deserialize, Serialize};
 
 use super::placement::{PlacementPart, PlacementSpec};
+use super::warm_pool::WarmPoolBounds;
 use super::{resources, PullPolicy};
 
 /// What the placement fields of `spec.sandbox` say in the CRD.
@@ -72,6 +73,13 @@ pub struct SandboxSpec {
         "spec.sandbox.warmPoolSize must be between 0 and 200; each warm sandbox is a running pod"
     ))]
     pub warm_pool_size: i32,
+
+    /// A warm pool the operator sizes by demand instead of a fixed `warmPoolSize`: between
+    /// `min` and `max` warm sandboxes, growing at once with the rate of new sessions and
+    /// shrinking after `scaleDownDelay` of calm (status.warmPool.desired is the size it aims
+    /// at). Set either this or warmPoolSize.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool: Option<WarmPoolBounds>,
 
     /// Compute resources of each sandbox container. Default: requests cpu 5m / memory
     /// 16Mi (what an idle sandbox holds, so a node holds as many idle sessions as its
@@ -192,6 +200,7 @@ impl Default for SandboxSpec {
             image: None,
             idle_timeout: default_idle_timeout(),
             warm_pool_size: 0,
+            warm_pool: None,
             resources: default_sandbox_resources(),
             env: Vec::new(),
             image_pull_policy: None,

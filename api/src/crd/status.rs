@@ -87,7 +87,12 @@ pub struct WarmPoolStatus {
     /// Unassigned sandboxes that are Ready and current.
     #[serde(default)]
     pub ready: i32,
-    /// spec.sandbox.warmPoolSize.
+    /// The size the pool aims at: spec.sandbox.warmPoolSize, or with spec.sandbox.warmPool
+    /// the size the operator chose from the demand, within its bounds.
     #[serde(default)]
     pub desired: i32,
+    /// With spec.sandbox.warmPool: new sessions (warm claims and cold starts) in the last
+    /// minute, the demand the pool follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions_last_minute: Option<i32>,
 }

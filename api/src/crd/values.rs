@@ -32,6 +32,8 @@ pub enum CrdError {
     Domain { domain: String, error: RouteError },
     #[error("spec.proxy.targets: allowlist domain {0} is in two targets with different caConfigMap; list it once, or under the same caConfigMap")]
     TwoCas(String),
+    #[error("spec.sandbox.warmPool: {0}")]
+    WarmPool(String),
 }
 
 /// The credential proxy every instance runs: what `spec.proxy` asks for or, without it, the

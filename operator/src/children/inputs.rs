@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use cli_mcp_api::crd::{
     AuthMode, AuthorizationSpec, CliMcpInstance, ClientSubject, CrdError, ExposeSpec, ProxyPlan,
-    SandboxDns,
+    SandboxDns, WarmPoolSizing,
 };
 use cli_mcp_api::names::{label, InstanceName};
 use cli_mcp_api::sandbox::{Placement, SandboxConfig};
@@ -46,7 +46,8 @@ pub struct Spec {
     /// `spec.server.expose`: the Ingress or HTTPRoute that publishes the endpoint.
     pub expose: Option<ExposeSpec>,
     pub sandbox: SandboxConfig,
-    pub warm_pool_size: i32,
+    /// `spec.sandbox.warmPoolSize` or `spec.sandbox.warmPool`.
+    pub warm_pool: WarmPoolSizing,
     pub idle_timeout: Duration,
     pub max_sessions: i32,
     /// `spec.server.maxSessionsPerClient`.
@@ -114,7 +115,7 @@ impl Spec {
             allowed_origins: s.server.allowed_origins.clone(),
             authorization: s.server.authorization.clone(),
             expose: s.server.expose.clone(),
-            warm_pool_size: s.sandbox.warm_pool_size,
+            warm_pool: s.sandbox.warm_pool_sizing()?,
             idle_timeout: s.sandbox.idle_timeout()?,
             max_sessions: s.sandbox.max_sessions,
             max_sessions_per_client: max_sessions_per_client(s),

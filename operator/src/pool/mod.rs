@@ -36,7 +36,9 @@ use crate::sandbox_pod::SandboxPod;
 
 mod pass;
 mod plan;
+mod size;
 pub use plan::*;
+pub use size::{size, PoolSize};
 
 use pass::Pass;
 
@@ -56,6 +58,19 @@ pub struct PoolOutcome {
     pub api_error: Option<String>,
     /// The RuntimeClass the current warm pods carry, for `status.sandbox`.
     pub carried: crate::runtime_class::Carried,
+    /// Sized by demand: the new sessions of the last minute, for the status.
+    pub sessions_last_minute: Option<i32>,
+}
+
+impl PoolOutcome {
+    /// Adds what sizing the pool by demand found: the status's demand, and the next look
+    /// while the size may still change.
+    pub fn sized_by_demand(&mut self, size: &PoolSize) {
+        self.sessions_last_minute = size.sessions_last_minute;
+        if let Some(recheck) = size.recheck {
+            self.requeue = Some(self.requeue.map_or(recheck, |r| r.min(recheck)));
+        }
+    }
 }
 
 /// Brings the pool of one instance towards the desired state. A failed API call does not

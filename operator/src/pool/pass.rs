@@ -338,6 +338,7 @@ impl<'a> Pass<'a> {
             requeue,
             api_error: self.first_err.as_ref().map(ToString::to_string),
             carried: self.carried,
+            sessions_last_minute: None,
         };
         (outcome, self.first_err)
     }

@@ -1,0 +1,311 @@
+//! The size of a warm pool sized by demand (`spec.sandbox.warmPool`), without a client.
+//!
+//! The pool must hold what sessions take while new warm pods are made: the rate of new
+//! sessions times the time a new pod needs to become Ready (and to be made). So:
+//! - **rate**: new sessions per second, the higher of the last minute's average and the
+//!   busiest ten seconds within it, so a burst counts at once and a steady rate is held;
+//! - **lead**: twice the median time this pool's Ready pods took from creation to Ready,
+//!   plus two seconds for the operator to see the claim and create (5 s to 60 s; 5 s of
+//!   startup assumed before any pod was measured);
+//! - the recommendation is `ceil(rate × lead)` within `min..=max`.
+//!
+//! The pool grows to a higher recommendation at once and shrinks only to the highest
+//! recommendation of the last `scaleDownDelay` (as the HorizontalPodAutoscaler's downscale
+//! stabilization does): a steady rate keeps a steady size, and a quiet spell of
+//! `scaleDownDelay` brings it back to `min`.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use cli_mcp_api::crd::DemandBounds;
+use cli_mcp_api::pod_state::is_ready;
+
+use super::KEPT_FOR;
+
+/// The short window the busiest rate is read over.
+pub const BURST_WINDOW: Duration = Duration::from_secs(10);
+/// Startup assumed until a pod of the pool was measured.
+pub const DEFAULT_STARTUP: Duration = Duration::from_secs(5);
+/// Time for the operator to see a claim and create the replacement, beyond the pod's own
+/// startup.
+pub const REACTION: Duration = Duration::from_secs(2);
+pub const MIN_LEAD: Duration = Duration::from_secs(5);
+pub const MAX_LEAD: Duration = Duration::from_secs(60);
+/// How soon a pool sized by demand is looked at again while its size may still change:
+/// the demand ages without any event to wake the instance.
+pub const RECHECK: Duration = Duration::from_secs(10);
+
+/// What the pool's size was chosen from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    /// New sessions in the last minute.
+    pub last_minute: usize,
+    /// New sessions in the busiest ten seconds of the last minute.
+    pub busiest: usize,
+    /// Median time from creation to Ready of the pool's Ready pods, if any was measured.
+    pub startup: Option<Duration>,
+}
+
+impl Demand {
+    /// From the ages of the last minute's session starts (any order) and the pool's pods.
+    pub fn read(mut ages: Vec<Duration>, pool: &[&Pod]) -> Self {
+        ages.retain(|a| *a <= KEPT_FOR);
+        ages.sort();
+        Self {
+            last_minute: ages.len(),
+            busiest: busiest(&ages, BURST_WINDOW),
+            startup: startup_time(pool),
+        }
+    }
+
+    /// New sessions per second the pool must keep up with.
+    pub fn rate(&self) -> f64 {
+        let minute = self.last_minute as f64 / KEPT_FOR.as_secs_f64();
+        let burst = self.busiest as f64 / BURST_WINDOW.as_secs_f64();
+        minute.max(burst)
+    }
+
+    /// How long a session taken from the pool must be covered before its replacement is
+    /// Ready.
+    pub fn lead(&self) -> Duration {
+        (self.startup.unwrap_or(DEFAULT_STARTUP) * 2 + REACTION).clamp(MIN_LEAD, MAX_LEAD)
+    }
+
+    /// The size this demand asks for, within `bounds`.
+    pub fn recommend(&self, bounds: &DemandBounds) -> i32 {
+        let want = (self.rate() * self.lead().as_secs_f64()).ceil();
+        // The cast saturates; the clamp keeps it within the bounds.
+        bounds.clamp(want as i32)
+    }
+}
+
+/// Most starts within any `window` of the sorted `ages`.
+fn busiest(ages: &[Duration], window: Duration) -> usize {
+    let mut best = 0;
+    let mut first = 0;
+    for (last, age) in ages.iter().enumerate() {
+        while *age - ages[first] >= window {
+            first += 1;
+        }
+        best = best.max(last + 1 - first);
+    }
+    best
+}
+
+/// The median time the Ready pods of `pool` took from creation to Ready, from their
+/// `creationTimestamp` and their Ready condition's `lastTransitionTime` (whole seconds).
+pub fn startup_time(pool: &[&Pod]) -> Option<Duration> {
+    let mut took: Vec<Duration> = pool
+        .iter()
+        .filter(|p| is_ready(p))
+        .filter_map(|p| {
+            let created = p.metadata.creation_timestamp.as_ref()?.0;
+            let ready = p
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")?
+                .last_transition_time
+                .as_ref()?
+                .0;
+            let secs = ready.duration_since(created).as_secs_f64();
+            (secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+        })
+        .collect();
+    took.sort();
+    took.get(took.len() / 2).copied()
+}
+
+/// One instance's sizing memory: the recommendations of the last `scaleDownDelay`, and the
+/// size it last chose.
+#[derive(Debug, Default)]
+pub struct Autoscaler {
+    history: VecDeque<(Instant, i32)>,
+    last: Option<i32>,
+}
+
+impl Autoscaler {
+    /// The size to aim at now, given this moment's recommendation: the highest of the last
+    /// `scaleDownDelay`. `seed` is the size the status last reported, taken as a
+    /// recommendation made now when this process has none (a restarted or new leader keeps
+    /// the pool it finds for a delay instead of shrinking it at once).
+    pub fn target(
+        &mut self,
+        recommended: i32,
+        bounds: &DemandBounds,
+        seed: Option<i32>,
+        now: Instant,
+    ) -> i32 {
+        if self.history.is_empty() {
+            if let Some(seed) = seed {
+                self.history.push_back((now, seed));
+            }
+        }
+        while self
+            .history
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > bounds.scale_down_delay)
+        {
+            self.history.pop_front();
+        }
+        // Only a new high needs keeping: older, lower values never decide the maximum again.
+        while self.history.back().is_some_and(|(_, r)| *r <= recommended) {
+            self.history.pop_back();
+        }
+        self.history.push_back((now, recommended));
+        let highest = self.history.iter().map(|(_, r)| *r).max();
+        let target = bounds.clamp(highest.unwrap_or(recommended));
+        self.last = Some(target);
+        target
+    }
+
+    /// The size [`Self::target`] last chose, if it ever did in this process.
+    pub fn last(&self) -> Option<i32> {
+        self.last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use serde_json::json;
+
+    fn bounds(min: i32, max: i32, delay_secs: u64) -> DemandBounds {
+        DemandBounds {
+            min,
+            max,
+            scale_down_delay: Duration::from_secs(delay_secs),
+        }
+    }
+
+    fn secs(s: &[f64]) -> Vec<Duration> {
+        s.iter().map(|s| Duration::from_secs_f64(*s)).collect()
+    }
+
+    /// Starts at `per_second` for the whole last minute.
+    fn steady(per_second: f64) -> Vec<Duration> {
+        let n = (per_second * 60.0) as u64;
+        let apart_ms = (1000.0 / per_second) as u64;
+        (0..n)
+            .map(|i| Duration::from_millis(i * apart_ms))
+            .collect()
+    }
+
+    fn pool_pod(startup_secs: i64, ready: bool) -> Pod {
+        let created = Timestamp::from_second(1_800_000_000).expect("time");
+        let at = created + SignedDuration::from_secs(startup_secs);
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "creationTimestamp": Time(created)},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": if ready {"True"} else {"False"},
+                 "lastTransitionTime": Time(at)}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn the_busiest_ten_seconds_are_found() {
+        assert_eq!(busiest(&[], BURST_WINDOW), 0);
+        let ages = secs(&[0.0, 1.0, 2.0, 30.0, 31.0, 35.0, 39.9, 50.0]);
+        assert_eq!(busiest(&ages, BURST_WINDOW), 4);
+    }
+
+    #[test]
+    fn a_steady_rate_asks_for_rate_times_lead() {
+        // 10 sessions a second, pods Ready in 2 s: lead 2 × 2 + 2 = 6 s, 60 warm.
+        let pods = [pool_pod(2, true), pool_pod(2, true), pool_pod(9, false)];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let d = Demand::read(steady(10.0), &refs);
+        assert_eq!(d.startup, Some(Duration::from_secs(2)));
+        assert_eq!(d.last_minute, 600);
+        assert_eq!(d.lead(), Duration::from_secs(6));
+        assert_eq!(d.recommend(&bounds(0, 200, 300)), 60);
+        assert_eq!(d.recommend(&bounds(0, 40, 300)), 40, "capped at max");
+    }
+
+    #[test]
+    fn a_burst_counts_at_once_and_no_demand_asks_for_min() {
+        // 100 at once, nothing measured yet: 10/s over the busiest 10 s, lead 12 s.
+        let d = Demand::read(vec![Duration::from_secs(1); 100], &[]);
+        assert_eq!((d.busiest, d.lead()), (100, Duration::from_secs(12)));
+        assert_eq!(d.recommend(&bounds(3, 200, 300)), 120);
+        let none = Demand::read(Vec::new(), &[]);
+        assert_eq!(none.recommend(&bounds(3, 200, 300)), 3);
+    }
+
+    #[test]
+    fn the_lead_is_bounded() {
+        let slow = [pool_pod(600, true)];
+        let refs: Vec<&Pod> = slow.iter().collect();
+        assert_eq!(Demand::read(Vec::new(), &refs).lead(), MAX_LEAD);
+        let instant = [pool_pod(0, true)];
+        let refs: Vec<&Pod> = instant.iter().collect();
+        assert_eq!(Demand::read(Vec::new(), &refs).lead(), MIN_LEAD);
+    }
+
+    #[test]
+    fn growing_is_at_once_and_shrinking_waits_for_the_delay() {
+        let b = bounds(2, 100, 60);
+        let mut a = Autoscaler::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(a.target(2, &b, None, at(0)), 2);
+        assert_eq!(
+            a.target(50, &b, None, at(5)),
+            50,
+            "a burst grows the pool at once"
+        );
+        assert_eq!(a.target(10, &b, None, at(30)), 50, "held within the delay");
+        assert_eq!(
+            a.target(2, &b, None, at(64)),
+            50,
+            "a delay after the high is not over"
+        );
+        assert_eq!(
+            a.target(2, &b, None, at(66)),
+            10,
+            "the highest left in the delay"
+        );
+        assert_eq!(
+            a.target(2, &b, None, at(91)),
+            2,
+            "a full delay of calm: back to min"
+        );
+    }
+
+    #[test]
+    fn a_steady_but_noisy_rate_keeps_one_size() {
+        // The recommendation wobbles around 60 every 10 s for ten minutes: the target
+        // settles on the highest and stays there (no pod is created and deleted in turn).
+        let b = bounds(0, 200, 300);
+        let mut a = Autoscaler::default();
+        let t0 = Instant::now();
+        let mut targets = Vec::new();
+        for i in 0..60u64 {
+            let wobble = [60, 54, 66, 58, 62][(i % 5) as usize];
+            targets.push(a.target(wobble, &b, None, t0 + Duration::from_secs(i * 10)));
+        }
+        assert!(targets[2..].iter().all(|t| *t == 66), "{targets:?}");
+    }
+
+    #[test]
+    fn a_new_leader_keeps_the_size_it_finds_for_a_delay() {
+        let b = bounds(1, 100, 60);
+        let mut a = Autoscaler::default();
+        let t0 = Instant::now();
+        assert_eq!(a.target(1, &b, Some(40), t0), 40);
+        assert_eq!(a.target(1, &b, Some(40), t0 + Duration::from_secs(61)), 1);
+        // Bounds lowered below what was held: the new max wins at once.
+        assert_eq!(a.target(90, &b, None, t0 + Duration::from_secs(62)), 90);
+        assert_eq!(
+            a.target(1, &bounds(1, 20, 60), None, t0 + Duration::from_secs(63)),
+            20
+        );
+    }
+}

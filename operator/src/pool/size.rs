@@ -1,0 +1,111 @@
+//! How many warm sandboxes an instance's pool aims at now: the fixed `warmPoolSize`, or
+//! with `warmPool` the size [`crate::demand::autoscale`] chooses from the sessions the pod watch saw
+//! start. A change of the chosen size is published as an Event on the instance, so an
+//! admin can tell afterwards why pods were created or deleted.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::EventType;
+
+use cli_mcp_api::crd::{CliMcpInstance, DemandBounds, WarmPoolSizing};
+
+use super::instance_pods;
+use crate::children::Spec;
+use crate::context::Context;
+use crate::demand::autoscale::{Demand, RECHECK};
+
+/// The size the pool aims at, and what the status says of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    pub desired: i32,
+    /// Sized by demand: the new sessions of the last minute.
+    pub sessions_last_minute: Option<i32>,
+    /// Sized by demand, while the size may still change without an event to wake the
+    /// instance: when to look again.
+    pub recheck: Option<Duration>,
+}
+
+/// The size `cr`'s pool aims at now (no client but the Event of a change).
+pub async fn size(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> PoolSize {
+    let bounds = match spec.warm_pool {
+        WarmPoolSizing::Fixed(desired) => {
+            return PoolSize {
+                desired,
+                sessions_last_minute: None,
+                recheck: None,
+            }
+        }
+        WarmPoolSizing::ByDemand(bounds) => bounds,
+    };
+    let now = Instant::now();
+    let ages = ctx
+        .stores
+        .session_starts
+        .ages(&spec.namespace, spec.name.as_str(), now);
+    let pods = instance_pods(&ctx.stores.pods.state(), &spec.namespace, &spec.name);
+    let pool: Vec<&Pod> = pods.iter().filter_map(|p| p.unassigned()).collect();
+    let demand = Demand::read(ages, &pool);
+    let recommended = demand.recommend(&bounds);
+    // What the status last said, for a process that has not sized this pool yet.
+    let reported = cr.status.as_ref().map(|s| s.warm_pool.desired);
+    let (before, desired) = ctx.pool.with_autoscaler(&spec.owner.uid, |a| {
+        let before = a.last().or(reported);
+        (before, a.target(recommended, &bounds, reported, now))
+    });
+    if let Some(before) = before.filter(|b| *b != desired) {
+        let note = resized(&demand, &bounds, before, desired);
+        tracing::info!(namespace = %spec.namespace, instance = %spec.name, "{note}");
+        let action = format!("ResizeTo{desired}");
+        ctx.publish_action(cr, EventType::Normal, "WarmPoolResized", &action, note)
+            .await;
+    }
+    let settled = desired == bounds.min && demand.last_minute == 0;
+    PoolSize {
+        desired,
+        sessions_last_minute: Some(i32::try_from(demand.last_minute).unwrap_or(i32::MAX)),
+        recheck: (!settled).then_some(RECHECK),
+    }
+}
+
+/// What the Event of a resize says: from what to what, and why.
+fn resized(demand: &Demand, bounds: &DemandBounds, before: i32, desired: i32) -> String {
+    let startup = demand.startup.map_or("not measured yet".to_owned(), |s| {
+        format!("{}s", s.as_secs())
+    });
+    format!(
+        "warm pool target {before} -> {desired} (bounds {}..{}): {} new sessions in the last minute, {} in its busiest 10s; a new sandbox's startup {startup}, so the pool covers {}s of demand{}",
+        bounds.min,
+        bounds.max,
+        demand.last_minute,
+        demand.busiest,
+        demand.lead().as_secs(),
+        if desired < before {
+            format!(" (lower after {}s of calm)", bounds.scale_down_delay.as_secs())
+        } else {
+            String::new()
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resize_says_from_what_to_what_and_why() {
+        let d = Demand {
+            last_minute: 300,
+            busiest: 80,
+            startup: Some(Duration::from_secs(2)),
+        };
+        let b = DemandBounds {
+            min: 2,
+            max: 100,
+            scale_down_delay: Duration::from_secs(300),
+        };
+        let up = resized(&d, &b, 2, 48);
+        assert!(up.starts_with("warm pool target 2 -> 48 (bounds 2..100): 300 new sessions in the last minute, 80 in its busiest 10s; a new sandbox's startup 2s, so the pool covers 6s of demand"), "{up}");
+        assert!(resized(&d, &b, 48, 2).ends_with("(lower after 300s of calm)"));
+    }
+}
