@@ -55,6 +55,13 @@ pub struct Args {
     )]
     pub briefing_refresh: u64,
 
+    /// Create config/admission's ValidatingAdmissionPolicies at start where they are missing,
+    /// naming this process's ServiceAccount as the operator (`crate::policies`). For OLM,
+    /// whose bundles cannot carry them (the bundle's CSV sets it); kustomize and Helm apply
+    /// them themselves.
+    #[arg(long, env = "CLI_MCP_CREATE_ADMISSION_POLICIES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub create_admission_policies: bool,
+
     /// Run leader election on a Lease (disable only for a single replica).
     #[arg(long, env = "CLI_MCP_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,

@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod olm;
 pub mod platform;
+pub mod policies;
 pub mod pool;
 pub mod resolve;
 pub mod retry;

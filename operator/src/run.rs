@@ -25,6 +25,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+    // Before anything is reconciled: the policies hold this operator too.
+    if args.create_admission_policies {
+        crate::policies::ensure(&client)
+            .await
+            .context("creating the admission policies (CLI_MCP_CREATE_ADMISSION_POLICIES)")?;
+    }
     let metrics = Arc::new(Metrics::new());
     let (leader_tx, leader_rx) = watch::channel(false);
     let health = tokio::spawn(http::serve(args.health_listen, metrics.clone(), leader_rx));

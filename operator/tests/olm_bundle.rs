@@ -216,6 +216,10 @@ fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
         "runtimeclasses",
         "services",
         "endpointslices",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+        // `get` only (below): creating the tenant policy, whose parameters they are.
+        "climcpinstances",
     ];
     for r in &cluster {
         assert!(
@@ -231,6 +235,35 @@ fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
         .expect("the kubernetes Service rule");
     assert_eq!(services["resourceNames"], serde_json::json!(["kubernetes"]));
     assert_eq!(services["verbs"], serde_json::json!(["get"]));
+
+    // The admission policies kustomize applies are not kinds a bundle may carry: the
+    // operator creates them at start, with `create` on them and nothing more (it could
+    // otherwise loosen the policies that hold it).
+    let policies = install["clusterPermissions"][0]["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["resources"][0] == "validatingadmissionpolicies")
+        .expect("the admission policies rule");
+    assert_eq!(policies["verbs"], serde_json::json!(["create"]));
+    let instances: Vec<&Value> = install["clusterPermissions"][0]["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["resources"][0] == "climcpinstances")
+        .collect();
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    assert_eq!(instances[0]["verbs"], serde_json::json!(["get"]));
+    assert!(rendered
+        .iter()
+        .any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
+    let create_env = install["deployments"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "CLI_MCP_CREATE_ADMISSION_POLICIES")
+        .expect("CLI_MCP_CREATE_ADMISSION_POLICIES");
+    assert_eq!(create_env["value"], "true");
 
     // Every resource the kustomize ClusterRoles (cluster-scoped and namespaced parts) grant
     // is in the bundle.

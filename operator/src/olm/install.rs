@@ -97,14 +97,40 @@ pub(super) fn rules(
     Ok((namespaced, cluster))
 }
 
-/// The Deployment's spec as OLM runs it: `WATCH_NAMESPACE` from the OperatorGroup.
-fn olm_deployment_spec(deployment: &Value) -> Result<Value, BundleError> {
+/// The environment variable that has the operator create the admission policies a bundle
+/// cannot carry (`crate::policies`), and the rules that let it: `create` only, so it can
+/// never change or delete the policies that hold it; and `get` on every CliMcpInstance,
+/// which the API server demands of whoever creates a policy whose parameters they are (the
+/// tenant policy's), wherever they are — read-only, and an instance's spec holds no secret.
+pub(super) const CREATE_POLICIES_ENV: &str = "CLI_MCP_CREATE_ADMISSION_POLICIES";
+fn create_policies_rules() -> [Value; 2] {
+    use kube::Resource as _;
+    let group = cli_mcp_api::crd::CliMcpInstance::group(&());
+    let plural = cli_mcp_api::crd::CliMcpInstance::plural(&());
+    [
+        json!({
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+            "verbs": ["create"]
+        }),
+        json!({"apiGroups": [group], "resources": [plural], "verbs": ["get"]}),
+    ]
+}
+
+/// The Deployment's spec as OLM runs it: `WATCH_NAMESPACE` from the OperatorGroup, and with
+/// `create_policies` the operator creating the admission policies itself.
+fn olm_deployment_spec(deployment: &Value, create_policies: bool) -> Result<Value, BundleError> {
     let mut spec = deployment["spec"].clone();
     let containers = spec["template"]["spec"]["containers"]
         .as_array_mut()
         .ok_or(BundleError::Missing("container in the operator Deployment"))?;
     let mut found = false;
     for c in containers.iter_mut() {
+        if create_policies {
+            if let Some(env) = c["env"].as_array_mut() {
+                env.push(json!({"name": CREATE_POLICIES_ENV, "value": "true"}));
+            }
+        }
         for e in c["env"].as_array_mut().into_iter().flatten() {
             if e["name"] == "WATCH_NAMESPACE" {
                 *e = json!({
@@ -124,18 +150,24 @@ fn olm_deployment_spec(deployment: &Value) -> Result<Value, BundleError> {
 }
 
 /// The install strategy's spec: the operator's Deployment and its permissions, namespaced
-/// and (when there are any) cluster-wide.
+/// and (when there are any) cluster-wide. With `create_policies` (the rendering has
+/// admission policies, which a bundle cannot carry) the operator creates them at start,
+/// and may.
 pub(super) fn install_strategy(
     deployment: &Value,
     sa: &str,
     namespaced: Vec<Value>,
-    cluster: Vec<Value>,
+    mut cluster: Vec<Value>,
+    create_policies: bool,
 ) -> Result<Value, BundleError> {
+    if create_policies {
+        cluster.extend(create_policies_rules());
+    }
     let mut install = json!({
         "deployments": [{
             "name": name(deployment),
             "label": deployment["metadata"]["labels"].clone(),
-            "spec": olm_deployment_spec(deployment)?,
+            "spec": olm_deployment_spec(deployment, create_policies)?,
         }],
         "permissions": [{"serviceAccountName": sa, "rules": namespaced}],
     });

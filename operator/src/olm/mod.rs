@@ -14,8 +14,12 @@
 //!   the targets. Its rules become cluster permissions, each still narrowed as the Role was.
 //! - `WATCH_NAMESPACE` comes from the CSV's `olm.targetNamespaces` annotation (a comma list,
 //!   empty for all namespaces: the form the operator already reads).
-//! - The install's ValidatingAdmissionPolicies are not kinds a bundle may carry; they are
-//!   listed in [`Bundle::not_carried`] so the docs and the test can say so.
+//! - The install's ValidatingAdmissionPolicies are not kinds a bundle may carry (listed in
+//!   [`Bundle::not_carried`]). The operator creates them itself at start instead
+//!   (`crate::policies`, the same files): the CSV's Deployment sets
+//!   `CLI_MCP_CREATE_ADMISSION_POLICIES=true` and its cluster permissions grant `create` on
+//!   the two kinds, nothing more, and `get` on every CliMcpInstance (the API server demands
+//!   it of whoever creates a policy with CliMcpInstances as parameters).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -200,7 +204,10 @@ pub fn bundle(inp: &Inputs<'_>) -> Result<Bundle, BundleError> {
         alm_examples,
         &suggested_ns,
     )?;
-    let install = install_strategy(deployment, sa, namespaced, cluster)?;
+    let create_policies = not_carried
+        .iter()
+        .any(|o| o.starts_with("ValidatingAdmissionPolicy"));
+    let install = install_strategy(deployment, sa, namespaced, cluster, create_policies)?;
     csv_spec(&mut csv, inp, owned, install, deployment)?;
 
     let mut files = vec![(CSV_PATH.to_string(), format!("{HEADER}{}", yaml(&csv)?))];
@@ -446,9 +453,12 @@ pub fn generate(rendered: &Path, samples: &Path, root: &Path, check: bool) -> an
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let b = from_checkout(root, &read(rendered)?, &read(samples)?)?;
     for left in &b.not_carried {
-        eprintln!(
-            "not in the bundle (an OLM bundle cannot carry it; apply it from config/): {left}"
-        );
+        let how = if left.starts_with("ValidatingAdmissionPolicy") {
+            "the operator creates it at start"
+        } else {
+            "apply it from config/"
+        };
+        eprintln!("not in the bundle (an OLM bundle cannot carry it; {how}): {left}");
     }
     if check {
         let stale = stale(root, &b);
@@ -611,6 +621,36 @@ spec:
             csv["spec"]["installModes"].as_array().map(Vec::len),
             Some(4)
         );
+    }
+
+    #[test]
+    fn admission_policies_are_created_by_the_operator_which_may_only_create_them() {
+        let csv_of = |rendered: &str| csv(&bundle(&inputs(rendered)).expect("bundle"));
+        let with = format!(
+            "{RENDERED}---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {{name: p}}\n"
+        );
+        for (rendered, creates) in [(RENDERED, false), (with.as_str(), true)] {
+            let csv = csv_of(rendered);
+            let install = &csv["spec"]["install"]["spec"];
+            let env = install["deployments"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
+                .to_string();
+            assert_eq!(env.contains(install::CREATE_POLICIES_ENV), creates, "{env}");
+            let rules = install["clusterPermissions"][0]["rules"].to_string();
+            assert_eq!(
+                rules.contains("validatingadmissionpolicies"),
+                creates,
+                "{rules}"
+            );
+        }
+        let csv = csv_of(&with);
+        let rule = csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .find(|r| r["apiGroups"][0] == "admissionregistration.k8s.io")
+            .cloned()
+            .expect("the rule");
+        assert_eq!(rule["verbs"], json!(["create"]));
     }
 
     #[test]
