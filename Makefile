@@ -7,7 +7,14 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools gvisor images crdgen bundle bench clean
+.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools gvisor images publish crdgen bundle bench clean
+
+# Where a release goes: `make publish` pushes the images, the chart and the bundle image there
+# and pins the manifests to what it pushed (docs/install.md). The manifests in git name it.
+RELEASE_REGISTRY := quay.io/cli-mcp
+REGISTRY ?= $(RELEASE_REGISTRY)
+# The release's image tag and chart version; empty: the workspace version (Cargo.toml).
+VERSION ?=
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -73,6 +80,9 @@ gvisor: ## gVisor's runsc and containerd shim from the Go module proxy (cached),
 images: ## OCI image archives of operator, server, proxy and sandbox, no container engine (cached; images/README.md)
 	$(CARGO) build --release -p cli-mcp-operator -p cli-mcp-server -p cli-mcp-proxy -p cli-mcp-agent
 	@hack/build-images.sh
+
+publish: ## push the images, the Helm chart (OCI) and the OLM bundle image to REGISTRY=host[:port]/path (default RELEASE_REGISTRY), VERSION=…, and pin config/, charts/ and bundle/ to their digests
+	REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" hack/publish.sh
 
 crdgen: ## regenerate the CRD YAML (config/crd, chart) from the Rust types
 	hack/crdgen.sh

@@ -5,14 +5,17 @@
 #   hack/olm-bundle.sh          # write bundle/
 #   hack/olm-bundle.sh --check  # exit 1 naming every stale file
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+# CLI_MCP_BUNDLE_ROOT: a copy of config/ (and bundle/) to make the bundle of, into its own
+# bundle/ (make publish with PUBLISH_OUT); default: the repository.
+root="${CLI_MCP_BUNDLE_ROOT:-$repo}"
 tools="$(hack/build-helm-kustomize.sh | tail -n 1)"
 cargo build -q -p cli-mcp-operator --bin cli-mcp-operator
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-"$tools/kustomize" build config/default >"$tmp/default.yaml"
-"$tools/kustomize" build config/samples >"$tmp/samples.yaml"
+"$tools/kustomize" build "$root/config/default" >"$tmp/default.yaml"
+"$tools/kustomize" build "$root/config/samples" >"$tmp/samples.yaml"
 args=(olm-bundle --rendered "$tmp/default.yaml" --samples "$tmp/samples.yaml" --root "$root")
 if [[ "${1:-}" == "--check" ]]; then
     args+=(--check)

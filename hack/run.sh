@@ -5,11 +5,15 @@
 #      the unreachable routes for the pod and Service ranges), prints a line per step it takes;
 #   2. builds what is missing (control plane from the Go module proxy, cached; our binaries);
 #   3. brings up the local Kubernetes: a real control plane and, by default, the real node
-#      (kubelet + kube-proxy on containerd/runc) with the operator, server and sandbox images
-#      built from those binaries (hack/build-images.sh, cached outside the repo) and imported
-#      into it; CLI_MCP_NODE=process runs pods as host processes instead (faster to start,
-#      nothing to build);
-#   4. installs the operator from config/default, as an admin would;
+#      (kubelet + kube-proxy on containerd/runc) with its own OCI registry (TLS on loopback)
+#      and the operator, server, proxy and sandbox images built from those binaries
+#      (hack/build-images.sh, cached outside the repo); CLI_MCP_NODE=process runs pods as host
+#      processes instead (faster to start, nothing to build);
+#   4. on the real node, publishes a release to that registry as a release is published
+#      (make publish: images, chart and bundle image pushed, the manifests pinned to their
+#      digests, written to .run/quickstart/published) and installs the operator from those
+#      manifests, as an admin would: the node pulls every image by digest. On the process
+#      kubelet it installs config/default as it is (image names map to the binaries);
 #   5. creates namespace cli-mcp-demo with a read-only investigation kubeconfig Secret and the
 #      sample CliMcpInstance `demo` — behind its credential proxy, which alone holds that
 #      kubeconfig's token (a sandbox sees a placeholder) — and, beside it, the instance
@@ -122,8 +126,19 @@ elif [[ $runtime == gvisor ]]; then
     fi
 fi
 
-say "installing the operator (kustomize: config/default)"
-kubectl kustomize config/default | kubectl apply --server-side -f - >/dev/null
+manifests="$root" shown=config/default
+if [[ $node == real ]]; then
+    registry="$(jq -r '.registry.host // empty' "$cluster_json")"
+    [[ -n $registry ]] || die "the real node names no image registry in $cluster_json"
+    say "publishing the release to the node's registry $registry/release (make publish; log: $run/publish.log)"
+    images_dir="$(CLI_MCP_BIN_DIR="$target/debug" hack/build-images.sh 2>>"$run/publish.log" | tail -n1)"
+    REGISTRY="$registry/release" REGISTRY_CA="$(jq -r .registry.ca "$cluster_json")" \
+        CLI_MCP_IMAGES_DIR="$images_dir" PUBLISH_OUT="$run/published" \
+        hack/publish.sh >>"$run/publish.log" 2>&1 || die "make publish failed (log: $run/publish.log)"
+    manifests="$run/published" shown="$run/published/config/default (images by digest from $registry/release)"
+fi
+say "installing the operator (kustomize: $shown)"
+kubectl kustomize "$manifests/config/default" | kubectl apply --server-side -f - >/dev/null
 kubectl -n cli-mcp-system rollout status deployment/cli-mcp-operator --timeout=180s
 
 say "namespace $ns (Pod Security restricted enforced): read-only investigation identity and its kubeconfig Secret"

@@ -34,6 +34,7 @@ slow=(
   lifecycle
   journeys_lifecycle
   real_node_sandbox
+  install
   journeys
   logs
   lifecycle_edges

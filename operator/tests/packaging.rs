@@ -483,15 +483,23 @@ fn image_tags_are_the_workspace_version() {
     let version = workspace_version();
     let root = workspace_root();
     // The images the rendered Deployment runs and hands to the operator.
+    // Under the release registry the Makefile names (RELEASE_REGISTRY).
+    let makefile = std::fs::read_to_string(root.join("Makefile")).expect("Makefile");
+    let registry = makefile
+        .lines()
+        .find_map(|l| l.strip_prefix("RELEASE_REGISTRY := "))
+        .expect("RELEASE_REGISTRY in the Makefile")
+        .trim();
     let images_are_the_version = |d: &Value| {
         let c = &d["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(c["image"], format!("cli-mcp-operator:{version}"));
+        assert_eq!(c["image"], format!("{registry}/cli-mcp-operator:{version}"));
         for (env, image) in [
             ("RELATED_IMAGE_SERVER", "cli-mcp-server"),
             ("RELATED_IMAGE_SANDBOX", "cli-mcp-sandbox"),
             ("RELATED_IMAGE_PROXY", "cli-mcp-proxy"),
         ] {
-            assert_eq!(env_of(d, env), &format!("{image}:{version}"), "{env}");
+            let want = format!("{registry}/{image}:{version}");
+            assert_eq!(env_of(d, env), &want, "{env}");
         }
     };
     // kustomize.
@@ -527,7 +535,7 @@ fn image_tags_are_the_workspace_version() {
     )
     .expect("Chart.yaml is YAML");
     assert_eq!(chart["appVersion"].as_str(), Some(version.as_str()));
-    // And the real node imports them under those names.
+    // And the real node's registry has them under their short names.
     let aliases: Vec<&str> = cli_mcp_e2e::project_images::ALIASES
         .iter()
         .flat_map(|(_, a)| a.iter().copied())

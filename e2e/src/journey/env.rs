@@ -22,10 +22,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::mcp::Mcp;
+use super::overlay::operator_overlay;
 use super::USER;
 use crate::instance::{
     self, delete_instance, is_ready_for_generation, small_resources, wait_instance,
-    DUMMY_KUBECONFIG, SANDBOX_IMAGE, SERVER_IMAGE,
+    DUMMY_KUBECONFIG,
 };
 use crate::runtime::SandboxRuntime;
 use crate::testing::{
@@ -52,49 +53,6 @@ pub fn hack_bin_dir(script: &str) -> PathBuf {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     PathBuf::from(stdout.lines().last().expect("bin dir").trim())
-}
-
-/// The kustomization of an overlay of `config/default` (in `.run/<dir>/`) that installs
-/// the operator into `namespace`, watching only it, with the test images. `journey` adds
-/// what parallel journeys need: a name prefix for its cluster-wide RBAC, one replica, a 10m
-/// CPU request.
-pub fn operator_overlay(namespace: &str, journey: bool) -> String {
-    let n = namespace;
-    let (prefix, trim) = if journey {
-        (
-            format!("namePrefix: {n}-\n"),
-            "      - op: replace
-        path: /spec/replicas
-        value: 1
-      - op: replace
-        path: /spec/template/spec/containers/0/resources/requests/cpu
-        value: 10m
-",
-        )
-    } else {
-        (String::new(), "")
-    };
-    format!(
-        r#"resources:
-  - ../../config/default
-namespace: {n}
-{prefix}images:
-  - name: cli-mcp-operator
-    newTag: e2e
-patches:
-  - target: {{kind: Deployment, name: cli-mcp-operator}}
-    patch: |-
-{trim}      - op: replace
-        path: /spec/template/spec/containers/0/env/0/value
-        value: {SERVER_IMAGE}
-      - op: replace
-        path: /spec/template/spec/containers/0/env/1/value
-        value: {SANDBOX_IMAGE}
-      - op: replace
-        path: /spec/template/spec/containers/0/env/2/value
-        value: {n}
-"#
-    )
 }
 
 /// `kustomize build` of `kustomization` written to `.run/<dir>-<pid>-<n>/` in the workspace (kustomize
@@ -259,6 +217,18 @@ impl Env {
                 }
                 _ => return,
             }
+        }
+    }
+
+    /// An environment in namespace `ns` of `c` for an operator installed some other way and
+    /// watching it (as a user installs one: `kubectl apply -k`, `helm install`).
+    pub fn adopt(c: TestCluster, ns: TestNamespace) -> Env {
+        init_tracing();
+        Env {
+            c,
+            ns,
+            outside: Vec::new(),
+            sandbox_runtime: SandboxRuntime::Runc,
         }
     }
 

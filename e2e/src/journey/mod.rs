@@ -23,13 +23,15 @@
 mod env;
 pub mod journeys;
 mod mcp;
+mod overlay;
 mod pods;
 pub mod runtime_session;
 
 pub use crate::instance::{SANDBOX_IMAGE, SERVER_IMAGE};
 pub use crate::jsonrpc::{response, stdout, text};
-pub use env::{apply_yaml, hack_bin_dir, kustomize_build, operator_overlay, tools, Env};
+pub use env::{apply_yaml, hack_bin_dir, kustomize_build, tools, Env};
 pub use mcp::{error_chain, CallError, Mcp};
+pub use overlay::operator_overlay;
 pub use pods::{
     container_pid, kill_when_running, process_running, sandbox_selector, server_selector,
     server_starts, session_of,
