@@ -1153,6 +1153,12 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
     }))
     .expect("pod");
 
+    let plain: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "plain"},
+        "spec": {"containers": [{"name": "c", "image": "plain"}]},
+    }))
+    .expect("pod");
+
     // What only the sandbox pod policy refuses, a server's own sandbox pod reaching the host.
     let with_host_path = |mut pod: Pod| {
         if let Some(spec) = pod.spec.as_mut() {
@@ -1228,6 +1234,11 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
             format!("{who}: a sandbox pod of instance {other}"),
             create_pod(server(instance), builder_pod(other)).await,
             vec![own, labelled_pod],
+        ));
+        checks.push((
+            format!("{who}: a pod that is no sandbox"),
+            create_pod(server(instance), plain.clone()).await,
+            vec![own],
         ));
         checks.push((
             format!("{who}: a Deployment whose pods are labelled as its instance's server"),
