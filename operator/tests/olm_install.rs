@@ -208,9 +208,19 @@ async fn an_olm_style_install_has_the_admission_policies_in_force() {
             [delete, pod, named]
         }
     };
-    // RBAC alone (the CSV's permissions) lets every attack through.
-    for r in attacks().await {
-        assert!(r.is_ok(), "refused before any policy exists: {r:?}");
+    // RBAC alone (the CSV's permissions) lets every attack through, once the API server's
+    // authorizer has seen the new Roles and bindings (it reads them from a watch).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = attacks().await;
+        if got.iter().all(Result::is_ok) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refused before any policy exists: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     Api::<Deployment>::namespaced(c.client.clone(), &n)
