@@ -360,12 +360,31 @@ async fn a_release_installs_from_the_registry_with_kustomize_and_helm_and_upgrad
     }
     let sandbox = published_image(&published, "sandbox");
     let env = sample_instance_answers(&c, "helm", &sandbox).await;
+    registry_out_of_a_sandboxs_reach(&env, &reg, rig.gateway).await;
     eprintln!("install: helm install and call in {:.1?}", t.elapsed());
 
     let t = Instant::now();
     upgrade_keeps_sessions_and_rolls_the_pool(&rig, &reg, &env, &release).await;
     eprintln!("install: helm upgrade in {:.1?}", t.elapsed());
     env.finish(Some("demo")).await;
+}
+
+/// A shell in a sandbox cannot reach the node's registry (to read or overwrite what the node
+/// pulls): not at 127.0.0.1 (its own loopback), nor at the node's address on that port
+/// (nothing listens there, and its NetworkPolicy lets it reach only DNS and its proxy).
+async fn registry_out_of_a_sandboxs_reach(env: &Env, reg: &RegistryInfo, node: std::net::Ipv4Addr) {
+    let mcp = env.client("demo").await;
+    let port = reg.host.rsplit_once(':').expect("host:port").1;
+    for host in ["127.0.0.1".to_owned(), node.to_string()] {
+        let url = format!("https://{host}:{port}/v2/");
+        let command = format!("curl --noproxy '*' -sk -m 5 -o /dev/null {url}; echo \"rc=$?\"");
+        let out = mcp.bash("attacker", &command).await;
+        let rc = stdout(&out).trim().to_owned();
+        assert!(
+            rc.starts_with("rc=") && rc != "rc=0",
+            "{url} from a sandbox: {out}"
+        );
+    }
 }
 
 /// `helm install` (or `upgrade`) of the chart `published` names, from its OCI registry.
