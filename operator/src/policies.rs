@@ -5,9 +5,10 @@
 //! resources), and ValidatingAdmissionPolicy is not one; without them the operator could
 //! delete any ClusterRoleBinding and a server could create any pod. So the bundle's CSV sets
 //! `CLI_MCP_CREATE_ADMISSION_POLICIES=true` and grants `create` on the two kinds (and `get`
-//! on every CliMcpInstance, which the API server demands of whoever creates a policy whose
-//! parameters they are), and the operator creates the policies embedded in its binary (the
-//! same files kustomize and the chart install) before it reconciles anything.
+//! and `list` on every CliMcpInstance, which the API server demands of whoever creates a
+//! policy and a binding whose parameters they are), and the operator creates the policies
+//! embedded in its binary (the same files kustomize and the chart install) before it
+//! reconciles anything.
 //!
 //! The ClusterRoleBinding policy names the operator's username exactly; here that is the
 //! username the API server knows this process by (a `SelfSubjectReview`), which must be a
@@ -162,8 +163,8 @@ pub async fn ensure(client: &Client) -> anyhow::Result<Vec<String>> {
     if !failed.is_empty() {
         bail!(
             "could not create {} (needs Kubernetes 1.30 or later, `create` on {GROUP} \
-             validatingadmissionpolicies and validatingadmissionpolicybindings and `get` on \
-             every CliMcpInstance, which the bundle's CSV grants); created {created:?}",
+             validatingadmissionpolicies and validatingadmissionpolicybindings and `get` and \
+             `list` on every CliMcpInstance, which the bundle's CSV grants); created {created:?}",
             failed.join("; ")
         );
     }

@@ -218,7 +218,8 @@ fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
         "endpointslices",
         "validatingadmissionpolicies",
         "validatingadmissionpolicybindings",
-        // `get` only (below): creating the tenant policy, whose parameters they are.
+        // `get` and `list` only (below): creating the tenant policy and its binding, whose
+        // parameters they are.
         "climcpinstances",
     ];
     for r in &cluster {
@@ -253,7 +254,7 @@ fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
         .filter(|r| r["resources"][0] == "climcpinstances")
         .collect();
     assert_eq!(instances.len(), 1, "{instances:?}");
-    assert_eq!(instances[0]["verbs"], serde_json::json!(["get"]));
+    assert_eq!(instances[0]["verbs"], serde_json::json!(["get", "list"]));
     assert!(rendered
         .iter()
         .any(|o| o["kind"] == "ValidatingAdmissionPolicy"));

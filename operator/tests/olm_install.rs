@@ -11,7 +11,9 @@
 //! - the operator's ServiceAccount deleting a ClusterRoleBinding it did not make, and
 //!   creating a pod that is no sandbox;
 //! - an instance named `operator` in the operator's namespace, whose server would run as
-//!   the operator's ServiceAccount.
+//!   the operator's ServiceAccount;
+//! - an instance's server (which RBAC lets create any pod of the namespace) creating a pod
+//!   that is no sandbox.
 //!
 //! It runs on a private cluster: the policies the operator creates apply to the whole
 //! cluster, and other tests share theirs.
@@ -21,8 +23,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use cli_mcp_api::crd::CliMcpInstance;
-use cli_mcp_e2e::testing::{private_cluster, workspace_root, TestCluster};
+use cli_mcp_e2e::testing::{private_cluster, wait_for, workspace_root, TestCluster};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, PostParams};
@@ -263,13 +266,79 @@ async fn an_olm_style_install_has_the_admission_policies_in_force() {
             "{r:?} does not say {w:?}"
         );
     }
+    // Every policy and binding of config/admission is there (none failed to be created).
+    for (kind, plural) in [
+        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+    ] {
+        let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+        let mut names: Vec<String> =
+            Api::<kube::api::DynamicObject>::all_with(c.client.clone(), &ar)
+                .list(&Default::default())
+                .await
+                .expect("list")
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata.name)
+                .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "cli-mcp-instance-names".to_owned(),
+                format!("cli-mcp-operator-cluster-role-bindings-{n}"),
+                "cli-mcp-sandbox-pod-deletions".to_owned(),
+                "cli-mcp-sandbox-pods".to_owned(),
+                "cli-mcp-tenant-pods".to_owned(),
+            ],
+            "{kind}s"
+        );
+    }
+
     // The bystander is still there, and another instance name is allowed.
     Api::<ClusterRoleBinding>::all(c.client.clone())
         .get(&format!("{n}-bystander"))
         .await
         .expect("the bystander binding");
     Api::<CliMcpInstance>::namespaced(c.client.clone(), &n)
-        .create(&dry, &instance("demo", json!({})))
+        .create(&PostParams::default(), &instance("demo", json!({})))
         .await
         .expect("another name");
+
+    // The instance's server, with the Role the operator gives it, may create any pod of the
+    // namespace as far as RBAC goes; the sandbox pod policy holds it to sandbox pods.
+    wait_for(
+        Api::<RoleBinding>::namespaced(c.client.clone(), &n),
+        "cli-mcp-demo",
+        "the server's RoleBinding",
+        TIMEOUT,
+        |o: Option<&RoleBinding>| o.is_some(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator pod log:\n{}", c.pod_logs(&n, "operator", 40)));
+    let server = format!("system:serviceaccount:{n}:cli-mcp-demo");
+    let review: SubjectAccessReview = serde_json::from_value(json!({"spec": {
+        "user": server,
+        "resourceAttributes": {"namespace": n, "verb": "create", "resource": "pods"},
+    }}))
+    .expect("SubjectAccessReview");
+    let review = Api::<SubjectAccessReview>::all(c.client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview");
+    assert!(
+        review.status.is_some_and(|s| s.allowed),
+        "RBAC does not let the server create pods"
+    );
+    let r = Api::<Pod>::namespaced(client_as(c, &server).await, &n)
+        .create(&dry, &plain)
+        .await;
+    assert!(
+        matches!(&r, Err(e) if e.to_string().contains("ValidatingAdmissionPolicy 'cli-mcp-sandbox-pods'")),
+        "the server's pod that is no sandbox: {r:?}"
+    );
 }

@@ -99,9 +99,11 @@ pub(super) fn rules(
 
 /// The environment variable that has the operator create the admission policies a bundle
 /// cannot carry (`crate::policies`), and the rules that let it: `create` only, so it can
-/// never change or delete the policies that hold it; and `get` on every CliMcpInstance,
-/// which the API server demands of whoever creates a policy whose parameters they are (the
-/// tenant policy's), wherever they are — read-only, and an instance's spec holds no secret.
+/// never change or delete the policies that hold it; and `get` and `list` on every
+/// CliMcpInstance, which the API server demands of whoever creates a policy whose
+/// parameters they are (the tenant policy: `get` for its `paramKind`, `list` for its
+/// binding's `paramRef` selector), wherever they are — read-only, and an instance's spec
+/// holds no secret.
 pub(super) const CREATE_POLICIES_ENV: &str = "CLI_MCP_CREATE_ADMISSION_POLICIES";
 fn create_policies_rules() -> [Value; 2] {
     use kube::Resource as _;
@@ -113,7 +115,7 @@ fn create_policies_rules() -> [Value; 2] {
             "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
             "verbs": ["create"]
         }),
-        json!({"apiGroups": [group], "resources": [plural], "verbs": ["get"]}),
+        json!({"apiGroups": [group], "resources": [plural], "verbs": ["get", "list"]}),
     ]
 }
 

@@ -18,8 +18,9 @@
 //!   [`Bundle::not_carried`]). The operator creates them itself at start instead
 //!   (`crate::policies`, the same files): the CSV's Deployment sets
 //!   `CLI_MCP_CREATE_ADMISSION_POLICIES=true` and its cluster permissions grant `create` on
-//!   the two kinds, nothing more, and `get` on every CliMcpInstance (the API server demands
-//!   it of whoever creates a policy with CliMcpInstances as parameters).
+//!   the two kinds, nothing more, and `get` and `list` on every CliMcpInstance (the API
+//!   server demands them of whoever creates a policy, and its binding, with CliMcpInstances
+//!   as parameters).
 
 use std::collections::BTreeMap;
 use std::path::Path;
