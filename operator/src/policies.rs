@@ -16,9 +16,10 @@
 //! suffix, so two installs in two namespaces each have their own; the other policies know
 //! the operator by what RBAC grants it, name no install, and are shared.
 //!
-//! Only `create`: a policy that exists is left as it is (an operator that could change or
-//! delete the policies that hold it would hold nothing). After an upgrade that changes them,
-//! delete them and restart the operator (docs/olm.md).
+//! Only `create` (and `get`): a policy that exists is left as it is (an operator that could
+//! change or delete the policies that hold it would hold nothing). One that differs from
+//! this operator's copy (another version made it) is named in a warning: after an upgrade
+//! that changes them, delete them and restart the operator (docs/olm.md).
 
 use anyhow::{bail, Context as _};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -109,6 +110,21 @@ fn for_operator(v: Value, operator: &str, ns: &str, file: &str) -> anyhow::Resul
     Ok(v)
 }
 
+/// Whether `stored` says everything `ours` says: the API server adds defaults to what it
+/// stores (`matchPolicy`, empty selectors, a rule's `scope`), so equality would call every
+/// stored policy different. Arrays must have the same length. Pure.
+pub fn holds(stored: &Value, ours: &Value) -> bool {
+    match (stored, ours) {
+        (Value::Object(s), Value::Object(o)) => o
+            .iter()
+            .all(|(k, v)| s.get(k).is_some_and(|sv| holds(sv, v))),
+        (Value::Array(s), Value::Array(o)) => {
+            s.len() == o.len() && s.iter().zip(o).all(|(a, b)| holds(a, b))
+        }
+        _ => stored == ours,
+    }
+}
+
 /// The resource name of `kind` (one of the two admission kinds).
 fn plural(kind: &str) -> String {
     format!("{}s", kind.to_ascii_lowercase()).replace("policys", "policies")
@@ -143,22 +159,32 @@ pub async fn ensure(client: &Client) -> anyhow::Result<Vec<String>> {
     };
     // Policies, then bindings; one that fails does not keep the others from being made
     // (each holds on its own), and the error names every one that failed.
-    let (mut created, mut failed) = (Vec::new(), Vec::new());
+    let (mut created, mut failed, mut differ) = (Vec::new(), Vec::new(), Vec::new());
     for v in policies(ns, name)? {
         let kind = v["kind"].as_str().unwrap_or_default().to_owned();
         let obj: DynamicObject = serde_json::from_value(v)?;
-        let what = format!(
-            "{kind} {}",
-            obj.metadata.name.as_deref().unwrap_or_default()
-        );
-        match api(client, &kind)
-            .create(&PostParams::default(), &obj)
-            .await
-        {
+        let obj_name = obj.metadata.name.clone().unwrap_or_default();
+        let what = format!("{kind} {obj_name}");
+        let api = api(client, &kind);
+        match api.create(&PostParams::default(), &obj).await {
             Ok(_) => created.push(what),
-            Err(e) if is_status(&e, 409) => tracing::debug!("{what} exists; left as it is"),
+            Err(e) if is_status(&e, 409) => match api.get(&obj_name).await {
+                Ok(stored) if holds(&stored.data["spec"], &obj.data["spec"]) => {}
+                Ok(_) => differ.push(what),
+                Err(e) => tracing::warn!("{what} exists, but reading it failed: {e}"),
+            },
             Err(e) => failed.push(format!("{what}: {e}")),
         }
+    }
+    if !differ.is_empty() {
+        tracing::warn!(
+            "{} differ from this operator's copy of config/admission (another version made \
+             them) and are left as they are; to have this version's, delete them \
+             (kubectl delete validatingadmissionpolicybinding,validatingadmissionpolicy \
+             -l app.kubernetes.io/component=admission,app.kubernetes.io/part-of=cli-mcp) and \
+             restart the operator",
+            differ.join(", ")
+        );
     }
     if !failed.is_empty() {
         bail!(
@@ -244,6 +270,25 @@ mod tests {
                 "{v}"
             );
         }
+    }
+
+    #[test]
+    fn a_stored_policy_holds_ours_with_the_api_servers_defaults_added_and_nothing_changed() {
+        let ours = serde_json::json!({"failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"resources": ["pods"]}]},
+            "validations": [{"expression": "a"}]});
+        let defaulted = serde_json::json!({"failurePolicy": "Fail", "matchPolicy": "Equivalent",
+            "matchConstraints": {"resourceRules": [{"resources": ["pods"], "scope": "*"}],
+                                 "namespaceSelector": {}},
+            "validations": [{"expression": "a"}]});
+        assert!(holds(&defaulted, &ours));
+        let mut changed = defaulted.clone();
+        changed["validations"][0]["expression"] = serde_json::json!("b");
+        assert!(!holds(&changed, &ours));
+        let mut more = defaulted.clone();
+        more["validations"] = serde_json::json!([{"expression": "a"}, {"expression": "c"}]);
+        assert!(!holds(&more, &ours));
+        assert!(!holds(&serde_json::json!(null), &ours));
     }
 
     #[test]

@@ -238,15 +238,15 @@ fn bundle_installs_what_kustomize_does_at_no_wider_scope() {
     assert_eq!(services["verbs"], serde_json::json!(["get"]));
 
     // The admission policies kustomize applies are not kinds a bundle may carry: the
-    // operator creates them at start, with `create` on them and nothing more (it could
-    // otherwise loosen the policies that hold it).
+    // operator creates them at start, with `create` and `get` on them and nothing more (it
+    // could otherwise loosen the policies that hold it).
     let policies = install["clusterPermissions"][0]["rules"]
         .as_array()
         .expect("rules")
         .iter()
         .find(|r| r["resources"][0] == "validatingadmissionpolicies")
         .expect("the admission policies rule");
-    assert_eq!(policies["verbs"], serde_json::json!(["create"]));
+    assert_eq!(policies["verbs"], serde_json::json!(["create", "get"]));
     let instances: Vec<&Value> = install["clusterPermissions"][0]["rules"]
         .as_array()
         .expect("rules")

@@ -7,7 +7,8 @@
 //! `olm.targetNamespaces`. The images are replaced by the local node's, as a catalog mirror
 //! would replace them. A bundle cannot carry ValidatingAdmissionPolicies, so the operator
 //! creates them at start with the CSV's permissions; before it runs, RBAC alone lets each
-//! attack below through, after it they are refused:
+//! attack below through, after it they are refused (and a policy another version left is
+//! kept as it was, and named in a warning):
 //! - the operator's ServiceAccount deleting a ClusterRoleBinding it did not make, and
 //!   creating a pod that is no sandbox;
 //! - an instance named `operator` in the operator's namespace, whose server would run as
@@ -28,7 +29,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
 
@@ -226,6 +227,31 @@ async fn an_olm_style_install_has_the_admission_policies_in_force() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // A policy another version left: the same rules, another message. The operator leaves
+    // it (it may not change it) and says so.
+    let stale = cli_mcp_operator::policies::policies(&n, &sa)
+        .expect("policies")
+        .into_iter()
+        .find(|v| v["metadata"]["name"] == "cli-mcp-sandbox-pod-deletions")
+        .map(|mut v| {
+            v["spec"]["validations"][0]["message"] = json!("an older version's words");
+            v
+        })
+        .expect("the deletions policy");
+    let gvk = GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+    );
+    let policies = ApiResource::from_gvk_with_plural(&gvk, "validatingadmissionpolicies");
+    Api::<DynamicObject>::all_with(c.client.clone(), &policies)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(stale).expect("object"),
+        )
+        .await
+        .expect("the stale policy");
+
     Api::<Deployment>::namespaced(c.client.clone(), &n)
         .create(&PostParams::default(), &olm_deployment(&csv, &n))
         .await
@@ -274,17 +300,16 @@ async fn an_olm_style_install_has_the_admission_policies_in_force() {
             "validatingadmissionpolicybindings",
         ),
     ] {
-        let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-        let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
-        let mut names: Vec<String> =
-            Api::<kube::api::DynamicObject>::all_with(c.client.clone(), &ar)
-                .list(&Default::default())
-                .await
-                .expect("list")
-                .items
-                .into_iter()
-                .filter_map(|o| o.metadata.name)
-                .collect();
+        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
+        let mut names: Vec<String> = Api::<DynamicObject>::all_with(c.client.clone(), &ar)
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect();
         names.sort();
         assert_eq!(
             names,
@@ -298,6 +323,49 @@ async fn an_olm_style_install_has_the_admission_policies_in_force() {
             "{kind}s"
         );
     }
+
+    // What the API server stores of the others holds the operator's copy (its defaults
+    // aside): a restarted operator finds them all current, and warns about none.
+    for ours in cli_mcp_operator::policies::policies(&n, &sa).expect("policies") {
+        let name = ours["metadata"]["name"].as_str().expect("name").to_owned();
+        if name == "cli-mcp-sandbox-pod-deletions" && ours["kind"] == "ValidatingAdmissionPolicy" {
+            continue;
+        }
+        let kind = ours["kind"].as_str().expect("kind");
+        let plural = format!("{}s", kind.to_ascii_lowercase()).replace("policys", "policies");
+        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        let ar = ApiResource::from_gvk_with_plural(&gvk, &plural);
+        let stored = Api::<DynamicObject>::all_with(c.client.clone(), &ar)
+            .get(&name)
+            .await
+            .expect("stored");
+        assert!(
+            cli_mcp_operator::policies::holds(&stored.data["spec"], &ours["spec"]),
+            "{kind} {name} as stored does not hold the operator's copy: {:?}",
+            stored.data["spec"]
+        );
+    }
+
+    // The stale policy is named in a warning, and left as it was.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.pod_logs(&n, "operator", usize::MAX).contains(
+        "ValidatingAdmissionPolicy cli-mcp-sandbox-pod-deletions differ from this operator's copy",
+    ) {
+        assert!(
+            Instant::now() < deadline,
+            "no warning about the stale policy:\n{}",
+            c.pod_logs(&n, "operator", 40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let kept = Api::<DynamicObject>::all_with(c.client.clone(), &policies)
+        .get("cli-mcp-sandbox-pod-deletions")
+        .await
+        .expect("the stale policy");
+    assert_eq!(
+        kept.data["spec"]["validations"][0]["message"],
+        "an older version's words"
+    );
 
     // The bystander is still there, and another instance name is allowed.
     Api::<ClusterRoleBinding>::all(c.client.clone())

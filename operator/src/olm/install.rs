@@ -98,8 +98,9 @@ pub(super) fn rules(
 }
 
 /// The environment variable that has the operator create the admission policies a bundle
-/// cannot carry (`crate::policies`), and the rules that let it: `create` only, so it can
-/// never change or delete the policies that hold it; and `get` and `list` on every
+/// cannot carry (`crate::policies`), and the rules that let it: `create` and `get` only, so
+/// it can never change or delete the policies that hold it (it reads one that exists to
+/// warn when another version made it); and `get` and `list` on every
 /// CliMcpInstance, which the API server demands of whoever creates a policy whose
 /// parameters they are (the tenant policy: `get` for its `paramKind`, `list` for its
 /// binding's `paramRef` selector), wherever they are — read-only, and an instance's spec
@@ -113,7 +114,7 @@ fn create_policies_rules() -> [Value; 2] {
         json!({
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
-            "verbs": ["create"]
+            "verbs": ["create", "get"]
         }),
         json!({"apiGroups": [group], "resources": [plural], "verbs": ["get", "list"]}),
     ]

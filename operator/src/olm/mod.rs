@@ -17,8 +17,8 @@
 //! - The install's ValidatingAdmissionPolicies are not kinds a bundle may carry (listed in
 //!   [`Bundle::not_carried`]). The operator creates them itself at start instead
 //!   (`crate::policies`, the same files): the CSV's Deployment sets
-//!   `CLI_MCP_CREATE_ADMISSION_POLICIES=true` and its cluster permissions grant `create` on
-//!   the two kinds, nothing more, and `get` and `list` on every CliMcpInstance (the API
+//!   `CLI_MCP_CREATE_ADMISSION_POLICIES=true` and its cluster permissions grant `create` and
+//!   `get` on the two kinds, nothing more, and `get` and `list` on every CliMcpInstance (the API
 //!   server demands them of whoever creates a policy, and its binding, with CliMcpInstances
 //!   as parameters).
 
@@ -625,7 +625,7 @@ spec:
     }
 
     #[test]
-    fn admission_policies_are_created_by_the_operator_which_may_only_create_them() {
+    fn admission_policies_are_created_by_the_operator_which_may_only_create_and_read_them() {
         let csv_of = |rendered: &str| csv(&bundle(&inputs(rendered)).expect("bundle"));
         let with = format!(
             "{RENDERED}---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {{name: p}}\n"
@@ -651,7 +651,7 @@ spec:
             .find(|r| r["apiGroups"][0] == "admissionregistration.k8s.io")
             .cloned()
             .expect("the rule");
-        assert_eq!(rule["verbs"], json!(["create"]));
+        assert_eq!(rule["verbs"], json!(["create", "get"]));
     }
 
     #[test]
