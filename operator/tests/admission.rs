@@ -1311,8 +1311,8 @@ async fn the_tenant_policy_lets_a_server_through_by_exact_name_on_its_own_pods_o
 /// rights and the operator would apply the server over itself. config/admission's
 /// instance-names policy (bound to this test's namespace only) refuses it, knowing the
 /// operator by what RBAC grants it here — writing the instances' status — as the pod
-/// policies do; the same name in a namespace whose `cli-mcp-operator` is no operator, and
-/// other names, are allowed. And whatever its name, a server is refused a
+/// policies do; other names are allowed. The instances are made (dry runs) by an editor who
+/// may create instances there and nothing else. And whatever its name, a server is refused a
 /// ClusterRoleBinding, as every server is: its Role grants none, and the ClusterRoleBinding
 /// policy knows the operator by its exact username only.
 #[tokio::test]
@@ -1347,8 +1347,20 @@ async fn an_instance_may_not_be_named_after_an_operator_of_its_namespace() {
         dry_run: true,
         ..Default::default()
     };
+    // Whoever tries it needs no more than `create` on instances here (an editor of the
+    // namespace): RBAC lets every request below through, admission alone decides.
+    let editor = format!("{n}-editor");
+    grant(
+        &ns,
+        "editor",
+        json!([{"apiGroups": ["cli-mcp.redhat.com"], "resources": ["climcpinstances"],
+                "verbs": ["create"]}]),
+        std::slice::from_ref(&editor),
+    )
+    .await;
+    let as_editor = client_as(&c, &editor).await;
     let create = |name: &'static str| {
-        let api = ns.api::<CliMcpInstance>();
+        let api: Api<CliMcpInstance> = Api::namespaced(as_editor.clone(), &n);
         let dry = dry.clone();
         async move {
             api.create(&dry, &instance(name, json!({})))
