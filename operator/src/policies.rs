@@ -4,8 +4,8 @@
 //! Secrets, ConfigMaps and a few monitoring kinds: operator-registry's supported bundle
 //! resources), and ValidatingAdmissionPolicy is not one; without them the operator could
 //! delete any ClusterRoleBinding and a server could create any pod. So the bundle's CSV sets
-//! `CLI_MCP_CREATE_ADMISSION_POLICIES=true` and grants `create` on the two kinds (and `get`
-//! and `list` on every CliMcpInstance, which the API server demands of whoever creates a
+//! `CLI_MCP_CREATE_ADMISSION_POLICIES=true` and grants `create` and `get` on the two kinds
+//! (and `get` and `list` on every CliMcpInstance, which the API server demands of whoever creates a
 //! policy and a binding whose parameters they are), and the operator creates the policies
 //! embedded in its binary (the same files kustomize and the chart install) before it
 //! reconciles anything.
@@ -289,6 +289,25 @@ mod tests {
         more["validations"] = serde_json::json!([{"expression": "a"}, {"expression": "c"}]);
         assert!(!holds(&more, &ours));
         assert!(!holds(&serde_json::json!(null), &ours));
+    }
+
+    #[test]
+    fn every_file_of_config_admission_is_embedded() {
+        // A policy added to config/admission (its kustomization's resources) and not here
+        // would be missing from every OLM install.
+        let kustomization: Value =
+            serde_yaml::from_str(include_str!("../../config/admission/kustomization.yaml"))
+                .expect("kustomization");
+        let mut listed: Vec<&str> = kustomization["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let mut embedded: Vec<&str> = MANIFESTS.iter().map(|(f, _)| *f).collect();
+        listed.sort();
+        embedded.sort();
+        assert_eq!(listed, embedded);
     }
 
     #[test]
