@@ -1329,16 +1329,19 @@ async fn an_instance_may_not_be_named_after_an_operator_of_its_namespace() {
         .expect("namespace");
     let n = ns.name.clone();
     // An operator installed into this namespace (its ServiceAccount cli-mcp-operator may
-    // write the instances' status), and one whose sandbox ServiceAccount would be an
-    // operator's under an odd install name.
+    // write the instances' status); one of a Helm release named cli-mcp, whose
+    // ServiceAccount cli-mcp-cli-mcp-operator an instance named cli-mcp-operator would
+    // have for its server; and one whose sandbox ServiceAccount would be an operator's
+    // under an odd install name.
     let operator = format!("system:serviceaccount:{n}:cli-mcp-operator");
+    let release = format!("system:serviceaccount:{n}:cli-mcp-cli-mcp-operator");
     let odd = format!("system:serviceaccount:{n}:cli-mcp-ops-sandbox");
     grant(
         &ns,
         "operator",
         json!([{"apiGroups": ["cli-mcp.redhat.com"], "resources": ["climcpinstances/status"],
                 "verbs": ["get", "patch"]}]),
-        &[operator.clone(), odd],
+        &[operator.clone(), release, odd],
     )
     .await;
     let outside = scoped_policies(&c, &n, &["instance-names"]).await;
@@ -1385,6 +1388,11 @@ async fn an_instance_may_not_be_named_after_an_operator_of_its_namespace() {
         refused.contains("cli-mcp-operator (its server) of namespace")
             && refused.contains("choose another name"),
         "{refused}"
+    );
+    let suffix = create("cli-mcp-operator").await;
+    assert!(
+        matches!(&suffix, Err(e) if e.contains("cli-mcp-cli-mcp-operator (its server) of namespace")),
+        "{suffix:?}"
     );
     let odd_name = create("ops").await;
     assert!(
