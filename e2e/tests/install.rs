@@ -417,6 +417,8 @@ async fn upgrade_keeps_sessions_and_rolls_the_pool(
     let images = second_build(rig, reg, release, &second);
     let out = rig.run_dir.join("published-second");
     let published = publish(reg, release, &second, &images, &out);
+    // The registry has it now; the archive (70 MB) would outlive the test in the run dir.
+    std::fs::remove_dir_all(&images).expect("removing the second build's archives");
     let sandbox = published_image(&published, "sandbox");
     helm(reg, &env.c, "upgrade", &published);
 

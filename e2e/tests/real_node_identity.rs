@@ -299,7 +299,8 @@ fn planted_pod(
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [{
-                "name": "c", "image": image, "imagePullPolicy": "Never",
+                // IfNotPresent: the node pulls the project's images from its registry.
+                "name": "c", "image": image, "imagePullPolicy": "IfNotPresent",
                 "command": ["bash", "-c", PLANT_SCRIPT],
                 "env": env,
                 "volumeMounts": [{"name": "proxy-token", "mountPath": "/var/run/secrets/plant",

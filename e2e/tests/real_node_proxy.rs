@@ -525,7 +525,8 @@ async fn a_sandbox_behind_the_proxy_holds_no_credential_and_cannot_get_around_it
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [{
-                "name": "c", "image": sandbox_image, "imagePullPolicy": "Never",
+                // IfNotPresent: the node pulls the project's images from its registry.
+                "name": "c", "image": sandbox_image, "imagePullPolicy": "IfNotPresent",
                 "command": ["sleep", "infinity"],
                 "securityContext": {
                     "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
