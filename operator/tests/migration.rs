@@ -13,7 +13,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use cli_mcp_api::names::{label, InstanceName};
-use cli_mcp_e2e::testing::{cluster, wait_gone};
+use cli_mcp_e2e::testing::{cluster, wait_for_set, wait_gone};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
@@ -101,12 +101,12 @@ async fn go_proxy_children(
     let name = n.as_str();
     let proxy = n.proxy();
     let meta = |obj_name: &str, component: &str| json!({"name": obj_name, "labels": go_labels(name, component), "ownerReferences": owner});
-    // No replicas, like the Go server Deployment above: no pod tries to run Go's image,
-    // which this cluster does not have; the Deployment's shape is what apply meets.
+    // One replica, as Go ran it. This cluster has not Go's image, so its pod never serves;
+    // what matters is the Deployment's shape, which apply meets, and that its pod goes.
     let deployment: Deployment = serde_json::from_value(json!({
         "metadata": meta(&proxy, "proxy"),
         "spec": {
-            "replicas": 0,
+            "replicas": 1,
             "strategy": {"type": "RollingUpdate",
                          "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "selector": {"matchLabels": go_labels(name, "proxy")},
@@ -484,6 +484,30 @@ async fn proxy_taken_over(
         );
     }
     assert!(proxy.lifecycle.is_none(), "Go's preStop left: {proxy:?}");
+    // Go's proxy pod goes with its Deployment; only this operator's proxy pods are left.
+    wait_for_set(
+        ns.api::<Pod>(),
+        &format!(
+            "{}={},{}=proxy",
+            label::INSTANCE,
+            n.as_str(),
+            label::COMPONENT
+        ),
+        "only this operator's proxy pods",
+        TIMEOUT,
+        |ps: &[Pod]| {
+            !ps.is_empty()
+                && ps.iter().all(|p| {
+                    p.spec.as_ref().is_some_and(|s| {
+                        s.containers
+                            .iter()
+                            .all(|c| c.image.as_deref() == Some(cli_mcp_e2e::instance::PROXY_IMAGE))
+                    })
+                })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
     let volumes: Vec<&str> = pod
         .volumes
         .iter()
