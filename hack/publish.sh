@@ -118,7 +118,9 @@ fi
 (
     cd "$out/config/manager"
     for n in "${names[@]}"; do
-        name="$(awk -v n="cli-mcp-$n" '$1 == "-" && $2 == "name:" && ($3 == n || $3 ~ "/" n "$") { print $3; exit }' kustomization.yaml)"
+        # The entry's `name:` (what manager.yaml says), whether it opens the list item or not
+        # (kustomize edit writes `- digest:` first).
+        name="$(awk -v n="cli-mcp-$n" '{ sub(/^ *- */, "") } $1 == "name:" && ($2 == n || $2 ~ "/" n "$") { print $2; exit }' kustomization.yaml)"
         [[ -n $name ]] || die "config/manager/kustomization.yaml has no images: entry for cli-mcp-$n"
         "$kustomize" edit set image "$name=$REGISTRY/cli-mcp-$n:$VERSION@${digest[$n]}"
     done
