@@ -60,6 +60,14 @@ pub fn is_foreign_deployment(d: &Deployment, ours: &[&str]) -> bool {
     })
 }
 
+/// Whether `d` (named as the instance's server Deployment) is the Go operator's: a container
+/// this operator does not make, and never one this operator made. With instances `x` and
+/// `x-proxy` in one namespace the latter's server Deployment has the name of the former's
+/// proxy Deployment, whose container is not the server's either.
+pub fn is_go_server_deployment(d: &Deployment) -> bool {
+    is_foreign_deployment(d, &[CONTAINER]) && !is_ours(d)
+}
+
 /// Whether `p` is a Go-era sandbox pod: named as the Go operator named them and without this
 /// project's managed-by label (this operator's and this server's pods always carry it).
 pub fn is_go_sandbox(p: &Pod) -> bool {
@@ -118,7 +126,7 @@ async fn go_server_deployment(
         .get_opt(&name.server())
         .await
         .map_err(Error::migrating(&what))?;
-    let Some(d) = found.filter(|d| is_foreign_deployment(d, &[CONTAINER])) else {
+    let Some(d) = found.filter(is_go_server_deployment) else {
         return Ok(None);
     };
     delete_exact(&deployments, &d, &what).await?;
@@ -158,13 +166,16 @@ pub fn is_go_child<K: kube::Resource>(obj: &K, cr: &CliMcpInstance) -> bool {
         .iter()
         .flatten()
         .any(|r| r.controller == Some(true) && Some(&r.uid) == cr.metadata.uid.as_ref());
-    let ours = obj
-        .meta()
+    controlled && !is_ours(obj)
+}
+
+/// Whether this operator made `obj`: everything it applies carries its managed-by label.
+pub fn is_ours<K: kube::Resource>(obj: &K) -> bool {
+    obj.meta()
         .labels
         .as_ref()
         .and_then(|l| l.get(label::APP_MANAGED_BY))
-        .is_some_and(|v| v == label::MANAGED_BY);
-    controlled && !ours
+        .is_some_and(|v| v == label::MANAGED_BY)
 }
 
 /// The Go credential proxy's `K` named `proxy` (its Deployment or its ConfigMap), deleted
@@ -275,6 +286,20 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_deployment_this_operator_made_is_never_the_go_server_deployment() {
+        // Instance `x-proxy`'s server Deployment is named like instance `x`'s proxy
+        // Deployment, whose container is `proxy`: foreign to a server, but ours.
+        let mut proxy = deployment(&["proxy"]);
+        proxy.metadata.labels = pod("x", true).metadata.labels;
+        assert!(is_foreign_deployment(&proxy, &[CONTAINER]));
+        assert!(!is_go_server_deployment(&proxy));
+        assert!(is_go_server_deployment(&deployment(&[
+            "mcp",
+            "kube-rbac-proxy"
+        ])));
     }
 
     #[test]
