@@ -388,6 +388,26 @@ mod tests {
         assert!(!t.contains("ca ="), "{t}");
     }
 
+    /// What a pull of another registry meets: a connection closed at once, no TLS, no wait.
+    #[tokio::test]
+    async fn the_refuser_closes_every_connection_at_once() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let refuser = Refuser::start().await.expect("refuser");
+        for _ in 0..2 {
+            let mut conn = tokio::net::TcpStream::connect(refuser.addr())
+                .await
+                .expect("connect");
+            // A TLS ClientHello's first bytes; the answer is the end of the stream.
+            let _ = conn.write_all(&[0x16, 0x03, 0x01]).await;
+            let mut buf = [0u8; 16];
+            let read = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+                .await
+                .expect("closed within 5 s, not left hanging");
+            assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        }
+        assert!(refuser.addr().ip().is_loopback(), "{}", refuser.addr());
+    }
+
     #[test]
     fn the_digest_comes_from_cranes_output_or_not_at_all() {
         let hex = "e7".repeat(32);
