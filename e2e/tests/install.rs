@@ -361,6 +361,7 @@ async fn a_release_installs_from_the_registry_with_kustomize_and_helm_and_upgrad
     let sandbox = published_image(&published, "sandbox");
     let env = sample_instance_answers(&c, "helm", &sandbox).await;
     registry_out_of_a_sandboxs_reach(&env, &reg, rig.gateway).await;
+    a_public_name_is_not_pulled(&env, &published).await;
     eprintln!("install: helm install and call in {:.1?}", t.elapsed());
 
     let t = Instant::now();
@@ -385,6 +386,65 @@ async fn registry_out_of_a_sandboxs_reach(env: &Env, reg: &RegistryInfo, node: s
             "{url} from a sandbox: {out}"
         );
     }
+}
+
+/// A pod naming the release registry (`quay.io/…`, as the manifests in git do) is never
+/// served the local copy of the same digest: the node sends other registries to a port that
+/// closes the connection, so the pull fails at once, on this host.
+async fn a_public_name_is_not_pulled(env: &Env, published: &Value) {
+    let local = published_image(published, "sandbox");
+    let (_, digest) = local.rsplit_once('@').expect("by digest");
+    let public = format!("quay.io/cli-mcp/cli-mcp-sandbox:{VERSION}@{digest}");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "public-name"},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1001,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "c", "image": public, "imagePullPolicy": "IfNotPresent",
+                "securityContext": {"allowPrivilegeEscalation": false,
+                                    "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }))
+    .expect("pod");
+    let pods: Api<Pod> = env.api();
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("create");
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(60);
+    let reason = loop {
+        let p = pods.get("public-name").await.expect("pod");
+        let status = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        assert!(
+            status
+                .iter()
+                .all(|s| s.state.as_ref().is_none_or(|st| st.running.is_none())),
+            "{public} runs: the local copy was served for a public name: {status:?}"
+        );
+        let waiting = status
+            .iter()
+            .filter_map(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
+            .find(|r| r == "ErrImagePull" || r == "ImagePullBackOff");
+        if let Some(r) = waiting {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{public}: no pull failure within 60 s: {status:?}"
+        );
+        // The kubelet reports a pull's failure only in the pod's status: read it again.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    eprintln!(
+        "install: {public} refused ({reason}) after {:.1?}",
+        t.elapsed()
+    );
+    let _ = pods.delete("public-name", &Default::default()).await;
 }
 
 /// `helm install` (or `upgrade`) of the chart `published` names, from its OCI registry.
