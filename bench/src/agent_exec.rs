@@ -1,6 +1,8 @@
 //! The agent's own cost: `POST /exec` of `true` on its persistent bash (with and without the
 //! journal a request id makes), next to a fresh `bash -c true` and a bare HTTP round trip on
 //! the same connection; and the agent's RSS idle, after the commands and after a big output.
+//! With `--peer`, another agent's `POST /exec` of `true` runs in the same rounds
+//! ([`crate::agent_peer`]), and the ratio of the medians is printed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,12 +11,15 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 
+use crate::agent_peer::Peer;
 use crate::agent_proc::{bench_token, fs_type, start_agent_in};
 use crate::figures::{mib, ms, rss_kib, stats, Stats};
 
 /// What the agent table prints: the latencies' medians and p99s, and the RSS readings.
 struct AgentFigures {
     exec: Stats,
+    /// The peer's name and its `true`, when one was given.
+    peer: Option<(String, Stats)>,
     journaled: Stats,
     health: Stats,
     spawn: Stats,
@@ -25,7 +30,12 @@ struct AgentFigures {
 
 /// Both agent tables: the interleaved latencies, then `bash -c true` spawned `n` times, then
 /// the RSS readings taken along the way.
-pub(crate) fn agent_bench(bin: &PathBuf, n: usize, state_parent: &Path) -> anyhow::Result<()> {
+pub(crate) fn agent_bench(
+    bin: &PathBuf,
+    n: usize,
+    state_parent: &Path,
+    peer: Option<(&Path, &str)>,
+) -> anyhow::Result<()> {
     let token = bench_token()?;
     let agent = start_agent_in(bin, &token.commitment().to_hex(), state_parent)?;
     let state_fs = fs_type(agent.state.path());
@@ -58,9 +68,17 @@ pub(crate) fn agent_bench(bin: &PathBuf, n: usize, state_parent: &Path) -> anyho
     };
 
     let exec = |cmd: &'static str| exec_as(cmd, None);
-    let (exec_samples, journaled_samples, health_samples) = rt.block_on(async {
+    let (exec_samples, journaled_samples, health_samples, peer) = rt.block_on(async {
+        let peer = match peer {
+            Some((bin, addr)) => Some(Peer::start(bin, addr, &http).await?),
+            None => None,
+        };
         exec("true").await?; // warm up: shell started, connection open
         http.get(&health_url).send().await?.bytes().await?;
+        if let Some(p) = &peer {
+            p.exec(&http, "true").await?;
+        }
+        let mut p_samples = Vec::with_capacity(if peer.is_some() { n } else { 0 });
         // Interleaved, so a burst of load from other processes hits all three alike: the
         // ratio of `true` to the bare round trip is what the agent adds, on this machine.
         let mut e = Vec::with_capacity(n);
@@ -76,8 +94,17 @@ pub(crate) fn agent_bench(bin: &PathBuf, n: usize, state_parent: &Path) -> anyho
             let t = Instant::now();
             http.get(&health_url).send().await?.bytes().await?;
             h.push(t.elapsed());
+            if let Some(p) = &peer {
+                let t = Instant::now();
+                let code = p.exec(&http, "true").await?;
+                p_samples.push(t.elapsed());
+                if code != 0 {
+                    bail!("the peer's `true` exited {code}");
+                }
+            }
         }
-        anyhow::Ok((e, j, h))
+        let peer = peer.map(|p| (p.name.clone(), stats(p_samples)));
+        anyhow::Ok((e, j, h, peer))
     })?;
     let rss_after_cmds = rss_kib(agent.child.id())?;
     rt.block_on(exec("head -c 10000000 /dev/zero | tr '\\0' x"))?;
@@ -87,6 +114,7 @@ pub(crate) fn agent_bench(bin: &PathBuf, n: usize, state_parent: &Path) -> anyho
 
     AgentFigures {
         exec: stats(exec_samples),
+        peer,
         journaled: stats(journaled_samples),
         health: stats(health_samples),
         spawn: stats(spawn),
@@ -143,6 +171,20 @@ impl AgentFigures {
             ms(h.median),
             ms(h.p99)
         );
+        match &self.peer {
+            Some((name, p)) => {
+                println!(
+                    "| POST /exec `true`, peer `{name}` (same rounds) | {} | {} |",
+                    ms(p.median),
+                    ms(p.p99)
+                );
+                let r = e.median.as_secs_f64() / p.median.as_secs_f64().max(1e-9);
+                println!("| ours ÷ peer, medians | {r:.2}× | |");
+            }
+            None => println!(
+                "| POST /exec `true`, peer | no peer (`--peer BINARY`: an agent speaking the Go original's /exec) | |"
+            ),
+        }
         let ratio = |a: Duration| a.as_secs_f64() / h.median.as_secs_f64().max(1e-9);
         println!(
             "| `true` ÷ GET /healthz, medians (without / with a request_id) | {:.2}× / {:.2}× | |",

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod agent_attacks;
 mod agent_exec;
 mod agent_mcp;
+mod agent_peer;
 mod agent_proc;
 mod apiserver;
 mod cluster;
@@ -53,6 +54,13 @@ enum What {
         /// The server binary for the MCP `tools/call` row (default: beside the agent).
         #[arg(long)]
         server: Option<PathBuf>,
+        /// Another agent to time `POST /exec true` of in the same rounds: any binary speaking
+        /// the Go original's agent wire (`SANDBOX_AUTH_TOKEN`, `GET /health`, `POST /exec`).
+        #[arg(long)]
+        peer: Option<PathBuf>,
+        /// Where the peer listens (the Go original: `:8090`, whatever it is told).
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        peer_addr: String,
     },
     /// Local Kubernetes with the operator and server as pods: warm vs cold session start,
     /// `tools/call` through the Service and on the pod IP, N sessions × M commands at once.
@@ -79,8 +87,11 @@ fn main() -> anyhow::Result<()> {
             state_parent,
             no_attacks,
             server,
+            peer,
+            peer_addr,
         } => {
-            agent_exec::agent_bench(&agent, iterations, &state_parent)?;
+            let peer = peer.as_deref().map(|p| (p, peer_addr.as_str()));
+            agent_exec::agent_bench(&agent, iterations, &state_parent, peer)?;
             let server = server.unwrap_or_else(|| agent.with_file_name("cli-mcp-server"));
             agent_mcp::mcp_vs_exec(&agent, &server, iterations, &state_parent)?;
             if no_attacks {

@@ -347,6 +347,26 @@ impl PoolBackoff {
     }
 }
 
+/// The longest Event note the API server stores (events.k8s.io/v1 refuses a longer one with
+/// a 422, and the Event is lost).
+pub const MAX_EVENT_NOTE: usize = 1024;
+
+/// `note` cut to [`MAX_EVENT_NOTE`] bytes on a character boundary, ending in `…` when cut:
+/// an apply error quoting a whole object is still worth its first kilobyte.
+pub fn event_note(mut note: String) -> String {
+    const MORE: &str = "…";
+    if note.len() <= MAX_EVENT_NOTE {
+        return note;
+    }
+    let mut end = MAX_EVENT_NOTE - MORE.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push_str(MORE);
+    note
+}
+
 /// Per-instance pool bookkeeping, keyed by the CR's uid.
 #[derive(Default)]
 pub struct PoolState {
@@ -454,7 +474,7 @@ impl Context {
         let ev = Event {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            note: Some(event_note(note)),
             action: action.into(),
             secondary: None,
         };
@@ -496,6 +516,18 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_event_note_is_cut_to_what_the_api_server_stores() {
+        assert_eq!(event_note("short".into()), "short");
+        // Multi-byte characters across the cut: never split one.
+        let long = "é".repeat(MAX_EVENT_NOTE);
+        let cut = event_note(long);
+        assert!(cut.len() <= MAX_EVENT_NOTE, "{}", cut.len());
+        assert!(cut.ends_with('…') && cut.starts_with("éé"));
+        let exact = "x".repeat(MAX_EVENT_NOTE);
+        assert_eq!(event_note(exact.clone()), exact);
+    }
 
     #[test]
     fn watch_namespace_parsing() {

@@ -43,6 +43,7 @@ use report::Report;
 use starts::Starts;
 
 mod admission;
+mod arrivals;
 mod big;
 mod calls;
 mod cgroup;
@@ -91,6 +92,13 @@ pub struct ClusterArgs {
     /// it. The real node runs at most 250 pods.
     #[arg(long, default_value_t = 0)]
     pub idle: usize,
+    /// New sessions a second of the sustained-arrivals phase (first runtime only), against a
+    /// warm pool sized by demand; 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    pub arrivals: u32,
+    /// How long the arrivals go on, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub arrivals_secs: u32,
     /// The sandboxes' CPU limit (e.g. `2`), to see what the default 500m costs a call; the
     /// requests stay the defaults.
     #[arg(long)]
@@ -170,6 +178,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     let mut admission = None;
     let mut density = None;
+    let mut arrivals = None;
     for (i, &rt) in runtimes.iter().enumerate() {
         let last = i + 1 == runtimes.len();
         let env = Env::install_on(c.clone(), &format!("bench-{}", rt.name())).await;
@@ -184,9 +193,16 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             admission = Some(burst(&env, args.admission_limit).await?);
             let socket = env.c.info.containerd_socket.clone();
             let dense = socket.filter(|_| args.idle > 0 && rt == SandboxRuntime::Runc);
-            if dense.is_some() || !last {
+            if dense.is_some() || args.arrivals > 0 || !last {
                 // What comes next is measured on a quiet node.
                 no_pods_of(&env, "admit").await?;
+            }
+            if args.arrivals > 0 {
+                eprintln!(
+                    "bench: {} new sessions a second for {} s",
+                    args.arrivals, args.arrivals_secs
+                );
+                arrivals = Some(arrivals::measure(&env, args.arrivals, args.arrivals_secs).await?);
             }
             if let Some(socket) = dense {
                 eprintln!("bench: density, {} idle sessions", args.idle);
@@ -212,6 +228,7 @@ async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         runs,
         burst,
         density,
+        arrivals,
     }
     .print(&args);
     eprintln!("bench: done in {:.0} s", t_all.elapsed().as_secs_f64());

@@ -20,6 +20,8 @@ pub(super) struct Report {
     pub(super) burst: Burst,
     /// Measured on the real node under runc, when asked for (`--idle`).
     pub(super) density: Option<super::density::Density>,
+    /// Measured on the first runtime's node when asked for (`--arrivals`).
+    pub(super) arrivals: Option<super::arrivals::Arrivals>,
 }
 
 impl Report {
@@ -39,6 +41,9 @@ impl Report {
         }
         if let Some(d) = &self.density {
             d.print();
+        }
+        if let Some(a) = &self.arrivals {
+            a.print();
         }
     }
 

@@ -1,13 +1,13 @@
 //! The size of a warm pool sized by demand (`spec.sandbox.warmPool`), without a client.
 //!
-//! The pool must hold what sessions take while new warm pods are made: the rate of new
-//! sessions times the time a new pod needs to become Ready (and to be made). So:
-//! - **rate**: new sessions per second, the higher of the last minute's average and the
-//!   busiest ten seconds within it, so a burst counts at once and a steady rate is held;
-//! - **lead**: twice the median time this pool's Ready pods took from creation to Ready,
-//!   plus two seconds for the operator to see the claim and create (5 s to 60 s; 5 s of
-//!   startup assumed before any pod was measured);
-//! - the recommendation is `ceil(rate × lead)` within `min..=max`.
+//! The pool must hold what sessions take while new warm pods are made. So:
+//! - **lead**: how long a session taken from the pool must be covered, twice the median
+//!   time this pool's Ready pods took from creation to Ready, plus two seconds for the
+//!   operator to see the claim and create (5 s to 60 s; 5 s of startup assumed before any
+//!   pod was measured);
+//! - the recommendation is the most new sessions that arrived within one lead, over the
+//!   last minute, within `min..=max`: a steady rate asks for rate × lead, a burst of N at
+//!   once for N.
 //!
 //! The pool grows to a higher recommendation at once and shrinks only to the highest
 //! recommendation of the last `scaleDownDelay` (as the HorizontalPodAutoscaler's downscale
@@ -24,8 +24,6 @@ use cli_mcp_api::pod_state::is_ready;
 
 use super::KEPT_FOR;
 
-/// The short window the busiest rate is read over.
-pub const BURST_WINDOW: Duration = Duration::from_secs(10);
 /// Startup assumed until a pod of the pool was measured.
 pub const DEFAULT_STARTUP: Duration = Duration::from_secs(5);
 /// Time for the operator to see a claim and create the replacement, beyond the pod's own
@@ -42,7 +40,7 @@ pub const RECHECK: Duration = Duration::from_secs(10);
 pub struct Demand {
     /// New sessions in the last minute.
     pub last_minute: usize,
-    /// New sessions in the busiest ten seconds of the last minute.
+    /// The most new sessions within one [`Self::lead`] of the last minute.
     pub busiest: usize,
     /// Median time from creation to Ready of the pool's Ready pods, if any was measured.
     pub startup: Option<Duration>,
@@ -53,32 +51,28 @@ impl Demand {
     pub fn read(mut ages: Vec<Duration>, pool: &[&Pod]) -> Self {
         ages.retain(|a| *a <= KEPT_FOR);
         ages.sort();
+        let startup = startup_time(pool);
         Self {
             last_minute: ages.len(),
-            busiest: busiest(&ages, BURST_WINDOW),
-            startup: startup_time(pool),
+            busiest: busiest(&ages, lead(startup)),
+            startup,
         }
-    }
-
-    /// New sessions per second the pool must keep up with.
-    pub fn rate(&self) -> f64 {
-        let minute = self.last_minute as f64 / KEPT_FOR.as_secs_f64();
-        let burst = self.busiest as f64 / BURST_WINDOW.as_secs_f64();
-        minute.max(burst)
     }
 
     /// How long a session taken from the pool must be covered before its replacement is
     /// Ready.
     pub fn lead(&self) -> Duration {
-        (self.startup.unwrap_or(DEFAULT_STARTUP) * 2 + REACTION).clamp(MIN_LEAD, MAX_LEAD)
+        lead(self.startup)
     }
 
     /// The size this demand asks for, within `bounds`.
     pub fn recommend(&self, bounds: &DemandBounds) -> i32 {
-        let want = (self.rate() * self.lead().as_secs_f64()).ceil();
-        // The cast saturates; the clamp keeps it within the bounds.
-        bounds.clamp(want as i32)
+        bounds.clamp(i32::try_from(self.busiest).unwrap_or(i32::MAX))
     }
+}
+
+fn lead(startup: Option<Duration>) -> Duration {
+    (startup.unwrap_or(DEFAULT_STARTUP) * 2 + REACTION).clamp(MIN_LEAD, MAX_LEAD)
 }
 
 /// Most starts within any `window` of the sorted `ages`.
@@ -210,10 +204,12 @@ mod tests {
     }
 
     #[test]
-    fn the_busiest_ten_seconds_are_found() {
-        assert_eq!(busiest(&[], BURST_WINDOW), 0);
+    fn the_busiest_window_is_found() {
+        let ten = Duration::from_secs(10);
+        assert_eq!(busiest(&[], ten), 0);
         let ages = secs(&[0.0, 1.0, 2.0, 30.0, 31.0, 35.0, 39.9, 50.0]);
-        assert_eq!(busiest(&ages, BURST_WINDOW), 4);
+        assert_eq!(busiest(&ages, ten), 4);
+        assert_eq!(busiest(&ages, Duration::from_secs(3)), 3);
     }
 
     #[test]
@@ -231,10 +227,10 @@ mod tests {
 
     #[test]
     fn a_burst_counts_at_once_and_no_demand_asks_for_min() {
-        // 100 at once, nothing measured yet: 10/s over the busiest 10 s, lead 12 s.
+        // 100 at once, nothing measured yet: the next burst like it is served warm.
         let d = Demand::read(vec![Duration::from_secs(1); 100], &[]);
         assert_eq!((d.busiest, d.lead()), (100, Duration::from_secs(12)));
-        assert_eq!(d.recommend(&bounds(3, 200, 300)), 120);
+        assert_eq!(d.recommend(&bounds(3, 200, 300)), 100);
         let none = Demand::read(Vec::new(), &[]);
         assert_eq!(none.recommend(&bounds(3, 200, 300)), 3);
     }

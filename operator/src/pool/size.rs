@@ -74,7 +74,7 @@ fn resized(demand: &Demand, bounds: &DemandBounds, before: i32, desired: i32) ->
         format!("{}s", s.as_secs())
     });
     format!(
-        "warm pool target {before} -> {desired} (bounds {}..{}): {} new sessions in the last minute, {} in its busiest 10s; a new sandbox's startup {startup}, so the pool covers {}s of demand{}",
+        "warm pool target {before} -> {desired} (bounds {}..{}): {} new sessions in the last minute, at most {} within {}s (a new sandbox's startup {startup}, twice, and 2s to make it){}",
         bounds.min,
         bounds.max,
         demand.last_minute,
@@ -105,7 +105,7 @@ mod tests {
             scale_down_delay: Duration::from_secs(300),
         };
         let up = resized(&d, &b, 2, 48);
-        assert!(up.starts_with("warm pool target 2 -> 48 (bounds 2..100): 300 new sessions in the last minute, 80 in its busiest 10s; a new sandbox's startup 2s, so the pool covers 6s of demand"), "{up}");
+        assert!(up.starts_with("warm pool target 2 -> 48 (bounds 2..100): 300 new sessions in the last minute, at most 80 within 6s (a new sandbox's startup 2s, twice, and 2s to make it)"), "{up}");
         assert!(resized(&d, &b, 48, 2).ends_with("(lower after 300s of calm)"));
     }
 }
