@@ -135,6 +135,9 @@ pub const MAX_WARM_POOL: i32 = 200;
     validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message(
         "metadata.name must be a DNS-1123 label (lowercase letters, digits and '-', no dots) because it becomes part of pod, Service and Secret names"
     ),
+    validation = Rule::new("!self.metadata.name.matches('-(proxy|sandbox|client|service)$')").message(
+        "metadata.name must not end with -proxy, -sandbox, -client or -service: the instance's objects would share names with those of the instance named without it (cli-mcp-<n>-proxy is both instance <n>-proxy's server and instance <n>'s credential proxy); choose another name"
+    ),
     validation = Rule::new(
         "!has(self.spec) || !has(self.spec.proxy) || self.spec.proxy.targets.all(t, !has(t.secretName) || !(t.secretName in ['cli-mcp-' + self.metadata.name + '-hmac', 'cli-mcp-' + self.metadata.name + '-tls', 'cli-mcp-' + self.metadata.name + '-service-tls', 'cli-mcp-' + self.metadata.name + '-proxy-ca']))"
     ).message(

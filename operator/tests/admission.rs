@@ -314,6 +314,15 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
     let msg = rejected(&c, &ns, &long, json!({})).await;
     assert!(msg.contains("at most 44 characters"), "{msg}");
 
+    // A name that ends as another instance's derived name does: instance `web-proxy`'s
+    // server would be instance `web`'s credential proxy (Deployment, ServiceAccount, Role),
+    // `web-client`'s the client Role, `web-sandbox`'s the sandbox ServiceAccount,
+    // `web-service`'s CA ConfigMap and TLS Secret those of `web`'s serving certificate.
+    for suffix in ["proxy", "sandbox", "client", "service"] {
+        let msg = rejected(&c, &ns, &format!("web-{suffix}"), json!({})).await;
+        assert!(msg.contains("must not end with -proxy, -sandbox"), "{suffix}: {msg}");
+    }
+
     // The boundaries themselves are accepted.
     let ok = instance(
         &"b".repeat(44),
