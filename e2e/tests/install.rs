@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cli_mcp_api::names::label;
-use cli_mcp_e2e::journey::{sandbox_selector, stdout, tools, Env};
+use cli_mcp_e2e::journey::{hack_bin_dir, sandbox_selector, stdout, tools, Env};
 use cli_mcp_e2e::real_node_rig::RealNodeRig;
 use cli_mcp_e2e::registry::RegistryInfo;
 use cli_mcp_e2e::testing::{wait_deployment_ready, workspace_root, TestCluster, TIMEOUT};
@@ -332,6 +332,12 @@ async fn a_release_installs_from_the_registry_with_kustomize_and_helm_and_upgrad
         );
     }
     assert_manifests_pinned(&published, &out, &release);
+    // The bundle image crane made, pulled from the registry and read as OLM reads it.
+    let sdk = hack_bin_dir("build-operator-sdk.sh").join("operator-sdk");
+    let bundle = published["bundle"].as_str().expect("the bundle image");
+    run(Command::new(sdk)
+        .args(["bundle", "validate", bundle, "--image-builder", "none"])
+        .env("SSL_CERT_FILE", &reg.ca));
     eprintln!("install: published in {:.1?}", t.elapsed());
 
     let t = Instant::now();
