@@ -147,7 +147,7 @@ fn sandbox_pods(
 /// for pods deleted during the gap: what the relist did not report is forgotten at its end,
 /// so the map holds the pods that exist, not every pod there ever was.
 struct Fingerprints {
-    /// Pod key -> (fingerprint, assigned).
+    /// Pod key -> (fingerprint, ever seen assigned).
     seen: HashMap<String, (u64, bool)>,
     /// The pods a list in progress reported so far.
     listing: Option<HashSet<String>>,
@@ -176,17 +176,20 @@ impl Fingerprints {
                 if let Some(listing) = self.listing.as_mut() {
                     listing.insert(k.clone());
                 }
-                let fp = (pod_fingerprint(&p), p.is_assigned());
-                let before = self.seen.insert(k, fp);
+                let fp = pod_fingerprint(&p);
+                let assigned = p.is_assigned();
+                let before = self.seen.get(&k).copied();
+                let ever = before.map(|(_, ever)| ever);
+                self.seen.insert(k, (fp, assigned || ever == Some(true)));
                 let listing = self.listing.is_some();
-                if demand::starts_session(before.map(|b| b.1), listing, fp.1, p.is_deleting()) {
+                if demand::starts_session(ever, listing, assigned, p.is_deleting()) {
                     if let (Some(ns), Some(instance)) =
                         (p.namespace(), p.labels().get(label::INSTANCE))
                     {
                         self.starts.record(&ns, instance, Instant::now());
                     }
                 }
-                (before != Some(fp)).then_some(p)
+                (before.map(|(fp, _)| fp) != Some(fp)).then_some(p)
             }
             watcher::Event::InitDone => {
                 if let Some(listed) = self.listing.take() {
@@ -707,6 +710,7 @@ mod tests {
     fn the_watch_records_claims_and_cold_starts_once_and_not_what_it_lists() {
         use watcher::Event;
         let starts = SessionStarts::default();
+        starts.follow("ns", "demo");
         let mut f = Fingerprints::new(starts.clone());
         let count = || starts.ages("ns", "demo", std::time::Instant::now()).len();
         // What the first list finds may have started any time: not counted.
@@ -721,11 +725,18 @@ mod tests {
         f.passes(Event::Apply(watched("cold", Some("s2"))));
         f.passes(Event::Apply(watched("refill", None)));
         assert_eq!(count(), 2);
-        // A relist after a gap in which the refill pod was claimed.
+        // A relist after a gap in which the refill pod was claimed: not counted (every
+        // claim of the gap would look like one burst at the relist).
         f.passes(Event::Init);
         f.passes(Event::InitApply(watched("refill", Some("s3"))));
         f.passes(Event::InitApply(watched("unknown", Some("s4"))));
         f.passes(Event::InitDone);
+        assert_eq!(count(), 2);
+        // A label taken off and put back (by anyone who may patch pods) counts once.
+        f.passes(Event::Apply(watched("again", None)));
+        f.passes(Event::Apply(watched("again", Some("s5"))));
+        f.passes(Event::Apply(watched("again", None)));
+        f.passes(Event::Apply(watched("again", Some("s6"))));
         assert_eq!(count(), 3);
     }
 

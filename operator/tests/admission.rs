@@ -320,7 +320,10 @@ async fn invalid_instances_are_rejected_with_a_clear_message() {
     // `web-service`'s CA ConfigMap and TLS Secret those of `web`'s serving certificate.
     for suffix in ["proxy", "sandbox", "client", "service"] {
         let msg = rejected(&c, &ns, &format!("web-{suffix}"), json!({})).await;
-        assert!(msg.contains("must not end with -proxy, -sandbox"), "{suffix}: {msg}");
+        assert!(
+            msg.contains("must not end with -proxy, -sandbox"),
+            "{suffix}: {msg}"
+        );
     }
 
     // The boundaries themselves are accepted.

@@ -51,8 +51,10 @@ async fn cold_session(ns: &TestNamespace, cr: &CliMcpInstance, sid: &str) {
         .expect("create a cold session pod");
 }
 
-/// The targets the operator's `WarmPoolResized` Events name, oldest first.
-async fn resizes(ns: &TestNamespace) -> Vec<(i32, i32)> {
+/// The targets the operator's `WarmPoolResized` Events name, with when each was made, oldest
+/// first. Each Event stands for one resize: a repeat folded into an earlier one's series
+/// would hide a target reached twice, so none may have a series.
+async fn resizes(ns: &TestNamespace) -> Vec<(i32, i32, k8s_openapi::jiff::Timestamp)> {
     let mut events: Vec<Event> = ns
         .api::<Event>()
         .list(&ListParams::default())
@@ -62,7 +64,8 @@ async fn resizes(ns: &TestNamespace) -> Vec<(i32, i32)> {
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some("WarmPoolResized"))
         .collect();
-    events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+    assert!(events.iter().all(|e| e.series.is_none()), "{events:?}");
+    events.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
     events
         .iter()
         .filter_map(|e| {
@@ -70,7 +73,11 @@ async fn resizes(ns: &TestNamespace) -> Vec<(i32, i32)> {
             let rest = note.strip_prefix("warm pool target ")?;
             let (from, rest) = rest.split_once(" -> ")?;
             let to = rest.split_whitespace().next()?;
-            Some((from.parse().ok()?, to.parse().ok()?))
+            Some((
+                from.parse().ok()?,
+                to.parse().ok()?,
+                e.event_time.clone()?.0,
+            ))
         })
         .collect()
 }
@@ -102,11 +109,29 @@ async fn a_burst_grows_the_pool_at_once_and_a_calm_shrinks_it_without_churn() {
     for i in MIN as usize..ARRIVALS {
         cold_session(&ns, &cr, &format!("cold{i}")).await;
     }
-    // 20 sessions within a few seconds: a lead (at least 5 s) holds most or all of them.
+    // 20 sessions within a few seconds: a lead (at least 5 s) holds most or all of them, and
+    // never more than arrived.
     let grown = wait_for(
         instances.clone(),
         "demand",
-        "the pool grown and full",
+        "the pool grown",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.warm_pool.desired >= 10)
+        },
+    )
+    .await;
+    let st = op.ok(grown).expect("instance").status.expect("status");
+    assert!(st.warm_pool.desired <= ARRIVALS as i32, "{st:?}");
+    assert!(
+        st.warm_pool.sessions_last_minute.unwrap_or(0) >= ARRIVALS as i32,
+        "{st:?}"
+    );
+    let filled = wait_for(
+        instances.clone(),
+        "demand",
+        "the grown pool full",
         TIMEOUT,
         |o: Option<&CliMcpInstance>| {
             o.and_then(|o| o.status.as_ref()).is_some_and(|s| {
@@ -115,13 +140,7 @@ async fn a_burst_grows_the_pool_at_once_and_a_calm_shrinks_it_without_churn() {
         },
     )
     .await;
-    let grown = op.ok(grown).expect("instance");
-    let st = grown.status.expect("status");
-    assert!(st.warm_pool.desired <= MAX, "{st:?}");
-    assert!(
-        st.warm_pool.sessions_last_minute.unwrap_or(0) >= ARRIVALS as i32,
-        "{st:?}"
-    );
+    op.ok(filled);
 
     // Calm: back to min once the burst has left the last minute and the delay has passed.
     let shrunk = wait_for(
@@ -141,20 +160,28 @@ async fn a_burst_grows_the_pool_at_once_and_a_calm_shrinks_it_without_churn() {
     // No churn: the target only rose, then only fell, and each pod the shrink deleted was
     // one the growth had made (a pod made and deleted in turn would show as more deletes).
     let steps = resizes(&ns).await;
-    eprintln!("warm pool targets (from, to): {steps:?}");
+    eprintln!("warm pool targets (from, to, when): {steps:?}");
     assert!(!steps.is_empty(), "no WarmPoolResized event");
     let peak = steps.iter().map(|s| s.1).max().unwrap_or(MIN);
     let top = steps.iter().position(|s| s.1 == peak).unwrap_or(0);
     assert!(
-        steps[..=top].iter().all(|(from, to)| to > from),
+        steps[..=top].iter().all(|(from, to, _)| to > from),
         "{steps:?}"
     );
     assert!(
-        steps[top + 1..].iter().all(|(from, to)| to < from),
+        steps[top + 1..].iter().all(|(from, to, _)| to < from),
         "{steps:?}"
     );
     assert_eq!(steps.first().map(|s| s.0), Some(MIN), "{steps:?}");
     assert_eq!(steps.last().map(|s| s.1), Some(MIN), "{steps:?}");
+    // The hold: back at min only once the burst left the last minute (60 s after its first
+    // session) and a scaleDownDelay (30 s) passed after that last high recommendation: some
+    // 90 s after the burst began, less the few seconds it took to arrive and be seen. Without
+    // the hold it would be some 60 s.
+    let held = steps
+        .last()
+        .map(|s| s.2.duration_since(steps[top].2).as_secs_f64());
+    assert!(held.is_some_and(|h| h >= 75.0), "{held:?} {steps:?}");
     let surplus = op
         .metric("cli_mcp_operator_pool_pods_deleted_total{reason=\"surplus\"}")
         .await;

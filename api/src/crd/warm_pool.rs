@@ -1,6 +1,6 @@
 //! `spec.sandbox.warmPool`: a warm pool the operator sizes by demand, between bounds, instead
 //! of the fixed `spec.sandbox.warmPoolSize`. What the bounds mean as values is
-//! [`WarmPoolSizing`]; how the operator picks a size within them is its `pool::autoscale`.
+//! [`WarmPoolSizing`]; how the operator picks a size within them is its `demand::autoscale`.
 
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ pub struct WarmPoolBounds {
     ))]
     pub scale_down_delay: String,
 }
+
+const MIN_SCALE_DOWN_DELAY: Duration = Duration::from_secs(30);
+const MAX_SCALE_DOWN_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 fn default_scale_down_delay() -> String {
     "5m".into()
@@ -95,8 +98,10 @@ impl SandboxSpec {
         if b.min > b.max {
             return Err(bad(format!("min {} exceeds max {}", b.min, b.max)));
         }
-        let scale_down_delay =
-            parse_duration(&b.scale_down_delay).ok_or_else(|| CrdError::Duration {
+        // Admission's range: without it a delay of 0 would take away the hold.
+        let scale_down_delay = parse_duration(&b.scale_down_delay)
+            .filter(|d| (MIN_SCALE_DOWN_DELAY..=MAX_SCALE_DOWN_DELAY).contains(d))
+            .ok_or_else(|| CrdError::Duration {
                 field: "spec.sandbox.warmPool.scaleDownDelay",
                 value: b.scale_down_delay.clone(),
             })?;
@@ -151,6 +156,8 @@ mod tests {
             (spec(0, Some((0, 0, "5m"))), "max at least 1"),
             (spec(0, Some((0, 201, "5m"))), "within 0..=200"),
             (spec(0, Some((0, 2, "soon"))), "scaleDownDelay"),
+            (spec(0, Some((0, 2, "0s"))), "scaleDownDelay"),
+            (spec(0, Some((0, 2, "25h"))), "scaleDownDelay"),
         ] {
             let e = s.warm_pool_sizing().expect_err(says).to_string();
             assert!(e.contains(says), "{e}");

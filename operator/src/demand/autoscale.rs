@@ -3,8 +3,9 @@
 //! The pool must hold what sessions take while new warm pods are made. So:
 //! - **lead**: how long a session taken from the pool must be covered, twice the median
 //!   time this pool's Ready pods took from creation to Ready, plus two seconds for the
-//!   operator to see the claim and create (5 s to 60 s; 5 s of startup assumed before any
-//!   pod was measured);
+//!   operator to see the claim and create (5 s to 60 s). Only a pod Ready within a minute of
+//!   its creation is a sample (a later Ready is a restart or a flap, not a start); without
+//!   one now the last measured startup holds, and 5 s before any;
 //! - the recommendation is the most new sessions that arrived within one lead, over the
 //!   last minute, within `min..=max`: a steady rate asks for rate × lead, a burst of N at
 //!   once for N.
@@ -26,6 +27,9 @@ use super::KEPT_FOR;
 
 /// Startup assumed until a pod of the pool was measured.
 pub const DEFAULT_STARTUP: Duration = Duration::from_secs(5);
+/// A pod Ready later than this after its creation did not just start (it restarted, or its
+/// readiness flapped): not a startup sample.
+pub const MAX_STARTUP_SAMPLE: Duration = Duration::from_secs(60);
 /// Time for the operator to see a claim and create the replacement, beyond the pod's own
 /// startup.
 pub const REACTION: Duration = Duration::from_secs(2);
@@ -47,11 +51,12 @@ pub struct Demand {
 }
 
 impl Demand {
-    /// From the ages of the last minute's session starts (any order) and the pool's pods.
-    pub fn read(mut ages: Vec<Duration>, pool: &[&Pod]) -> Self {
+    /// From the ages of the last minute's session starts (any order) and the pool's pods;
+    /// `known_startup` is the startup measured before, for when no pod gives one now.
+    pub fn read(mut ages: Vec<Duration>, pool: &[&Pod], known_startup: Option<Duration>) -> Self {
         ages.retain(|a| *a <= KEPT_FOR);
         ages.sort();
-        let startup = startup_time(pool);
+        let startup = startup_time(pool).or(known_startup);
         Self {
             last_minute: ages.len(),
             busiest: busiest(&ages, lead(startup)),
@@ -77,6 +82,7 @@ fn lead(startup: Option<Duration>) -> Duration {
 
 /// Most starts within any `window` of the sorted `ages`.
 fn busiest(ages: &[Duration], window: Duration) -> usize {
+    debug_assert!(window > Duration::ZERO, "an empty window never advances");
     let mut best = 0;
     let mut first = 0;
     for (last, age) in ages.iter().enumerate() {
@@ -88,8 +94,10 @@ fn busiest(ages: &[Duration], window: Duration) -> usize {
     best
 }
 
-/// The median time the Ready pods of `pool` took from creation to Ready, from their
-/// `creationTimestamp` and their Ready condition's `lastTransitionTime` (whole seconds).
+/// The (lower) median time the Ready pods of `pool` took from creation to Ready, from their
+/// `creationTimestamp` and their Ready condition's `lastTransitionTime` (whole seconds; the
+/// API server's clock against the kubelet's). Pods Ready more than [`MAX_STARTUP_SAMPLE`]
+/// after their creation are left out.
 pub fn startup_time(pool: &[&Pod]) -> Option<Duration> {
     let mut took: Vec<Duration> = pool
         .iter()
@@ -107,11 +115,13 @@ pub fn startup_time(pool: &[&Pod]) -> Option<Duration> {
                 .as_ref()?
                 .0;
             let secs = ready.duration_since(created).as_secs_f64();
-            (secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+            (0.0..=MAX_STARTUP_SAMPLE.as_secs_f64())
+                .contains(&secs)
+                .then(|| Duration::from_secs_f64(secs))
         })
         .collect();
     took.sort();
-    took.get(took.len() / 2).copied()
+    took.get(took.len().saturating_sub(1) / 2).copied()
 }
 
 /// One instance's sizing memory: the recommendations of the last `scaleDownDelay`, and the
@@ -120,6 +130,8 @@ pub fn startup_time(pool: &[&Pod]) -> Option<Duration> {
 pub struct Autoscaler {
     history: VecDeque<(Instant, i32)>,
     last: Option<i32>,
+    /// The last startup measured from the pool's pods (a drained pool measures none).
+    startup: Option<Duration>,
 }
 
 impl Autoscaler {
@@ -160,6 +172,16 @@ impl Autoscaler {
     /// The size [`Self::target`] last chose, if it ever did in this process.
     pub fn last(&self) -> Option<i32> {
         self.last
+    }
+
+    /// The startup measured last, if any.
+    pub fn startup(&self) -> Option<Duration> {
+        self.startup
+    }
+
+    /// Keeps `startup` as the last measured one.
+    pub fn measured(&mut self, startup: Option<Duration>) {
+        self.startup = startup.or(self.startup);
     }
 }
 
@@ -217,7 +239,7 @@ mod tests {
         // 10 sessions a second, pods Ready in 2 s: lead 2 × 2 + 2 = 6 s, 60 warm.
         let pods = [pool_pod(2, true), pool_pod(2, true), pool_pod(9, false)];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let d = Demand::read(steady(10.0), &refs);
+        let d = Demand::read(steady(10.0), &refs, None);
         assert_eq!(d.startup, Some(Duration::from_secs(2)));
         assert_eq!(d.last_minute, 600);
         assert_eq!(d.lead(), Duration::from_secs(6));
@@ -228,21 +250,40 @@ mod tests {
     #[test]
     fn a_burst_counts_at_once_and_no_demand_asks_for_min() {
         // 100 at once, nothing measured yet: the next burst like it is served warm.
-        let d = Demand::read(vec![Duration::from_secs(1); 100], &[]);
+        let d = Demand::read(vec![Duration::from_secs(1); 100], &[], None);
         assert_eq!((d.busiest, d.lead()), (100, Duration::from_secs(12)));
         assert_eq!(d.recommend(&bounds(3, 200, 300)), 100);
-        let none = Demand::read(Vec::new(), &[]);
+        let none = Demand::read(Vec::new(), &[], None);
         assert_eq!(none.recommend(&bounds(3, 200, 300)), 3);
     }
 
     #[test]
     fn the_lead_is_bounded() {
-        let slow = [pool_pod(600, true)];
+        let slow = [pool_pod(50, true)];
         let refs: Vec<&Pod> = slow.iter().collect();
-        assert_eq!(Demand::read(Vec::new(), &refs).lead(), MAX_LEAD);
+        assert_eq!(Demand::read(Vec::new(), &refs, None).lead(), MAX_LEAD);
         let instant = [pool_pod(0, true)];
         let refs: Vec<&Pod> = instant.iter().collect();
-        assert_eq!(Demand::read(Vec::new(), &refs).lead(), MIN_LEAD);
+        assert_eq!(Demand::read(Vec::new(), &refs, None).lead(), MIN_LEAD);
+    }
+
+    #[test]
+    fn a_restart_is_no_startup_and_a_drained_pool_keeps_the_last_one() {
+        // Ready an hour after its creation: it restarted or flapped, not started.
+        let old = [pool_pod(3600, true), pool_pod(3, true)];
+        let refs: Vec<&Pod> = old.iter().collect();
+        assert_eq!(startup_time(&refs), Some(Duration::from_secs(3)));
+        // Two samples: the lower one (a first image pull is the slower).
+        let two = [pool_pod(2, true), pool_pod(30, true)];
+        let refs: Vec<&Pod> = two.iter().collect();
+        assert_eq!(startup_time(&refs), Some(Duration::from_secs(2)));
+        // Nothing Ready now: what was measured before holds.
+        let d = Demand::read(Vec::new(), &[], Some(Duration::from_secs(4)));
+        assert_eq!(d.lead(), Duration::from_secs(10));
+        let mut a = Autoscaler::default();
+        a.measured(Some(Duration::from_secs(4)));
+        a.measured(None);
+        assert_eq!(a.startup(), Some(Duration::from_secs(4)));
     }
 
     #[test]

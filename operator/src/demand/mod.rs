@@ -5,7 +5,10 @@
 //!
 //! They are counted from the watch's events rather than from the cache at reconcile time:
 //! a session that ends within a reconcile's time would not be in the cache to count, and
-//! an alert storm is exactly many short sessions at once.
+//! an alert storm is exactly many short sessions at once. Only instances sized by demand
+//! are followed ([`SessionStarts::follow`], by their reconcile), so a pod labelled with an
+//! instance that does not exist, or does not size its pool by demand, costs no memory; and
+//! each pod counts once, however often its `session-id` label comes and goes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -18,9 +21,10 @@ type Starts = VecDeque<Instant>;
 
 /// How long a session start is kept: the longest window the sizing reads.
 pub const KEPT_FOR: Duration = Duration::from_secs(60);
-/// Most starts kept per instance; more than any cluster starts pods in [`KEPT_FOR`], so the
-/// count is exact, and a bound on the memory a flood of pod events can take.
-const MAX_KEPT: usize = 20_000;
+/// Most starts kept per instance: far more than the largest pool (200) the count decides,
+/// and a bound on the memory a flood of pod events can take. The last minute's count in the
+/// status stops there.
+const MAX_KEPT: usize = 4096;
 
 /// The session starts of every instance in the last [`KEPT_FOR`], shared between the pod
 /// watch (which records) and the reconciles (which read).
@@ -28,12 +32,20 @@ const MAX_KEPT: usize = 20_000;
 pub struct SessionStarts(Arc<Mutex<HashMap<(String, String), Starts>>>);
 
 impl SessionStarts {
-    /// A session of `instance` in `namespace` started at `at`.
+    /// From now on, record the session starts of `instance` in `namespace`.
+    pub fn follow(&self, namespace: &str, instance: &str) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.entry((namespace.to_owned(), instance.to_owned()))
+            .or_default();
+    }
+
+    /// A session of `instance` in `namespace` started at `at`; dropped unless the instance
+    /// is followed.
     pub fn record(&self, namespace: &str, instance: &str, at: Instant) {
         let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let starts = all
-            .entry((namespace.to_owned(), instance.to_owned()))
-            .or_default();
+        let Some(starts) = all.get_mut(&(namespace.to_owned(), instance.to_owned())) else {
+            return;
+        };
         prune(starts, at);
         if starts.len() == MAX_KEPT {
             starts.pop_front();
@@ -49,10 +61,8 @@ impl SessionStarts {
             return Vec::new();
         };
         prune(starts, now);
-        if starts.is_empty() {
-            all.remove(&key);
-            return Vec::new();
-        }
+        // A flood's memory goes back once it has aged out.
+        starts.shrink_to(starts.len().max(16));
         starts
             .iter()
             .rev()
@@ -60,7 +70,7 @@ impl SessionStarts {
             .collect()
     }
 
-    /// The instance is gone.
+    /// The instance is gone, or no longer sized by demand: stop following it.
     pub fn forget(&self, namespace: &str, instance: &str) {
         let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
         all.remove(&(namespace.to_owned(), instance.to_owned()));
@@ -76,16 +86,17 @@ fn prune(starts: &mut Starts, now: Instant) {
     }
 }
 
-/// Whether a pod event shows a session starting. `before` is whether the watch last saw the
-/// pod assigned (`None`: never saw it); `listing` is true while the watch (re)lists, when a
-/// pod it never saw may have started long ago, so only a pod seen unassigned before counts.
-pub fn starts_session(before: Option<bool>, listing: bool, assigned: bool, deleting: bool) -> bool {
-    assigned
-        && !deleting
-        && match before {
-            Some(was_assigned) => !was_assigned,
-            None => !listing,
-        }
+/// Whether a pod event shows a session starting. `ever_assigned` is whether the watch ever
+/// saw this pod assigned (`None`: never saw the pod), so a pod counts once however often
+/// its label comes and goes. Nothing a (re)list reports counts: the claims made while the
+/// watch was away would all be stamped with the relist's moment, one false burst.
+pub fn starts_session(
+    ever_assigned: Option<bool>,
+    listing: bool,
+    assigned: bool,
+    deleting: bool,
+) -> bool {
+    assigned && !deleting && !listing && ever_assigned != Some(true)
 }
 
 #[cfg(test)]
@@ -97,9 +108,10 @@ mod tests {
         // A warm pod claimed; a pod that appears assigned (cold start).
         assert!(starts_session(Some(false), false, true, false));
         assert!(starts_session(None, false, true, false));
-        // Seen unassigned before a relist, assigned in it: claimed during the gap.
-        assert!(starts_session(Some(false), true, true, false));
-        // Already assigned; a pod first seen by a (re)list; a pool pod; a pod going away.
+        // What a relist reports, claimed during the gap or not.
+        assert!(!starts_session(Some(false), true, true, false));
+        // Assigned before (again, after its label went and came back); a pod first seen by
+        // a (re)list; a pool pod; a pod going away.
         assert!(!starts_session(Some(true), false, true, false));
         assert!(!starts_session(None, true, true, false));
         assert!(!starts_session(None, false, false, false));
@@ -110,6 +122,10 @@ mod tests {
     fn starts_are_kept_for_a_minute_per_instance() {
         let log = SessionStarts::default();
         let t0 = Instant::now();
+        log.record("ns", "a", t0);
+        assert!(log.ages("ns", "a", t0).is_empty(), "not followed: dropped");
+        log.follow("ns", "a");
+        log.follow("ns", "b");
         log.record("ns", "a", t0);
         log.record("ns", "a", t0 + Duration::from_secs(30));
         log.record("ns", "b", t0 + Duration::from_secs(30));
@@ -122,6 +138,7 @@ mod tests {
         assert_eq!(log.ages("ns", "a", later), vec![Duration::from_secs(50)]);
         assert_eq!(log.ages("other", "a", later), Vec::<Duration>::new());
         log.forget("ns", "b");
+        log.record("ns", "b", now);
         assert!(log.ages("ns", "b", now).is_empty());
     }
 
@@ -129,6 +146,7 @@ mod tests {
     fn a_flood_of_starts_is_bounded() {
         let log = SessionStarts::default();
         let t0 = Instant::now();
+        log.follow("ns", "a");
         for _ in 0..MAX_KEPT + 10 {
             log.record("ns", "a", t0);
         }

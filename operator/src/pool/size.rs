@@ -10,9 +10,10 @@ use kube::runtime::events::EventType;
 
 use cli_mcp_api::crd::{CliMcpInstance, DemandBounds, WarmPoolSizing};
 
-use super::instance_pods;
+use super::{failing_state, instance_pods};
 use crate::children::Spec;
 use crate::context::Context;
+use crate::demand::autoscale::Autoscaler;
 use crate::demand::autoscale::{Demand, RECHECK};
 
 /// The size the pool aims at, and what the status says of it.
@@ -28,30 +29,38 @@ pub struct PoolSize {
 
 /// The size `cr`'s pool aims at now (no client but the Event of a change).
 pub async fn size(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> PoolSize {
+    let (uid, starts) = (&spec.owner.uid, &ctx.stores.session_starts);
     let bounds = match spec.warm_pool {
         WarmPoolSizing::Fixed(desired) => {
+            // Sized by demand before: its memory must not come back if it is again.
+            starts.forget(&spec.namespace, spec.name.as_str());
+            ctx.pool
+                .with_autoscaler(uid, |a| *a = Autoscaler::default());
             return PoolSize {
                 desired,
                 sessions_last_minute: None,
                 recheck: None,
-            }
+            };
         }
         WarmPoolSizing::ByDemand(bounds) => bounds,
     };
+    starts.follow(&spec.namespace, spec.name.as_str());
     let now = Instant::now();
-    let ages = ctx
-        .stores
-        .session_starts
-        .ages(&spec.namespace, spec.name.as_str(), now);
+    let ages = starts.ages(&spec.namespace, spec.name.as_str(), now);
     let pods = instance_pods(&ctx.stores.pods.state(), &spec.namespace, &spec.name);
     let pool: Vec<&Pod> = pods.iter().filter_map(|p| p.unassigned()).collect();
-    let demand = Demand::read(ages, &pool);
-    let recommended = demand.recommend(&bounds);
     // What the status last said, for a process that has not sized this pool yet.
     let reported = cr.status.as_ref().map(|s| s.warm_pool.desired);
-    let (before, desired) = ctx.pool.with_autoscaler(&spec.owner.uid, |a| {
+    let (demand, before, desired) = ctx.pool.with_autoscaler(uid, |a| {
+        let demand = Demand::read(ages, &pool, a.startup());
+        a.measured(demand.startup);
         let before = a.last().or(reported);
-        (before, a.target(recommended, &bounds, reported, now))
+        let recommended = held_while_failing(demand.recommend(&bounds), before, &pool);
+        (
+            demand,
+            before,
+            a.target(recommended, &bounds, reported, now),
+        )
     });
     if let Some(before) = before.filter(|b| *b != desired) {
         let note = resized(&demand, &bounds, before, desired);
@@ -65,6 +74,17 @@ pub async fn size(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> PoolSize {
         desired,
         sessions_last_minute: Some(i32::try_from(demand.last_minute).unwrap_or(i32::MAX)),
         recheck: (!settled).then_some(RECHECK),
+    }
+}
+
+/// `recommended`, but no more than `before` while a pool pod cannot be placed or started:
+/// more pods would only wait beside it, and take the node's room from the sessions' own
+/// pods. (An overloaded node also starts pods slowly, which lengthens the lead and so the
+/// recommendation: this keeps that from feeding itself.)
+fn held_while_failing(recommended: i32, before: Option<i32>, pool: &[&Pod]) -> i32 {
+    match before {
+        Some(before) if pool.iter().any(|p| failing_state(p).is_some()) => recommended.min(before),
+        _ => recommended,
     }
 }
 
@@ -91,6 +111,31 @@ fn resized(demand: &Demand, bounds: &DemandBounds, before: i32, desired: i32) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_pod_that_cannot_start_holds_the_target() {
+        let unschedulable: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable", "message": "0/1 nodes: Too many pods"}]}
+        }))
+        .expect("pod");
+        let fine: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "q"}, "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        assert_eq!(
+            held_while_failing(50, Some(20), &[&fine, &unschedulable]),
+            20
+        );
+        assert_eq!(
+            held_while_failing(10, Some(20), &[&unschedulable]),
+            10,
+            "shrinking is not held"
+        );
+        assert_eq!(held_while_failing(50, Some(20), &[&fine]), 50);
+        assert_eq!(held_while_failing(50, None, &[&unschedulable]), 50);
+    }
 
     #[test]
     fn a_resize_says_from_what_to_what_and_why() {
