@@ -61,7 +61,7 @@ bench: prereqs control-plane tools gvisor build ## speed and memory figures, pri
 	$(TARGET_DIR)/release/cli-mcp-bench agent --agent $(TARGET_DIR)/release/cli-mcp-agent
 	$(TARGET_DIR)/release/cli-mcp-bench images
 	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet
-	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --node real --runtimes runc,gvisor --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet --starts 20 --calls 300 --sessions 50 --commands 50 --admission-limit 50 --idle 200
+	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench cluster --node real --runtimes runc,gvisor --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/debug/cli-mcp-kubelet --starts 20 --calls 300 --sessions 50 --commands 50 --admission-limit 50 --idle 200 --arrivals 2
 	env -u CLI_MCP_KUBECONFIG CLI_MCP_CLUSTER_BIN=$(TARGET_DIR)/debug/cli-mcp-cluster $(TARGET_DIR)/release/cli-mcp-bench proxy --proxy $(TARGET_DIR)/release/cli-mcp-proxy
 	env -u CLI_MCP_KUBECONFIG $(TARGET_DIR)/release/cli-mcp-bench scale --bin-dir $(TARGET_DIR)/release --kubelet $(TARGET_DIR)/release/cli-mcp-kubelet
 	$(CARGO) bench -p cli-mcp-server --bench server

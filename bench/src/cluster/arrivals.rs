@@ -45,6 +45,9 @@ pub(super) struct Arrivals {
     max: u32,
     /// Sandbox pods of the instance that became Ready while the arrivals went on, per second.
     node_start_rate: Option<f64>,
+    /// The host's CPU time busy (all processes: control plane, node, server, bench) and the
+    /// time available, over the arrivals, in CPU-seconds.
+    host_cpu: Option<(f64, f64)>,
     /// status.warmPool at the end of the arrivals: desired, and the last minute's sessions.
     last_status: Option<(i32, Option<i32>)>,
 }
@@ -75,6 +78,7 @@ pub(super) async fn measure(env: &Env, rate: u32, secs: u32) -> anyhow::Result<A
     super::converge_pool(env, NAME, i32::try_from(min)?).await?;
     let svc = env.client(NAME).await;
     let began = k8s_openapi::jiff::Timestamp::now();
+    let cpu_before = host_cpu();
     let mut tasks = JoinSet::new();
     let apart = Duration::from_secs(1) / rate.max(1);
     let mut tick = tokio::time::interval(apart);
@@ -105,6 +109,7 @@ pub(super) async fn measure(env: &Env, rate: u32, secs: u32) -> anyhow::Result<A
         resizes: Vec::new(),
         max,
         node_start_rate: None,
+        host_cpu: None,
         last_status: None,
     };
     while let Some(joined) = tasks.join_next().await {
@@ -121,7 +126,11 @@ pub(super) async fn measure(env: &Env, rate: u32, secs: u32) -> anyhow::Result<A
         .and_then(|o| o.status)
         .map(|s| (s.warm_pool.desired, s.warm_pool.sessions_last_minute));
     out.resizes = resizes(env).await;
-    out.node_start_rate = started_per_second(env, began, k8s_openapi::jiff::Timestamp::now()).await;
+    let ended = k8s_openapi::jiff::Timestamp::now();
+    out.node_start_rate = started_per_second(env, began, ended).await;
+    out.host_cpu = cpu_before
+        .zip(host_cpu())
+        .map(|((b0, t0), (b1, t1))| (b1 - b0, t1 - t0));
     drop(svc);
     instances
         .delete(NAME, &Default::default())
@@ -150,6 +159,23 @@ async fn started_per_second(
         .count();
     let secs = to.duration_since(from).as_secs_f64();
     (secs > 0.0).then(|| ready as f64 / secs)
+}
+
+/// The host's CPU time so far, busy and in all, in CPU-seconds (`/proc/stat`'s first line;
+/// idle and iowait are not busy).
+fn host_cpu() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let all: f64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    // USER_HZ is 100 on Linux.
+    Some(((all - idle) / 100.0, all / 100.0))
 }
 
 /// The (from, to) of every `WarmPoolResized` Event of the namespace, oldest first.
@@ -231,6 +257,16 @@ impl Arrivals {
         if let Some(r) = self.node_start_rate {
             println!("| sandbox pods the node got Ready meanwhile, per second | {r:.1} |");
         }
+        if let Some((busy, all)) = self.host_cpu {
+            let per_pod = self
+                .node_start_rate
+                .filter(|r| *r > 0.0)
+                .map(|r| busy / (r * all / num_cpus()));
+            println!(
+                "| the host's CPU meanwhile: busy / available (per pod made Ready) | {busy:.0} / {all:.0} CPU-s ({}) |",
+                per_pod.map_or("–".into(), |c| format!("{c:.2} CPU-s"))
+            );
+        }
         if let Some((desired, last_minute)) = self.last_status {
             println!(
                 "| status at the end: warmPool.desired, sessionsLastMinute | {desired}, {} |",
@@ -239,6 +275,11 @@ impl Arrivals {
         }
         crate::figures::first_errors(&self.errors);
     }
+}
+
+/// The host's CPUs (what `/proc/stat`'s first line sums over).
+fn num_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
 #[cfg(test)]
