@@ -6,11 +6,18 @@
 #
 # Cached in two levels OUTSIDE the repo, each published atomically (built in a temporary
 # directory, renamed into place):
-#   $CLI_MCP_CACHE/images/rootfs/<hash>  the Debian layers, keyed by images/rootfs.sh, the
-#        package lists, ARCH, SOURCE_DATE_EPOCH, the mirrors and the host's apt InRelease files
-#        (so `apt-get update` picking up a new Debian point release or security fix rebuilds)
+#   $CLI_MCP_CACHE/images/rootfs/<hash>  the Debian layers, keyed by images/rootfs.sh,
+#        images/debian-pins.sh, the package lists and their pins (images/*/debian-packages*),
+#        ARCH and SOURCE_DATE_EPOCH: the pins name every package by version and sha256, so
+#        nothing else in the archive can change these layers
 #   $CLI_MCP_CACHE/images/<hash>         the archives, keyed by this script, images/**, the
 #        Debian layers and their package versions, our binaries, kubectl and yq
+#   $CLI_MCP_CACHE/debian-debs/<sha256>.deb  the pinned .debs, by content (images/debian-pins.sh)
+#
+# Same inputs (the pins, our binaries, kubectl, yq, SOURCE_DATE_EPOCH, TAG, ARCH) give the same
+# bytes: every tar is sorted with fixed owners and clamped mtimes, every timestamp in a config
+# is SOURCE_DATE_EPOCH, and no path of the build machine lands in a layer
+# (e2e/tests/images_reproducible.rs builds twice and compares).
 #
 # The last line on stdout is the directory holding the archives (everything else: stderr):
 #   dir="$(hack/build-images.sh | tail -n1)"
@@ -26,18 +33,22 @@
 #   CLI_MCP_BIN_DIR    cli-mcp-{operator,server,proxy,agent} (default: $CARGO_TARGET_DIR/release,
 #                      built with cargo build --release when missing)
 #   KUBECTL            kubectl binary (default: the one hack/build-control-plane.sh builds)
-#   DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR  apt sources (default: deb.debian.org)
+#   DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR  where the pinned .debs are downloaded from
+#                      (default: deb.debian.org); not part of any key, the sha256 pins are
 #   CLI_MCP_CACHE      (default /var/cache/cli-mcp); GOFLAGS/GOPROXY as usual for yq.
+#   CLI_MCP_IMAGES_CACHE  the two image levels only (default $CLI_MCP_CACHE/images): a clean
+#                      one rebuilds every layer while the .debs, yq and kubectl stay cached
 set -euo pipefail
+# The caller's locale, time zone and umask must not reach the bytes: globs and sort in one
+# collation, dates in UTC, files and directories this script creates 0644/0755.
+export LC_ALL=C TZ=UTC
+umask 022
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 IMAGES_DIR="$root/images"
 cache_root="${CLI_MCP_CACHE:-/var/cache/cli-mcp}"
-cache="$cache_root/images"
+cache="${CLI_MCP_IMAGES_CACHE:-$cache_root/images}"
 YQ_VERSION=v4.54.3
-DEBIAN_SUITE=bookworm
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-DEBIAN_SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 
 say() { printf 'images: %s\n' "$*" >&2; }
 die() {
@@ -45,6 +56,7 @@ die() {
     exit 1
 }
 
+# DEBIAN_SUITE and the mirrors' defaults are set there.
 # shellcheck source=images/rootfs.sh
 source "$IMAGES_DIR/rootfs.sh"
 # shellcheck source=hack/lib/apt.sh
@@ -55,6 +67,7 @@ pkgs=()
 command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
 command -v umoci >/dev/null || pkgs+=(umoci)
 command -v jq >/dev/null || pkgs+=(jq)
+command -v curl >/dev/null || pkgs+=(curl)
 command -v dpkg >/dev/null || die "dpkg not found: this script needs a Debian or Ubuntu host"
 if ((${#pkgs[@]})); then
     [[ $EUID -eq 0 ]] || die "missing ${pkgs[*]}; install them (apt-get install ${pkgs[*]}) or run as root"
@@ -85,7 +98,8 @@ if [[ -n ${SOURCE_DATE_EPOCH:-} ]]; then
     ROOTFS_EPOCH="$SOURCE_DATE_EPOCH"
 else
     SOURCE_DATE_EPOCH="$(commit_time images hack/build-images.sh)"
-    ROOTFS_EPOCH="$(commit_time images/rootfs.sh images/base/debian-packages images/sandbox/debian-packages)"
+    ROOTFS_EPOCH="$(commit_time images/rootfs.sh images/debian-pins.sh images/base images/sandbox/debian-packages \
+        'images/sandbox/debian-packages.*.lock')"
     [[ -n $SOURCE_DATE_EPOCH ]] || die "cannot read a commit time from git; set SOURCE_DATE_EPOCH"
     ROOTFS_EPOCH="${ROOTFS_EPOCH:-$SOURCE_DATE_EPOCH}"
 fi
@@ -143,11 +157,14 @@ exec 9>"$cache/.lock"
 flock 9
 
 # --- level 1: the Debian layers ---------------------------------------------------------------
-rootfs_key="$( (cat "$IMAGES_DIR/rootfs.sh" "$IMAGES_DIR/sandbox/debian-packages" \
-    "$IMAGES_DIR/base/debian-packages"
-    echo "$ARCH $ROOTFS_EPOCH $DEBIAN_SUITE $DEBIAN_MIRROR $DEBIAN_SECURITY_MIRROR"
+for lock in "$IMAGES_DIR"/{sandbox,base}/debian-packages."$ARCH".lock; do
+    [[ -s $lock ]] || die "no pinned Debian packages for ARCH=$ARCH: ${lock#"$root"/} is missing; \
+create it with \`ARCH=$ARCH images/debian-pins.sh refresh\` (as root) and commit it"
+done
+rootfs_key="$( (cat "$IMAGES_DIR/rootfs.sh" "$IMAGES_DIR/debian-pins.sh" "$IMAGES_DIR/sandbox/debian-packages" \
+    "$IMAGES_DIR/base/debian-packages" "$IMAGES_DIR"/{sandbox,base}/debian-packages."$ARCH".lock
+    echo "$ARCH $ROOTFS_EPOCH $DEBIAN_SUITE"
     mmdebstrap --version
-    cat /var/lib/apt/lists/*_dists_"${DEBIAN_SUITE}"{,-updates,-security}_InRelease 2>/dev/null || true
 ) | sha256sum | cut -c1-16)"
 rootfs="$cache/rootfs/$rootfs_key"
 if [[ ! -s $rootfs/sandbox.tar || ! -s $rootfs/base.tar ]]; then

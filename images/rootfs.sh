@@ -7,9 +7,11 @@
 #                      OUT/sandbox.packages and OUT/base.packages ("name version arch" lines)
 #   layer_tar DIR OUT  a reproducible layer tar of DIR (used for every layer)
 #
-# Needs: ARCH (Debian architecture), SOURCE_DATE_EPOCH, DEBIAN_SUITE, DEBIAN_MIRROR,
-# DEBIAN_SECURITY_MIRROR, and the package lists images/sandbox/debian-packages and
-# images/base/debian-packages (one name a line).
+# Needs: ARCH (Debian architecture), SOURCE_DATE_EPOCH, the package lists
+# images/sandbox/debian-packages and images/base/debian-packages (one name a line) and their
+# pins, images/{sandbox,base}/debian-packages.$ARCH.lock (images/debian-pins.sh). The .debs
+# are the pinned ones only: each is downloaded from DEBIAN_MIRROR / DEBIAN_SECURITY_MIRROR,
+# checked against its pinned sha256, and offered to mmdebstrap as the only repository.
 #
 # sandbox: mmdebstrap --variant=essential (dpkg, coreutils, dash, ... no apt) plus the listed
 #          packages, installed properly (maintainer scripts run, so the CA bundle exists);
@@ -22,6 +24,11 @@
 #          dynamically linked binaries need), nothing else: no shell, no dpkg. The CA bundle is
 #          the sandbox's /etc/ssl/certs/ca-certificates.crt (Debian ca-certificates). A dpkg
 #          status file lists what is in it, for image scanners.
+
+IMAGES_DIR="${IMAGES_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
+DEBIAN_SUITE=bookworm
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+DEBIAN_SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 
 # One layer tar: sorted names, numeric owners, no atime/ctime, mtimes clamped to
 # SOURCE_DATE_EPOCH, device nodes under /dev left out (the runtime creates them).
@@ -36,9 +43,13 @@ rootfs_packages() {
     grep -v '^[[:space:]]*\(#\|$\)' "$1" | paste -sd, -
 }
 
+# rootfs_mmdebstrap VARIANT PACKAGES DIR LOG SOURCE... [-- OPTION...]
 rootfs_mmdebstrap() {
     local variant="$1" packages="$2" dir="$3" log="$4"
     shift 4
+    local sources=()
+    while (($#)) && [[ $1 != -- ]]; do sources+=("$1"); shift; done
+    (($# == 0)) || shift
     mmdebstrap --variant="$variant" --include="$packages" --architectures="$ARCH" \
         --format=directory \
         --dpkgopt='path-exclude=/usr/share/doc/*' \
@@ -47,10 +58,7 @@ rootfs_mmdebstrap() {
         --dpkgopt='path-exclude=/usr/share/info/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/lintian/*' \
-        "$@" "$DEBIAN_SUITE" "$dir" \
-        "deb $DEBIAN_MIRROR $DEBIAN_SUITE main" \
-        "deb $DEBIAN_MIRROR $DEBIAN_SUITE-updates main" \
-        "deb $DEBIAN_SECURITY_MIRROR $DEBIAN_SUITE-security main" >"$log" 2>&1
+        "$@" "$DEBIAN_SUITE" "$dir" "${sources[@]}" >"$log" 2>&1
 }
 
 # Files a container runtime provides, and state that only records when the build ran.
@@ -71,17 +79,29 @@ rootfs_build() {
     sbx_pkgs="$(rootfs_packages "$IMAGES_DIR/sandbox/debian-packages")"
     base_pkgs="$(rootfs_packages "$IMAGES_DIR/base/debian-packages")"
 
-    # Both at once: most of the time is spent downloading.
-    rootfs_mmdebstrap essential "$sbx_pkgs" "$sbx" "$out/sandbox.log" &
+    # Each root filesystem gets a repository of its pinned .debs only (downloaded and
+    # checked against the pinned sha256 by images/debian-pins.sh), so apt has exactly one
+    # candidate per package and no other package to reach for.
+    local rfs
+    for rfs in sandbox base; do
+        "$IMAGES_DIR/debian-pins.sh" fetch "$IMAGES_DIR/$rfs/debian-packages.$ARCH.lock" "$work/repo-$rfs" ||
+            return 1
+    done
+
+    # Both at once. copy: makes apt copy the .debs into the chroot's apt cache, as it does
+    # for a download (a file: repository would be read in place, outside the chroot).
+    rootfs_mmdebstrap essential "$sbx_pkgs" "$sbx" "$out/sandbox.log" \
+        "deb [trusted=yes] copy://$work/repo-sandbox $DEBIAN_SUITE main" &
     local sbx_pid=$!
-    rootfs_mmdebstrap extract "$base_pkgs" "$base" "$out/base.log" --skip=cleanup/apt/cache &
+    rootfs_mmdebstrap extract "$base_pkgs" "$base" "$out/base.log" \
+        "deb [trusted=yes] copy://$work/repo-base $DEBIAN_SUITE main" -- --skip=cleanup/apt/cache &
     local base_pid=$!
     local failed=
     wait "$sbx_pid" || failed+=" sandbox (log: $out/sandbox.log)"
     wait "$base_pid" || failed+=" base (log: $out/base.log)"
     if [[ -n $failed ]]; then
         tail -n 20 "$out/sandbox.log" "$out/base.log" >&2
-        echo "error: mmdebstrap failed for$failed; check that $DEBIAN_MIRROR is reachable" >&2
+        echo "error: mmdebstrap failed for$failed from the pinned packages; a dependency missing from a lock means the lock is stale: images/debian-pins.sh refresh" >&2
         return 1
     fi
 
@@ -90,8 +110,16 @@ rootfs_build() {
     echo 'sandbox:x:1001:0:cli-mcp sandbox:/workspace:/bin/bash' >>"$sbx/etc/passwd"
     install -d -o 1001 -g 0 -m 0770 "$sbx/workspace"
     install -d -o 0 -g 0 -m 0700 "$sbx/var/lib/cli-mcp/termination"
+    # The sources apt read were the build's own repository (a path of this build); the image
+    # names Debian's own archive, whichever mirror the .debs came from, so that the mirror
+    # does not change the image.
+    printf 'deb %s %s main\n' http://deb.debian.org/debian "$DEBIAN_SUITE" \
+        http://deb.debian.org/debian "$DEBIAN_SUITE-updates" \
+        http://deb.debian.org/debian-security "$DEBIAN_SUITE-security" >"$sbx/etc/apt/sources.list"
     dpkg-query --admindir="$sbx/var/lib/dpkg" -W -f '${Package} ${Version} ${Architecture}\n' |
-        sort >"$out/sandbox.packages"
+        LC_ALL=C sort >"$out/sandbox.packages"
+    "$IMAGES_DIR/debian-pins.sh" check "$IMAGES_DIR/sandbox/debian-packages.$ARCH.lock" "$out/sandbox.packages" ||
+        return 1
     install -d -m 0755 "$sbx/usr/share/cli-mcp"
     install -m 0644 "$out/sandbox.packages" "$sbx/usr/share/cli-mcp/debian-packages.txt"
 
@@ -103,7 +131,9 @@ rootfs_build() {
         dpkg-deb -f "$deb" Package Version Architecture | awk -F': ' '{printf "%s%s", (NR>1?" ":""), $2} END {print ""}' >>"$out/base.packages"
         { dpkg-deb -f "$deb"; echo "Status: install ok installed"; echo; } >>"$work/status/status"
     done
-    sort -o "$out/base.packages" "$out/base.packages"
+    LC_ALL=C sort -o "$out/base.packages" "$out/base.packages"
+    "$IMAGES_DIR/debian-pins.sh" check "$IMAGES_DIR/base/debian-packages.$ARCH.lock" "$out/base.packages" ||
+        return 1
     # Keep only what the packages put there (plus the root directories they live in).
     rm -rf "$base/etc/apt" "$base/etc/dpkg" "$base/var/cache" "$base/var/lib/apt" \
         "$base/var/lib/dpkg" "$base/var/log"
