@@ -70,6 +70,12 @@ pub struct Args {
     #[arg(long, env = "POD_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
 
+    /// The operator's own ServiceAccount (the downward API's `spec.serviceAccountName`): an
+    /// instance in the operator's namespace (`POD_NAMESPACE`) whose ServiceAccounts would be
+    /// this one is refused, also where the admission policies are not installed.
+    #[arg(long, env = "POD_SERVICE_ACCOUNT")]
+    pub pod_service_account: Option<String>,
+
     #[arg(long, env = "CLI_MCP_LEASE_NAME", default_value = "cli-mcp-operator")]
     pub lease_name: String,
 
@@ -190,6 +196,11 @@ impl Args {
             }
         };
         config.briefing_refresh = Duration::from_secs(self.briefing_refresh);
+        config.own_account = self
+            .leader_election_namespace
+            .clone()
+            .zip(self.pod_service_account.clone())
+            .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty());
         Ok(config)
     }
 

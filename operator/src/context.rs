@@ -79,6 +79,9 @@ pub struct OperatorConfig {
     pub sandbox_tools: Option<Vec<crate::briefing::Tool>>,
     /// How often the reviews behind each sandbox briefing are made again.
     pub briefing_refresh: Duration,
+    /// The operator's own namespace and ServiceAccount, when it was told them: no instance
+    /// may be named so that one of its ServiceAccounts is this one.
+    pub own_account: Option<(String, String)>,
 }
 
 impl OperatorConfig {
@@ -95,6 +98,7 @@ impl OperatorConfig {
             platform: Default::default(),
             sandbox_tools: None,
             briefing_refresh: DEFAULT_BRIEFING_REFRESH,
+            own_account: None,
         }
     }
 }

@@ -201,6 +201,7 @@ fn read_spec(ctx: &Context, cr: &CliMcpInstance) -> std::result::Result<Spec, Cr
         cfg.sandbox_image.as_deref(),
         cfg.proxy_image.as_deref(),
     )?;
+    spec.not_the_operators(cfg.own_account.as_ref())?;
     // One place for both the pool's pods and the server's (it gets this config as a flag).
     spec.sandbox.platform_assigns_uid = cfg.platform.assigns_uid();
     if cfg.platform.has_service_ca() {

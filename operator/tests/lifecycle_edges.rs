@@ -419,3 +419,46 @@ async fn a_failing_pod_webhook_is_said_in_the_pool_condition_and_the_pool_recove
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", op.log_tail()));
     finish(ns, "ph", &op).await;
 }
+
+/// Where the admission policies are not installed, the operator itself refuses an instance
+/// in its own namespace whose server would run as the operator's ServiceAccount (here the
+/// operator's account is `cli-mcp-op`, so instance `op` is that one): nothing of it is
+/// applied, and the status says why.
+#[tokio::test]
+async fn an_instance_named_after_the_operators_account_is_refused_by_the_operator() {
+    let c = cluster().await.expect("cluster");
+    install_crd(&c).await;
+    let ns = c.namespace("self-name").await.expect("namespace");
+    let op = Operator::start_with(&c, &ns.name, "op", &[("POD_SERVICE_ACCOUNT", "cli-mcp-op")]);
+    create_instance(&ns, "op", json!({})).await;
+    let refused = wait_for(
+        ns.api::<CliMcpInstance>(),
+        "op",
+        "instance op refused",
+        TIMEOUT,
+        |o: Option<&CliMcpInstance>| {
+            o.and_then(|o| find_condition(o, "Ready"))
+                .is_some_and(|c| c.status == "False" && c.reason == "InvalidSpec")
+        },
+    )
+    .await;
+    let o = op.ok(refused).expect("instance");
+    let ready = find_condition(&o, "Ready").expect("Ready");
+    assert!(
+        ready.message.contains("cli-mcp-op is the operator's own"),
+        "{}",
+        ready.message
+    );
+    // Nothing was applied under the operator's name.
+    assert!(ns
+        .api::<Deployment>()
+        .get_opt("cli-mcp-op")
+        .await
+        .expect("get")
+        .is_none());
+    // Another name in the same namespace is served as usual.
+    create_instance(&ns, "other", json!({})).await;
+    wait_ready(&ns, "other", &op).await;
+    delete_released(&ns, "op", &op).await;
+    finish(ns, "other", &op).await;
+}

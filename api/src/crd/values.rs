@@ -34,6 +34,8 @@ pub enum CrdError {
     TwoCas(String),
     #[error("spec.sandbox.warmPool: {0}")]
     WarmPool(String),
+    #[error("the instance's ServiceAccount {account} is the operator's own in this namespace: its server (or proxy, sandboxes, clients) would act as the operator; give the instance another name")]
+    OperatorsAccount { account: String },
 }
 
 /// The credential proxy every instance runs: what `spec.proxy` asks for or, without it, the

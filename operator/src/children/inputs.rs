@@ -134,6 +134,25 @@ impl Spec {
         })
     }
 
+    /// Refused when one of the instance's ServiceAccounts (server, proxy, sandbox, client)
+    /// would be the operator's own (`own`: its namespace and ServiceAccount): an instance
+    /// named `operator` in `cli-mcp-system` would apply its server over the operator's
+    /// Deployment and run it with the operator's rights. The admission policies refuse such
+    /// a name too; this holds where they are not installed.
+    pub fn not_the_operators(&self, own: Option<&(String, String)>) -> Result<(), CrdError> {
+        let Some((namespace, account)) = own else {
+            return Ok(());
+        };
+        let n = &self.name;
+        let ours = [n.server(), n.proxy(), n.sandbox(), n.client()];
+        if self.namespace == *namespace && ours.contains(account) {
+            return Err(CrdError::OperatorsAccount {
+                account: account.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Common labels of every object of this instance, plus the component.
     pub fn labels(&self, component: &str) -> BTreeMap<String, String> {
         let n = self.name.to_string();
@@ -333,5 +352,40 @@ mod tests {
         // Without authentication every caller is the same anonymous one.
         let anonymous = spec(serde_json::json!({"server": {"auth": "None"}}));
         assert_eq!(max_sessions_per_client(&anonymous), None);
+    }
+
+    fn read(name: &str, namespace: &str) -> Spec {
+        let cr: CliMcpInstance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cli-mcp.redhat.com/v1alpha1", "kind": "CliMcpInstance",
+            "metadata": {"name": name, "namespace": namespace, "uid": "u1"},
+            "spec": {}
+        }))
+        .expect("cr");
+        Spec::read(&cr, "server:1", Some("sandbox:1"), Some("proxy:1")).expect("spec")
+    }
+
+    #[test]
+    fn an_instance_whose_account_is_the_operators_is_refused() {
+        let own = ("cli-mcp-system".to_owned(), "cli-mcp-operator".to_owned());
+        for name in ["operator", "op"] {
+            let s = read(name, "cli-mcp-system");
+            let r = s.not_the_operators(Some(&own));
+            if name == "operator" {
+                let e = r.expect_err("the operator's own account").to_string();
+                assert!(e.contains("cli-mcp-operator is the operator's own"), "{e}");
+            } else {
+                assert!(r.is_ok());
+            }
+        }
+        // Another namespace, or an operator that was not told its account: no clash.
+        assert!(read("operator", "team")
+            .not_the_operators(Some(&own))
+            .is_ok());
+        assert!(read("operator", "cli-mcp-system")
+            .not_the_operators(None)
+            .is_ok());
+        // Through the proxy's, the sandboxes' or the clients' account as well.
+        let own = ("t".to_owned(), "cli-mcp-x-sandbox".to_owned());
+        assert!(read("x", "t").not_the_operators(Some(&own)).is_err());
     }
 }
