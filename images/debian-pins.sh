@@ -22,6 +22,10 @@
 #   images/debian-pins.sh refresh
 #       Resolves the package lists (images/*/debian-packages) against the live archive with
 #       mmdebstrap, as the build did before pinning, and rewrites every lock of ARCH.
+#   images/debian-pins.sh lock LIST LISTS
+#       The lock lines refresh writes: for each package of LIST ("name version architecture"
+#       lines), its Filename and SHA256 in the Packages indices of the apt lists directory
+#       LISTS (an index of the suite's -security gives archive debian-security).
 #
 # Env: ARCH (default: the host's), DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR (defaults: the
 # deb.debian.org ones, images/rootfs.sh), CLI_MCP_CACHE (the .deb cache lives in
@@ -119,10 +123,12 @@ pins_from_lists() {
     local list="$1" lists="$2" f
     for f in "$lists"/*_Packages; do
         case "$f" in
-        *debian-security_dists_*) echo "@archive debian-security" ;;
+        *_dists_"$DEBIAN_SUITE"-security_*) echo "@archive debian-security" ;;
         *) echo "@archive debian" ;;
         esac
+        # The blank line ends the last stanza of a file that does not end with one.
         cat "$f"
+        echo
     done | awk -v list="$list" '
         BEGIN { while ((getline l < list) > 0) { split(l, p, " "); want[p[1] " " p[2] " " p[3]] = 1 } }
         /^@archive / { archive = $2; next }
@@ -172,5 +178,6 @@ case "${1:-}" in
 fetch) [[ $# -eq 3 ]] || pins_die "usage: $0 fetch LOCK REPO"; pins_fetch "$2" "$3" ;;
 check) [[ $# -eq 3 ]] || pins_die "usage: $0 check LOCK LIST"; pins_check "$2" "$3" ;;
 refresh) pins_refresh ;;
-*) pins_die "usage: $0 fetch LOCK REPO | check LOCK LIST | refresh" ;;
+lock) [[ $# -eq 3 ]] || pins_die "usage: $0 lock LIST LISTS"; pins_from_lists "$2" "$3" ;;
+*) pins_die "usage: $0 fetch LOCK REPO | check LOCK LIST | refresh | lock LIST LISTS" ;;
 esac
