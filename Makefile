@@ -7,7 +7,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CLUSTER := $(TARGET_DIR)/debug/cli-mcp-cluster
 
-.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools gvisor images publish crdgen bundle bench clean
+.PHONY: help run cluster prereqs test test-unit lint fmt build control-plane tools gvisor images pins publish crdgen bundle bench clean
 
 # Where a release goes: `make publish` pushes the images, the chart and the bundle image there
 # and pins the manifests to what it pushed (docs/install.md). The manifests in git name it.
@@ -83,6 +83,9 @@ images: ## OCI image archives of operator, server, proxy and sandbox, no contain
 
 publish: ## push the images, the Helm chart (OCI) and the OLM bundle image to REGISTRY=host[:port]/path (default RELEASE_REGISTRY), VERSION=…, and pin config/, charts/ and bundle/ to their digests
 	REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" hack/publish.sh
+
+pins: ## pin the images' Debian packages to the archive's current versions (root; rewrites images/*/debian-packages.<arch>.lock)
+	images/debian-pins.sh refresh
 
 crdgen: ## regenerate the CRD YAML (config/crd, chart) from the Rust types
 	hack/crdgen.sh
