@@ -343,6 +343,26 @@ pub fn running(pid: i32) -> bool {
     })
 }
 
+/// Run `cmd`; its stdout, or an error naming the command (with its stderr when it failed).
+pub fn run_ok(cmd: &mut Command) -> Result<String> {
+    let command = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| Error::Command {
+        command: command.clone(),
+        detail: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command,
+            detail: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::process::Component;
+use crate::process::{run_ok, Component};
 
 /// Environment variable naming a directory with prebuilt `registry` and `crane`.
 pub const REGISTRY_BIN_ENV: &str = "CLI_MCP_REGISTRY_BIN";
@@ -61,12 +61,14 @@ impl RegistryInfo {
             .prefix("layout-")
             .tempdir_in(work)
             .map_err(|e| Error::io("creating a directory in", work, e))?;
-        run(Command::new("tar")
-            .arg("-xf")
-            .arg(archive)
-            .arg("-C")
-            .arg(layout.path()))?;
-        let out = run(self.crane().arg("push").arg(layout.path()).arg(reference))?;
+        run_ok(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(archive)
+                .arg("-C")
+                .arg(layout.path()),
+        )?;
+        let out = run_ok(self.crane().arg("push").arg(layout.path()).arg(reference))?;
         pushed_digest(&out).ok_or_else(|| Error::Command {
             command: format!("crane push {} {reference}", archive.display()),
             detail: format!("no digest in its output {:?}", out.trim()),
@@ -76,12 +78,12 @@ impl RegistryInfo {
     /// Copies the image `source` (a reference by digest) to `target` within the registry
     /// (its blobs are mounted, not uploaded again).
     pub fn copy(&self, source: &str, target: &str) -> Result<()> {
-        run(self.crane().args(["copy", source, target])).map(drop)
+        run_ok(self.crane().args(["copy", source, target])).map(drop)
     }
 
     /// The manifest digest the registry holds for `reference`.
     pub fn digest(&self, reference: &str) -> Result<String> {
-        Ok(run(self.crane().args(["digest", reference]))?
+        Ok(run_ok(self.crane().args(["digest", reference]))?
             .trim()
             .to_owned())
     }
@@ -92,25 +94,6 @@ pub fn pushed_digest(stdout: &str) -> Option<String> {
     let (_, digest) = stdout.trim().rsplit_once('@')?;
     let hex = digest.strip_prefix("sha256:")?;
     (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| digest.to_owned())
-}
-
-fn run(cmd: &mut Command) -> Result<String> {
-    let command = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| Error::Command {
-        command: command.clone(),
-        detail: e.to_string(),
-    })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            command,
-            detail: format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The directory with `registry` and `crane`: `$CLI_MCP_REGISTRY_BIN`, else the last line of
@@ -497,12 +480,14 @@ mod tests {
             std::fs::create_dir_all(&src).expect("mkdir");
             std::fs::write(src.join("hello"), "hi\n").expect("file");
             let tar = dir.join("layer.tar");
-            run(Command::new("tar")
-                .arg("-cf")
-                .arg(&tar)
-                .arg("-C")
-                .arg(&src)
-                .arg("hello"))
+            run_ok(
+                Command::new("tar")
+                    .arg("-cf")
+                    .arg(&tar)
+                    .arg("-C")
+                    .arg(&src)
+                    .arg("hello"),
+            )
             .expect("tar");
             std::fs::read(&tar).expect("layer")
         };
@@ -527,12 +512,14 @@ mod tests {
         )
         .expect("oci-layout");
         let archive = dir.join("tiny.tar");
-        run(Command::new("tar")
-            .arg("-cf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(&layout)
-            .arg("."))
+        run_ok(
+            Command::new("tar")
+                .arg("-cf")
+                .arg(&archive)
+                .arg("-C")
+                .arg(&layout)
+                .arg("."),
+        )
         .expect("tar");
         (archive, digest)
     }

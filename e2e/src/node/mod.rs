@@ -32,9 +32,8 @@
 //! - `gvisor`: runsc as containerd's runtime `runsc`, and the RuntimeClass `gvisor`;
 //! - `real_node`: [`RealNode`], starting and stopping the three processes.
 
-use std::process::Command;
-
-use crate::error::{Error, Result};
+// The node's commands (ctr, tar, mount) run as every command of the e2e crate does.
+use crate::process::run_ok as run;
 
 mod cgroup;
 mod config;
@@ -61,23 +60,3 @@ pub use kind::{NodeKind, NODE_ENV};
 pub use mounts::{mounts_under, unmount_under};
 pub use params::NodeParams;
 pub use real_node::{NodeBins, NodeStart, RealNode};
-
-/// Run `cmd`; its stdout, or an error naming the command (with its stderr when it failed).
-fn run(cmd: &mut Command) -> Result<String> {
-    let command = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| Error::Command {
-        command: command.clone(),
-        detail: e.to_string(),
-    })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            command,
-            detail: format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
