@@ -228,7 +228,9 @@ async fn sandboxes(
 ) -> Sandboxes {
     let spec = &inputs.spec;
     let key = resolved.key.as_ref();
-    let size = pool::size(ctx, cr, spec).await;
+    // The instance's pods, read from the cache once for the pool's size and the idle GC.
+    let pods = pool::instance_pods(&ctx.stores.pods.state(), &spec.namespace, &spec.name);
+    let size = pool::size(ctx, cr, spec, &pods).await;
     let (mut pool, pool_error) = pool::reconcile(
         ctx,
         &spec.owner.uid,
@@ -239,7 +241,6 @@ async fn sandboxes(
     )
     .await;
     pool.sized_by_demand(&size);
-    let pods = pool::instance_pods(&ctx.stores.pods.state(), &spec.namespace, &spec.name);
     let (idle, idle_error) =
         idle::collect(ctx, &pods, &spec.namespace, spec.idle_timeout, key).await;
     Sandboxes {

@@ -5,34 +5,11 @@ mod support;
 
 use cli_mcp_api::crd::CliMcpInstance;
 use cli_mcp_e2e::testing::cluster;
-use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::api::{DynamicObject, PostParams};
 use kube::Api;
 use serde_json::json;
 
-use support::{install_crd, instance};
-
-/// Creates a raw object (typed structs cannot even express an invalid enum value).
-async fn rejected(
-    c: &cli_mcp_e2e::testing::TestCluster,
-    ns: &cli_mcp_e2e::testing::TestNamespace,
-    name: &str,
-    spec: serde_json::Value,
-) -> String {
-    let ar = ApiResource::erase::<CliMcpInstance>(&());
-    let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &ns.name, &ar);
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cli-mcp.redhat.com/v1alpha1",
-        "kind": "CliMcpInstance",
-        "metadata": {"name": name},
-        "spec": spec.clone(),
-    }))
-    .expect("object");
-    let err = api
-        .create(&PostParams::default(), &obj)
-        .await
-        .expect_err(&format!("{name} with {spec} must be rejected"));
-    err.to_string()
-}
+use support::{install_crd, instance, rejected};
 
 #[tokio::test]
 async fn invalid_instances_are_rejected_with_a_clear_message() {

@@ -12,8 +12,8 @@ use cli_mcp_api::SessionId;
 use cli_mcp_e2e::testing::{cluster, wait_for, TestNamespace};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::api::{ListParams, PostParams};
+use kube::ResourceExt;
 use serde_json::json;
 use std::time::Duration;
 
@@ -69,15 +69,8 @@ async fn resizes(ns: &TestNamespace) -> Vec<(i32, i32, k8s_openapi::jiff::Timest
     events
         .iter()
         .filter_map(|e| {
-            let note = e.note.as_deref()?;
-            let rest = note.strip_prefix("warm pool target ")?;
-            let (from, rest) = rest.split_once(" -> ")?;
-            let to = rest.split_whitespace().next()?;
-            Some((
-                from.parse().ok()?,
-                to.parse().ok()?,
-                e.event_time.clone()?.0,
-            ))
+            let (from, to) = cli_mcp_operator::pool::resize_of(e.note.as_deref()?)?;
+            Some((from, to, e.event_time.clone()?.0))
         })
         .collect()
 }
@@ -189,27 +182,6 @@ async fn a_burst_grows_the_pool_at_once_and_a_calm_shrinks_it_without_churn() {
     finish(ns, "demand", &op).await;
 }
 
-/// Creates a raw object (bounds the typed struct could not hold) and returns the refusal.
-async fn refused(
-    c: &cli_mcp_e2e::testing::TestCluster,
-    ns: &TestNamespace,
-    spec: serde_json::Value,
-) -> String {
-    let ar = ApiResource::erase::<CliMcpInstance>(&());
-    let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &ns.name, &ar);
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cli-mcp.redhat.com/v1alpha1",
-        "kind": "CliMcpInstance",
-        "metadata": {"name": "bounds"},
-        "spec": spec.clone(),
-    }))
-    .expect("object");
-    api.create(&PostParams::default(), &obj)
-        .await
-        .expect_err(&format!("{spec} must be refused"))
-        .to_string()
-}
-
 #[tokio::test]
 async fn bounds_that_make_no_sense_are_refused_with_what_to_fix() {
     let c = cluster().await.expect("cluster");
@@ -247,7 +219,7 @@ async fn bounds_that_make_no_sense_are_refused_with_what_to_fix() {
             "set either spec.sandbox.warmPoolSize",
         ),
     ] {
-        let e = refused(&c, &ns, spec.clone()).await;
+        let e = rejected(&c, &ns, "bounds", spec.clone()).await;
         assert!(e.contains(says), "{spec}: {e}");
     }
     ns.delete().await.expect("delete namespace");

@@ -23,8 +23,6 @@ use k8s_openapi::api::core::v1::Pod;
 use cli_mcp_api::crd::DemandBounds;
 use cli_mcp_api::pod_state::is_ready;
 
-use super::KEPT_FOR;
-
 /// Startup assumed until a pod of the pool was measured.
 pub const DEFAULT_STARTUP: Duration = Duration::from_secs(5);
 /// A pod Ready later than this after its creation did not just start (it restarted, or its
@@ -54,7 +52,7 @@ impl Demand {
     /// From the ages of the last minute's session starts (any order) and the pool's pods;
     /// `known_startup` is the startup measured before, for when no pod gives one now.
     pub fn read(mut ages: Vec<Duration>, pool: &[&Pod], known_startup: Option<Duration>) -> Self {
-        ages.retain(|a| *a <= KEPT_FOR);
+        // In order for the window search (the log gives them newest first; tests any way).
         ages.sort();
         let startup = startup_time(pool).or(known_startup);
         Self {

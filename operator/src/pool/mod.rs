@@ -38,7 +38,7 @@ mod pass;
 mod plan;
 mod size;
 pub use plan::*;
-pub use size::{size, PoolSize};
+pub use size::{resize_of, size, PoolSize};
 
 use pass::Pass;
 

@@ -3,6 +3,7 @@
 //! start. A change of the chosen size is published as an Event on the instance, so an
 //! admin can tell afterwards why pods were created or deleted.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -10,11 +11,12 @@ use kube::runtime::events::EventType;
 
 use cli_mcp_api::crd::{CliMcpInstance, DemandBounds, WarmPoolSizing};
 
-use super::{failing_state, instance_pods};
+use super::failing_state;
 use crate::children::Spec;
 use crate::context::Context;
 use crate::demand::autoscale::Autoscaler;
 use crate::demand::autoscale::{Demand, RECHECK};
+use crate::sandbox_pod::SandboxPod;
 
 /// The size the pool aims at, and what the status says of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,8 +29,13 @@ pub struct PoolSize {
     pub recheck: Option<Duration>,
 }
 
-/// The size `cr`'s pool aims at now (no client but the Event of a change).
-pub async fn size(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> PoolSize {
+/// The size `cr`'s pool aims at now, given its `pods` (no client but the Event of a change).
+pub async fn size(
+    ctx: &Context,
+    cr: &CliMcpInstance,
+    spec: &Spec,
+    pods: &[Arc<SandboxPod>],
+) -> PoolSize {
     let (uid, starts) = (&spec.owner.uid, &ctx.stores.session_starts);
     let bounds = match spec.warm_pool {
         WarmPoolSizing::Fixed(desired) => {
@@ -47,7 +54,6 @@ pub async fn size(ctx: &Context, cr: &CliMcpInstance, spec: &Spec) -> PoolSize {
     starts.follow(&spec.namespace, spec.name.as_str());
     let now = Instant::now();
     let ages = starts.ages(&spec.namespace, spec.name.as_str(), now);
-    let pods = instance_pods(&ctx.stores.pods.state(), &spec.namespace, &spec.name);
     let pool: Vec<&Pod> = pods.iter().filter_map(|p| p.unassigned()).collect();
     // What the status last said, for a process that has not sized this pool yet.
     let reported = cr.status.as_ref().map(|s| s.warm_pool.desired);
@@ -86,6 +92,17 @@ fn held_while_failing(recommended: i32, before: Option<i32>, pool: &[&Pod]) -> i
         Some(before) if pool.iter().any(|p| failing_state(p).is_some()) => recommended.min(before),
         _ => recommended,
     }
+}
+
+/// The sizes a `WarmPoolResized` Event's note names (from, to): the tests and the bench read
+/// a pool's history back from its Events.
+pub fn resize_of(note: &str) -> Option<(i32, i32)> {
+    let rest = note.strip_prefix("warm pool target ")?;
+    let (from, rest) = rest.split_once(" -> ")?;
+    Some((
+        from.parse().ok()?,
+        rest.split_whitespace().next()?.parse().ok()?,
+    ))
 }
 
 /// What the Event of a resize says: from what to what, and why.
@@ -152,5 +169,7 @@ mod tests {
         let up = resized(&d, &b, 2, 48);
         assert!(up.starts_with("warm pool target 2 -> 48 (bounds 2..100): 300 new sessions in the last minute, at most 80 within 6s (a new sandbox's startup 2s, twice, and 2s to make it)"), "{up}");
         assert!(resized(&d, &b, 48, 2).ends_with("(lower after 300s of calm)"));
+        assert_eq!(resize_of(&up), Some((2, 48)));
+        assert_eq!(resize_of("something else"), None);
     }
 }

@@ -321,3 +321,26 @@ where
 pub fn field_manager() -> &'static str {
     FIELD_MANAGER
 }
+
+/// Creates a raw object (typed structs cannot even express an invalid enum value).
+pub async fn rejected(
+    c: &cli_mcp_e2e::testing::TestCluster,
+    ns: &cli_mcp_e2e::testing::TestNamespace,
+    name: &str,
+    spec: serde_json::Value,
+) -> String {
+    let ar = kube::api::ApiResource::erase::<CliMcpInstance>(&());
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(c.client.clone(), &ns.name, &ar);
+    let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cli-mcp.redhat.com/v1alpha1",
+        "kind": "CliMcpInstance",
+        "metadata": {"name": name},
+        "spec": spec.clone(),
+    }))
+    .expect("object");
+    let err = api
+        .create(&kube::api::PostParams::default(), &obj)
+        .await
+        .expect_err(&format!("{name} with {spec} must be rejected"));
+    err.to_string()
+}
